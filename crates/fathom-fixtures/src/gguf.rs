@@ -1,0 +1,371 @@
+//! A GGUF v3 writer that does what it is told, so tests can also build
+//! malformed files (mismatched array types, overlapping or out-of-file
+//! offsets, any version) and edit [`GgufWriter::header`] bytes further.
+
+use std::fs::File;
+use std::io::{self, BufWriter, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use crate::random::{write_blocks, write_elements, Block, Fill, Rng};
+use crate::Data;
+
+/// A metadata value; the variants are GGUF's value types.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GgufValue {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    F32(f32),
+    Bool(bool),
+    String(String),
+    /// Element type id, then the elements, which are written without their
+    /// own type ids: an id that does not match them makes a malformed file.
+    Array(u32, Vec<GgufValue>),
+    U64(u64),
+    I64(i64),
+    F64(f64),
+}
+
+impl GgufValue {
+    pub fn string(s: impl Into<String>) -> GgufValue {
+        GgufValue::String(s.into())
+    }
+
+    pub fn strings<S: Into<String>>(items: impl IntoIterator<Item = S>) -> GgufValue {
+        GgufValue::Array(8, items.into_iter().map(GgufValue::string).collect())
+    }
+
+    pub fn type_id(&self) -> u32 {
+        match self {
+            GgufValue::U8(_) => 0,
+            GgufValue::I8(_) => 1,
+            GgufValue::U16(_) => 2,
+            GgufValue::I16(_) => 3,
+            GgufValue::U32(_) => 4,
+            GgufValue::I32(_) => 5,
+            GgufValue::F32(_) => 6,
+            GgufValue::Bool(_) => 7,
+            GgufValue::String(_) => 8,
+            GgufValue::Array(..) => 9,
+            GgufValue::U64(_) => 10,
+            GgufValue::I64(_) => 11,
+            GgufValue::F64(_) => 12,
+        }
+    }
+
+    fn write_payload(&self, out: &mut Vec<u8>) {
+        match self {
+            GgufValue::U8(v) => out.push(*v),
+            GgufValue::I8(v) => out.extend_from_slice(&v.to_le_bytes()),
+            GgufValue::U16(v) => out.extend_from_slice(&v.to_le_bytes()),
+            GgufValue::I16(v) => out.extend_from_slice(&v.to_le_bytes()),
+            GgufValue::U32(v) => out.extend_from_slice(&v.to_le_bytes()),
+            GgufValue::I32(v) => out.extend_from_slice(&v.to_le_bytes()),
+            GgufValue::F32(v) => out.extend_from_slice(&v.to_le_bytes()),
+            GgufValue::Bool(v) => out.push(u8::from(*v)),
+            GgufValue::String(s) => write_string(out, s),
+            GgufValue::Array(elem_type, items) => {
+                out.extend_from_slice(&elem_type.to_le_bytes());
+                out.extend_from_slice(&(items.len() as u64).to_le_bytes());
+                for item in items {
+                    item.write_payload(out);
+                }
+            }
+            GgufValue::U64(v) => out.extend_from_slice(&v.to_le_bytes()),
+            GgufValue::I64(v) => out.extend_from_slice(&v.to_le_bytes()),
+            GgufValue::F64(v) => out.extend_from_slice(&v.to_le_bytes()),
+        }
+    }
+}
+
+fn write_string(out: &mut Vec<u8>, s: &str) {
+    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+    out.extend_from_slice(s.as_bytes());
+}
+
+/// ggml tensor types this crate can size and fill.
+#[allow(non_camel_case_types)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GgufTensorType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+}
+
+impl GgufTensorType {
+    pub const ALL: [GgufTensorType; 13] = [
+        GgufTensorType::F32,
+        GgufTensorType::F16,
+        GgufTensorType::BF16,
+        GgufTensorType::Q4_0,
+        GgufTensorType::Q4_1,
+        GgufTensorType::Q5_0,
+        GgufTensorType::Q5_1,
+        GgufTensorType::Q8_0,
+        GgufTensorType::Q2_K,
+        GgufTensorType::Q3_K,
+        GgufTensorType::Q4_K,
+        GgufTensorType::Q5_K,
+        GgufTensorType::Q6_K,
+    ];
+
+    /// ggml's type id, elements per block, bytes per block, where in a
+    /// block its f16 scale fields sit (from `ggml-common.h`), and the largest
+    /// multiple of a scale a block can hold (quant × sub-block scale), which
+    /// lets random blocks dequantize to about real weights' magnitude.
+    fn layout(self) -> (u32, u64, u64, &'static [usize], f32) {
+        match self {
+            GgufTensorType::F32 => (0, 1, 4, &[], 1.0),
+            GgufTensorType::F16 => (1, 1, 2, &[], 1.0),
+            GgufTensorType::BF16 => (30, 1, 2, &[], 1.0),
+            GgufTensorType::Q4_0 => (2, 32, 18, &[0], 8.0),
+            GgufTensorType::Q4_1 => (3, 32, 20, &[0, 2], 15.0),
+            GgufTensorType::Q5_0 => (6, 32, 22, &[0], 16.0),
+            GgufTensorType::Q5_1 => (7, 32, 24, &[0, 2], 31.0),
+            GgufTensorType::Q8_0 => (8, 32, 34, &[0], 127.0),
+            GgufTensorType::Q2_K => (10, 256, 84, &[80, 82], 45.0),
+            GgufTensorType::Q3_K => (11, 256, 110, &[108], 128.0),
+            GgufTensorType::Q4_K => (12, 256, 144, &[0, 2], 945.0),
+            GgufTensorType::Q5_K => (13, 256, 176, &[0, 2], 1953.0),
+            GgufTensorType::Q6_K => (14, 256, 210, &[208], 4064.0),
+        }
+    }
+
+    pub fn id(self) -> u32 {
+        self.layout().0
+    }
+
+    pub fn from_id(id: u32) -> Option<GgufTensorType> {
+        Self::ALL.into_iter().find(|t| t.id() == id)
+    }
+
+    pub fn block_elems(self) -> u64 {
+        self.layout().1
+    }
+
+    pub fn block_bytes(self) -> u64 {
+        self.layout().2
+    }
+
+    /// Bytes of `elems` elements, which should be a whole number of blocks.
+    pub fn bytes_for(self, elems: u64) -> u64 {
+        elems / self.block_elems() * self.block_bytes()
+    }
+}
+
+/// One entry of the tensor-info table. `dims` are in ggml order (`ne0`, the
+/// row length, first); `offset` is relative to the start of the data section.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GgufTensorInfo {
+    pub name: String,
+    pub dims: Vec<u64>,
+    pub type_id: u32,
+    pub offset: u64,
+    /// Data bytes the tensor occupies in the file (not written to the header).
+    pub len: u64,
+}
+
+#[derive(Clone, Debug)]
+pub struct GgufWriter {
+    version: u32,
+    kvs: Vec<(String, GgufValue)>,
+    /// Each with whether [`GgufWriter::tensor_at`] fixed its offset; the
+    /// others are placed at layout time, once the alignment is known.
+    tensors: Vec<(GgufTensorInfo, bool)>,
+}
+
+impl Default for GgufWriter {
+    fn default() -> Self {
+        GgufWriter {
+            version: 3,
+            kvs: Vec::new(),
+            tensors: Vec::new(),
+        }
+    }
+}
+
+impl GgufWriter {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn version(mut self, version: u32) -> Self {
+        self.version = version;
+        self
+    }
+
+    /// A `general.alignment` U32 also sets the padding this writer uses.
+    pub fn kv(mut self, key: impl Into<String>, value: GgufValue) -> Self {
+        self.kvs.push((key.into(), value));
+        self
+    }
+
+    /// A tensor placed after the previous one, at the next aligned offset.
+    pub fn tensor(
+        self,
+        name: impl Into<String>,
+        ggml_dims: &[u64],
+        type_id: u32,
+        len: u64,
+    ) -> Self {
+        self.push_tensor(name.into(), ggml_dims, type_id, 0, len, false)
+    }
+
+    /// A tensor at exactly `offset`, aligned or not, inside the file or not.
+    pub fn tensor_at(
+        self,
+        name: impl Into<String>,
+        ggml_dims: &[u64],
+        type_id: u32,
+        offset: u64,
+        len: u64,
+    ) -> Self {
+        self.push_tensor(name.into(), ggml_dims, type_id, offset, len, true)
+    }
+
+    fn push_tensor(
+        mut self,
+        name: String,
+        dims: &[u64],
+        type_id: u32,
+        offset: u64,
+        len: u64,
+        fixed: bool,
+    ) -> Self {
+        let info = GgufTensorInfo {
+            name,
+            dims: dims.to_vec(),
+            type_id,
+            offset,
+            len,
+        };
+        self.tensors.push((info, fixed));
+        self
+    }
+
+    /// `general.alignment` when it is a nonzero U32, else GGUF's default 32.
+    pub fn alignment(&self) -> u64 {
+        self.kvs
+            .iter()
+            .find_map(|(key, value)| match (key.as_str(), value) {
+                ("general.alignment", GgufValue::U32(a)) if *a > 0 => Some(u64::from(*a)),
+                _ => None,
+            })
+            .unwrap_or(32)
+    }
+
+    /// The tensor table with every offset resolved.
+    pub fn tensors(&self) -> Vec<GgufTensorInfo> {
+        let align = self.alignment();
+        let mut next = 0u64;
+        self.tensors
+            .iter()
+            .map(|(info, fixed)| {
+                let mut info = info.clone();
+                if !fixed {
+                    info.offset = align_up(next, align);
+                }
+                next = info.offset.saturating_add(info.len);
+                info
+            })
+            .collect()
+    }
+
+    /// Everything before the data section, including the padding to it.
+    pub fn header(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(b"GGUF");
+        out.extend_from_slice(&self.version.to_le_bytes());
+        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&(self.kvs.len() as u64).to_le_bytes());
+        for (key, value) in &self.kvs {
+            write_string(&mut out, key);
+            out.extend_from_slice(&value.type_id().to_le_bytes());
+            value.write_payload(&mut out);
+        }
+        for info in self.tensors() {
+            write_string(&mut out, &info.name);
+            out.extend_from_slice(&(info.dims.len() as u32).to_le_bytes());
+            for dim in &info.dims {
+                out.extend_from_slice(&dim.to_le_bytes());
+            }
+            out.extend_from_slice(&info.type_id.to_le_bytes());
+            out.extend_from_slice(&info.offset.to_le_bytes());
+        }
+        out.resize(out.len().next_multiple_of(self.alignment() as usize), 0);
+        out
+    }
+
+    /// Writes the file and returns its size: the header, then each tensor's
+    /// bytes padded to the alignment, as llama.cpp's writer does.
+    pub fn write(&self, path: &Path, data: Data) -> io::Result<u64> {
+        let header = self.header();
+        let tensors = self.tensors();
+        let data_end = tensors
+            .iter()
+            .map(|t| t.offset.saturating_add(t.len))
+            .max()
+            .unwrap_or(0);
+        let total = (header.len() as u64).saturating_add(align_up(data_end, self.alignment()));
+        let mut out = BufWriter::new(File::create(path)?);
+        out.write_all(&header)?;
+        if let Data::Random { seed } = data {
+            for info in &tensors {
+                out.seek(SeekFrom::Start(
+                    (header.len() as u64).saturating_add(info.offset),
+                ))?;
+                let mut rng = Rng::for_tensor(seed, &info.name);
+                fill_tensor(&mut out, info, &mut rng)?;
+            }
+        }
+        let file = out.into_inner().map_err(io::IntoInnerError::into_error)?;
+        // For sparse data this leaves the tensor bytes as a hole.
+        file.set_len(total)?;
+        Ok(total)
+    }
+}
+
+/// Saturating, because hostile offsets may sit at the top of the range.
+fn align_up(offset: u64, align: u64) -> u64 {
+    offset.checked_next_multiple_of(align).unwrap_or(u64::MAX)
+}
+
+fn fill_tensor(out: &mut impl Write, info: &GgufTensorInfo, rng: &mut Rng) -> io::Result<()> {
+    let (fill, size) = match GgufTensorType::from_id(info.type_id) {
+        Some(GgufTensorType::F32) => (Fill::F32, 4),
+        Some(GgufTensorType::F16) => (Fill::F16, 2),
+        Some(GgufTensorType::BF16) => (Fill::BF16, 2),
+        Some(t) => {
+            let (_, _, block_bytes, scales, span) = t.layout();
+            let block = Block {
+                bytes: block_bytes as usize,
+                scale_offsets: scales,
+                scale_max: 0.1 / span,
+            };
+            return write_blocks(out, info.len, &block, rng);
+        }
+        // An unknown type id: bytes with no structure to respect.
+        None => {
+            let bytes = Block {
+                bytes: 8,
+                scale_offsets: &[],
+                scale_max: 0.0,
+            };
+            return write_blocks(out, info.len, &bytes, rng);
+        }
+    };
+    write_elements(out, fill, info.len / size, rng)
+}

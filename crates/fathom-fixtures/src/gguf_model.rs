@@ -1,0 +1,222 @@
+//! A [`ModelDef`] as llama.cpp's `convert_hf_to_gguf.py` would write it:
+//! llama.cpp's key and tensor names, ggml dimension order, experts merged.
+
+use std::collections::HashMap;
+use std::io;
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::gguf::{GgufTensorType, GgufValue, GgufWriter};
+use crate::{DType, Data, ModelDef};
+
+/// Writes `model` as a GGUF v3 file and returns its size. See [`gguf_writer`]
+/// for what goes in it.
+pub fn write_gguf(
+    model: &ModelDef,
+    path: &Path,
+    ggml_type: GgufTensorType,
+    data: Data,
+) -> io::Result<u64> {
+    gguf_writer(model, ggml_type)?.write(path, data)
+}
+
+/// The GGUF description of `model`, ready to write or to extend first.
+///
+/// Metadata: `general.*`, the `{arch}.*` hyperparameters llama.cpp reads, and
+/// a minimal tokenizer (`gpt2` with tokens `t0`, `t1`, …; no merges).
+/// Tensors: 1-D tensors and MoE routers are F32 as llama.cpp keeps them;
+/// other weights get `ggml_type` when their row length is a whole number of
+/// blocks, else F16. Vision-tower and projector tensors are left out, as
+/// llama.cpp puts them in a separate mmproj file. Llama-3 rope scaling adds
+/// llama.cpp's `rope_freqs.weight`.
+pub fn gguf_writer(model: &ModelDef, ggml_type: GgufTensorType) -> io::Result<GgufWriter> {
+    let config = model.text_config();
+    let arch = model.gguf_arch;
+    let mut writer = GgufWriter::new()
+        .kv("general.architecture", GgufValue::string(arch))
+        .kv("general.name", GgufValue::string(model.name))
+        .kv("general.alignment", GgufValue::U32(32))
+        .kv("general.quantization_version", GgufValue::U32(2));
+    for (key, value) in hyperparameters(model)? {
+        writer = writer.kv(format!("{arch}.{key}"), value);
+    }
+    let vocab = int(config, "vocab_size")?;
+    writer = writer
+        .kv("tokenizer.ggml.model", GgufValue::string("gpt2"))
+        .kv(
+            "tokenizer.ggml.tokens",
+            GgufValue::strings((0..vocab).map(|i| format!("t{i}"))),
+        );
+    for (name, dims) in tensors(model)? {
+        let stored = stored_type(&name, &dims, ggml_type);
+        let len = stored.bytes_for(dims.iter().product());
+        writer = writer.tensor(name, &dims, stored.id(), len);
+    }
+    Ok(writer)
+}
+
+fn invalid(message: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, message)
+}
+
+fn int(config: &Value, key: &str) -> io::Result<u64> {
+    config[key]
+        .as_u64()
+        .ok_or_else(|| invalid(format!("config has no integer {key:?}")))
+}
+
+fn u32_of(config: &Value, key: &str) -> io::Result<GgufValue> {
+    let value = int(config, key)?;
+    u32::try_from(value)
+        .map(GgufValue::U32)
+        .map_err(|_| invalid(format!("config {key:?} = {value} does not fit a GGUF u32")))
+}
+
+fn f32_of(config: &Value, key: &str) -> io::Result<GgufValue> {
+    config[key]
+        .as_f64()
+        .map(|v| GgufValue::F32(v as f32))
+        .ok_or_else(|| invalid(format!("config has no number {key:?}")))
+}
+
+fn head_dim(config: &Value) -> io::Result<u64> {
+    match config["head_dim"].as_u64() {
+        Some(d) => Ok(d),
+        None => Ok(int(config, "hidden_size")? / int(config, "num_attention_heads")?.max(1)),
+    }
+}
+
+/// `{arch}.*` keys, without the prefix.
+fn hyperparameters(model: &ModelDef) -> io::Result<Vec<(&'static str, GgufValue)>> {
+    let c = model.text_config();
+    let head_dim = u32::try_from(head_dim(c)?)
+        .map_err(|_| invalid("head_dim does not fit a GGUF u32".into()))?;
+    let mut kvs = vec![
+        ("vocab_size", u32_of(c, "vocab_size")?),
+        ("context_length", u32_of(c, "max_position_embeddings")?),
+        ("embedding_length", u32_of(c, "hidden_size")?),
+        ("block_count", u32_of(c, "num_hidden_layers")?),
+        ("feed_forward_length", u32_of(c, "intermediate_size")?),
+        ("attention.head_count", u32_of(c, "num_attention_heads")?),
+        ("attention.head_count_kv", u32_of(c, "num_key_value_heads")?),
+        ("attention.key_length", GgufValue::U32(head_dim)),
+        ("attention.value_length", GgufValue::U32(head_dim)),
+        (
+            "attention.layer_norm_rms_epsilon",
+            f32_of(c, "rms_norm_eps")?,
+        ),
+        ("rope.dimension_count", GgufValue::U32(head_dim)),
+        ("rope.freq_base", f32_of(c, "rope_theta")?),
+    ];
+    let scaling = &c["rope_scaling"];
+    if scaling["rope_type"] == "linear" {
+        kvs.push(("rope.scaling.type", GgufValue::string("linear")));
+        kvs.push(("rope.scaling.factor", f32_of(scaling, "factor")?));
+    }
+    if c.get("num_experts").is_some() {
+        kvs.push(("expert_count", u32_of(c, "num_experts")?));
+        kvs.push(("expert_used_count", u32_of(c, "num_experts_per_tok")?));
+        kvs.push((
+            "expert_feed_forward_length",
+            u32_of(c, "moe_intermediate_size")?,
+        ));
+    }
+    if model.gguf_arch == "gemma3" {
+        kvs.push(("attention.sliding_window", u32_of(c, "sliding_window")?));
+    }
+    Ok(kvs)
+}
+
+/// GGUF names and ggml dims (reversed from Hugging Face order), in the
+/// checkpoint's order; each layer's experts become one `[in, out, n_expert]`
+/// tensor where its first expert was.
+fn tensors(model: &ModelDef) -> io::Result<Vec<(String, Vec<u64>)>> {
+    let config = model.text_config();
+    let mut out: Vec<(String, Vec<u64>)> = Vec::new();
+    if config["rope_scaling"]["rope_type"] == "llama3" {
+        out.push(("rope_freqs.weight".into(), vec![head_dim(config)? / 2]));
+    }
+    let gemma = model.gguf_arch == "gemma3";
+    let mut merged: HashMap<String, usize> = HashMap::new();
+    for tensor in &model.tensors {
+        if tensor.dtype == DType::U32 {
+            return Err(invalid(format!(
+                "tensor {:?} is MLX-packed U32, which GGUF cannot hold",
+                tensor.name
+            )));
+        }
+        let Some((name, expert)) = gguf_name(&tensor.name, gemma)? else {
+            continue;
+        };
+        let dims: Vec<u64> = tensor.shape.iter().rev().copied().collect();
+        if !expert {
+            out.push((name, dims));
+        } else if let Some(&at) = merged.get(&name) {
+            out[at].1[2] += 1;
+        } else {
+            merged.insert(name.clone(), out.len());
+            out.push((name, [dims, vec![1]].concat()));
+        }
+    }
+    Ok(out)
+}
+
+/// llama.cpp's name for a Hugging Face tensor, and whether it is one expert
+/// of a merged tensor; `None` for tensors outside the language model.
+fn gguf_name(hf: &str, gemma: bool) -> io::Result<Option<(String, bool)>> {
+    if hf.starts_with("vision_tower.") || hf.starts_with("multi_modal_projector.") {
+        return Ok(None);
+    }
+    let unknown = || invalid(format!("no GGUF name for tensor {hf:?}"));
+    let name = hf.strip_prefix("language_model.").unwrap_or(hf);
+    let global = match name {
+        "model.embed_tokens.weight" => Some("token_embd.weight"),
+        "model.norm.weight" => Some("output_norm.weight"),
+        "lm_head.weight" => Some("output.weight"),
+        _ => None,
+    };
+    if let Some(global) = global {
+        return Ok(Some((global.into(), false)));
+    }
+    let rest = name.strip_prefix("model.layers.").ok_or_else(unknown)?;
+    let (layer, suffix) = rest.split_once('.').ok_or_else(unknown)?;
+    if let Some(expert) = suffix.strip_prefix("mlp.experts.") {
+        let merged = match expert.split_once('.').map(|(_, proj)| proj) {
+            Some("gate_proj.weight") => "ffn_gate_exps",
+            Some("up_proj.weight") => "ffn_up_exps",
+            Some("down_proj.weight") => "ffn_down_exps",
+            _ => return Err(unknown()),
+        };
+        return Ok(Some((format!("blk.{layer}.{merged}.weight"), true)));
+    }
+    let (module, kind) = suffix.rsplit_once('.').ok_or_else(unknown)?;
+    let gguf = match module {
+        "input_layernorm" => "attn_norm",
+        "post_attention_layernorm" if gemma => "post_attention_norm",
+        "post_attention_layernorm" | "pre_feedforward_layernorm" => "ffn_norm",
+        "post_feedforward_layernorm" => "post_ffw_norm",
+        "self_attn.q_proj" => "attn_q",
+        "self_attn.k_proj" => "attn_k",
+        "self_attn.v_proj" => "attn_v",
+        "self_attn.o_proj" => "attn_output",
+        "self_attn.q_norm" => "attn_q_norm",
+        "self_attn.k_norm" => "attn_k_norm",
+        "mlp.gate_proj" => "ffn_gate",
+        "mlp.up_proj" => "ffn_up",
+        "mlp.down_proj" => "ffn_down",
+        "mlp.gate" => "ffn_gate_inp",
+        _ => return Err(unknown()),
+    };
+    Ok(Some((format!("blk.{layer}.{gguf}.{kind}"), false)))
+}
+
+fn stored_type(name: &str, dims: &[u64], wanted: GgufTensorType) -> GgufTensorType {
+    if dims.len() <= 1 || name.ends_with("ffn_gate_inp.weight") {
+        GgufTensorType::F32
+    } else if dims[0].is_multiple_of(wanted.block_elems()) {
+        wanted
+    } else {
+        GgufTensorType::F16
+    }
+}

@@ -1,0 +1,546 @@
+//! Real models' `config.json` contents and tensor tables, and tiny variants
+//! of each family for fast dense tests.
+//!
+//! Each tensor table is derived from its config, so the two cannot disagree.
+
+use serde_json::{json, Value};
+
+use crate::{DType, ModelDef, TensorDef};
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    Llama,
+    Qwen2,
+    Qwen3Moe,
+    Gemma3,
+}
+
+impl Family {
+    fn gguf_arch(self) -> &'static str {
+        match self {
+            Family::Llama => "llama",
+            Family::Qwen2 => "qwen2",
+            Family::Qwen3Moe => "qwen3moe",
+            Family::Gemma3 => "gemma3",
+        }
+    }
+}
+
+/// Meta's base model: BF16, untied, llama3 rope scaling to 128k.
+pub fn llama_3_1_8b() -> ModelDef {
+    decoder_model("Llama-3.1-8B", Family::Llama, llama_3_1_8b_config())
+}
+
+/// The Instruct release, whose config has the 32k context the brief asks for
+/// (the base model's says 131072); biases on q/k/v, untied.
+pub fn qwen2_5_7b() -> ModelDef {
+    decoder_model("Qwen2.5-7B-Instruct", Family::Qwen2, qwen2_5_7b_config())
+}
+
+/// 128 experts of which 8 are used per token, in every one of 48 layers;
+/// about 61 GB in BF16.
+pub fn qwen3_30b_a3b() -> ModelDef {
+    decoder_model("Qwen3-30B-A3B", Family::Qwen3Moe, qwen3_30b_a3b_config())
+}
+
+/// Text-only Gemma 3: tied embeddings, five sliding-window layers per full
+/// one.
+pub fn gemma3_1b() -> ModelDef {
+    decoder_model("gemma-3-1b-it", Family::Gemma3, gemma3_1b_config())
+}
+
+/// The multimodal Gemma 3 checkpoint: the language model's settings under
+/// `text_config` and its tensors under `language_model.model.`, beside the
+/// SigLIP vision tower (`vision_tower.vision_model.`) and the projector
+/// (`multi_modal_projector.`), which a text-only runtime must skip. The real
+/// `text_config` leaves most values to defaults; here they are spelled out.
+pub fn gemma3_4b_multimodal_text() -> ModelDef {
+    let config = gemma3_4b_config();
+    let dtype = dtype_of(&config);
+    let text = &config["text_config"];
+    let mut tensors = decoder(Family::Gemma3, text, "language_model.", dtype);
+    tensors.extend(siglip(
+        &config["vision_config"],
+        num(text, "hidden_size"),
+        dtype,
+    ));
+    ModelDef {
+        name: "gemma-3-4b-it",
+        config,
+        tensors,
+        gguf_arch: Family::Gemma3.gguf_arch(),
+    }
+}
+
+/// Llama family at 135M parameters: GQA 9/3, tied embeddings. The Instruct
+/// config, matching the project's real SmolLM2 test model.
+pub fn smollm2_135m() -> ModelDef {
+    decoder_model(
+        "SmolLM2-135M-Instruct",
+        Family::Llama,
+        smollm2_135m_config(),
+    )
+}
+
+/// Llama-3.1 config shrunk to two layers of width 256, F32, untied, without
+/// rope scaling. Widths are multiples of 256 so every GGUF block type
+/// applies.
+pub fn tiny_llama() -> ModelDef {
+    let config = with(
+        llama_3_1_8b_config(),
+        json!({"rope_scaling": null, "bos_token_id": 1, "eos_token_id": 2}),
+    );
+    decoder_model("tiny-llama", Family::Llama, with(config, tiny_dims()))
+}
+
+/// Qwen2.5 config shrunk like [`tiny_llama`], keeping the q/k/v biases.
+pub fn tiny_qwen2() -> ModelDef {
+    let config = with(
+        qwen2_5_7b_config(),
+        json!({"bos_token_id": 1, "eos_token_id": 2, "max_window_layers": 2}),
+    );
+    decoder_model("tiny-qwen2", Family::Qwen2, with(config, tiny_dims()))
+}
+
+/// Qwen3-MoE config shrunk like [`tiny_llama`], with 4 experts of which 2
+/// are used.
+pub fn tiny_qwen3_moe() -> ModelDef {
+    let config = with(
+        qwen3_30b_a3b_config(),
+        json!({
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "max_window_layers": 2,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 256,
+        }),
+    );
+    decoder_model(
+        "tiny-qwen3-moe",
+        Family::Qwen3Moe,
+        with(config, tiny_dims()),
+    )
+}
+
+/// Gemma-3-1B config shrunk like [`tiny_llama`] (one KV head, as the real
+/// model), with a 16-token window and the pattern sliding, full.
+pub fn tiny_gemma3() -> ModelDef {
+    let config = with(gemma3_1b_config(), tiny_dims());
+    let config = with(
+        config,
+        json!({
+            "num_key_value_heads": 1,
+            "query_pre_attn_scalar": 64,
+            "sliding_window": 16,
+            "sliding_window_pattern": 2,
+            "layer_types": gemma3_layer_types(2, 2),
+        }),
+    );
+    decoder_model("tiny-gemma3", Family::Gemma3, config)
+}
+
+fn tiny_dims() -> Value {
+    json!({
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "vocab_size": 1024,
+        "max_position_embeddings": 2048,
+        "torch_dtype": "float32",
+    })
+}
+
+fn llama_3_1_8b_config() -> Value {
+    json!({
+        "architectures": ["LlamaForCausalLM"],
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+        "hidden_act": "silu",
+        "hidden_size": 4096,
+        "initializer_range": 0.02,
+        "intermediate_size": 14336,
+        "max_position_embeddings": 131072,
+        "mlp_bias": false,
+        "model_type": "llama",
+        "num_attention_heads": 32,
+        "num_hidden_layers": 32,
+        "num_key_value_heads": 8,
+        "pretraining_tp": 1,
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+            "rope_type": "llama3"
+        },
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.43.0.dev0",
+        "use_cache": true,
+        "vocab_size": 128256
+    })
+}
+
+fn qwen2_5_7b_config() -> Value {
+    json!({
+        "architectures": ["Qwen2ForCausalLM"],
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "hidden_act": "silu",
+        "hidden_size": 3584,
+        "initializer_range": 0.02,
+        "intermediate_size": 18944,
+        "max_position_embeddings": 32768,
+        "max_window_layers": 28,
+        "model_type": "qwen2",
+        "num_attention_heads": 28,
+        "num_hidden_layers": 28,
+        "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 1000000.0,
+        "sliding_window": 131072,
+        "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.43.1",
+        "use_cache": true,
+        "use_sliding_window": false,
+        "vocab_size": 152064
+    })
+}
+
+fn qwen3_30b_a3b_config() -> Value {
+    json!({
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "decoder_sparse_step": 1,
+        "eos_token_id": 151645,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "initializer_range": 0.02,
+        "intermediate_size": 6144,
+        "max_position_embeddings": 40960,
+        "max_window_layers": 48,
+        "mlp_only_layers": [],
+        "model_type": "qwen3_moe",
+        "moe_intermediate_size": 768,
+        "norm_topk_prob": true,
+        "num_attention_heads": 32,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "num_hidden_layers": 48,
+        "num_key_value_heads": 4,
+        "output_router_logits": false,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": null,
+        "rope_theta": 1000000.0,
+        "router_aux_loss_coef": 0.001,
+        "sliding_window": null,
+        "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.0",
+        "use_cache": true,
+        "use_sliding_window": false,
+        "vocab_size": 151936
+    })
+}
+
+fn gemma3_1b_config() -> Value {
+    json!({
+        "architectures": ["Gemma3ForCausalLM"],
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "attn_logit_softcapping": null,
+        "bos_token_id": 2,
+        "cache_implementation": "hybrid",
+        "eos_token_id": [1, 106],
+        "final_logit_softcapping": null,
+        "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 1152,
+        "initializer_range": 0.02,
+        "intermediate_size": 6912,
+        "layer_types": gemma3_layer_types(26, 6),
+        "max_position_embeddings": 32768,
+        "model_type": "gemma3_text",
+        "num_attention_heads": 4,
+        "num_hidden_layers": 26,
+        "num_key_value_heads": 1,
+        "pad_token_id": 0,
+        "query_pre_attn_scalar": 256,
+        "rms_norm_eps": 1e-06,
+        "rope_local_base_freq": 10000,
+        "rope_scaling": null,
+        "rope_theta": 1000000,
+        "sliding_window": 512,
+        "sliding_window_pattern": 6,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.50.0.dev0",
+        "use_cache": true,
+        "vocab_size": 262144
+    })
+}
+
+fn gemma3_4b_config() -> Value {
+    json!({
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "boi_token_index": 255999,
+        "eoi_token_index": 256000,
+        "eos_token_id": [1, 106],
+        "image_token_index": 262144,
+        "initializer_range": 0.02,
+        "mm_tokens_per_image": 256,
+        "model_type": "gemma3",
+        "text_config": {
+            "attention_bias": false,
+            "attention_dropout": 0.0,
+            "attn_logit_softcapping": null,
+            "final_logit_softcapping": null,
+            "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh",
+            "hidden_size": 2560,
+            "intermediate_size": 10240,
+            "layer_types": gemma3_layer_types(34, 6),
+            "max_position_embeddings": 131072,
+            "model_type": "gemma3_text",
+            "num_attention_heads": 8,
+            "num_hidden_layers": 34,
+            "num_key_value_heads": 4,
+            "query_pre_attn_scalar": 256,
+            "rms_norm_eps": 1e-06,
+            "rope_local_base_freq": 10000.0,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "rope_theta": 1000000.0,
+            "sliding_window": 1024,
+            "sliding_window_pattern": 6,
+            "vocab_size": 262208
+        },
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.50.0.dev0",
+        "vision_config": {
+            "hidden_size": 1152,
+            "image_size": 896,
+            "intermediate_size": 4304,
+            "model_type": "siglip_vision_model",
+            "num_attention_heads": 16,
+            "num_hidden_layers": 27,
+            "patch_size": 14,
+            "vision_use_head": false
+        }
+    })
+}
+
+fn smollm2_135m_config() -> Value {
+    json!({
+        "architectures": ["LlamaForCausalLM"],
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "head_dim": 64,
+        "hidden_act": "silu",
+        "hidden_size": 576,
+        "initializer_range": 0.041666666666666664,
+        "intermediate_size": 1536,
+        "is_llama_config": true,
+        "max_position_embeddings": 8192,
+        "mlp_bias": false,
+        "model_type": "llama",
+        "num_attention_heads": 9,
+        "num_hidden_layers": 30,
+        "num_key_value_heads": 3,
+        "pad_token_id": 2,
+        "pretraining_tp": 1,
+        "rms_norm_eps": 1e-05,
+        "rope_interleaved": false,
+        "rope_scaling": null,
+        "rope_theta": 100000,
+        "tie_word_embeddings": true,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.42.3",
+        "use_cache": true,
+        "vocab_size": 49152
+    })
+}
+
+/// Transformers' rule: every `pattern`-th layer attends to everything, the
+/// rest to a sliding window.
+fn gemma3_layer_types(layers: usize, pattern: usize) -> Value {
+    (1..=layers)
+        .map(|i| {
+            if i % pattern == 0 {
+                "full_attention"
+            } else {
+                "sliding_attention"
+            }
+        })
+        .collect()
+}
+
+fn with(mut config: Value, overrides: Value) -> Value {
+    if let Value::Object(fields) = overrides {
+        for (key, value) in fields {
+            config[key] = value;
+        }
+    }
+    config
+}
+
+fn decoder_model(name: &'static str, family: Family, config: Value) -> ModelDef {
+    let tensors = decoder(family, &config, "", dtype_of(&config));
+    ModelDef {
+        name,
+        config,
+        tensors,
+        gguf_arch: family.gguf_arch(),
+    }
+}
+
+fn dtype_of(config: &Value) -> DType {
+    match config["torch_dtype"].as_str() {
+        Some("float32") => DType::F32,
+        Some("float16") => DType::F16,
+        _ => DType::BF16,
+    }
+}
+
+fn num(config: &Value, key: &str) -> u64 {
+    config[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("fixture config lacks the integer {key:?}"))
+}
+
+/// The tensor table of a decoder-only language model, in the order of its
+/// modules; `outer` prefixes `model.` and `lm_head.`.
+fn decoder(family: Family, config: &Value, outer: &str, dtype: DType) -> Vec<TensorDef> {
+    let hidden = num(config, "hidden_size");
+    let heads = num(config, "num_attention_heads");
+    let kv_heads = num(config, "num_key_value_heads");
+    let head_dim = config["head_dim"].as_u64().unwrap_or(hidden / heads);
+    let ffn = num(config, "intermediate_size");
+    let vocab = num(config, "vocab_size");
+    let tied = config["tie_word_embeddings"]
+        .as_bool()
+        .unwrap_or(family == Family::Gemma3);
+    let q_out = heads * head_dim;
+    let kv_out = kv_heads * head_dim;
+
+    let mut tensors = Vec::new();
+    let mut add = |name: String, shape: &[u64]| tensors.push(TensorDef::new(name, shape, dtype));
+    add(
+        format!("{outer}model.embed_tokens.weight"),
+        &[vocab, hidden],
+    );
+    for layer in 0..num(config, "num_hidden_layers") {
+        let p = format!("{outer}model.layers.{layer}.");
+        add(format!("{p}input_layernorm.weight"), &[hidden]);
+        for (proj, out) in [("q", q_out), ("k", kv_out), ("v", kv_out)] {
+            add(format!("{p}self_attn.{proj}_proj.weight"), &[out, hidden]);
+            if family == Family::Qwen2 {
+                add(format!("{p}self_attn.{proj}_proj.bias"), &[out]);
+            }
+        }
+        add(format!("{p}self_attn.o_proj.weight"), &[hidden, q_out]);
+        if matches!(family, Family::Qwen3Moe | Family::Gemma3) {
+            add(format!("{p}self_attn.q_norm.weight"), &[head_dim]);
+            add(format!("{p}self_attn.k_norm.weight"), &[head_dim]);
+        }
+        add(format!("{p}post_attention_layernorm.weight"), &[hidden]);
+        if family == Family::Gemma3 {
+            add(format!("{p}pre_feedforward_layernorm.weight"), &[hidden]);
+            add(format!("{p}post_feedforward_layernorm.weight"), &[hidden]);
+        }
+        if family == Family::Qwen3Moe {
+            let experts = num(config, "num_experts");
+            let expert_ffn = num(config, "moe_intermediate_size");
+            add(format!("{p}mlp.gate.weight"), &[experts, hidden]);
+            for e in 0..experts {
+                let x = format!("{p}mlp.experts.{e}.");
+                add(format!("{x}gate_proj.weight"), &[expert_ffn, hidden]);
+                add(format!("{x}up_proj.weight"), &[expert_ffn, hidden]);
+                add(format!("{x}down_proj.weight"), &[hidden, expert_ffn]);
+            }
+        } else {
+            add(format!("{p}mlp.gate_proj.weight"), &[ffn, hidden]);
+            add(format!("{p}mlp.up_proj.weight"), &[ffn, hidden]);
+            add(format!("{p}mlp.down_proj.weight"), &[hidden, ffn]);
+        }
+    }
+    add(format!("{outer}model.norm.weight"), &[hidden]);
+    if !tied {
+        add(format!("{outer}lm_head.weight"), &[vocab, hidden]);
+    }
+    tensors
+}
+
+/// Gemma 3's SigLIP vision tower and the projector into the language model.
+fn siglip(config: &Value, text_hidden: u64, dtype: DType) -> Vec<TensorDef> {
+    let hidden = num(config, "hidden_size");
+    let ffn = num(config, "intermediate_size");
+    let patch = num(config, "patch_size");
+    let positions = (num(config, "image_size") / patch).pow(2);
+
+    let mut tensors = Vec::new();
+    let mut add = |name: String, shape: &[u64]| tensors.push(TensorDef::new(name, shape, dtype));
+    let v = "vision_tower.vision_model.";
+    add(
+        format!("{v}embeddings.patch_embedding.weight"),
+        &[hidden, 3, patch, patch],
+    );
+    add(format!("{v}embeddings.patch_embedding.bias"), &[hidden]);
+    add(
+        format!("{v}embeddings.position_embedding.weight"),
+        &[positions, hidden],
+    );
+    for layer in 0..num(config, "num_hidden_layers") {
+        let p = format!("{v}encoder.layers.{layer}.");
+        for norm in ["layer_norm1", "layer_norm2"] {
+            add(format!("{p}{norm}.weight"), &[hidden]);
+            add(format!("{p}{norm}.bias"), &[hidden]);
+        }
+        for proj in ["q_proj", "k_proj", "v_proj", "out_proj"] {
+            add(format!("{p}self_attn.{proj}.weight"), &[hidden, hidden]);
+            add(format!("{p}self_attn.{proj}.bias"), &[hidden]);
+        }
+        add(format!("{p}mlp.fc1.weight"), &[ffn, hidden]);
+        add(format!("{p}mlp.fc1.bias"), &[ffn]);
+        add(format!("{p}mlp.fc2.weight"), &[hidden, ffn]);
+        add(format!("{p}mlp.fc2.bias"), &[hidden]);
+    }
+    add(format!("{v}post_layernorm.weight"), &[hidden]);
+    add(format!("{v}post_layernorm.bias"), &[hidden]);
+    add(
+        "multi_modal_projector.mm_input_projection_weight".into(),
+        &[hidden, text_hidden],
+    );
+    add(
+        "multi_modal_projector.mm_soft_emb_norm.weight".into(),
+        &[hidden],
+    );
+    tensors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemma3_layer_types_follow_the_pattern() {
+        let types = gemma3_layer_types(12, 6);
+        assert_eq!(types[4], "sliding_attention");
+        assert_eq!(types[5], "full_attention");
+        assert_eq!(types[11], "full_attention");
+        assert_eq!(types.as_array().unwrap().len(), 12);
+    }
+}

@@ -1,0 +1,197 @@
+//! Deterministic pseudo-random tensor data and the float conversions it
+//! needs (no `half` crate: this crate depends on serde_json only).
+
+use std::io::{self, Write};
+
+/// splitmix64: tiny, fast, and good enough for weights nobody trains.
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    /// Seeded from the tensor's name so its values do not depend on where it
+    /// lands in a file.
+    pub(crate) fn for_tensor(seed: u64, name: &str) -> Rng {
+        let mut hash = 0xcbf2_9ce4_8422_2325u64;
+        for byte in name.bytes() {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+        Rng(hash ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    pub(crate) fn weight(&mut self) -> f32 {
+        self.unit() * 0.2 - 0.1
+    }
+
+    /// A positive quantization scale in [max / 10, max).
+    fn scale(&mut self, max: f32) -> f32 {
+        max * (0.1 + 0.9 * self.unit())
+    }
+}
+
+/// How to fill elements of a tensor.
+#[derive(Clone, Copy)]
+pub(crate) enum Fill {
+    F32,
+    F16,
+    BF16,
+    Bits32,
+}
+
+const CHUNK: usize = 1 << 16;
+
+pub(crate) fn write_elements(
+    out: &mut impl Write,
+    fill: Fill,
+    count: u64,
+    rng: &mut Rng,
+) -> io::Result<()> {
+    let mut buf = Vec::with_capacity(CHUNK + 8);
+    for _ in 0..count {
+        match fill {
+            Fill::F32 => buf.extend_from_slice(&rng.weight().to_le_bytes()),
+            Fill::F16 => buf.extend_from_slice(&f32_to_f16(rng.weight()).to_le_bytes()),
+            Fill::BF16 => buf.extend_from_slice(&f32_to_bf16(rng.weight()).to_le_bytes()),
+            Fill::Bits32 => buf.extend_from_slice(&(rng.next_u64() as u32).to_le_bytes()),
+        }
+        if buf.len() >= CHUNK {
+            out.write_all(&buf)?;
+            buf.clear();
+        }
+    }
+    out.write_all(&buf)
+}
+
+/// The shape of a quantized block, as far as random filling cares.
+pub(crate) struct Block {
+    pub(crate) bytes: usize,
+    /// Where the f16 scale fields sit.
+    pub(crate) scale_offsets: &'static [usize],
+    pub(crate) scale_max: f32,
+}
+
+/// Quantized blocks: random payload bytes, with the f16 scale fields set to
+/// small positive values. A trailing partial block (only in a deliberately
+/// malformed tensor) gets random bytes.
+pub(crate) fn write_blocks(
+    out: &mut impl Write,
+    len: u64,
+    shape: &Block,
+    rng: &mut Rng,
+) -> io::Result<()> {
+    let mut block = vec![0u8; shape.bytes];
+    let mut left = len;
+    while left > 0 {
+        let n = shape.bytes.min(left as usize);
+        for chunk in block.chunks_mut(8) {
+            let bytes = rng.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+        if n == shape.bytes {
+            for &at in shape.scale_offsets {
+                let scale = f32_to_f16(rng.scale(shape.scale_max));
+                block[at..at + 2].copy_from_slice(&scale.to_le_bytes());
+            }
+        }
+        out.write_all(&block[..n])?;
+        left -= n as u64;
+    }
+    Ok(())
+}
+
+/// IEEE binary16, round to nearest even, with subnormals.
+pub(crate) fn f32_to_f16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exp = ((bits >> 23) & 0xff) as i32;
+    let man = bits & 0x7f_ffff;
+    if exp == 0xff {
+        let nan = if man != 0 { 0x200 } else { 0 };
+        return sign | 0x7c00 | nan;
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        let full = man | 0x80_0000;
+        let shift = (14 - e) as u32;
+        let half = 1u32 << (shift - 1);
+        let rem = full & ((1u32 << shift) - 1);
+        let mut m = full >> shift;
+        if rem > half || (rem == half && m & 1 == 1) {
+            m += 1;
+        }
+        return sign | m as u16;
+    }
+    let mut h = ((e as u32) << 10) | (man >> 13);
+    let rem = man & 0x1fff;
+    if rem > 0x1000 || (rem == 0x1000 && h & 1 == 1) {
+        h += 1;
+    }
+    sign | h as u16
+}
+
+/// bfloat16, round to nearest even.
+pub(crate) fn f32_to_bf16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    if x.is_nan() {
+        return ((bits >> 16) | 0x40) as u16;
+    }
+    let round = 0x7fff + ((bits >> 16) & 1);
+    (bits.wrapping_add(round) >> 16) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_known_values() {
+        assert_eq!(f32_to_f16(1.0), 0x3c00);
+        assert_eq!(f32_to_f16(-2.0), 0xc000);
+        assert_eq!(f32_to_f16(0.1), 0x2e66);
+        assert_eq!(f32_to_f16(65504.0), 0x7bff);
+        assert_eq!(f32_to_f16(1e6), 0x7c00);
+        assert_eq!(f32_to_f16(6.103_515_6e-5), 0x0400);
+        assert_eq!(f32_to_f16(1e-7), 0x0002);
+        assert_eq!(f32_to_f16(1e-9), 0x0000);
+        assert_eq!(f32_to_f16(f32::NAN) & 0x7c00, 0x7c00);
+    }
+
+    #[test]
+    fn bf16_known_values() {
+        assert_eq!(f32_to_bf16(1.0), 0x3f80);
+        assert_eq!(f32_to_bf16(-2.0), 0xc000);
+        assert_eq!(f32_to_bf16(0.1), 0x3dcd);
+    }
+
+    #[test]
+    fn weights_stay_in_range_and_repeat() {
+        let mut a = Rng::for_tensor(7, "w");
+        let mut b = Rng::for_tensor(7, "w");
+        for _ in 0..10_000 {
+            let x = a.weight();
+            assert!((-0.1..0.1).contains(&x));
+            assert_eq!(x, b.weight());
+        }
+        assert_ne!(
+            Rng::for_tensor(7, "w").next_u64(),
+            Rng::for_tensor(8, "w").next_u64()
+        );
+    }
+}
