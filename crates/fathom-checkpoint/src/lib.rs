@@ -1,0 +1,52 @@
+//! Header-only readers for the checkpoint formats fathom plans from.
+//!
+//! This room knows file formats and nothing about architectures or memory:
+//! it turns bytes on disk into typed headers (metadata, tensor tables with
+//! dtypes, shapes and byte sizes) and rejects hostile input with a typed
+//! [`CheckpointError`] naming the file, the field and the offending value.
+//! Nothing here reads or maps tensor data.
+
+pub mod error;
+pub mod ggml_type;
+pub mod gguf;
+pub mod hf;
+pub mod safetensors;
+
+use std::path::Path;
+
+pub use error::{CheckpointError, ErrorKind};
+pub use ggml_type::GgmlType;
+pub use gguf::{GgufFile, GgufTensor, MetaValue};
+pub use hf::{HfCheckpoint, MlxQuantization};
+pub use safetensors::{SafetensorsFile, StDtype, StTensor};
+
+/// A checkpoint opened for its headers only.
+#[derive(Debug, Clone)]
+pub enum Checkpoint {
+    /// A single `.gguf` file.
+    Gguf(GgufFile),
+    /// A Hugging Face (or MLX) directory: `config.json` plus safetensors.
+    Hf(HfCheckpoint),
+}
+
+impl Checkpoint {
+    /// Opens `path` as a GGUF file or as a Hugging Face / MLX directory,
+    /// reading headers only.
+    pub fn open(path: &Path) -> Result<Self, CheckpointError> {
+        let meta = std::fs::metadata(path).map_err(|e| CheckpointError::io(path, e))?;
+        if meta.is_dir() {
+            Ok(Checkpoint::Hf(HfCheckpoint::open(path)?))
+        } else {
+            Ok(Checkpoint::Gguf(GgufFile::open(path)?))
+        }
+    }
+
+    /// The short name of the format, as reported in `inspect --json`.
+    pub fn format_name(&self) -> &'static str {
+        match self {
+            Checkpoint::Gguf(_) => "gguf",
+            Checkpoint::Hf(hf) if hf.quantization.is_some() => "mlx",
+            Checkpoint::Hf(_) => "safetensors",
+        }
+    }
+}
