@@ -1,0 +1,282 @@
+//! ModelSpec from GGUF metadata (`{arch}.*` keys as llama.cpp writes them).
+
+use fathom_checkpoint::{GgufFile, MetaValue};
+
+use crate::{
+    gemma_layer_is_sliding, limits, Attention, Family, Layer, ModelSpec, Rope, SpecError,
+    TensorEntry,
+};
+
+/// llama.cpp hard-codes Gemma 3's layer pattern and local rope base rather
+/// than storing them; a file that does store them wins.
+const GEMMA3_PATTERN: u64 = 6;
+const GEMMA3_LOCAL_ROPE_THETA: f64 = 10_000.0;
+
+pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
+    let meta = Meta { file };
+    let architecture = meta
+        .str("general.architecture")?
+        .ok_or_else(|| meta.missing("general.architecture", "any"))?
+        .to_string();
+    let family = match architecture.as_str() {
+        "llama" | "mistral" => Family::Llama,
+        "qwen2" => Family::Qwen2,
+        "qwen3" => Family::Qwen3,
+        "qwen3moe" => Family::Qwen3Moe,
+        "gemma3" => Family::Gemma3,
+        other => Family::Unknown(other.to_string()),
+    };
+    let tensors: Vec<TensorEntry> = file
+        .tensors
+        .iter()
+        .map(|t| TensorEntry {
+            name: t.name.clone(),
+            dtype: t.ggml_type.name().to_string(),
+            shape: t.dims.clone(),
+            params: t.n_elements,
+            row_len: t.dims.first().copied().unwrap_or(1),
+            bytes: t.n_bytes,
+        })
+        .collect();
+    let source = format!(
+        "GGUF v{} header, {} tensors",
+        file.version,
+        file.tensors.len()
+    );
+    let tied_embeddings = !file.tensors.iter().any(|t| t.name == "output.weight");
+    let key = |suffix: &str| format!("{architecture}.{suffix}");
+    let mut notes = Vec::new();
+
+    let n_layers = meta.u64(&key("block_count"))?;
+    let hidden = meta.u64(&key("embedding_length"))?;
+    let n_heads = meta.first_of_per_layer(&key("attention.head_count"))?;
+    let (Some(n_layers), Some(hidden), Some(n_heads)) = (n_layers, hidden, n_heads) else {
+        if family != Family::Unknown(architecture.clone()) {
+            let field = ["block_count", "embedding_length", "attention.head_count"]
+                .into_iter()
+                .map(key)
+                .find(|k| file.get(k).is_none())
+                .unwrap_or_else(|| key("block_count"));
+            return Err(meta.missing(&field, family.name()));
+        }
+        notes.push(format!(
+            "architecture {architecture:?} is not a family fathom runs, and its GGUF lacks \
+             {architecture}.block_count / embedding_length / attention.head_count: \
+             only the weights are planned"
+        ));
+        let spec = ModelSpec::weights_only(architecture, family, tensors, tied_embeddings, notes);
+        return Ok(ModelSpec { source, ..spec });
+    };
+    let n_layers = limits::layers(&meta.file.path, &key("block_count"), n_layers)?;
+    let hidden = limits::dim(&meta.file.path, &key("embedding_length"), hidden)?;
+    let n_heads = limits::nonzero_dim(&meta.file.path, &key("attention.head_count"), n_heads)?;
+
+    let kv_heads = meta
+        .per_layer(&key("attention.head_count_kv"), n_layers)?
+        .unwrap_or_else(|| vec![n_heads; n_layers as usize]);
+    for &h in &kv_heads {
+        limits::dim(&meta.file.path, &key("attention.head_count_kv"), h)?;
+    }
+    let key_dim = match meta.u64(&key("attention.key_length"))? {
+        Some(d) => limits::nonzero_dim(&meta.file.path, &key("attention.key_length"), d)?,
+        None => hidden / n_heads,
+    };
+    let value_dim = match meta.u64(&key("attention.value_length"))? {
+        Some(d) => limits::nonzero_dim(&meta.file.path, &key("attention.value_length"), d)?,
+        None => key_dim,
+    };
+    let ffn = match meta.per_layer(&key("feed_forward_length"), n_layers)? {
+        Some(widths) => widths.into_iter().max().unwrap_or(0),
+        None => 0,
+    };
+    let ffn = limits::dim(&meta.file.path, &key("feed_forward_length"), ffn)?;
+    let n_experts = meta.u64(&key("expert_count"))?.unwrap_or(0);
+    let n_experts = limits::dim(&meta.file.path, &key("expert_count"), n_experts)?;
+    let n_experts_active = meta.u64(&key("expert_used_count"))?.unwrap_or(0);
+    let expert_ffn = match meta.u64(&key("expert_feed_forward_length"))? {
+        Some(w) => limits::dim(&meta.file.path, &key("expert_feed_forward_length"), w)?,
+        None if n_experts > 0 => ffn,
+        None => 0,
+    };
+    let vocab = match meta.u64(&key("vocab_size"))? {
+        Some(v) => v,
+        None => match file
+            .get("tokenizer.ggml.tokens")
+            .and_then(MetaValue::as_array)
+        {
+            Some(tokens) => tokens.len() as u64,
+            None => file
+                .tensors
+                .iter()
+                .find(|t| t.name == "token_embd.weight")
+                .and_then(|t| t.dims.get(1).copied())
+                .unwrap_or(0),
+        },
+    };
+    let vocab = limits::dim(&meta.file.path, &key("vocab_size"), vocab)?;
+    let context_length = meta.u64(&key("context_length"))?.unwrap_or(0);
+
+    let window = meta
+        .u64(&key("attention.sliding_window"))?
+        .filter(|&w| w > 0);
+    let sliding = |layer: u64| -> bool {
+        match (&family, window) {
+            (_, None) => false,
+            (Family::Gemma3, Some(_)) => gemma_layer_is_sliding(layer, GEMMA3_PATTERN),
+            // Other families that store a window use it in every layer.
+            (_, Some(_)) => true,
+        }
+    };
+    let layers = (0..n_layers)
+        .map(|i| Layer {
+            attention: match window {
+                Some(window) if sliding(i) => Attention::Sliding { window },
+                _ => Attention::Full,
+            },
+            n_kv_heads: kv_heads[i as usize],
+            key_dim,
+            value_dim,
+        })
+        .collect();
+
+    let rope = Rope {
+        theta: meta.f64(&key("rope.freq_base"))?.unwrap_or(10_000.0),
+        local_theta: (family == Family::Gemma3).then_some(GEMMA3_LOCAL_ROPE_THETA),
+        neox: family.rope_neox(),
+        scaling: meta
+            .str(&key("rope.scaling.type"))?
+            .filter(|s| *s != "none")
+            .map(str::to_string),
+        scaling_factor: meta.f64(&key("rope.scaling.factor"))?,
+    };
+    if let Family::Unknown(name) = &family {
+        notes.push(format!(
+            "architecture {name:?} is not a family fathom runs: the plan uses its generic \
+             hyperparameters, and running it will fail"
+        ));
+    }
+    Ok(ModelSpec {
+        architecture,
+        n_kv_heads: kv_heads.iter().copied().max().unwrap_or(0),
+        family,
+        n_layers,
+        hidden,
+        n_heads,
+        head_dim: key_dim,
+        ffn,
+        vocab,
+        n_experts,
+        n_experts_active,
+        expert_ffn,
+        context_length,
+        layers,
+        rope: Some(rope),
+        tied_embeddings,
+        tensors,
+        source,
+        notes,
+    })
+}
+
+/// Typed reads of GGUF metadata, where a value of the wrong type is an
+/// error naming the key rather than a silent default.
+struct Meta<'a> {
+    file: &'a GgufFile,
+}
+
+impl Meta<'_> {
+    fn invalid(&self, key: &str, value: &MetaValue, expected: &str) -> SpecError {
+        SpecError::InvalidField {
+            path: self.file.path.clone(),
+            field: key.to_string(),
+            value: short_debug(value),
+            expected: expected.to_string(),
+        }
+    }
+
+    fn missing(&self, key: &str, family: &str) -> SpecError {
+        SpecError::MissingField {
+            path: self.file.path.clone(),
+            field: key.to_string(),
+            family: family.to_string(),
+        }
+    }
+
+    fn u64(&self, key: &str) -> Result<Option<u64>, SpecError> {
+        match self.file.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(Some)
+                .ok_or_else(|| self.invalid(key, v, "a non-negative integer")),
+        }
+    }
+
+    fn f64(&self, key: &str) -> Result<Option<f64>, SpecError> {
+        match self.file.get(key) {
+            None => Ok(None),
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() => Ok(Some(x)),
+                _ => Err(self.invalid(key, v, "a finite number")),
+            },
+        }
+    }
+
+    fn str(&self, key: &str) -> Result<Option<&str>, SpecError> {
+        match self.file.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.invalid(key, v, "a string")),
+        }
+    }
+
+    /// A value llama.cpp allows either as one integer or as one per layer.
+    fn per_layer(&self, key: &str, n_layers: u64) -> Result<Option<Vec<u64>>, SpecError> {
+        let Some(value) = self.file.get(key) else {
+            return Ok(None);
+        };
+        if let Some(x) = value.as_u64() {
+            return Ok(Some(vec![x; n_layers as usize]));
+        }
+        let expected = format!("an integer or an array of {n_layers} integers");
+        let items = value
+            .as_array()
+            .ok_or_else(|| self.invalid(key, value, &expected))?;
+        if items.len() as u64 != n_layers {
+            return Err(self.invalid(key, value, &expected));
+        }
+        items
+            .iter()
+            .map(|v| {
+                v.as_u64()
+                    .ok_or_else(|| self.invalid(key, value, &expected))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
+    /// The first layer's value of a per-layer key, before the layer count is known.
+    fn first_of_per_layer(&self, key: &str) -> Result<Option<u64>, SpecError> {
+        match self.file.get(key) {
+            None => Ok(None),
+            Some(v) => match v
+                .as_u64()
+                .or_else(|| v.as_array()?.iter().find_map(MetaValue::as_u64))
+            {
+                Some(x) => Ok(Some(x)),
+                None => Err(self.invalid(key, v, "an integer or an array of integers")),
+            },
+        }
+    }
+}
+
+/// Errors quote values, but a 250k-entry token array is no message.
+fn short_debug(value: &MetaValue) -> String {
+    match value {
+        MetaValue::Array(_, items) => format!("an array of {} items", items.len()),
+        MetaValue::Str(s) if s.len() > 64 => format!("{:?}...", &s[..s.floor_char_boundary(64)]),
+        other => format!("{other:?}"),
+    }
+}

@@ -1,0 +1,250 @@
+//! `ModelSpec`: one normalized description of a model, whatever file format
+//! it came from.
+//!
+//! The plan and the engine read dimensions, the per-layer attention kind and
+//! the tensor table from here and never look at GGUF keys or `config.json`
+//! field names themselves.
+
+mod error;
+mod from_gguf;
+mod from_hf;
+
+use fathom_checkpoint::Checkpoint;
+use serde::Serialize;
+
+pub use error::SpecError;
+
+/// The model families fathom knows how to plan and run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Family {
+    /// Llama 2/3.x, SmolLM2, Mistral: GQA attention, SwiGLU FFN, rope.
+    Llama,
+    /// Qwen2 / Qwen2.5: Llama shape plus q/k/v biases.
+    Qwen2,
+    /// Qwen3: per-head q/k RMSNorm, no biases.
+    Qwen3,
+    /// Qwen3 mixture of experts: routed experts with top-k.
+    Qwen3Moe,
+    /// Gemma 3: interleaved sliding-window and global layers.
+    Gemma3,
+    /// Anything else: the architecture name as the checkpoint spells it.
+    /// It gets weights bytes (and KV when the generic fields exist) but
+    /// cannot be run.
+    Unknown(String),
+}
+
+impl Family {
+    pub fn name(&self) -> &str {
+        match self {
+            Family::Llama => "llama",
+            Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
+            Family::Qwen3Moe => "qwen3_moe",
+            Family::Gemma3 => "gemma3",
+            Family::Unknown(name) => name,
+        }
+    }
+
+    /// Rope in the NeoX layout (rotating the two halves of a head) rather
+    /// than interleaved pairs: how llama.cpp and HF treat each family.
+    pub fn rope_neox(&self) -> bool {
+        matches!(
+            self,
+            Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3
+        )
+    }
+}
+
+/// Which past tokens a layer's attention reads, and so how many of them its
+/// KV cache must hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Attention {
+    /// Every past token.
+    Full,
+    /// The last `window` tokens.
+    Sliding { window: u64 },
+    /// No attention (and no KV) in this layer.
+    None,
+}
+
+/// One transformer layer as far as memory is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Layer {
+    pub attention: Attention,
+    pub n_kv_heads: u64,
+    pub key_dim: u64,
+    pub value_dim: u64,
+}
+
+/// Rotary position embedding parameters.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Rope {
+    /// Base frequency of global (or all) layers.
+    pub theta: f64,
+    /// Base frequency of sliding-window layers when it differs (Gemma 3).
+    pub local_theta: Option<f64>,
+    pub neox: bool,
+    /// The scaling type (`linear`, `yarn`, `llama3`, ...) when the model
+    /// uses one.
+    pub scaling: Option<String>,
+    pub scaling_factor: Option<f64>,
+}
+
+/// One tensor of the checkpoint as stored.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TensorEntry {
+    pub name: String,
+    /// The stored dtype as its format names it (`Q4_1`, `BF16`, `U32`, ...).
+    pub dtype: String,
+    /// Shape as stored by the format (GGUF: ggml order, row length first).
+    pub shape: Vec<u64>,
+    /// Model parameters this tensor holds (MLX packed words count as the
+    /// weights they pack; MLX scales and biases count as none).
+    pub params: u64,
+    /// Elements in one row (the contiguous, innermost dimension) in
+    /// unpacked weights: what a quantization's block size must divide.
+    pub row_len: u64,
+    pub bytes: u64,
+}
+
+/// The normalized description of one model.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelSpec {
+    /// The architecture as the checkpoint names it (`llama`, `Qwen3MoeForCausalLM`...).
+    pub architecture: String,
+    pub family: Family,
+    pub n_layers: u64,
+    pub hidden: u64,
+    pub n_heads: u64,
+    /// KV heads of the widest layer (per-layer values are in `layers`).
+    pub n_kv_heads: u64,
+    pub head_dim: u64,
+    /// Dense FFN width (0 for models whose every FFN is MoE).
+    pub ffn: u64,
+    pub vocab: u64,
+    pub n_experts: u64,
+    pub n_experts_active: u64,
+    /// FFN width of one expert.
+    pub expert_ffn: u64,
+    /// The trained context length (0 when the checkpoint does not say).
+    pub context_length: u64,
+    /// One entry per layer; empty when the dimensions could not be read
+    /// (an unknown family without the generic fields).
+    pub layers: Vec<Layer>,
+    pub rope: Option<Rope>,
+    pub tied_embeddings: bool,
+    pub tensors: Vec<TensorEntry>,
+    /// Where the tensor table came from, for the plan's weights line
+    /// (`GGUF v3 header, 272 tensors`).
+    pub source: String,
+    /// Things a reader of the plan should know (unknown family, missing
+    /// fields that were defaulted, ...).
+    pub notes: Vec<String>,
+}
+
+impl ModelSpec {
+    /// Builds the spec from a checkpoint's headers.
+    pub fn from_checkpoint(checkpoint: &Checkpoint) -> Result<Self, SpecError> {
+        match checkpoint {
+            Checkpoint::Gguf(file) => from_gguf::spec(file),
+            Checkpoint::Hf(dir) => from_hf::spec(dir),
+        }
+    }
+
+    /// Bytes of every stored tensor: what the weights occupy as stored.
+    pub fn weights_bytes(&self) -> u64 {
+        self.tensors
+            .iter()
+            .fold(0u64, |sum, t| sum.saturating_add(t.bytes))
+    }
+
+    /// Number of model parameters.
+    pub fn params(&self) -> u64 {
+        self.tensors
+            .iter()
+            .fold(0u64, |sum, t| sum.saturating_add(t.params))
+    }
+
+    /// Whether the engine knows how to run this family.
+    pub fn is_known_family(&self) -> bool {
+        !matches!(self.family, Family::Unknown(_))
+    }
+}
+
+/// Gemma 3 makes every `pattern`-th layer global and the rest sliding.
+fn gemma_layer_is_sliding(layer: u64, pattern: u64) -> bool {
+    pattern == 0 || !(layer + 1).is_multiple_of(pattern)
+}
+
+impl ModelSpec {
+    /// A spec that carries only the tensor table: an unknown family whose
+    /// dimensions could not be read.
+    fn weights_only(
+        architecture: String,
+        family: Family,
+        tensors: Vec<TensorEntry>,
+        tied_embeddings: bool,
+        notes: Vec<String>,
+    ) -> Self {
+        ModelSpec {
+            architecture,
+            family,
+            n_layers: 0,
+            hidden: 0,
+            n_heads: 0,
+            n_kv_heads: 0,
+            head_dim: 0,
+            ffn: 0,
+            vocab: 0,
+            n_experts: 0,
+            n_experts_active: 0,
+            expert_ffn: 0,
+            context_length: 0,
+            layers: Vec::new(),
+            rope: None,
+            tied_embeddings,
+            source: String::new(),
+            tensors,
+            notes,
+        }
+    }
+}
+
+/// Bounds on hyperparameters read from files: a hostile header must not make
+/// fathom allocate a billion layers or overflow a product of widths.
+mod limits {
+    use std::path::Path;
+
+    use crate::SpecError;
+
+    pub const MAX_LAYERS: u64 = 4096;
+    /// Generous: the widest real models have dims around 2^17 and vocabularies around 2^18.
+    pub const MAX_DIM: u64 = 1 << 24;
+
+    fn check(path: &Path, field: &str, value: u64, min: u64, max: u64) -> Result<u64, SpecError> {
+        if (min..=max).contains(&value) {
+            Ok(value)
+        } else {
+            Err(SpecError::InvalidField {
+                path: path.to_path_buf(),
+                field: field.to_string(),
+                value: value.to_string(),
+                expected: format!("an integer from {min} to {max}"),
+            })
+        }
+    }
+
+    pub fn layers(path: &Path, field: &str, value: u64) -> Result<u64, SpecError> {
+        check(path, field, value, 1, MAX_LAYERS)
+    }
+
+    pub fn dim(path: &Path, field: &str, value: u64) -> Result<u64, SpecError> {
+        check(path, field, value, 0, MAX_DIM)
+    }
+
+    pub fn nonzero_dim(path: &Path, field: &str, value: u64) -> Result<u64, SpecError> {
+        check(path, field, value, 1, MAX_DIM)
+    }
+}

@@ -1,0 +1,373 @@
+//! ModelSpec from real architectures' GGUF and safetensors headers: both
+//! formats of the same model describe the same model.
+
+use std::path::{Path, PathBuf};
+
+use fathom_checkpoint::Checkpoint;
+use fathom_fixtures::{self as fx, Data, GgufTensorType, GgufValue, GgufWriter, ModelDef};
+use fathom_spec::{Attention, Family, ModelSpec, SpecError};
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("fathom-spec-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn spec_of(path: &Path) -> Result<ModelSpec, SpecError> {
+    ModelSpec::from_checkpoint(&Checkpoint::open(path).unwrap())
+}
+
+/// The spec from the HF directory and from the GGUF of the same model.
+fn both_formats(model: &ModelDef, name: &str) -> (ModelSpec, ModelSpec) {
+    let dir = TempDir::new(name);
+    let hf = dir.0.join("hf");
+    fx::write_hf_dir(model, &hf, 2, Data::Sparse).unwrap();
+    let gguf = dir.0.join("model.gguf");
+    fx::write_gguf(model, &gguf, GgufTensorType::Q8_0, Data::Sparse).unwrap();
+    (spec_of(&hf).unwrap(), spec_of(&gguf).unwrap())
+}
+
+fn assert_same_model(a: &ModelSpec, b: &ModelSpec) {
+    assert_eq!(a.family, b.family);
+    assert_eq!(
+        (
+            a.n_layers,
+            a.hidden,
+            a.n_heads,
+            a.n_kv_heads,
+            a.head_dim,
+            a.ffn,
+            a.vocab
+        ),
+        (
+            b.n_layers,
+            b.hidden,
+            b.n_heads,
+            b.n_kv_heads,
+            b.head_dim,
+            b.ffn,
+            b.vocab
+        )
+    );
+    assert_eq!(
+        (a.n_experts, a.n_experts_active, a.expert_ffn),
+        (b.n_experts, b.n_experts_active, b.expert_ffn)
+    );
+    assert_eq!(a.context_length, b.context_length);
+    assert_eq!(a.layers, b.layers);
+    assert_eq!(a.tied_embeddings, b.tied_embeddings);
+    // llama.cpp adds `rope_freqs.weight` (precomputed llama3 rope factors)
+    // to the GGUF; every other parameter is in both.
+    let model_params = |s: &ModelSpec| {
+        s.params()
+            - s.tensors
+                .iter()
+                .filter(|t| t.name == "rope_freqs.weight")
+                .map(|t| t.params)
+                .sum::<u64>()
+    };
+    assert_eq!(
+        model_params(a),
+        model_params(b),
+        "parameters are the same in both formats"
+    );
+    let (ra, rb) = (a.rope.as_ref().unwrap(), b.rope.as_ref().unwrap());
+    assert_eq!((ra.theta, ra.neox), (rb.theta, rb.neox));
+}
+
+#[test]
+fn llama_3_1_8b() {
+    let (hf, gguf) = both_formats(&fx::llama_3_1_8b(), "llama");
+    assert_same_model(&hf, &gguf);
+    assert_eq!(hf.family, Family::Llama);
+    assert_eq!(
+        (
+            hf.n_layers,
+            hf.hidden,
+            hf.n_heads,
+            hf.n_kv_heads,
+            hf.head_dim
+        ),
+        (32, 4096, 32, 8, 128)
+    );
+    assert_eq!(
+        (hf.ffn, hf.vocab, hf.context_length),
+        (14_336, 128_256, 131_072)
+    );
+    assert!(hf.layers.iter().all(|l| l.attention == Attention::Full));
+    assert!(!hf.tied_embeddings);
+    let rope = hf.rope.as_ref().unwrap();
+    assert_eq!(rope.theta, 500_000.0);
+    assert!(!rope.neox);
+    assert_eq!(rope.scaling.as_deref(), Some("llama3"));
+    assert_eq!(rope.scaling_factor, Some(8.0));
+}
+
+#[test]
+fn qwen2_5_7b() {
+    let (hf, gguf) = both_formats(&fx::qwen2_5_7b(), "qwen2");
+    assert_same_model(&hf, &gguf);
+    assert_eq!(hf.family, Family::Qwen2);
+    assert_eq!(
+        (hf.n_layers, hf.n_heads, hf.n_kv_heads, hf.ffn),
+        (28, 28, 4, 18_944)
+    );
+    // Its config carries a window, but `use_sliding_window` is false.
+    assert!(hf.layers.iter().all(|l| l.attention == Attention::Full));
+    assert!(hf.rope.as_ref().unwrap().neox);
+    assert!(hf.tensors.iter().any(|t| t.name.ends_with("q_proj.bias")));
+}
+
+#[test]
+fn qwen3_30b_a3b() {
+    let (hf, gguf) = both_formats(&fx::qwen3_30b_a3b(), "qwen3moe");
+    assert_same_model(&hf, &gguf);
+    assert_eq!(hf.family, Family::Qwen3Moe);
+    assert_eq!(
+        (hf.n_experts, hf.n_experts_active, hf.expert_ffn),
+        (128, 8, 768)
+    );
+    assert_eq!(
+        (hf.n_layers, hf.hidden, hf.head_dim, hf.context_length),
+        (48, 2048, 128, 40_960)
+    );
+    // GGUF merges the experts into 3-D tensors; the parameters still agree.
+    assert!(gguf
+        .tensors
+        .iter()
+        .any(|t| t.name == "blk.0.ffn_gate_exps.weight" && t.shape.len() == 3));
+}
+
+#[test]
+fn gemma3_1b() {
+    let (hf, gguf) = both_formats(&fx::gemma3_1b(), "gemma3");
+    assert_same_model(&hf, &gguf);
+    assert_eq!(hf.family, Family::Gemma3);
+    assert!(hf.tied_embeddings);
+    let global: Vec<usize> = hf
+        .layers
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.attention == Attention::Full)
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(global, [5, 11, 17, 23]);
+    assert!(hf.layers.iter().all(
+        |l| l.attention == Attention::Full || l.attention == Attention::Sliding { window: 512 }
+    ));
+    let rope = hf.rope.as_ref().unwrap();
+    assert_eq!(
+        (rope.theta, rope.local_theta),
+        (1_000_000.0, Some(10_000.0))
+    );
+    assert_eq!(gguf.rope.as_ref().unwrap().local_theta, Some(10_000.0));
+}
+
+#[test]
+fn gemma3_pattern_without_layer_types() {
+    let mut model = fx::gemma3_1b();
+    model.config.as_object_mut().unwrap().remove("layer_types");
+    model.config["sliding_window_pattern"] = 3.into();
+    let dir = TempDir::new("gemma3-pattern");
+    fx::write_hf_dir(&model, &dir.0, 1, Data::Sparse).unwrap();
+    let spec = spec_of(&dir.0).unwrap();
+    let global = spec
+        .layers
+        .iter()
+        .filter(|l| l.attention == Attention::Full)
+        .count();
+    assert_eq!(global, 26 / 3);
+    assert_eq!(spec.layers[2].attention, Attention::Full);
+    assert_eq!(spec.layers[0].attention, Attention::Sliding { window: 512 });
+}
+
+#[test]
+fn qwen3_dense_and_sliding_window_variants() {
+    // A dense Qwen3 config: the MoE fields removed.
+    let mut model = fx::tiny_qwen2();
+    model.config["model_type"] = "qwen3".into();
+    model.config["use_sliding_window"] = true.into();
+    model.config["sliding_window"] = 64.into();
+    model.config["max_window_layers"] = 1.into();
+    let dir = TempDir::new("qwen3");
+    fx::write_hf_dir(&model, &dir.0, 1, Data::Sparse).unwrap();
+    let spec = spec_of(&dir.0).unwrap();
+    assert_eq!(spec.family, Family::Qwen3);
+    assert_eq!(spec.layers[0].attention, Attention::Full);
+    assert_eq!(spec.layers[1].attention, Attention::Sliding { window: 64 });
+
+    // Mistral v0.1 slides in every layer.
+    let mut mistral = fx::tiny_llama();
+    mistral.config["model_type"] = "mistral".into();
+    mistral.config["sliding_window"] = 4096.into();
+    let dir = TempDir::new("mistral");
+    fx::write_hf_dir(&mistral, &dir.0, 1, Data::Sparse).unwrap();
+    let spec = spec_of(&dir.0).unwrap();
+    assert_eq!(spec.family, Family::Llama);
+    assert!(spec
+        .layers
+        .iter()
+        .all(|l| l.attention == Attention::Sliding { window: 4096 }));
+    // ... and Mistral v0.2 has `sliding_window: null`.
+    mistral.config["sliding_window"] = serde_json::Value::Null;
+    fx::write_hf_dir(&mistral, &dir.0, 1, Data::Sparse).unwrap();
+    assert!(spec_of(&dir.0)
+        .unwrap()
+        .layers
+        .iter()
+        .all(|l| l.attention == Attention::Full));
+}
+
+#[test]
+fn bad_config_fields_are_named() {
+    let dir = TempDir::new("bad-config");
+    let cases: Vec<(&str, serde_json::Value, &str)> = vec![
+        (
+            "num_hidden_layers",
+            serde_json::json!(1_000_000),
+            "num_hidden_layers",
+        ),
+        (
+            "num_hidden_layers",
+            serde_json::json!("two"),
+            "num_hidden_layers",
+        ),
+        ("hidden_size", serde_json::json!(-5), "hidden_size"),
+        (
+            "layer_types",
+            serde_json::json!(["full_attention"]),
+            "layer_types",
+        ),
+        ("rope_theta", serde_json::json!("fast"), "rope_theta"),
+    ];
+    for (field, value, needle) in cases {
+        let mut model = fx::tiny_llama();
+        model.config[field] = value.clone();
+        fx::write_hf_dir(&model, &dir.0, 1, Data::Sparse).unwrap();
+        let err = spec_of(&dir.0).unwrap_err().to_string();
+        assert!(
+            err.contains(needle) && err.contains("config.json"),
+            "{field}={value}: {err}"
+        );
+    }
+    let mut model = fx::tiny_llama();
+    model.config.as_object_mut().unwrap().remove("hidden_size");
+    fx::write_hf_dir(&model, &dir.0, 1, Data::Sparse).unwrap();
+    let err = spec_of(&dir.0).unwrap_err();
+    assert!(
+        matches!(&err, SpecError::MissingField { field, .. } if field == "hidden_size"),
+        "{err}"
+    );
+}
+
+/// A GGUF holding only metadata.
+fn gguf_with(dir: &TempDir, kvs: Vec<(&str, GgufValue)>) -> PathBuf {
+    let mut writer = GgufWriter::new();
+    for (k, v) in kvs {
+        writer = writer.kv(k, v);
+    }
+    let path = dir.0.join("meta.gguf");
+    writer.write(&path, Data::Sparse).unwrap();
+    path
+}
+
+#[test]
+fn hostile_gguf_hyperparameters_are_errors_not_allocations() {
+    let dir = TempDir::new("bad-gguf");
+    let arch = || ("general.architecture", GgufValue::string("llama"));
+    let base = |layers: GgufValue, kv: GgufValue| {
+        vec![
+            arch(),
+            ("llama.block_count", layers),
+            ("llama.embedding_length", GgufValue::U32(64)),
+            ("llama.attention.head_count", GgufValue::U32(4)),
+            ("llama.attention.head_count_kv", kv),
+        ]
+    };
+    let cases = [
+        (
+            base(GgufValue::U64(u64::MAX), GgufValue::U32(4)),
+            "llama.block_count",
+        ),
+        (
+            base(GgufValue::I32(-3), GgufValue::U32(4)),
+            "llama.block_count",
+        ),
+        (
+            base(
+                GgufValue::U32(2),
+                GgufValue::Array(4, vec![GgufValue::U32(1)]),
+            ),
+            "llama.attention.head_count_kv",
+        ),
+        (
+            base(GgufValue::U32(2), GgufValue::U64(1 << 40)),
+            "llama.attention.head_count_kv",
+        ),
+        (
+            base(GgufValue::U32(2), GgufValue::string("four")),
+            "llama.attention.head_count_kv",
+        ),
+        (
+            vec![arch(), ("llama.embedding_length", GgufValue::U32(64))],
+            "llama.block_count",
+        ),
+        (
+            vec![("general.name", GgufValue::string("x"))],
+            "general.architecture",
+        ),
+    ];
+    for (kvs, needle) in cases {
+        let path = gguf_with(&dir, kvs);
+        let err = spec_of(&path).unwrap_err().to_string();
+        assert!(
+            err.contains(needle) && err.contains("meta.gguf"),
+            "{needle}: {err}"
+        );
+    }
+    // Per-layer KV heads as an array are read per layer.
+    let path = gguf_with(
+        &dir,
+        base(
+            GgufValue::U32(2),
+            GgufValue::Array(4, vec![GgufValue::U32(1), GgufValue::U32(2)]),
+        ),
+    );
+    let spec = spec_of(&path).unwrap();
+    assert_eq!(
+        spec.layers.iter().map(|l| l.n_kv_heads).collect::<Vec<_>>(),
+        [1, 2]
+    );
+    assert_eq!(spec.n_kv_heads, 2);
+}
+
+#[test]
+fn unknown_gguf_architecture_still_lists_weights() {
+    let dir = TempDir::new("unknown-gguf");
+    let path = dir.0.join("rwkv.gguf");
+    GgufWriter::new()
+        .kv("general.architecture", GgufValue::string("rwkv7"))
+        .tensor("token_embd.weight", &[64, 100], 0, 64 * 100 * 4)
+        .write(&path, Data::Sparse)
+        .unwrap();
+    let spec = spec_of(&path).unwrap();
+    assert_eq!(spec.family, Family::Unknown("rwkv7".into()));
+    assert_eq!(spec.weights_bytes(), 64 * 100 * 4);
+    assert!(spec.layers.is_empty());
+    assert!(
+        spec.notes.iter().any(|n| n.contains("rwkv7")),
+        "{:?}",
+        spec.notes
+    );
+}
