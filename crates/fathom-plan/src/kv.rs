@@ -1,0 +1,170 @@
+//! The KV cache term: a paged pool of fixed-size blocks.
+
+use fathom_spec::{Attention, ModelSpec};
+use serde::Serialize;
+
+use crate::PlanError;
+
+/// Tokens per KV block. Every sequence's KV is a whole number of blocks per
+/// layer, so the plan rounds up exactly as the pool will.
+pub const KV_BLOCK_TOKENS: u64 = 16;
+
+/// How K and V are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvDtype {
+    F16,
+    Bf16,
+    F32,
+    Q8_0,
+}
+
+impl KvDtype {
+    pub const ALL: [KvDtype; 4] = [KvDtype::F16, KvDtype::Bf16, KvDtype::F32, KvDtype::Q8_0];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvDtype::F16 => "f16",
+            KvDtype::Bf16 => "bf16",
+            KvDtype::F32 => "f32",
+            KvDtype::Q8_0 => "q8_0",
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Self, PlanError> {
+        KvDtype::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(text.trim()))
+            .ok_or_else(|| PlanError::InvalidChoice {
+                what: "KV dtype".into(),
+                value: text.into(),
+                valid: "f16, bf16, f32, q8_0".into(),
+            })
+    }
+
+    /// Bytes of one row of `n` values: q8_0 stores blocks of 32 values as
+    /// 32 bytes plus an f16 scale, and a partial block costs a whole one.
+    pub fn row_bytes(self, n: u64) -> u64 {
+        match self {
+            KvDtype::F16 | KvDtype::Bf16 => n.saturating_mul(2),
+            KvDtype::F32 => n.saturating_mul(4),
+            KvDtype::Q8_0 => n.div_ceil(32).saturating_mul(34),
+        }
+    }
+}
+
+/// Layers that share attention kind and KV shape, and so cost the same.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KvGroup {
+    /// `full` or `sliding`.
+    pub attention: &'static str,
+    /// The window for sliding layers.
+    pub window: Option<u64>,
+    pub layers: u64,
+    pub n_kv_heads: u64,
+    pub key_dim: u64,
+    pub value_dim: u64,
+    /// K + V bytes for one token in one layer.
+    pub bytes_per_token_per_layer: u64,
+    /// Tokens each sequence holds in each of these layers.
+    pub tokens: u64,
+    /// Blocks per sequence per layer (`tokens` rounded up).
+    pub blocks_per_sequence: u64,
+    /// Bytes for all layers of the group and all sequences.
+    pub bytes: u64,
+}
+
+/// The KV plan for `max_tokens` of context in each of `batch` sequences.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct KvPlan {
+    /// Sum over attention layers of K + V bytes for one token.
+    pub bytes_per_token: u64,
+    pub block_tokens: u64,
+    pub groups: Vec<KvGroup>,
+    pub bytes: u64,
+}
+
+pub fn plan(spec: &ModelSpec, max_tokens: u64, batch: u64, dtype: KvDtype) -> KvPlan {
+    let mut groups: Vec<KvGroup> = Vec::new();
+    for layer in &spec.layers {
+        let (attention, window, tokens) = match layer.attention {
+            Attention::None => continue,
+            Attention::Full => ("full", None, max_tokens),
+            Attention::Sliding { window } => ("sliding", Some(window), window.min(max_tokens)),
+        };
+        let bytes_per_token_per_layer = dtype
+            .row_bytes(layer.n_kv_heads.saturating_mul(layer.key_dim))
+            .saturating_add(dtype.row_bytes(layer.n_kv_heads.saturating_mul(layer.value_dim)));
+        let same = |g: &&mut KvGroup| {
+            g.attention == attention
+                && g.window == window
+                && g.n_kv_heads == layer.n_kv_heads
+                && g.key_dim == layer.key_dim
+                && g.value_dim == layer.value_dim
+        };
+        match groups.iter_mut().find(same) {
+            Some(group) => group.layers += 1,
+            None => groups.push(KvGroup {
+                attention,
+                window,
+                layers: 1,
+                n_kv_heads: layer.n_kv_heads,
+                key_dim: layer.key_dim,
+                value_dim: layer.value_dim,
+                bytes_per_token_per_layer,
+                tokens,
+                blocks_per_sequence: tokens.div_ceil(KV_BLOCK_TOKENS),
+                bytes: 0,
+            }),
+        }
+    }
+    for g in &mut groups {
+        g.bytes = g
+            .layers
+            .saturating_mul(g.blocks_per_sequence)
+            .saturating_mul(KV_BLOCK_TOKENS)
+            .saturating_mul(g.bytes_per_token_per_layer)
+            .saturating_mul(batch);
+    }
+    KvPlan {
+        bytes_per_token: groups.iter().fold(0u64, |sum, g| {
+            sum.saturating_add(g.layers.saturating_mul(g.bytes_per_token_per_layer))
+        }),
+        block_tokens: KV_BLOCK_TOKENS,
+        bytes: groups
+            .iter()
+            .fold(0u64, |sum, g| sum.saturating_add(g.bytes)),
+        groups,
+    }
+}
+
+impl KvPlan {
+    /// `30 layers x 3 kv heads x (64 + 64) dims x f16, 8192 tokens (512 blocks of 16) x 1 seq`.
+    pub fn derivation(&self, dtype: KvDtype, batch: u64) -> String {
+        if self.groups.is_empty() {
+            return "no attention layers known: no KV planned".into();
+        }
+        let parts: Vec<String> = self
+            .groups
+            .iter()
+            .map(|g| {
+                let kind = match g.window {
+                    Some(w) => format!("sliding window {w}, "),
+                    None => String::new(),
+                };
+                format!(
+                    "{} layers x {} kv heads x ({} + {}) dims x {}, {kind}{} tokens ({} blocks of {})",
+                    g.layers,
+                    g.n_kv_heads,
+                    g.key_dim,
+                    g.value_dim,
+                    dtype.name(),
+                    g.tokens,
+                    g.blocks_per_sequence,
+                    self.block_tokens
+                )
+            })
+            .collect();
+        format!("{} x {batch} seq", parts.join(" + "))
+    }
+}

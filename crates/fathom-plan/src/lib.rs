@@ -1,0 +1,331 @@
+//! The memory plan: named byte terms computed from a [`ModelSpec`] before
+//! any weight is loaded.
+//!
+//! The plan is the allocation: the engine allocates the buffers listed here
+//! (weights, KV block pool, activation arena) once at start-up. Every memory
+//! decision — `inspect`, the preflight, the KV pool budget, admission —
+//! reads this one computation. It is pure: environment values and files
+//! from `/proc` come in as arguments.
+
+pub mod activations;
+pub mod available;
+pub mod device;
+pub mod env;
+pub mod kv;
+pub mod quant;
+pub mod rocm;
+pub mod size;
+
+use fathom_spec::ModelSpec;
+use serde::Serialize;
+
+pub use activations::ActivationPlan;
+pub use available::{Available, MemorySources};
+pub use device::Device;
+pub use kv::{KvDtype, KvPlan};
+pub use quant::QuantAdvice;
+
+/// Default prefill chunk: tokens processed in one forward step.
+pub const DEFAULT_MAX_TOKENS_PER_STEP: u64 = 512;
+/// `--max-tokens` defaults to the model's context, capped here.
+pub const DEFAULT_MAX_TOKENS_CAP: u64 = 8192;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("{what}: invalid size {value:?}: expected bytes or a number with K, M, G or T (powers of 1024, optional B or iB), e.g. 8G or 1.5GiB; empty, 0 or none mean unset")]
+    InvalidSize { what: String, value: String },
+    #[error("invalid {what} {value:?}: expected one of {valid}")]
+    InvalidChoice {
+        what: String,
+        value: String,
+        valid: String,
+    },
+    #[error("{what} is {value}: {expected}")]
+    InvalidInput {
+        what: String,
+        value: String,
+        expected: String,
+    },
+    #[error("could not determine available memory: pass --memory SIZE or set FATHOM_MEMORY_LIMIT")]
+    NoAvailableMemory,
+}
+
+/// Parses `FATHOM_HEADROOM_FACTOR`: a finite number above zero.
+pub fn parse_headroom_factor(text: Option<&str>) -> Result<f64, PlanError> {
+    let Some(text) = text.map(str::trim).filter(|t| !t.is_empty()) else {
+        return Ok(env::DEFAULT_HEADROOM_FACTOR);
+    };
+    match text.parse::<f64>() {
+        Ok(f) if f.is_finite() && f > 0.0 => Ok(f),
+        _ => Err(PlanError::InvalidInput {
+            what: env::HEADROOM_FACTOR_VAR.into(),
+            value: format!("{text:?}"),
+            expected: "expected a finite number above 0, e.g. 1.1 for 10% extra on weights + KV"
+                .into(),
+        }),
+    }
+}
+
+/// Everything a plan depends on besides the model.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlanInputs {
+    /// Tokens of context per sequence (prompt + generated).
+    pub max_tokens: u64,
+    /// Sequences held at once.
+    pub batch: u64,
+    pub device: Device,
+    pub kv_dtype: KvDtype,
+    pub max_tokens_per_step: u64,
+    /// Worker threads (each has attention scratch).
+    pub threads: u64,
+    /// Multiplies weights + KV (`FATHOM_HEADROOM_FACTOR`).
+    #[serde(skip)]
+    pub headroom_factor: f64,
+    /// Raw `MLX_ROCM_MAX_INFLIGHT_MB`, read only for the rocm device.
+    #[serde(skip)]
+    pub rocm_inflight_raw: Option<Vec<u8>>,
+    #[serde(skip)]
+    pub available: Available,
+}
+
+impl PlanInputs {
+    fn validate(&self) -> Result<(), PlanError> {
+        for (what, value) in [
+            ("--max-tokens", self.max_tokens),
+            ("--batch", self.batch),
+            ("--max-tokens-per-step", self.max_tokens_per_step),
+            ("--threads", self.threads),
+        ] {
+            if value == 0 {
+                return Err(PlanError::InvalidInput {
+                    what: what.into(),
+                    value: "0".into(),
+                    expected: "expected at least 1".into(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One named line of the plan.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Term {
+    pub name: &'static str,
+    pub bytes: u64,
+    pub derivation: String,
+}
+
+/// The memory plan for one model and one set of inputs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MemoryPlan {
+    pub inputs: PlanInputs,
+    pub weights_bytes: u64,
+    pub weights_source: String,
+    pub kv_bytes_per_token: u64,
+    pub kv_bytes: u64,
+    pub kv_block_tokens: u64,
+    pub kv_detail: Vec<kv::KvGroup>,
+    pub activation_bytes: u64,
+    pub activation_detail: Vec<activations::ArenaBuffer>,
+    pub runtime_overhead_bytes: u64,
+    /// Device context and library workspaces (CUDA); 0 on cpu, metal, rocm.
+    pub backend_bytes: u64,
+    /// The ROCm in-flight command reserve; 0 on every other device.
+    pub backend_inflight_bytes: u64,
+    /// Extra bytes from the headroom factor on weights + KV (negative for a
+    /// factor below 1).
+    pub headroom_bytes: i64,
+    pub headroom_factor: f64,
+    pub available_bytes: u64,
+    pub available_source: String,
+    pub total_bytes: u64,
+    pub fits: bool,
+    pub slack_bytes: u64,
+    pub overflow_bytes: u64,
+    /// Largest context per sequence that fits at this batch (capped at the
+    /// model's trained context); 0 when not even one token fits.
+    pub max_context_that_fits: u64,
+    pub terms: Vec<Term>,
+}
+
+/// The byte terms at one context length, before the search for the largest context.
+struct Sized {
+    kv: KvPlan,
+    activations: ActivationPlan,
+    runtime: (u64, String),
+    backend: device::Backend,
+    headroom_bytes: i64,
+    total: u64,
+}
+
+fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64) -> Sized {
+    let kv = kv::plan(spec, max_tokens, inputs.batch, inputs.kv_dtype);
+    let activations = activations::plan(
+        spec,
+        max_tokens,
+        inputs.batch,
+        inputs.max_tokens_per_step,
+        inputs.threads,
+    );
+    let runtime = device::runtime(inputs.device, spec.vocab, inputs.threads);
+    let backend = device::backend(inputs.device, inputs.rocm_inflight_raw.as_deref());
+    let weights_and_kv = spec.weights_bytes().saturating_add(kv.bytes);
+    let scaled = if inputs.headroom_factor == 1.0 {
+        weights_and_kv
+    } else {
+        // f64 -> u64 casts saturate, so a huge product cannot wrap.
+        (weights_and_kv as f64 * inputs.headroom_factor).ceil() as u64
+    };
+    let headroom_bytes = (i128::from(scaled) - i128::from(weights_and_kv))
+        .clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
+    let total = [
+        scaled,
+        activations.bytes,
+        runtime.0,
+        backend.fixed_bytes,
+        backend.inflight_bytes,
+    ]
+    .into_iter()
+    .fold(0u64, u64::saturating_add);
+    Sized {
+        kv,
+        activations,
+        runtime,
+        backend,
+        headroom_bytes,
+        total,
+    }
+}
+
+impl MemoryPlan {
+    pub fn new(spec: &ModelSpec, inputs: PlanInputs) -> Result<Self, PlanError> {
+        inputs.validate()?;
+        if !(inputs.headroom_factor.is_finite() && inputs.headroom_factor > 0.0) {
+            return Err(PlanError::InvalidInput {
+                what: env::HEADROOM_FACTOR_VAR.into(),
+                value: inputs.headroom_factor.to_string(),
+                expected: "expected a finite number above 0".into(),
+            });
+        }
+        let s = size_terms(spec, &inputs, inputs.max_tokens);
+        let available = inputs.available.bytes;
+        let weights_bytes = spec.weights_bytes();
+        let fits = s.total <= available;
+
+        let mut terms = vec![
+            Term {
+                name: "weights",
+                bytes: weights_bytes,
+                derivation: weights_derivation(spec),
+            },
+            Term {
+                name: "kv",
+                bytes: s.kv.bytes,
+                derivation: s.kv.derivation(inputs.kv_dtype, inputs.batch),
+            },
+            Term {
+                name: "activations",
+                bytes: s.activations.bytes,
+                derivation: s
+                    .activations
+                    .derivation(inputs.batch, spec.vocab, inputs.threads),
+            },
+            Term {
+                name: "runtime",
+                bytes: s.runtime.0,
+                derivation: s.runtime.1.clone(),
+            },
+            Term {
+                name: "backend",
+                bytes: s.backend.fixed_bytes,
+                derivation: s.backend.fixed_derivation.clone(),
+            },
+        ];
+        if s.backend.inflight_bytes > 0 {
+            terms.push(Term {
+                name: "backend_inflight",
+                bytes: s.backend.inflight_bytes,
+                derivation: s.backend.inflight_derivation.clone(),
+            });
+        }
+        if s.headroom_bytes != 0 {
+            terms.push(Term {
+                name: "headroom",
+                bytes: s.headroom_bytes.unsigned_abs(),
+                derivation: format!(
+                    "{}(weights + kv) x ({} - 1)",
+                    if s.headroom_bytes < 0 { "minus " } else { "" },
+                    inputs.headroom_factor
+                ),
+            });
+        }
+        let max_context_that_fits = max_context_that_fits(spec, &inputs);
+        Ok(MemoryPlan {
+            weights_bytes,
+            weights_source: spec.source.clone(),
+            kv_bytes_per_token: s.kv.bytes_per_token,
+            kv_bytes: s.kv.bytes,
+            kv_block_tokens: s.kv.block_tokens,
+            kv_detail: s.kv.groups,
+            activation_bytes: s.activations.bytes,
+            activation_detail: s.activations.buffers,
+            runtime_overhead_bytes: s.runtime.0,
+            backend_bytes: s.backend.fixed_bytes,
+            backend_inflight_bytes: s.backend.inflight_bytes,
+            headroom_bytes: s.headroom_bytes,
+            headroom_factor: inputs.headroom_factor,
+            available_bytes: available,
+            available_source: inputs.available.source.clone(),
+            total_bytes: s.total,
+            fits,
+            slack_bytes: available.saturating_sub(s.total),
+            overflow_bytes: s.total.saturating_sub(available),
+            max_context_that_fits,
+            terms,
+            inputs,
+        })
+    }
+}
+
+/// `Q4_1 x 211, F32 x 61` from the GGUF v3 header.
+fn weights_derivation(spec: &ModelSpec) -> String {
+    let mut counts: Vec<(&str, usize)> = Vec::new();
+    for t in &spec.tensors {
+        match counts.iter_mut().find(|(d, _)| *d == t.dtype) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((&t.dtype, 1)),
+        }
+    }
+    counts.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let listed: Vec<String> = counts.iter().map(|(d, n)| format!("{d} x {n}")).collect();
+    format!(
+        "{}: {} (as stored, read in place)",
+        spec.source,
+        listed.join(", ")
+    )
+}
+
+/// The largest context per sequence whose plan fits, by bisection: every
+/// term grows with the context, so fitting is monotone.
+fn max_context_that_fits(spec: &ModelSpec, inputs: &PlanInputs) -> u64 {
+    let fits = |ctx: u64| size_terms(spec, inputs, ctx).total <= inputs.available.bytes;
+    let cap = if spec.context_length > 0 {
+        spec.context_length
+    } else {
+        u64::from(u32::MAX)
+    };
+    if !fits(1) {
+        return 0;
+    }
+    let (mut lo, mut hi) = (1u64, cap);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}

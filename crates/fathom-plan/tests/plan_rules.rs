@@ -1,0 +1,224 @@
+//! The plan's arithmetic on hand-built model specs: every rule of
+//! docs/memory-plan.md, saturation, and the largest-context search.
+
+use fathom_plan::{Available, Device, KvDtype, MemoryPlan, PlanInputs};
+use fathom_spec::{Attention, Family, Layer, ModelSpec, TensorEntry};
+
+fn spec(layers: Vec<Attention>, context_length: u64) -> ModelSpec {
+    ModelSpec {
+        architecture: "test".into(),
+        family: Family::Llama,
+        n_layers: layers.len() as u64,
+        hidden: 256,
+        n_heads: 4,
+        n_kv_heads: 2,
+        head_dim: 64,
+        ffn: 512,
+        vocab: 1000,
+        n_experts: 0,
+        n_experts_active: 0,
+        expert_ffn: 0,
+        context_length,
+        layers: layers
+            .into_iter()
+            .map(|attention| Layer {
+                attention,
+                n_kv_heads: 2,
+                key_dim: 64,
+                value_dim: 64,
+            })
+            .collect(),
+        rope: None,
+        tied_embeddings: true,
+        tensors: vec![TensorEntry {
+            name: "w".into(),
+            dtype: "F32".into(),
+            shape: vec![256, 1000],
+            params: 256_000,
+            row_len: 256,
+            bytes: 1_024_000,
+        }],
+        source: "hand-built".into(),
+        notes: vec![],
+    }
+}
+
+fn inputs(max_tokens: u64, batch: u64, available: u64) -> PlanInputs {
+    PlanInputs {
+        max_tokens,
+        batch,
+        device: Device::Cpu,
+        kv_dtype: KvDtype::F16,
+        max_tokens_per_step: 512,
+        threads: 2,
+        headroom_factor: 1.0,
+        rocm_inflight_raw: None,
+        available: Available {
+            bytes: available,
+            source: "test".into(),
+        },
+    }
+}
+
+#[test]
+fn kv_counts_full_sliding_and_attention_free_layers() {
+    let s = spec(
+        vec![
+            Attention::Full,
+            Attention::Sliding { window: 100 },
+            Attention::None,
+            Attention::Full,
+        ],
+        4096,
+    );
+    let plan = MemoryPlan::new(&s, inputs(1000, 3, 1 << 40)).unwrap();
+    let per_layer_token = 2 * (2 * 64) * 2; // K + V, 2 heads x 64, f16
+    assert_eq!(plan.kv_bytes_per_token, 3 * per_layer_token);
+    // Full layers hold 1000 tokens -> 63 blocks of 16; the sliding layer 100 -> 7 blocks.
+    let want = 3 * (2 * 63 * 16 * per_layer_token + 7 * 16 * per_layer_token);
+    assert_eq!(plan.kv_bytes, want);
+    assert_eq!(plan.kv_detail.len(), 2);
+}
+
+#[test]
+fn total_is_the_sum_of_the_terms_and_fit_follows() {
+    let s = spec(vec![Attention::Full; 4], 4096);
+    let plan = MemoryPlan::new(&s, inputs(1024, 1, 1 << 30)).unwrap();
+    let sum: u64 = plan.terms.iter().map(|t| t.bytes).sum();
+    assert_eq!(plan.total_bytes, sum);
+    assert_eq!(
+        plan.total_bytes,
+        plan.weights_bytes + plan.kv_bytes + plan.activation_bytes + plan.runtime_overhead_bytes
+    );
+    assert!(plan.fits);
+    assert_eq!(plan.slack_bytes, (1 << 30) - plan.total_bytes);
+    let tight = MemoryPlan::new(&s, inputs(1024, 1, plan.total_bytes)).unwrap();
+    assert!(tight.fits && tight.slack_bytes == 0);
+    let over = MemoryPlan::new(&s, inputs(1024, 1, plan.total_bytes - 1)).unwrap();
+    assert!(!over.fits);
+    assert_eq!(over.overflow_bytes, 1);
+}
+
+#[test]
+fn largest_context_is_the_boundary_of_fitting() {
+    let s = spec(
+        vec![Attention::Full, Attention::Sliding { window: 64 }],
+        100_000,
+    );
+    for available in [30 << 20, 31 << 20, 40 << 20, 64 << 20] {
+        let plan = MemoryPlan::new(&s, inputs(16, 2, available)).unwrap();
+        let ctx = plan.max_context_that_fits;
+        assert!(ctx > 0, "{available}");
+        if ctx < s.context_length {
+            assert!(MemoryPlan::new(&s, inputs(ctx, 2, available)).unwrap().fits);
+            assert!(
+                !MemoryPlan::new(&s, inputs(ctx + 1, 2, available))
+                    .unwrap()
+                    .fits
+            );
+        }
+    }
+    // Capped at the trained context.
+    let roomy = MemoryPlan::new(&s, inputs(16, 1, 1 << 40)).unwrap();
+    assert_eq!(roomy.max_context_that_fits, 100_000);
+    let none = MemoryPlan::new(&s, inputs(16, 1, 1000)).unwrap();
+    assert_eq!(none.max_context_that_fits, 0);
+}
+
+#[test]
+fn maximal_inputs_saturate() {
+    let s = spec(vec![Attention::Full; 4], 0);
+    let mut i = inputs(u64::MAX, u64::MAX, u64::MAX - 1);
+    i.max_tokens_per_step = u64::MAX;
+    i.threads = u64::MAX;
+    let plan = MemoryPlan::new(&s, i).unwrap();
+    assert_eq!(plan.total_bytes, u64::MAX);
+    assert!(!plan.fits);
+    assert_eq!(plan.overflow_bytes, 1);
+    let mut i = inputs(1, 1, 1 << 30);
+    i.headroom_factor = f64::MAX;
+    let plan = MemoryPlan::new(&s, i).unwrap();
+    assert_eq!(plan.total_bytes, u64::MAX);
+}
+
+#[test]
+fn headroom_factor_below_one_is_negative_headroom() {
+    let s = spec(vec![Attention::Full; 4], 4096);
+    let base = MemoryPlan::new(&s, inputs(1024, 1, 1 << 30)).unwrap();
+    let mut i = inputs(1024, 1, 1 << 30);
+    i.headroom_factor = 0.5;
+    let half = MemoryPlan::new(&s, i).unwrap();
+    let wkv = base.weights_bytes + base.kv_bytes;
+    assert_eq!(half.headroom_bytes, -((wkv / 2) as i64));
+    assert_eq!(half.total_bytes, base.total_bytes - wkv / 2);
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        let mut i = inputs(1024, 1, 1 << 30);
+        i.headroom_factor = bad;
+        assert!(MemoryPlan::new(&s, i).is_err(), "{bad}");
+    }
+    assert!(fathom_plan::parse_headroom_factor(Some("1e400")).is_err());
+    assert_eq!(fathom_plan::parse_headroom_factor(Some(" ")).unwrap(), 1.0);
+    assert_eq!(
+        fathom_plan::parse_headroom_factor(Some("1.25")).unwrap(),
+        1.25
+    );
+}
+
+#[test]
+fn activation_step_is_the_chunk_or_the_batch() {
+    let s = spec(vec![Attention::Full; 2], 4096);
+    let step = |max_tokens, batch, per_step| {
+        let mut i = inputs(max_tokens, batch, 1 << 40);
+        i.max_tokens_per_step = per_step;
+        let plan = MemoryPlan::new(&s, i).unwrap();
+        plan.activation_detail
+            .iter()
+            .find(|b| b.name == "residual")
+            .unwrap()
+            .rows
+    };
+    assert_eq!(step(4096, 1, 512), 512);
+    assert_eq!(
+        step(100, 1, 512),
+        100,
+        "a short context never fills a chunk"
+    );
+    assert_eq!(step(100, 8, 512), 512);
+    assert_eq!(
+        step(4096, 64, 16),
+        64,
+        "a decode step holds one token per sequence"
+    );
+    let plan = MemoryPlan::new(&s, inputs(4096, 1, 1 << 40)).unwrap();
+    assert!(plan.activation_detail.iter().all(|b| b.bytes % 64 == 0));
+}
+
+#[test]
+fn rocm_reserve_only_on_rocm() {
+    let s = spec(vec![Attention::Full; 2], 4096);
+    for device in Device::ALL {
+        let mut i = inputs(1024, 1, 1 << 40);
+        i.device = device;
+        i.rocm_inflight_raw = Some(b"64".to_vec());
+        let plan = MemoryPlan::new(&s, i).unwrap();
+        let want = if device == Device::Rocm { 64 << 20 } else { 0 };
+        assert_eq!(plan.backend_inflight_bytes, want, "{device:?}");
+        assert_eq!(
+            plan.terms.iter().any(|t| t.name == "backend_inflight"),
+            want > 0
+        );
+    }
+}
+
+#[test]
+fn zero_inputs_are_rejected_with_the_flag_name() {
+    let s = spec(vec![Attention::Full; 2], 4096);
+    let err = MemoryPlan::new(&s, inputs(0, 1, 1 << 30))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--max-tokens"), "{err}");
+    let err = MemoryPlan::new(&s, inputs(1, 0, 1 << 30))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("--batch"), "{err}");
+}
