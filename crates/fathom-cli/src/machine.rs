@@ -1,0 +1,119 @@
+//! Reads what the plan needs from this machine: the memory sources under
+//! `/proc` and `/sys`, free GPU memory, the environment. The plan room
+//! stays pure; this is where its inputs come from.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use fathom_plan::{available, Available, Device, MemorySources};
+
+/// Files and command output backing [`MemorySources`].
+#[derive(Default)]
+struct Found {
+    cgroup_v2_max: Option<String>,
+    cgroup_v1_limit: Option<String>,
+    meminfo: Option<String>,
+    device_free: Option<u64>,
+}
+
+/// The memory fathom may plan for on `device`, and where that figure came from.
+pub fn available_memory(device: Device, flag: Option<&str>) -> Result<Available> {
+    let env = std::env::var(available::MEMORY_LIMIT_VAR).ok();
+    let mut found = Found::default();
+    if device == Device::Cuda {
+        found.device_free = cuda_free_bytes();
+    }
+    let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    found.cgroup_v2_max = cgroup_file(&cgroup, CgroupVersion::V2);
+    found.cgroup_v1_limit = cgroup_file(&cgroup, CgroupVersion::V1);
+    found.meminfo = std::fs::read_to_string("/proc/meminfo").ok();
+    let sources = MemorySources {
+        flag,
+        env: env.as_deref(),
+        cgroup_v2_max: found.cgroup_v2_max.as_deref(),
+        cgroup_v1_limit: found.cgroup_v1_limit.as_deref(),
+        meminfo: found.meminfo.as_deref(),
+        device_free: found
+            .device_free
+            .map(|b| (b, "free CUDA memory (nvidia-smi)")),
+    };
+    let found_available = available::resolve(&sources).context("reading available memory")?;
+    let user_capped = [Some("--memory"), Some(available::MEMORY_LIMIT_VAR)]
+        .contains(&Some(found_available.source.as_str()));
+    if device == Device::Cuda && found.device_free.is_none() && !user_capped {
+        bail!(
+            "could not read the free memory of a CUDA device (nvidia-smi missing or no GPU): \
+             pass --memory SIZE (or set {}) to plan for a GPU of that size",
+            available::MEMORY_LIMIT_VAR
+        );
+    }
+    Ok(found_available)
+}
+
+enum CgroupVersion {
+    V1,
+    V2,
+}
+
+/// Contents of this process's cgroup memory limit file, trying the
+/// process's own cgroup first and the hierarchy root after.
+fn cgroup_file(proc_self_cgroup: &str, version: CgroupVersion) -> Option<String> {
+    let (root, file) = match version {
+        CgroupVersion::V2 => ("/sys/fs/cgroup", "memory.max"),
+        CgroupVersion::V1 => ("/sys/fs/cgroup/memory", "memory.limit_in_bytes"),
+    };
+    let own = proc_self_cgroup.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let ours = match version {
+            CgroupVersion::V2 => controllers.is_empty(),
+            CgroupVersion::V1 => controllers.split(',').any(|c| c == "memory"),
+        };
+        ours.then(|| {
+            PathBuf::from(root)
+                .join(path.trim_start_matches('/'))
+                .join(file)
+        })
+    });
+    own.into_iter()
+        .chain([Path::new(root).join(file)])
+        .find_map(|p| std::fs::read_to_string(p).ok())
+}
+
+/// Free memory of the first CUDA device as the driver reports it.
+fn cuda_free_bytes() -> Option<u64> {
+    let out = Command::new("nvidia-smi")
+        .args(["--query-gpu=memory.free", "--format=csv,noheader,nounits"])
+        .output()
+        .ok()?;
+    let mib: u64 = String::from_utf8(out.stdout)
+        .ok()?
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(mib << 20)
+}
+
+/// Worker threads when `-t` is not given: one per core.
+pub fn default_threads() -> u64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
+}
+
+/// The raw bytes of a variable, so that non-UTF-8 values reach the parsers
+/// that have rules for them.
+pub fn env_bytes(name: &str) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStringExt;
+    std::env::var_os(name).map(OsStringExt::into_vec)
+}
+
+/// A variable as text; a non-UTF-8 value is an error naming it.
+pub fn env_text(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(v) => Ok(Some(v)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => bail!("{name} is not valid UTF-8"),
+    }
+}

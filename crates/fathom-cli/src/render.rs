@@ -1,0 +1,158 @@
+//! Text output: aligned lines with binary units and exact bytes.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use fathom_plan::quant::QuantAdvice;
+use fathom_plan::size::{format_binary, format_bytes};
+use fathom_plan::MemoryPlan;
+use fathom_spec::ModelSpec;
+
+/// One aligned row: label, size, exact bytes, and how it was derived.
+fn row(out: &mut String, label: &str, bytes: u64, note: &str) {
+    let _ = writeln!(
+        out,
+        "  {label:<18} {:>11}  {:>18}  {note}",
+        format_binary(bytes),
+        format!("({bytes} bytes)")
+    );
+}
+
+fn term_label(name: &str) -> &'static str {
+    match name {
+        "weights" => "Weights",
+        "kv" => "KV cache",
+        "activations" => "Activations",
+        "runtime" => "Runtime overhead",
+        "backend" => "Backend",
+        "backend_inflight" => "Backend in-flight",
+        "headroom" => "Headroom",
+        _ => "Other",
+    }
+}
+
+pub fn plan_text(model: &Path, format: &str, spec: &ModelSpec, plan: &MemoryPlan) -> String {
+    let mut out = String::new();
+    let i = &plan.inputs;
+    let _ = writeln!(
+        out,
+        "fathom {} memory plan for {}",
+        env!("CARGO_PKG_VERSION"),
+        model.display()
+    );
+    let _ = writeln!(
+        out,
+        "  model: {} ({}, {format}), {} parameters, trained context {}",
+        spec.family.name(),
+        spec.architecture,
+        format_count(spec.params()),
+        spec.context_length
+    );
+    let _ = writeln!(
+        out,
+        "  inputs: {} tokens x {} seq, KV {}, {} tokens per step, {} threads, device {}",
+        i.max_tokens,
+        i.batch,
+        i.kv_dtype.name(),
+        i.max_tokens_per_step,
+        i.threads,
+        i.device.name()
+    );
+    for note in &spec.notes {
+        let _ = writeln!(out, "  note: {note}");
+    }
+    out.push('\n');
+    for term in &plan.terms {
+        let label = term_label(term.name);
+        if term.name == "headroom" && plan.headroom_bytes < 0 {
+            let _ = writeln!(
+                out,
+                "  {label:<18} {:>11}  {:>18}  {}",
+                format!("-{}", format_binary(term.bytes)),
+                format!("(-{} bytes)", term.bytes),
+                term.derivation
+            );
+        } else {
+            row(&mut out, label, term.bytes, &term.derivation);
+        }
+    }
+    row(
+        &mut out,
+        "Total",
+        plan.total_bytes,
+        "saturating sum of the terms above",
+    );
+    row(
+        &mut out,
+        "Available",
+        plan.available_bytes,
+        &plan.available_source,
+    );
+    out.push('\n');
+    if plan.fits {
+        let _ = writeln!(out, "FITS: {} of headroom", format_bytes(plan.slack_bytes));
+    } else {
+        let _ = writeln!(
+            out,
+            "DOES NOT FIT: {} over budget",
+            format_bytes(plan.overflow_bytes)
+        );
+    }
+    let max_ctx = plan.max_context_that_fits;
+    let why = if max_ctx == 0 {
+        " (not even one token: lower the batch, use a smaller model or quantization, or q8_0 KV)"
+            .to_string()
+    } else if max_ctx == spec.context_length {
+        " (the model's trained maximum)".to_string()
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        out,
+        "Largest context that fits at batch {}: {max_ctx} tokens{why}",
+        i.batch
+    );
+    out
+}
+
+pub fn quant_text(advice: &QuantAdvice, max_tokens: u64) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "\nQuantization advice: {} parameters, KV at {max_tokens} tokens, against {} (weights + KV only)",
+        format_count(advice.params),
+        format_binary(advice.available_bytes)
+    );
+    for o in &advice.options {
+        let _ = writeln!(
+            out,
+            "  {:<5} weights {:>11} + KV {:>11} = {:>11}  {}",
+            o.quant,
+            format_binary(o.weights_bytes),
+            format_binary(o.kv_bytes),
+            format_binary(o.total_bytes),
+            if o.fits { "fits" } else { "does not fit" }
+        );
+    }
+    match advice.recommended {
+        Some(q) => {
+            let _ = writeln!(out, "Recommended: {q} (the most precise that fits)");
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "Recommended: none fits; lower --max-tokens or --batch, or use q8_0 KV"
+            );
+        }
+    }
+    out
+}
+
+/// `134.52 M`, `8.03 B`.
+fn format_count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.2} B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.2} M", n as f64 / 1e6),
+        n => n.to_string(),
+    }
+}

@@ -1,0 +1,80 @@
+//! Runs the real `fathom` binary, as a user would.
+
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+pub fn smollm2() -> PathBuf {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/fetch-model.sh (scripts/test.sh does it for you)",
+        path.display()
+    );
+    path
+}
+
+/// Runs `fathom ARGS` with a clean fathom environment plus `env`.
+pub fn fathom(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fathom"));
+    cmd.args(args);
+    for var in [
+        "FATHOM_MEMORY_LIMIT",
+        "FATHOM_HEADROOM_FACTOR",
+        "MLX_ROCM_MAX_INFLIGHT_MB",
+    ] {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().expect("run fathom")
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).expect("stdout is UTF-8")
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8(out.stderr.clone()).expect("stderr is UTF-8")
+}
+
+/// `fathom inspect MODEL ARGS --json`, asserting success and one JSON object.
+pub fn inspect_json(model: &Path, args: &[&str], env: &[(&str, &str)]) -> serde_json::Value {
+    let mut all = vec!["inspect", model.to_str().unwrap(), "--json"];
+    all.extend_from_slice(args);
+    let out = fathom(&all, env);
+    assert!(
+        out.status.success(),
+        "fathom {all:?} failed: {}",
+        stderr(&out)
+    );
+    serde_json::from_str(&stdout(&out))
+        .unwrap_or_else(|e| panic!("stdout is not one JSON object: {e}\n{}", stdout(&out)))
+}
+
+pub fn u(v: &serde_json::Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} is not an integer: {}", v[key]))
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("fathom-cli-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
