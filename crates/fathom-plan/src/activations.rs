@@ -36,13 +36,14 @@ pub struct ActivationPlan {
     pub bytes: u64,
 }
 
-/// Bytes of one row of `n` values quantized for a matmul: the larger of
-/// Q8_0 (34 bytes per 32) and Q8_K (292 bytes per 256), since the weight
-/// type picks which one a product uses.
-fn q8_row_bytes(n: u64) -> u64 {
-    let q8_0 = n.div_ceil(32).saturating_mul(34);
+/// Bytes of one row of `n` values quantized for a matmul: the largest of
+/// Q8_0 (34 bytes per 32), Q8_1 (36 per 32, for Q4_1/Q5_1 weights) and
+/// Q8_K (292 per 256, for k-quants), since the weight type picks which one
+/// a product uses.
+pub fn q8_row_bytes(n: u64) -> u64 {
+    let q8_1 = n.div_ceil(32).saturating_mul(36);
     let q8_k = n.div_ceil(256).saturating_mul(292);
-    q8_0.max(q8_k)
+    q8_1.max(q8_k)
 }
 
 fn aligned(bytes: u64) -> u64 {
