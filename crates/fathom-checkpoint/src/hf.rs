@@ -1,11 +1,14 @@
 //! Hugging Face and MLX checkpoint directories: `config.json` plus
 //! `model.safetensors` or a sharded `model.safetensors.index.json`.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
+use std::fmt;
 use std::fs::File;
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
+use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::Value;
 
 use crate::safetensors::{clip, invalid, json_error, parse_raw, show, too_large, RawJson};
@@ -15,6 +18,9 @@ const CONFIG: &str = "config.json";
 const INDEX: &str = "model.safetensors.index.json";
 const SINGLE: &str = "model.safetensors";
 const EXTENSION: &str = ".safetensors";
+
+/// What the index's `weight_map` must be, for messages.
+const WEIGHT_MAP: &str = "a non-empty object mapping tensor names to shard file names";
 
 /// `config.json` and the index are kB to a few MB; the bound keeps a wrong
 /// or hostile file from being read whole into memory.
@@ -80,7 +86,8 @@ impl HfCheckpoint {
                 .collect::<Result<_, _>>()?
         };
 
-        let mut owner: HashSet<&str> = HashSet::new();
+        let total = files.iter().map(|f| f.tensors.len()).sum();
+        let mut owner = HashSet::with_capacity(total);
         for file in &files {
             for tensor in &file.tensors {
                 if !owner.insert(&tensor.name) {
@@ -98,10 +105,10 @@ impl HfCheckpoint {
                 tensor.file = index;
             }
         }
-        let tensors = files
-            .iter()
-            .flat_map(|f| f.tensors.iter().cloned())
-            .collect();
+        let mut tensors = Vec::with_capacity(total);
+        for file in &files {
+            tensors.extend_from_slice(&file.tensors);
+        }
 
         Ok(HfCheckpoint {
             dir: dir.to_path_buf(),
@@ -215,18 +222,19 @@ fn one_of(
 /// Opens the shards named by the index, each once, in order of first
 /// appearance, and checks every tensor is in the shard the index names.
 fn open_indexed(dir: &Path, index_path: &Path) -> Result<Vec<SafetensorsFile>, CheckpointError> {
-    let weight_map = read_weight_map(index_path)?;
+    let text = read_json_text(index_path)?;
+    let weight_map = read_weight_map(index_path, &text)?;
 
     let mut shard_names: Vec<&str> = Vec::new();
     let mut shard_of: HashMap<&str, usize> = HashMap::new();
     let mut placements = Vec::with_capacity(weight_map.len());
     for (tensor, shard) in &weight_map {
         let next = shard_names.len();
-        let index = *shard_of.entry(shard.as_str()).or_insert(next);
+        let index = *shard_of.entry(shard).or_insert(next);
         if index == next {
             shard_names.push(shard);
         }
-        placements.push((tensor.as_str(), index));
+        placements.push((tensor.as_ref(), index));
     }
 
     let mut files = Vec::with_capacity(shard_names.len());
@@ -245,12 +253,13 @@ fn open_indexed(dir: &Path, index_path: &Path) -> Result<Vec<SafetensorsFile>, C
         files.push(file);
     }
 
-    let held: Vec<HashSet<&str>> = files
-        .iter()
-        .map(|f| f.tensors.iter().map(|t| t.name.as_str()).collect())
-        .collect();
+    // (tensor, shard index) for every tensor the shards hold.
+    let mut held = HashSet::with_capacity(placements.len());
+    for (index, file) in files.iter().enumerate() {
+        held.extend(file.tensors.iter().map(|t| (t.name.as_str(), index)));
+    }
     for (tensor, index) in placements {
-        if !held.get(index).is_some_and(|names| names.contains(tensor)) {
+        if !held.contains(&(tensor, index)) {
             let shard = shard_names.get(index).copied().unwrap_or_default();
             return Err(invalid(
                 index_path,
@@ -264,11 +273,86 @@ fn open_indexed(dir: &Path, index_path: &Path) -> Result<Vec<SafetensorsFile>, C
 }
 
 /// The index's `weight_map` as (tensor, shard file name) pairs in file
-/// order, with repeated tensors and unsafe shard names rejected.
-fn read_weight_map(index_path: &Path) -> Result<Vec<(String, String)>, CheckpointError> {
-    const WEIGHT_MAP: &str = "a non-empty object mapping tensor names to shard file names";
-    let text = read_json_text(index_path)?;
-    let entries = match parse_raw::<RawJson<Value>>(index_path, INDEX, &text)? {
+/// order, with repeated tensors and unsafe shard names rejected. Borrowed
+/// from `text` unless the fallback parse had to unescape them.
+fn read_weight_map<'a>(index_path: &Path, text: &'a str) -> Result<WeightMap<'a>, CheckpointError> {
+    let pairs = match typed_weight_map(text) {
+        Some(pairs) => pairs,
+        None => raw_weight_map(index_path, text)?,
+    };
+    if pairs.is_empty() {
+        return Err(invalid(index_path, "weight_map", "{}", WEIGHT_MAP));
+    }
+
+    // Found before the loop, which reports it at its position.
+    let mut seen = HashSet::with_capacity(pairs.len());
+    let repeat = pairs
+        .iter()
+        .position(|(tensor, _)| !seen.insert(tensor.as_ref()));
+
+    let mut weight_map = Vec::with_capacity(pairs.len());
+    for (i, (tensor, shard)) in pairs.into_iter().enumerate() {
+        let field = || format!("weight_map[{}]", clip(&tensor));
+        let shard = match shard {
+            Ok(shard) => shard,
+            Err(value) => {
+                return Err(invalid(
+                    index_path,
+                    field(),
+                    show(&value),
+                    "a shard file name",
+                ))
+            }
+        };
+        if !is_plain_file_name(&shard) {
+            return Err(invalid(
+                index_path,
+                field(),
+                format!("{:?}", clip(&shard)),
+                "a plain file name inside the checkpoint directory",
+            ));
+        }
+        if repeat == Some(i) {
+            return Err(CheckpointError::new(
+                index_path,
+                ErrorKind::DuplicateTensor {
+                    name: tensor.into_owned(),
+                },
+            ));
+        }
+        weight_map.push((tensor, shard));
+    }
+    Ok(weight_map)
+}
+
+/// (tensor, shard file name) pairs.
+type WeightMap<'a> = Vec<(Cow<'a, str>, Cow<'a, str>)>;
+
+/// `weight_map` pairs before checks; a value that is not a string is kept
+/// as `Err` for the message.
+type RawPairs<'a> = Vec<(Cow<'a, str>, Result<Cow<'a, str>, Value>)>;
+
+/// The fast path for the index: `weight_map` read as borrowed strings, with
+/// no allocation per tensor. It accepts only an index whose `weight_map`
+/// appears once and is an object of unescaped string keys and values; for
+/// anything else, JSON syntax errors included, it gives `None` and
+/// [`raw_weight_map`] parses the index again to report exactly what is
+/// wrong. Other top-level keys are parsed as the fallback parses them.
+fn typed_weight_map(text: &str) -> Option<RawPairs<'_>> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let TypedIndex(pairs) = TypedIndex::deserialize(&mut deserializer).ok()?;
+    deserializer.end().ok()?;
+    Some(
+        pairs
+            .into_iter()
+            .map(|(tensor, shard)| (Cow::Borrowed(tensor), Ok(Cow::Borrowed(shard))))
+            .collect(),
+    )
+}
+
+/// The fallback: the index as generic JSON, every string owned.
+fn raw_weight_map(index_path: &Path, text: &str) -> Result<RawPairs<'static>, CheckpointError> {
+    let entries = match parse_raw::<RawJson<Value>>(index_path, INDEX, text)? {
         RawJson::Object(entries) => entries,
         RawJson::Other(kind) => {
             return Err(invalid(
@@ -299,39 +383,74 @@ fn read_weight_map(index_path: &Path) -> Result<Vec<(String, String)>, Checkpoin
         }
         None => return Err(invalid(index_path, "weight_map", "missing", WEIGHT_MAP)),
     };
-    if pairs.is_empty() {
-        return Err(invalid(index_path, "weight_map", "{}", WEIGHT_MAP));
-    }
+    Ok(pairs
+        .into_iter()
+        .map(|(tensor, shard)| {
+            let shard = match shard {
+                Value::String(shard) => Ok(Cow::Owned(shard)),
+                other => Err(other),
+            };
+            (Cow::Owned(tensor), shard)
+        })
+        .collect())
+}
 
-    let mut seen = HashSet::new();
-    let mut weight_map = Vec::with_capacity(pairs.len());
-    for (tensor, shard) in pairs {
-        let field = || format!("weight_map[{}]", clip(&tensor));
-        let Value::String(shard) = shard else {
-            return Err(invalid(
-                index_path,
-                field(),
-                show(&shard),
-                "a shard file name",
-            ));
-        };
-        if !is_plain_file_name(&shard) {
-            return Err(invalid(
-                index_path,
-                field(),
-                format!("{:?}", clip(&shard)),
-                "a plain file name inside the checkpoint directory",
-            ));
+/// The index as [`typed_weight_map`] reads it: the `weight_map` pairs.
+struct TypedIndex<'a>(Vec<(&'a str, &'a str)>);
+
+impl<'de> Deserialize<'de> for TypedIndex<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct IndexVisitor;
+        impl<'de> Visitor<'de> for IndexVisitor {
+            type Value = TypedIndex<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an index object with one weight_map")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut weight_map = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    if key != "weight_map" {
+                        map.next_value::<RawJson<Value>>()?;
+                    } else if weight_map.is_none() {
+                        weight_map = Some(map.next_value::<BorrowedPairs>()?.0);
+                    } else {
+                        return Err(de::Error::custom("weight_map given twice"));
+                    }
+                }
+                weight_map
+                    .map(TypedIndex)
+                    .ok_or_else(|| de::Error::custom("no weight_map"))
+            }
         }
-        if !seen.insert(tensor.clone()) {
-            return Err(CheckpointError::new(
-                index_path,
-                ErrorKind::DuplicateTensor { name: tensor },
-            ));
-        }
-        weight_map.push((tensor, shard));
+        deserializer.deserialize_map(IndexVisitor)
     }
-    Ok(weight_map)
+}
+
+/// A JSON object of string values, keys and values borrowed from the text.
+struct BorrowedPairs<'a>(Vec<(&'a str, &'a str)>);
+
+impl<'de> Deserialize<'de> for BorrowedPairs<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct PairsVisitor;
+        impl<'de> Visitor<'de> for PairsVisitor {
+            type Value = BorrowedPairs<'de>;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object of unescaped strings")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut pairs = Vec::new();
+                while let Some(pair) = map.next_entry::<&str, &str>()? {
+                    pairs.push(pair);
+                }
+                Ok(BorrowedPairs(pairs))
+            }
+        }
+        deserializer.deserialize_map(PairsVisitor)
+    }
 }
 
 /// A name the index may use for a shard: exactly one normal path component,

@@ -4,6 +4,13 @@
 //! raw entry lists that keep every key in file order (`serde_json::Map`
 //! would silently keep only the last of two equal keys, hiding a duplicate
 //! tensor), and only then validated field by field into typed errors.
+//!
+//! Headers hold up to tens of thousands of tensors, and a generic JSON tree
+//! per tensor made parsing allocation-bound, so a fast path first reads the
+//! usual shape of a tensor entry straight into typed fields. A header it
+//! does not accept is parsed again the generic way, which alone reports
+//! JSON and field-type errors; both feed the same checks in the same order,
+//! so either way the result, or the first error, is the same.
 
 use std::collections::{btree_map, BTreeMap, HashSet};
 use std::fmt;
@@ -187,42 +194,44 @@ impl SafetensorsFile {
                 },
             )
         })?;
-        let entries = match parse_raw::<RawJson<Value>>(path, "header", text)? {
-            RawJson::Object(entries) => entries,
-            RawJson::Other(kind) => {
-                return Err(invalid(
-                    path,
-                    "header",
-                    kind,
-                    "a JSON object mapping tensor names to {dtype, shape, data_offsets}",
-                ))
-            }
+        let entries = match typed_entries(text) {
+            Some(entries) => entries,
+            None => raw_entries(path, text)?,
         };
+
+        // Found before the loop so the loop can move each name into its
+        // tensor; the loop still reports the repeat at its position, after
+        // any error of an earlier entry.
+        let mut names = HashSet::with_capacity(entries.len());
+        let repeat = entries.iter().position(|(name, entry)| {
+            !matches!(entry, Entry::Metadata(_)) && !names.insert(name.as_str())
+        });
 
         let data_len = file_size.saturating_sub(data_start);
         let mut metadata = None;
-        let mut names = HashSet::new();
-        let mut tensors = Vec::new();
-        for (name, value) in entries {
-            if name == "__metadata__" {
-                if metadata.is_some() {
+        let mut tensors = Vec::with_capacity(entries.len());
+        for (i, (name, entry)) in entries.into_iter().enumerate() {
+            let fields = match entry {
+                Entry::Metadata(value) => {
+                    if metadata.is_some() {
+                        return Err(CheckpointError::new(
+                            path,
+                            ErrorKind::DuplicateKey { key: name },
+                        ));
+                    }
+                    metadata = Some(parse_metadata(path, value)?);
+                    continue;
+                }
+                _ if repeat == Some(i) => {
                     return Err(CheckpointError::new(
                         path,
-                        ErrorKind::DuplicateKey { key: name },
-                    ));
+                        ErrorKind::DuplicateTensor { name },
+                    ))
                 }
-                metadata = Some(parse_metadata(path, value)?);
-                continue;
-            }
-            if names.contains(name.as_str()) {
-                return Err(CheckpointError::new(
-                    path,
-                    ErrorKind::DuplicateTensor { name },
-                ));
-            }
-            let tensor = parse_tensor(path, name, value, data_start, data_len)?;
-            names.insert(tensor.name.clone());
-            tensors.push(tensor);
+                Entry::Typed(fields) => fields,
+                Entry::Raw(value) => tensor_fields(path, &name, value)?,
+            };
+            tensors.push(check_tensor(path, name, fields, data_start, data_len)?);
         }
 
         tensors.sort_by_key(|t| (t.begin, t.end));
@@ -312,16 +321,22 @@ fn parse_metadata(
     Ok(metadata)
 }
 
-/// Validates one tensor entry; `data_start` is the absolute offset of the
-/// data section and `data_len` its size, which bounds the offsets.
-fn parse_tensor(
+/// The three fields of a tensor entry, typed but not yet checked against
+/// each other or the file.
+struct Fields {
+    dtype: StDtype,
+    shape: Vec<u64>,
+    offsets: [u64; 2],
+}
+
+/// Extracts the fields of a tensor entry parsed as generic JSON, naming the
+/// first field that is missing, repeated or of the wrong type.
+fn tensor_fields(
     path: &Path,
-    name: String,
+    name: &str,
     value: RawJson<Value>,
-    data_start: u64,
-    data_len: u64,
-) -> Result<StTensor, CheckpointError> {
-    let label = format!("tensor {}", clip(&name));
+) -> Result<Fields, CheckpointError> {
+    let label = format!("tensor {}", clip(name));
     let fields = match value {
         RawJson::Object(fields) => fields,
         RawJson::Other(kind) => {
@@ -412,6 +427,30 @@ fn parse_tensor(
         Some(other) => return Err(invalid(path, field("data_offsets"), show(&other), OFFSETS)),
         None => return Err(invalid(path, field("data_offsets"), "missing", OFFSETS)),
     };
+    Ok(Fields {
+        dtype,
+        shape,
+        offsets: [begin, end],
+    })
+}
+
+/// Checks a tensor's fields against each other and the data section
+/// (`data_start` is its absolute offset, `data_len` its size) and builds
+/// the tensor.
+fn check_tensor(
+    path: &Path,
+    name: String,
+    fields: Fields,
+    data_start: u64,
+    data_len: u64,
+) -> Result<StTensor, CheckpointError> {
+    let Fields {
+        dtype,
+        shape,
+        offsets: [begin, end],
+    } = fields;
+    // Only called on error, so a valid tensor allocates no label.
+    let field = |key: &str| format!("tensor {} {key}", clip(&name));
 
     // A zero dimension makes the tensor empty even when the other
     // dimensions alone would overflow.
@@ -524,6 +563,130 @@ fn check_overlaps(
         }
     }
     Ok(())
+}
+
+/// The key of the optional string-to-string metadata entry.
+const METADATA: &str = "__metadata__";
+
+/// One top-level entry of the header, in file order.
+enum Entry {
+    /// The `__metadata__` entry, validated by [`parse_metadata`].
+    Metadata(RawJson<Value>),
+    /// A tensor entry typed while parsing, by [`typed_entries`].
+    Typed(Fields),
+    /// A tensor entry from [`raw_entries`], typed by [`tensor_fields`].
+    Raw(RawJson<Value>),
+}
+
+/// The fast path: parses the header straight into typed tensor entries,
+/// with no `serde_json::Value` tree per tensor (a header holds up to tens of
+/// thousands). It accepts only tensor entries as writers produce them: an
+/// object with exactly the keys `dtype` (a known dtype), `shape`
+/// (non-negative integers) and `data_offsets` (two non-negative integers),
+/// each once and unescaped. Anything else, JSON syntax errors included,
+/// gives `None`, and [`raw_entries`] parses the header again so the checks
+/// report exactly what is wrong; on headers this accepts, both give the
+/// same fields.
+fn typed_entries(text: &str) -> Option<Vec<(String, Entry)>> {
+    let mut deserializer = serde_json::Deserializer::from_str(text);
+    let TypedHeader(entries) = TypedHeader::deserialize(&mut deserializer).ok()?;
+    deserializer.end().ok()?;
+    Some(entries)
+}
+
+/// The fallback: every entry as generic JSON, checked field by field later.
+fn raw_entries(path: &Path, text: &str) -> Result<Vec<(String, Entry)>, CheckpointError> {
+    match parse_raw::<RawJson<Value>>(path, "header", text)? {
+        RawJson::Object(entries) => Ok(entries
+            .into_iter()
+            .map(|(name, value)| {
+                let entry = if name == METADATA {
+                    Entry::Metadata(value)
+                } else {
+                    Entry::Raw(value)
+                };
+                (name, entry)
+            })
+            .collect()),
+        RawJson::Other(kind) => Err(invalid(
+            path,
+            "header",
+            kind,
+            "a JSON object mapping tensor names to {dtype, shape, data_offsets}",
+        )),
+    }
+}
+
+/// The header as [`typed_entries`] reads it.
+struct TypedHeader(Vec<(String, Entry)>);
+
+impl<'de> Deserialize<'de> for TypedHeader {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct HeaderVisitor;
+        impl<'de> Visitor<'de> for HeaderVisitor {
+            type Value = TypedHeader;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a safetensors header object")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    let entry = if name == METADATA {
+                        Entry::Metadata(map.next_value()?)
+                    } else {
+                        Entry::Typed(map.next_value()?)
+                    };
+                    entries.push((name, entry));
+                }
+                Ok(TypedHeader(entries))
+            }
+        }
+        deserializer.deserialize_map(HeaderVisitor)
+    }
+}
+
+/// Only a JSON object: serde's derived structs would also take an array.
+impl<'de> Deserialize<'de> for Fields {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct FieldsVisitor;
+        impl<'de> Visitor<'de> for FieldsVisitor {
+            type Value = Fields;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object with exactly dtype, shape and data_offsets")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let (mut dtype, mut shape, mut offsets) = (None, None, None);
+                // `&str` keys and dtype refuse escaped strings: rare
+                // enough to leave to the fallback.
+                while let Some(key) = map.next_key::<&str>()? {
+                    match key {
+                        "dtype" if dtype.is_none() => {
+                            let name = map.next_value::<&str>()?;
+                            let parsed = StDtype::parse(name)
+                                .ok_or_else(|| de::Error::custom("unknown dtype"))?;
+                            dtype = Some(parsed);
+                        }
+                        "shape" if shape.is_none() => shape = Some(map.next_value()?),
+                        "data_offsets" if offsets.is_none() => offsets = Some(map.next_value()?),
+                        _ => return Err(de::Error::custom("unknown or repeated key")),
+                    }
+                }
+                match (dtype, shape, offsets) {
+                    (Some(dtype), Some(shape), Some(offsets)) => Ok(Fields {
+                        dtype,
+                        shape,
+                        offsets,
+                    }),
+                    _ => Err(de::Error::custom("missing key")),
+                }
+            }
+        }
+        deserializer.deserialize_map(FieldsVisitor)
+    }
 }
 
 /// A JSON value whose object entries are kept as a list in file order,
