@@ -91,10 +91,17 @@ pub fn plan(
         list.push(("router_logits", t, spec.n_experts, F32));
         // Chosen expert id (u32) and its weight (f32) per token per slot.
         list.push(("expert_routes", t, spec.n_experts_active, 8));
+        // The rows routed to one expert, gathered, and that expert's output.
+        list.push(("moe_in", t, d, F32));
+        list.push(("moe_out", t, d, F32));
     }
     list.push(("q8_rows", t, q8_row_bytes(widest_input), 1));
     // Logits only for the last position of each sequence.
     list.push(("logits", batch, spec.vocab, F32));
+    // Sampling candidates (token id, probability) for one sequence at a time.
+    list.push(("sampler", 1, spec.vocab, 8));
+    // Each sequence's token ids, for the penalties and the prompt cache.
+    list.push(("token_ids", batch, max_tokens, 4));
     // Online-softmax attention per worker: one KV block's scores, the output
     // accumulator, and one block of K and V dequantized to f32.
     let per_thread = KV_BLOCK_TOKENS

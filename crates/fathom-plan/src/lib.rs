@@ -129,6 +129,8 @@ pub struct MemoryPlan {
     pub activation_bytes: u64,
     pub activation_detail: Vec<activations::ArenaBuffer>,
     pub runtime_overhead_bytes: u64,
+    /// 1-D tensors (norms, biases) the engine copies to f32 at load.
+    pub converted_bytes: u64,
     /// Device context and library workspaces (CUDA); 0 on cpu, metal, rocm.
     pub backend_bytes: u64,
     /// The ROCm in-flight command reserve; 0 on every other device.
@@ -151,6 +153,7 @@ pub struct MemoryPlan {
 
 /// The byte terms at one context length, before the search for the largest context.
 struct Sized {
+    converted: u64,
     kv: KvPlan,
     activations: ActivationPlan,
     runtime: (u64, String),
@@ -170,6 +173,7 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64) -> Sized {
     );
     let runtime = device::runtime(inputs.device, spec.vocab, inputs.threads);
     let backend = device::backend(inputs.device, inputs.rocm_inflight_raw.as_deref());
+    let converted = converted_vector_bytes(spec);
     let weights_and_kv = spec.weights_bytes().saturating_add(kv.bytes);
     let scaled = if inputs.headroom_factor == 1.0 {
         weights_and_kv
@@ -181,6 +185,7 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64) -> Sized {
         .clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
     let total = [
         scaled,
+        converted,
         activations.bytes,
         runtime.0,
         backend.fixed_bytes,
@@ -189,6 +194,7 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64) -> Sized {
     .into_iter()
     .fold(0u64, u64::saturating_add);
     Sized {
+        converted,
         kv,
         activations,
         runtime,
@@ -242,6 +248,16 @@ impl MemoryPlan {
                 derivation: s.backend.fixed_derivation.clone(),
             },
         ];
+        if s.converted > 0 {
+            terms.insert(
+                1,
+                Term {
+                    name: "converted",
+                    bytes: s.converted,
+                    derivation: "1-D tensors (norms, biases) copied to f32 at load".into(),
+                },
+            );
+        }
         if s.backend.inflight_bytes > 0 {
             terms.push(Term {
                 name: "backend_inflight",
@@ -271,6 +287,7 @@ impl MemoryPlan {
             activation_bytes: s.activations.bytes,
             activation_detail: s.activations.buffers,
             runtime_overhead_bytes: s.runtime.0,
+            converted_bytes: s.converted,
             backend_bytes: s.backend.fixed_bytes,
             backend_inflight_bytes: s.backend.inflight_bytes,
             headroom_bytes: s.headroom_bytes,
@@ -286,6 +303,16 @@ impl MemoryPlan {
             inputs,
         })
     }
+}
+
+/// The engine reads matrices in place but copies every 1-D tensor to f32.
+fn converted_vector_bytes(spec: &ModelSpec) -> u64 {
+    spec.tensors
+        .iter()
+        .filter(|t| t.shape.len() == 1)
+        .fold(0u64, |sum, t| {
+            sum.saturating_add(t.params.saturating_mul(4))
+        })
 }
 
 /// `Q4_1 x 211, F32 x 61` from the GGUF v3 header.

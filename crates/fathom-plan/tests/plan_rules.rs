@@ -29,6 +29,9 @@ fn spec(layers: Vec<Attention>, context_length: u64) -> ModelSpec {
             })
             .collect(),
         rope: None,
+        rms_norm_eps: 1e-5,
+        attn_scale: None,
+        norm_topk_prob: false,
         tied_embeddings: true,
         tensors: vec![TensorEntry {
             name: "w".into(),

@@ -155,6 +155,11 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
              hyperparameters, and running it will fail"
         ));
     }
+    let rms_norm_eps = meta
+        .f64(&key("attention.layer_norm_rms_epsilon"))?
+        .unwrap_or(1e-5);
+    // llama.cpp's qwen3moe graph always renormalizes the top-k weights.
+    let norm_topk_prob = family == Family::Qwen3Moe;
     Ok(ModelSpec {
         architecture,
         n_kv_heads: kv_heads.iter().copied().max().unwrap_or(0),
@@ -171,6 +176,10 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
         context_length,
         layers,
         rope: Some(rope),
+        rms_norm_eps,
+        // llama.cpp scales by 1/√key_dim for every family it converts here.
+        attn_scale: None,
+        norm_topk_prob,
         tied_embeddings,
         tensors,
         source,

@@ -134,6 +134,13 @@ pub struct ModelSpec {
     /// (an unknown family without the generic fields).
     pub layers: Vec<Layer>,
     pub rope: Option<Rope>,
+    /// Epsilon of the RMS norms.
+    pub rms_norm_eps: f64,
+    /// Attention logit scale when it is not 1/√key_dim (Gemma 3's
+    /// `query_pre_attn_scalar`).
+    pub attn_scale: Option<f64>,
+    /// MoE: renormalize the top-k router weights to sum to one.
+    pub norm_topk_prob: bool,
     pub tied_embeddings: bool,
     pub tensors: Vec<TensorEntry>,
     /// Where the tensor table came from, for the plan's weights line
@@ -204,6 +211,9 @@ impl ModelSpec {
             context_length: 0,
             layers: Vec::new(),
             rope: None,
+            rms_norm_eps: 0.0,
+            attn_scale: None,
+            norm_topk_prob: false,
             tied_embeddings,
             source: String::new(),
             tensors,
