@@ -1,0 +1,749 @@
+//! `matmul`: quantize the activations once, then split the weight rows
+//! over the pool; each worker walks its rows in tiles of R rows x T tokens
+//! so a weight block is unpacked once per T tokens and an activation block
+//! loaded once per R rows. Decode (one token) streams the weights; prefill
+//! reuses each weight tile across tokens from L1.
+
+use crate::isa::Isa;
+use crate::pool::Pool;
+use crate::quant::{self, f16_at, Q8K_BYTES, Q8S_BYTES};
+use crate::{WeightType, Weights};
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// How a matmul against a weight type wants its activations.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum ActFormat {
+    /// [`quant`]'s `Q8S`, for the 32-value block types.
+    Q8S,
+    /// ggml's `Q8_K`, for the k-quants.
+    Q8K,
+    /// The caller's f32 rows as they are: float weights gain nothing from
+    /// quantized activations, and f16 copies would not fit the plan's
+    /// `q8_rows` reservation.
+    F32,
+}
+
+impl ActFormat {
+    pub(crate) fn of(ty: WeightType) -> ActFormat {
+        match ty {
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => ActFormat::F32,
+            WeightType::Q4_0
+            | WeightType::Q4_1
+            | WeightType::Q5_0
+            | WeightType::Q5_1
+            | WeightType::Q8_0 => ActFormat::Q8S,
+            _ => ActFormat::Q8K,
+        }
+    }
+}
+
+/// Bytes of one activation row of `cols` values quantized for a matmul
+/// against `ty`: 36 per 32 values for the 32-value block types, 292 per
+/// 256 for the k-quants, none for float weights (they read `x` directly).
+/// Never more than `max(ceil(cols/32)*36, ceil(cols/256)*292)`, the
+/// memory plan's `q8_rows` reservation.
+pub fn activation_row_bytes(ty: WeightType, cols: usize) -> usize {
+    match ActFormat::of(ty) {
+        ActFormat::Q8S => cols.div_ceil(32) * Q8S_BYTES,
+        ActFormat::Q8K => cols.div_ceil(256) * Q8K_BYTES,
+        ActFormat::F32 => 0,
+    }
+}
+
+/// Quantizes whole rows of `x` into `dst` in `format`.
+fn quantize_rows(isa: Isa, format: ActFormat, x: &[f32], dst: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa != Isa::Portable {
+        // SAFETY: a SIMD `Isa` exists only once detection found AVX2, FMA
+        // and F16C; both quantizers write whole blocks within `dst`, which
+        // the caller sized for `x`.
+        unsafe {
+            match format {
+                ActFormat::Q8S => crate::x86::ops::quantize_q8s(x, dst),
+                ActFormat::Q8K => crate::x86::ops::quantize_q8k(x, dst),
+                ActFormat::F32 => {}
+            }
+        }
+        return;
+    }
+    let _ = isa;
+    match format {
+        ActFormat::Q8S => quant::quantize_q8s(x, dst),
+        ActFormat::Q8K => quant::quantize_q8k(x, dst),
+        ActFormat::F32 => {}
+    }
+}
+
+/// One tile of a weight type's kernel.
+pub(crate) trait Tile {
+    /// Dots of `R` weight rows (`w`, rows `w_stride` bytes apart) with `T`
+    /// activation rows (`a`, `a_stride` bytes apart) of `cols` values, as
+    /// `out[t][r]`.
+    ///
+    /// # Safety
+    /// The pointers cover those rows, and the CPU runs the tile's ISA.
+    unsafe fn tile<const R: usize, const T: usize>(
+        w: *const u8,
+        w_stride: usize,
+        a: *const u8,
+        a_stride: usize,
+        cols: usize,
+    ) -> [[f32; R]; T];
+}
+
+/// What one matmul hands its workers: raw views of the caller's slices,
+/// checked by [`matmul`] before any kernel runs.
+pub(crate) struct Job {
+    pub(crate) ty: WeightType,
+    pub(crate) w: *const u8,
+    pub(crate) w_stride: usize,
+    pub(crate) a: *const u8,
+    pub(crate) a_stride: usize,
+    pub(crate) cols: usize,
+    pub(crate) n_tokens: usize,
+    /// `out[t * out_stride + r]`.
+    pub(crate) out: *mut f32,
+    pub(crate) out_stride: usize,
+}
+
+// SAFETY: workers only read through `w` and `a`, and write `out` at rows
+// of their own chunk, so sharing a `Job` between them races on nothing.
+unsafe impl Sync for Job {}
+
+/// A kernel computes `job` for a range of weight rows.
+///
+/// Safety: `job`'s pointers cover its rows, tokens and outputs as
+/// [`matmul`] checks, and the CPU runs the kernel's ISA.
+pub(crate) type KernelFn = unsafe fn(&Job, Range<usize>);
+
+/// Tokens per pass over a worker's rows: 64 activation rows of the widest
+/// SmolLM2/Llama inputs stay in L2 while each weight tile stays in L1.
+const TOKEN_BLOCK: usize = 64;
+
+/// Walks `rows` x all tokens in tiles of `R` x `T`, with 1-row and 1-token
+/// tiles for the remainders.
+///
+/// # Safety
+/// As [`Tile::tile`], for every row in `rows` and token of `job`.
+#[inline(always)]
+pub(crate) unsafe fn drive<K: Tile, const R: usize, const T: usize>(job: &Job, rows: Range<usize>) {
+    let mut t0 = 0;
+    while t0 < job.n_tokens {
+        let t1 = (t0 + TOKEN_BLOCK).min(job.n_tokens);
+        let mut r = rows.start;
+        while r + R <= rows.end {
+            row_tile::<K, R, T>(job, r, t0..t1);
+            r += R;
+        }
+        while r < rows.end {
+            row_tile::<K, 1, T>(job, r, t0..t1);
+            r += 1;
+        }
+        t0 = t1;
+    }
+}
+
+#[inline(always)]
+unsafe fn row_tile<K: Tile, const R: usize, const T: usize>(
+    job: &Job,
+    r: usize,
+    tokens: Range<usize>,
+) {
+    let w = job.w.add(r * job.w_stride);
+    let mut t = tokens.start;
+    while t + T <= tokens.end {
+        let a = job.a.add(t * job.a_stride);
+        store(
+            job,
+            r,
+            t,
+            K::tile::<R, T>(w, job.w_stride, a, job.a_stride, job.cols),
+        );
+        t += T;
+    }
+    while t < tokens.end {
+        let a = job.a.add(t * job.a_stride);
+        store(
+            job,
+            r,
+            t,
+            K::tile::<R, 1>(w, job.w_stride, a, job.a_stride, job.cols),
+        );
+        t += 1;
+    }
+}
+
+#[inline(always)]
+unsafe fn store<const R: usize, const T: usize>(job: &Job, r: usize, t: usize, v: [[f32; R]; T]) {
+    for (i, row) in v.iter().enumerate() {
+        std::ptr::copy_nonoverlapping(row.as_ptr(), job.out.add((t + i) * job.out_stride + r), R);
+    }
+}
+
+/// `out[t * w.rows + r] = dot(row r of w, x[t * w.cols..(t + 1) * w.cols])`
+/// for `t` in `0..n_tokens`.
+///
+/// `qbuf` holds at least `n_tokens * activation_row_bytes(w.ty, w.cols)`
+/// bytes for the quantized activations; `x` and `out` may be longer than
+/// needed. Panics if a buffer is too short or `w.data` does not hold
+/// `rows` rows of whole blocks: those are the caller's bugs, not input.
+pub fn matmul(
+    pool: &Pool,
+    w: &Weights,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    qbuf: &mut [u8],
+) {
+    matmul_with(Isa::detected(), pool, w, x, n_tokens, out, qbuf)
+}
+
+pub(crate) fn matmul_with(
+    isa: Isa,
+    pool: &Pool,
+    w: &Weights,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    qbuf: &mut [u8],
+) {
+    let (ty, rows, cols) = (w.ty, w.rows, w.cols);
+    assert!(
+        cols % ty.block_elems() == 0,
+        "matmul: {} rows hold whole blocks of {}, not {cols} values",
+        ty.name(),
+        ty.block_elems()
+    );
+    let row_bytes = ty.row_bytes(cols);
+    assert!(
+        w.data.len() >= rows * row_bytes,
+        "matmul: {rows} x {cols} {} weights need {} bytes, got {}",
+        ty.name(),
+        rows * row_bytes,
+        w.data.len()
+    );
+    assert!(
+        x.len() >= n_tokens * cols,
+        "matmul: x holds {} values, not {n_tokens} x {cols}",
+        x.len()
+    );
+    assert!(
+        out.len() >= n_tokens * rows,
+        "matmul: out holds {} values, not {n_tokens} x {rows}",
+        out.len()
+    );
+    let format = ActFormat::of(ty);
+    let act_bytes = activation_row_bytes(ty, cols);
+    assert!(
+        qbuf.len() >= n_tokens * act_bytes,
+        "matmul: qbuf holds {} bytes, not {n_tokens} x {act_bytes}",
+        qbuf.len()
+    );
+    if n_tokens == 0 || rows == 0 {
+        return;
+    }
+
+    let (a, a_stride) = if format == ActFormat::F32 {
+        (x.as_ptr() as *const u8, cols * 4)
+    } else {
+        quantize_parallel(
+            isa,
+            pool,
+            format,
+            &x[..n_tokens * cols],
+            cols,
+            &mut qbuf[..n_tokens * act_bytes],
+        );
+        (qbuf.as_ptr(), act_bytes)
+    };
+    let job = Job {
+        ty,
+        w: w.data.as_ptr(),
+        w_stride: row_bytes,
+        a,
+        a_stride,
+        cols,
+        n_tokens,
+        out: out.as_mut_ptr(),
+        out_stride: rows,
+    };
+    let kernel = kernel_for(isa, ty);
+
+    // Chunks of whole 4-row tiles, about eight per worker, handed out
+    // first come first served so a worker that lost its core to another
+    // process does not hold up the rest.
+    let per_chunk = rows
+        .div_ceil(pool.n_threads() * 8)
+        .next_multiple_of(4)
+        .max(16);
+    let n_chunks = rows.div_ceil(per_chunk);
+    let next = AtomicUsize::new(0);
+    pool.run(&|_, _| loop {
+        let c = next.fetch_add(1, Ordering::Relaxed);
+        if c >= n_chunks {
+            break;
+        }
+        let range = c * per_chunk..((c + 1) * per_chunk).min(rows);
+        // SAFETY: the asserts above bound every row, token and output the
+        // kernel touches; chunks are disjoint; `kernel_for` returned a
+        // kernel for an ISA this CPU runs.
+        unsafe { kernel(&job, range) };
+    });
+}
+
+/// Quantizes `n_tokens` rows, split over the pool when there are enough
+/// of them to pay for the extra hand-off.
+fn quantize_parallel(
+    isa: Isa,
+    pool: &Pool,
+    format: ActFormat,
+    x: &[f32],
+    cols: usize,
+    dst: &mut [u8],
+) {
+    let n_tokens = x.len() / cols;
+    let row_bytes = dst.len() / n_tokens;
+    if n_tokens < 4 || pool.n_threads() == 1 {
+        for (xr, qr) in x.chunks_exact(cols).zip(dst.chunks_exact_mut(row_bytes)) {
+            quantize_rows(isa, format, xr, qr);
+        }
+        return;
+    }
+    let dst_ptr = SendPtr(dst.as_mut_ptr());
+    pool.run(&|i, n| {
+        let tokens = n_tokens * i / n..n_tokens * (i + 1) / n;
+        let len = tokens.len() * row_bytes;
+        // SAFETY: workers get disjoint token ranges of `dst`, which
+        // outlives `run`.
+        let d = unsafe {
+            std::slice::from_raw_parts_mut(dst_ptr.get().add(tokens.start * row_bytes), len)
+        };
+        quantize_rows(isa, format, &x[tokens.start * cols..tokens.end * cols], d);
+    });
+}
+
+/// A pointer workers may share because each writes a disjoint part.
+struct SendPtr(*mut u8);
+
+impl SendPtr {
+    /// A method, so closures capture the whole (Sync) wrapper rather than
+    /// its raw-pointer field.
+    fn get(&self) -> *mut u8 {
+        self.0
+    }
+}
+
+// SAFETY: see the use in `quantize_parallel`: each worker writes its own
+// token rows.
+unsafe impl Sync for SendPtr {}
+
+fn kernel_for(isa: Isa, ty: WeightType) -> KernelFn {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(k) = crate::x86::kernel(isa, ty) {
+        return k;
+    }
+    let _ = isa;
+    portable_kernel
+}
+
+/// The reference kernel: one row and one token at a time, in plain Rust.
+///
+/// # Safety
+/// As [`KernelFn`].
+unsafe fn portable_kernel(job: &Job, rows: Range<usize>) {
+    for r in rows {
+        let wr = std::slice::from_raw_parts(job.w.add(r * job.w_stride), job.w_stride);
+        for t in 0..job.n_tokens {
+            let ar = std::slice::from_raw_parts(job.a.add(t * job.a_stride), job.a_stride);
+            *job.out.add(t * job.out_stride + r) = dot_portable(job.ty, wr, ar, job.cols);
+        }
+    }
+}
+
+fn i16_at(b: &[u8], at: usize) -> i32 {
+    i16::from_le_bytes([b[at], b[at + 1]]) as i32
+}
+
+/// One weight row (`w`) dotted with one activation row (`a`, in
+/// `ActFormat::of(ty)`), with the SIMD kernels' integer arithmetic per
+/// block and float arithmetic per block in the same order.
+pub(crate) fn dot_portable(ty: WeightType, w: &[u8], a: &[u8], cols: usize) -> f32 {
+    let bb = ty.block_bytes();
+    match ActFormat::of(ty) {
+        ActFormat::F32 => {
+            let x = a[..4 * cols]
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            let w = w[..cols * bb].chunks_exact(bb);
+            match ty {
+                WeightType::F32 => w
+                    .zip(x)
+                    .map(|(c, x)| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * x)
+                    .sum(),
+                WeightType::F16 => w.zip(x).map(|(c, x)| f16_at(c, 0) * x).sum(),
+                _ => w
+                    .zip(x)
+                    .map(|(c, x)| crate::ops::bf16_to_f32(u16::from_le_bytes([c[0], c[1]])) * x)
+                    .sum(),
+            }
+        }
+        ActFormat::Q8S => {
+            let mut sum = 0.0f32;
+            for (wb, ab) in w
+                .chunks_exact(bb)
+                .zip(a.chunks_exact(Q8S_BYTES))
+                .take(cols / 32)
+            {
+                // The weight quants as stored (unsigned but for Q8_0), then
+                // one integer dot, as the SIMD tiles do.
+                let mut wq = [0i32; 32];
+                let (d, c) = match ty {
+                    WeightType::Q4_0 => {
+                        wq.iter_mut()
+                            .enumerate()
+                            .for_each(|(j, q)| *q = quant::q4_quant(wb, 2, j) as i32);
+                        (f16_at(wb, 0), -8.0 * f16_at(wb, 0))
+                    }
+                    WeightType::Q4_1 => {
+                        wq.iter_mut()
+                            .enumerate()
+                            .for_each(|(j, q)| *q = quant::q4_quant(wb, 4, j) as i32);
+                        (f16_at(wb, 0), f16_at(wb, 2))
+                    }
+                    WeightType::Q5_0 => {
+                        wq.iter_mut()
+                            .enumerate()
+                            .for_each(|(j, q)| *q = quant::q5_quant(wb, 6, j) as i32);
+                        (f16_at(wb, 0), -16.0 * f16_at(wb, 0))
+                    }
+                    WeightType::Q5_1 => {
+                        wq.iter_mut()
+                            .enumerate()
+                            .for_each(|(j, q)| *q = quant::q5_quant(wb, 8, j) as i32);
+                        (f16_at(wb, 0), f16_at(wb, 2))
+                    }
+                    _ => {
+                        wq.iter_mut()
+                            .zip(&wb[2..34])
+                            .for_each(|(q, &v)| *q = v as i8 as i32);
+                        (f16_at(wb, 0), 0.0)
+                    }
+                };
+                let i: i32 = wq
+                    .iter()
+                    .zip(&ab[4..36])
+                    .map(|(&w, &x)| w * x as i8 as i32)
+                    .sum();
+                let dx = f16_at(ab, 0);
+                sum += i as f32 * (d * dx) + c * (dx * i16_at(ab, 2) as f32);
+            }
+            sum
+        }
+        ActFormat::Q8K => {
+            let mut sum = 0.0f32;
+            for (wb, ab) in w
+                .chunks_exact(bb)
+                .zip(a.chunks_exact(Q8K_BYTES))
+                .take(cols / 256)
+            {
+                // The stored weight values as small integers (signed for
+                // Q3_K and Q6_K), then integer dots per scale group.
+                let mut wq = [0i32; 256];
+                for (i, q) in wq.iter_mut().enumerate() {
+                    *q = match ty {
+                        WeightType::Q2_K => quant::q2k_quant(wb, i) as i32,
+                        WeightType::Q3_K => quant::q3k_quant(wb, i) as i32,
+                        WeightType::Q4_K => quant::q4k_quant(wb, i) as i32,
+                        WeightType::Q5_K => quant::q5k_quant(wb, i) as i32,
+                        _ => quant::q6k_quant(wb, i) as i32,
+                    };
+                }
+                let xq = &ab[4..260];
+                let group = |g: usize, size: usize| -> i32 {
+                    let r = g * size..(g + 1) * size;
+                    wq[r.clone()]
+                        .iter()
+                        .zip(&xq[r])
+                        .map(|(&w, &x)| w * x as i8 as i32)
+                        .sum()
+                };
+                let bsum = |g: usize| i16_at(ab, 260 + 2 * g);
+                let (d, dmin, isum, imin): (f32, f32, i32, i32) = match ty {
+                    WeightType::Q2_K => {
+                        let isum = (0..16).map(|g| (wb[g] & 15) as i32 * group(g, 16)).sum();
+                        let imin = (0..16).map(|g| (wb[g] >> 4) as i32 * bsum(g)).sum();
+                        (f16_at(wb, 80), f16_at(wb, 82), isum, imin)
+                    }
+                    WeightType::Q3_K => {
+                        let sc = quant::q3k_scales(&wb[96..108]);
+                        let isum = (0..16).map(|g| sc[g] as i32 * group(g, 16)).sum();
+                        (f16_at(wb, 108), 0.0, isum, 0)
+                    }
+                    WeightType::Q4_K | WeightType::Q5_K => {
+                        let (sc, m) = quant::k4_scales(&wb[4..16]);
+                        let isum = (0..8).map(|s| sc[s] as i32 * group(s, 32)).sum();
+                        let imin = (0..8)
+                            .map(|s| m[s] as i32 * (bsum(2 * s) + bsum(2 * s + 1)))
+                            .sum();
+                        (f16_at(wb, 0), f16_at(wb, 2), isum, imin)
+                    }
+                    _ => {
+                        let isum = (0..16)
+                            .map(|g| wb[192 + g] as i8 as i32 * group(g, 16))
+                            .sum();
+                        (f16_at(wb, 208), 0.0, isum, 0)
+                    }
+                };
+                let dx = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
+                sum += isum as f32 * (d * dx) - imin as f32 * (dmin * dx);
+            }
+            sum
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::ops::f32_to_f16;
+
+    /// xorshift64*: deterministic test data without dependencies.
+    pub(crate) struct Rng(u64);
+
+    impl Rng {
+        pub(crate) fn new(seed: u64) -> Rng {
+            Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+        }
+
+        pub(crate) fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+
+        /// Uniform in [-1, 1).
+        pub(crate) fn unit(&mut self) -> f32 {
+            (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        }
+    }
+
+    /// Where a block's f16 scales sit (`ggml-common.h`).
+    fn scale_offsets(ty: WeightType) -> &'static [usize] {
+        match ty {
+            WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 => &[0],
+            WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q4_K | WeightType::Q5_K => &[0, 2],
+            WeightType::Q2_K => &[80, 82],
+            WeightType::Q3_K => &[108],
+            WeightType::Q6_K => &[208],
+            _ => &[],
+        }
+    }
+
+    /// `rows` rows of random blocks: random quant bytes, scales of either
+    /// sign around 1/64, float values in [-1, 1).
+    pub(crate) fn random_weights(
+        ty: WeightType,
+        rows: usize,
+        cols: usize,
+        rng: &mut Rng,
+    ) -> Vec<u8> {
+        let n = rows * cols / ty.block_elems();
+        let bb = ty.block_bytes();
+        let mut data: Vec<u8> = (0..n * bb).map(|_| rng.next() as u8).collect();
+        for block in data.chunks_exact_mut(bb) {
+            match ty {
+                WeightType::F32 => block.copy_from_slice(&rng.unit().to_le_bytes()),
+                WeightType::F16 => block.copy_from_slice(&f32_to_f16(rng.unit()).to_le_bytes()),
+                WeightType::BF16 => {
+                    block.copy_from_slice(&((rng.unit().to_bits() >> 16) as u16).to_le_bytes())
+                }
+                _ => {
+                    for &at in scale_offsets(ty) {
+                        let s = rng.unit() / 32.0;
+                        block[at..at + 2].copy_from_slice(&f32_to_f16(s).to_le_bytes());
+                    }
+                }
+            }
+        }
+        data
+    }
+
+    /// Activations in [-1, 1) with an occasional outlier, as real hidden
+    /// states have.
+    pub(crate) fn random_activations(n: usize, rng: &mut Rng) -> Vec<f32> {
+        (0..n)
+            .map(|i| rng.unit() * if i % 97 == 5 { 20.0 } else { 1.0 })
+            .collect()
+    }
+
+    /// The f32 product and its error bound. Activation quantization moves
+    /// each x_i by at most half a quant step, amax/254 of its block (plus,
+    /// for `Q8S`, the f16 rounding of the scale: 2^-11 relative), so
+    /// |error| <= sum |w_i| * that; float rounding of the sums adds a
+    /// relative 1e-5 of sum |w_i x_i|, which is returned too.
+    fn reference(
+        ty: WeightType,
+        w: &[u8],
+        rows: usize,
+        cols: usize,
+        x: &[f32],
+        n_tokens: usize,
+    ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+        let mut wf = vec![0.0f32; rows * cols];
+        quant::dequantize_row(ty, w, &mut wf);
+        let qblock = match ActFormat::of(ty) {
+            ActFormat::Q8S => 32,
+            ActFormat::Q8K => 256,
+            ActFormat::F32 => 0,
+        };
+        let f16_scale = if ActFormat::of(ty) == ActFormat::Q8S {
+            1.0 / 2048.0
+        } else {
+            0.0
+        };
+        let mut want = vec![0.0; n_tokens * rows];
+        let mut tol = vec![0.0; n_tokens * rows];
+        let mut mags = vec![0.0; n_tokens * rows];
+        for t in 0..n_tokens {
+            let xr = &x[t * cols..(t + 1) * cols];
+            let step: Vec<f32> = (0..cols)
+                .map(|i| {
+                    if qblock == 0 {
+                        return 0.0;
+                    }
+                    let b = i / qblock * qblock;
+                    let amax = xr[b..b + qblock].iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                    amax / 254.0 * (1.0 + f16_scale) + xr[i].abs() * f16_scale
+                })
+                .collect();
+            for r in 0..rows {
+                let wr = &wf[r * cols..(r + 1) * cols];
+                let exact: f64 = wr.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let mag: f32 = wr.iter().zip(xr).map(|(a, b)| (a * b).abs()).sum();
+                let quant: f32 = wr.iter().zip(&step).map(|(a, s)| a.abs() * s).sum();
+                want[t * rows + r] = exact as f32;
+                tol[t * rows + r] = quant + 1e-5 * mag + 1e-6;
+                mags[t * rows + r] = mag;
+            }
+        }
+        (want, tol, mags)
+    }
+
+    fn run(isa: Isa, pool: &Pool, w: &Weights, x: &[f32], n: usize) -> Vec<f32> {
+        let mut out = vec![f32::NAN; n * w.rows];
+        let mut q = vec![0u8; n * activation_row_bytes(w.ty, w.cols)];
+        matmul_with(isa, pool, w, x, n, &mut out, &mut q);
+        out
+    }
+
+    /// Every type and SIMD level against the f32 reference and against the
+    /// portable kernel, over shapes with ragged row and token tiles.
+    #[test]
+    fn matmul_matches_reference() {
+        let pools = [Pool::new(1), Pool::new(3)];
+        let mut rng = Rng::new(1);
+        for ty in WeightType::ALL {
+            for (rows, cols, n) in [(13, 512, 1), (9, 256, 6), (6, 768, 70)] {
+                let w = random_weights(ty, rows, cols, &mut rng);
+                let x = random_activations(n * cols, &mut rng);
+                let (want, tol, mag) = reference(ty, &w, rows, cols, &x, n);
+                let weights = Weights {
+                    ty,
+                    rows,
+                    cols,
+                    data: &w,
+                };
+                let portable = run(Isa::Portable, &pools[0], &weights, &x, n);
+                for i in 0..want.len() {
+                    assert!(
+                        (portable[i] - want[i]).abs() <= tol[i],
+                        "{} portable {rows}x{cols}x{n} [{i}]: {} vs {} (tol {})",
+                        ty.name(),
+                        portable[i],
+                        want[i],
+                        tol[i]
+                    );
+                }
+                for isa in Isa::available() {
+                    for pool in &pools {
+                        let got = run(isa, pool, &weights, &x, n);
+                        for i in 0..want.len() {
+                            // Same integer sums; only the order of float
+                            // additions differs, over terms up to a few
+                            // times sum |w_i x_i| (the offsets' products).
+                            let close = 4e-6 * mag[i] + 1e-6;
+                            assert!(
+                                (got[i] - portable[i]).abs() <= close,
+                                "{} {isa:?} x{} {rows}x{cols}x{n} [{i}]: {} vs portable {}",
+                                ty.name(),
+                                pool.n_threads(),
+                                got[i],
+                                portable[i]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn simd_quantizers_match_portable() {
+        let mut rng = Rng::new(2);
+        let mut x = random_activations(1024, &mut rng);
+        x[256..288].fill(0.0);
+        for isa in Isa::available() {
+            for format in [ActFormat::Q8S, ActFormat::Q8K] {
+                let n = activation_row_bytes(
+                    if format == ActFormat::Q8S {
+                        WeightType::Q4_0
+                    } else {
+                        WeightType::Q4_K
+                    },
+                    1024,
+                );
+                let mut a = vec![0u8; n];
+                let mut b = vec![0u8; n];
+                quantize_rows(Isa::Portable, format, &x, &mut a);
+                quantize_rows(isa, format, &x, &mut b);
+                assert_eq!(a, b, "{isa:?} {format:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn activation_bytes_fit_the_plan() {
+        for ty in WeightType::ALL {
+            for cols in [32usize, 256, 576, 1536, 2880, 4096, 14336] {
+                let plan = (cols.div_ceil(32) * 36).max(cols.div_ceil(256) * 292);
+                assert!(
+                    activation_row_bytes(ty, cols) <= plan,
+                    "{} {cols}",
+                    ty.name()
+                );
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "qbuf holds")]
+    fn short_qbuf_is_refused() {
+        let w = vec![0u8; 4 * 20];
+        let weights = Weights {
+            ty: WeightType::Q4_1,
+            rows: 2,
+            cols: 64,
+            data: &w,
+        };
+        matmul(
+            &Pool::new(1),
+            &weights,
+            &[0.0; 64],
+            1,
+            &mut [0.0; 2],
+            &mut [0u8; 10],
+        );
+    }
+}

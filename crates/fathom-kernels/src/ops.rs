@@ -1,0 +1,650 @@
+//! Element-wise and row ops of a transformer forward pass.
+//!
+//! Each public function picks the SIMD path detected at start-up; the
+//! `*_with` twins take the path explicitly so tests can hold every SIMD
+//! path against the portable one.
+
+use crate::isa::Isa;
+#[cfg(target_arch = "x86_64")]
+use crate::x86::ops as simd;
+
+/// Runs `$simd` when `$isa` is a SIMD level, `$portable` otherwise.
+macro_rules! dispatch {
+    ($isa:expr, $simd:expr, $portable:expr) => {{
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = $isa;
+        #[cfg(target_arch = "x86_64")]
+        if $isa != Isa::Portable {
+            // SAFETY: an `Isa` above `Portable` exists only when
+            // `Isa::detected` found AVX2, FMA and F16C on this CPU, which
+            // is all the x86 ops need.
+            #[allow(unused_unsafe)]
+            return unsafe { $simd };
+        }
+        $portable
+    }};
+}
+
+/// Root-mean-square normalization of one row, then an element-wise scale
+/// by `weight` as stored (Gemma's `1 + w` is the caller's to apply).
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    rms_norm_with(Isa::detected(), x, weight, eps, out)
+}
+
+pub(crate) fn rms_norm_with(isa: Isa, x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    assert!(
+        weight.len() == x.len() && out.len() == x.len(),
+        "rms_norm: x, weight and out differ in length"
+    );
+    dispatch!(isa, simd::rms_norm(x, weight, eps, out), {
+        let ss: f32 = x.iter().map(|v| v * v).sum();
+        let inv = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+        for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+            *o = v * inv * w;
+        }
+    })
+}
+
+/// Rotary position embedding of `n_heads` heads of `head_dim` values at
+/// position `pos`. `neox` rotates pairs (i, i + d/2) as GPT-NeoX does;
+/// otherwise adjacent pairs (2i, 2i + 1) as the original LLaMA code.
+/// `freq_factors` (llama3's `rope_freqs`) divides pair i's frequency.
+///
+/// The angles are computed in f64 once per call and shared by all heads:
+/// at positions in the tens of thousands an f32 angle loses whole
+/// hundredths of a radian, and sin/cos would otherwise dominate the op.
+pub fn rope(
+    x: &mut [f32],
+    n_heads: usize,
+    head_dim: usize,
+    pos: usize,
+    theta: f32,
+    neox: bool,
+    freq_factors: Option<&[f32]>,
+) {
+    assert!(
+        head_dim.is_multiple_of(2),
+        "rope: head_dim {head_dim} is odd"
+    );
+    assert!(
+        x.len() >= n_heads * head_dim,
+        "rope: {} values hold fewer than {n_heads} heads of {head_dim}",
+        x.len()
+    );
+    let half = head_dim / 2;
+    if let Some(f) = freq_factors {
+        assert!(
+            f.len() >= half,
+            "rope: {} frequency factors for {half} pairs",
+            f.len()
+        );
+    }
+    // theta^(-2i/d) by repeated multiplication: exact enough in f64 over a
+    // head's few dozen pairs, and one powf per call instead of per pair.
+    let step = (theta as f64).powf(-2.0 / head_dim as f64);
+    let mut base = 1.0f64;
+    for i in 0..half {
+        let freq = match freq_factors {
+            Some(f) => base / f[i] as f64,
+            None => base,
+        };
+        base *= step;
+        let (sin, cos) = (pos as f64 * freq).sin_cos();
+        let (sin, cos) = (sin as f32, cos as f32);
+        for head in x[..n_heads * head_dim].chunks_exact_mut(head_dim) {
+            let (a, b) = if neox {
+                (i, i + half)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos - x1 * sin;
+            head[b] = x0 * sin + x1 * cos;
+        }
+    }
+}
+
+/// In-place softmax. An empty row is left alone.
+pub fn softmax(x: &mut [f32]) {
+    softmax_with(Isa::detected(), x)
+}
+
+pub(crate) fn softmax_with(isa: Isa, x: &mut [f32]) {
+    if x.is_empty() {
+        return;
+    }
+    dispatch!(isa, simd::softmax(x), {
+        let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let mut sum = 0.0;
+        for v in x.iter_mut() {
+            *v = (*v - max).exp();
+            sum += *v;
+        }
+        let inv = 1.0 / sum;
+        for v in x.iter_mut() {
+            *v *= inv;
+        }
+    })
+}
+
+/// SwiGLU: `gate = silu(gate) * up`.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    silu_mul_with(Isa::detected(), gate, up)
+}
+
+pub(crate) fn silu_mul_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
+    assert_eq!(
+        gate.len(),
+        up.len(),
+        "silu_mul: gate and up differ in length"
+    );
+    dispatch!(isa, simd::silu_mul(gate, up), {
+        for (g, &u) in gate.iter_mut().zip(up) {
+            *g = *g / (1.0 + (-*g).exp()) * u;
+        }
+    })
+}
+
+/// GeGLU with the tanh approximation of GELU, as Gemma uses:
+/// `gate = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * up`.
+pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+    gelu_tanh_mul_with(Isa::detected(), gate, up)
+}
+
+pub(crate) const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+pub(crate) const GELU_COEF: f32 = 0.044_715;
+
+pub(crate) fn gelu_tanh_mul_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
+    assert_eq!(
+        gate.len(),
+        up.len(),
+        "gelu_tanh_mul: gate and up differ in length"
+    );
+    dispatch!(isa, simd::gelu_tanh_mul(gate, up), {
+        // 0.5 g (1 + tanh(a)) = g / (1 + e^(-2a)), which does not cancel
+        // to nothing for negative g.
+        for (g, &u) in gate.iter_mut().zip(up) {
+            let v = *g;
+            let a = SQRT_2_OVER_PI * v * (1.0 + GELU_COEF * v * v);
+            *g = v / (1.0 + (-2.0 * a).exp()) * u;
+        }
+    })
+}
+
+/// `dst += src`.
+pub fn add(dst: &mut [f32], src: &[f32]) {
+    add_with(Isa::detected(), dst, src)
+}
+
+pub(crate) fn add_with(isa: Isa, dst: &mut [f32], src: &[f32]) {
+    assert_eq!(dst.len(), src.len(), "add: dst and src differ in length");
+    dispatch!(isa, simd::add(dst, src), {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d += s;
+        }
+    })
+}
+
+/// `x *= s`.
+pub fn scale(x: &mut [f32], s: f32) {
+    scale_with(Isa::detected(), x, s)
+}
+
+pub(crate) fn scale_with(isa: Isa, x: &mut [f32], s: f32) {
+    dispatch!(isa, simd::scale(x, s), {
+        for v in x.iter_mut() {
+            *v *= s;
+        }
+    })
+}
+
+/// Inner product, for attention scores.
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    dot_f32_with(Isa::detected(), a, b)
+}
+
+pub(crate) fn dot_f32_with(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "dot_f32: a and b differ in length");
+    dispatch!(
+        isa,
+        simd::dot_f32(a, b),
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    )
+}
+
+/// `y += a * x`, for attention's weighted sum of values.
+pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
+    axpy_with(Isa::detected(), y, a, x)
+}
+
+pub(crate) fn axpy_with(isa: Isa, y: &mut [f32], a: f32, x: &[f32]) {
+    assert_eq!(y.len(), x.len(), "axpy: y and x differ in length");
+    dispatch!(isa, simd::axpy(y, a, x), {
+        for (d, &s) in y.iter_mut().zip(x) {
+            *d += a * s;
+        }
+    })
+}
+
+/// Index of the first largest value, NaNs ignored; 0 for an empty or
+/// all-NaN row.
+pub fn argmax(x: &[f32]) -> usize {
+    argmax_with(Isa::detected(), x)
+}
+
+pub(crate) fn argmax_with(isa: Isa, x: &[f32]) -> usize {
+    dispatch!(isa, simd::argmax(x), {
+        let mut best: Option<(usize, f32)> = None;
+        for (i, &v) in x.iter().enumerate() {
+            if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
+                best = Some((i, v));
+            }
+        }
+        best.map_or(0, |(i, _)| i)
+    })
+}
+
+/// IEEE binary16 to f32, exact (subnormals, infinities and NaN payloads
+/// included).
+#[inline]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h & 0x8000) as u32) << 16;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    let bits = match exp {
+        0 if man == 0 => sign,
+        // Subnormal: man * 2^-24, exact in f32.
+        0 => sign | (man as f32 * (1.0 / 16_777_216.0)).to_bits(),
+        31 => sign | 0x7f80_0000 | (man << 13),
+        _ => sign | ((exp + 112) << 23) | (man << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// f32 to IEEE binary16, round to nearest even, as F16C's `vcvtps2ph`
+/// does (NaNs keep their sign and top payload bits and become quiet).
+#[inline]
+pub fn f32_to_f16(x: f32) -> u16 {
+    let bits = x.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exp = ((bits >> 23) & 0xff) as i32;
+    let man = bits & 0x7f_ffff;
+    if exp == 0xff {
+        let nan = if man != 0 {
+            0x200 | (man >> 13) as u16
+        } else {
+            0
+        };
+        return sign | 0x7c00 | nan;
+    }
+    let e = exp - 112;
+    if e >= 31 {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        let full = man | 0x80_0000;
+        let shift = (14 - e) as u32;
+        let half = 1u32 << (shift - 1);
+        let rem = full & ((1u32 << shift) - 1);
+        let mut m = full >> shift;
+        if rem > half || (rem == half && m & 1 == 1) {
+            m += 1;
+        }
+        return sign | m as u16;
+    }
+    // A carry out of the mantissa correctly bumps the exponent, up to
+    // infinity.
+    let mut h = ((e as u32) << 10) | (man >> 13);
+    let rem = man & 0x1fff;
+    if rem > 0x1000 || (rem == 0x1000 && h & 1 == 1) {
+        h += 1;
+    }
+    sign | h as u16
+}
+
+/// bfloat16 to f32 (exact: bf16 is the top half of an f32).
+#[inline]
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// Stores a row as f16, for the KV cache.
+pub fn f32_to_f16_row(src: &[f32], dst: &mut [u16]) {
+    f32_to_f16_row_with(Isa::detected(), src, dst)
+}
+
+pub(crate) fn f32_to_f16_row_with(isa: Isa, src: &[f32], dst: &mut [u16]) {
+    assert_eq!(
+        src.len(),
+        dst.len(),
+        "f32_to_f16_row: src and dst differ in length"
+    );
+    dispatch!(isa, simd::f32_to_f16_row(src, dst), {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = f32_to_f16(s);
+        }
+    })
+}
+
+/// Loads an f16 row, for the KV cache.
+pub fn f16_to_f32_row(src: &[u16], dst: &mut [f32]) {
+    f16_to_f32_row_with(Isa::detected(), src, dst)
+}
+
+pub(crate) fn f16_to_f32_row_with(isa: Isa, src: &[u16], dst: &mut [f32]) {
+    assert_eq!(
+        src.len(),
+        dst.len(),
+        "f16_to_f32_row: src and dst differ in length"
+    );
+    dispatch!(isa, simd::f16_to_f32_row(src, dst), {
+        for (d, &s) in dst.iter_mut().zip(src) {
+            *d = f16_to_f32(s);
+        }
+    })
+}
+
+/// Quantizes a row to ggml's `block_q8_0` (f16 scale and 32 i8 per block),
+/// for a q8_0 KV cache. `src.len()` must be a multiple of 32 and `dst` must
+/// hold `src.len() / 32 * 34` bytes.
+pub fn quantize_q8_0_row(src: &[f32], dst: &mut [u8]) {
+    quantize_q8_0_row_with(Isa::detected(), src, dst)
+}
+
+fn check_q8_0(values: usize, bytes: usize) {
+    assert!(
+        values.is_multiple_of(32),
+        "q8_0 rows hold whole blocks of 32 values, not {values}"
+    );
+    assert!(
+        bytes >= values / 32 * 34,
+        "{values} q8_0 values need {} bytes, got {bytes}",
+        values / 32 * 34
+    );
+}
+
+pub(crate) fn quantize_q8_0_row_with(isa: Isa, src: &[f32], dst: &mut [u8]) {
+    check_q8_0(src.len(), dst.len());
+    dispatch!(isa, simd::quantize_q8_0_row(src, dst), {
+        for (x, out) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
+            let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let (d, id) = crate::quant::q8_scale(amax);
+            out[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());
+            for (o, &v) in out[2..].iter_mut().zip(x) {
+                *o = (v * id).round_ties_even() as i8 as u8;
+            }
+        }
+    })
+}
+
+/// Inverse of [`quantize_q8_0_row`].
+pub fn dequantize_q8_0_row(src: &[u8], dst: &mut [f32]) {
+    dequantize_q8_0_row_with(Isa::detected(), src, dst)
+}
+
+pub(crate) fn dequantize_q8_0_row_with(isa: Isa, src: &[u8], dst: &mut [f32]) {
+    check_q8_0(dst.len(), src.len());
+    dispatch!(
+        isa,
+        simd::dequantize_q8_0_row(src, dst),
+        crate::quant::dequantize_row(crate::WeightType::Q8_0, src, dst)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s >> 8) as f32 / (1u32 << 24) as f32 * 8.0 - 4.0
+            })
+            .collect()
+    }
+
+    /// Equal within `rel` of `scale[i]` (the size of the op's inputs, so
+    /// a result that cancels to near zero is not held to a relative bound
+    /// its inputs could not meet).
+    fn close(what: &str, a: &[f32], b: &[f32], scale: &[f32], rel: f32) {
+        assert_eq!(a.len(), b.len());
+        for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+            let s = scale[i].abs().max(x.abs()).max(1e-3);
+            assert!((x - y).abs() <= rel * s, "{what} at {i}: {x} vs {y}");
+        }
+    }
+
+    /// Odd lengths exercise every SIMD loop's tail.
+    const LENS: [usize; 6] = [0, 1, 7, 33, 64, 1000];
+
+    #[test]
+    fn simd_matches_portable() {
+        for isa in Isa::available() {
+            for n in LENS {
+                let x = data(n, 1);
+                let y = data(n, 2);
+                let w = data(n, 3);
+
+                let mut a = vec![0.0; n];
+                let mut b = vec![0.0; n];
+                rms_norm_with(Isa::Portable, &x, &w, 1e-5, &mut a);
+                rms_norm_with(isa, &x, &w, 1e-5, &mut b);
+                close("rms_norm", &a, &b, &a, 1e-5);
+
+                let (mut a, mut b) = (x.clone(), x.clone());
+                softmax_with(Isa::Portable, &mut a);
+                softmax_with(isa, &mut b);
+                close("softmax", &a, &b, &a, 1e-5);
+
+                let (mut a, mut b) = (x.clone(), x.clone());
+                silu_mul_with(Isa::Portable, &mut a, &y);
+                silu_mul_with(isa, &mut b, &y);
+                close("silu_mul", &a, &b, &a, 1e-5);
+
+                let (mut a, mut b) = (x.clone(), x.clone());
+                gelu_tanh_mul_with(Isa::Portable, &mut a, &y);
+                gelu_tanh_mul_with(isa, &mut b, &y);
+                close("gelu_tanh_mul", &a, &b, &a, 1e-5);
+
+                let (mut a, mut b) = (x.clone(), x.clone());
+                add_with(Isa::Portable, &mut a, &y);
+                add_with(isa, &mut b, &y);
+                assert_eq!(a, b);
+
+                let (mut a, mut b) = (x.clone(), x.clone());
+                scale_with(Isa::Portable, &mut a, 0.3);
+                scale_with(isa, &mut b, 0.3);
+                assert_eq!(a, b);
+
+                let (mut a, mut b) = (x.clone(), x.clone());
+                axpy_with(Isa::Portable, &mut a, -0.7, &y);
+                axpy_with(isa, &mut b, -0.7, &y);
+                let mag: Vec<f32> = x
+                    .iter()
+                    .zip(&y)
+                    .map(|(u, v)| u.abs() + 0.7 * v.abs())
+                    .collect();
+                close("axpy", &a, &b, &mag, 1e-6);
+
+                let p = dot_f32_with(Isa::Portable, &x, &y);
+                let s = dot_f32_with(isa, &x, &y);
+                let mag: f32 = x.iter().zip(&y).map(|(a, b)| (a * b).abs()).sum();
+                assert!((p - s).abs() <= 1e-5 * mag, "dot {p} vs {s}");
+
+                assert_eq!(argmax_with(Isa::Portable, &x), argmax_with(isa, &x));
+            }
+        }
+    }
+
+    #[test]
+    fn activations_at_extremes() {
+        let x = [-1e4f32, -100.0, -87.5, -20.0, 0.0, 20.0, 87.0, 100.0, 1e4];
+        for isa in Isa::available() {
+            let mut g = x.to_vec();
+            silu_mul_with(isa, &mut g, &[1.0; 9]);
+            for (&v, &s) in x.iter().zip(&g) {
+                let want = if v < -50.0 {
+                    0.0
+                } else {
+                    v / (1.0 + (-v).exp())
+                };
+                assert!(
+                    (s - want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "{isa:?} silu({v}) = {s}"
+                );
+            }
+            let mut g = x.to_vec();
+            gelu_tanh_mul_with(isa, &mut g, &[1.0; 9]);
+            for (&v, &s) in x.iter().zip(&g).filter(|(v, _)| v.abs() > 10.0) {
+                let want = v.max(0.0);
+                assert!(
+                    (s - want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "{isa:?} gelu({v}) = {s}"
+                );
+            }
+            let y = [0.5f32, -0.5, 3.0, -3.0];
+            let mut g = y.to_vec();
+            gelu_tanh_mul_with(isa, &mut g, &[1.0; 4]);
+            for (&v, &s) in y.iter().zip(&g) {
+                let want = 0.5 * v * (1.0 + (SQRT_2_OVER_PI * (v + GELU_COEF * v * v * v)).tanh());
+                assert!(
+                    (s - want).abs() <= 1e-6,
+                    "{isa:?} gelu({v}) = {s}, want {want}"
+                );
+            }
+            let mut p = [f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY, 0.0];
+            softmax_with(isa, &mut p);
+            assert_eq!(p, [0.0, 0.5, 0.0, 0.5], "{isa:?}");
+        }
+    }
+
+    #[test]
+    fn argmax_ties_nan_and_empty() {
+        for isa in Isa::available() {
+            assert_eq!(argmax_with(isa, &[]), 0);
+            assert_eq!(argmax_with(isa, &[f32::NAN; 20]), 0);
+            let mut x = vec![1.0f32; 100];
+            x[37] = 5.0;
+            x[90] = 5.0;
+            x[3] = f32::NAN;
+            assert_eq!(argmax_with(isa, &x), 37, "{isa:?}");
+            x[99] = f32::INFINITY;
+            assert_eq!(argmax_with(isa, &x), 99, "{isa:?}");
+        }
+    }
+
+    #[test]
+    fn f16_known_values() {
+        let cases: [(f32, u16); 9] = [
+            (1.0, 0x3c00),
+            (-2.0, 0xc000),
+            (0.1, 0x2e66),
+            (65504.0, 0x7bff),
+            (1e6, 0x7c00),
+            (6.103_515_6e-5, 0x0400),
+            (1e-7, 0x0002),
+            (1e-9, 0x0000),
+            (f32::NEG_INFINITY, 0xfc00),
+        ];
+        for (x, h) in cases {
+            assert_eq!(f32_to_f16(x), h, "{x}");
+        }
+        assert_eq!(f16_to_f32(0x3c00), 1.0);
+        assert_eq!(f16_to_f32(0x0001), 5.960_464_5e-8);
+        assert_eq!(f16_to_f32(0x8400), -6.103_515_6e-5);
+        assert_eq!(f16_to_f32(0x7c00), f32::INFINITY);
+        assert!(f16_to_f32(0x7e00).is_nan());
+        assert_eq!(bf16_to_f32(0x3fc0), 1.5);
+        // Every finite f16 survives a round trip.
+        for h in 0..=u16::MAX {
+            if h & 0x7c00 != 0x7c00 {
+                assert_eq!(f32_to_f16(f16_to_f32(h)), h);
+            }
+        }
+    }
+
+    #[test]
+    fn f16_rows_match_portable() {
+        let mut x = data(1003, 9);
+        x[5] = 1e-6;
+        x[6] = 70000.0;
+        x[7] = -3e-8;
+        x[8] = 0.0009765625 * 1.5;
+        let halves: Vec<u16> = (0..=u16::MAX).filter(|h| h & 0x7c00 != 0x7c00).collect();
+        for isa in Isa::available() {
+            let mut a = vec![0u16; x.len()];
+            let mut b = vec![0u16; x.len()];
+            f32_to_f16_row_with(Isa::Portable, &x, &mut a);
+            f32_to_f16_row_with(isa, &x, &mut b);
+            assert_eq!(a, b, "{isa:?}");
+            let mut a = vec![0.0; halves.len()];
+            let mut b = vec![0.0; halves.len()];
+            f16_to_f32_row_with(Isa::Portable, &halves, &mut a);
+            f16_to_f32_row_with(isa, &halves, &mut b);
+            assert_eq!(a, b, "{isa:?}");
+        }
+    }
+
+    #[test]
+    fn q8_0_rows() {
+        let mut x = data(32 * 9, 4);
+        x[32..64].fill(0.0);
+        for isa in Isa::available() {
+            let mut a = vec![0u8; 9 * 34];
+            let mut b = vec![0u8; 9 * 34];
+            quantize_q8_0_row_with(Isa::Portable, &x, &mut a);
+            quantize_q8_0_row_with(isa, &x, &mut b);
+            assert_eq!(a, b, "{isa:?}");
+            let mut y = vec![0.0; x.len()];
+            let mut z = vec![0.0; x.len()];
+            dequantize_q8_0_row_with(Isa::Portable, &a, &mut y);
+            dequantize_q8_0_row_with(isa, &a, &mut z);
+            assert_eq!(y, z, "{isa:?}");
+            for (xs, ys) in x.chunks(32).zip(y.chunks(32)) {
+                let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                for (&u, &v) in xs.iter().zip(ys) {
+                    // Half a quant step, plus the f16 rounding of the scale.
+                    assert!((u - v).abs() <= amax / 254.0 + u.abs() / 2048.0);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rope_rotates_pairs() {
+        // Position 0 is the identity; norms of each rotated pair survive.
+        let x = data(2 * 8, 5);
+        for neox in [false, true] {
+            let mut y = x.clone();
+            rope(&mut y, 2, 8, 0, 10000.0, neox, None);
+            assert_eq!(x, y);
+            rope(&mut y, 2, 8, 7, 10000.0, neox, Some(&[1.0, 2.0, 4.0, 8.0]));
+            for h in 0..2 {
+                for i in 0..4 {
+                    let (a, b) = if neox { (i, i + 4) } else { (2 * i, 2 * i + 1) };
+                    let n0 = x[8 * h + a].hypot(x[8 * h + b]);
+                    let n1 = y[8 * h + a].hypot(y[8 * h + b]);
+                    assert!((n0 - n1).abs() < 1e-5);
+                }
+            }
+            // Pair 0 turns by exactly pos radians.
+            let (a, b) = if neox { (0, 4) } else { (0, 1) };
+            let want = (x[b].atan2(x[a]) + 7.0).sin_cos();
+            let n = x[a].hypot(x[b]);
+            assert!((y[a] - n * want.1).abs() < 1e-5 && (y[b] - n * want.0).abs() < 1e-5);
+            // Pair 1's frequency 10000^(-2/8) is halved by its factor.
+            let (a, b) = if neox { (1, 5) } else { (2, 3) };
+            let ang = 7.0 * 10000f32.powf(-0.25) / 2.0;
+            let want = (x[b].atan2(x[a]) + ang).sin_cos();
+            let n = x[a].hypot(x[b]);
+            assert!((y[a] - n * want.1).abs() < 1e-5 && (y[b] - n * want.0).abs() < 1e-5);
+        }
+    }
+}

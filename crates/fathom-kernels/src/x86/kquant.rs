@@ -1,0 +1,373 @@
+//! Tiles for the k-quants against `Q8_K` activations.
+//!
+//! Within a 256-value super-block every sub-block scale is a small integer,
+//! so the whole super-block's dot is one exact integer sum: `vpmaddubsw`
+//! multiplies unsigned weight quants by activation quants into i16 pairs,
+//! and `vpmaddwd` (AVX2) or `vpdpwssds` (VNNI) weights those by the
+//! sub-block scale into i32.
+//! Floats enter once per super-block: `d d_x` times that sum, minus
+//! `dmin d_x` times the mins dotted with the activations' 16-value sums
+//! (or, for Q3_K and Q6_K, with their offsets folded into the integer
+//! sum the same way).
+
+// Tiles index several arrays by the same row, token or block index;
+// iterator chains would hide that the indices line up.
+#![allow(clippy::needless_range_loop)]
+
+use super::{f16x2, hsum, prefetch_distance, prefetch_l2, Dot};
+use crate::matmul::Tile;
+use crate::quant::Q8K_BYTES;
+use std::arch::x86_64::*;
+use std::marker::PhantomData;
+
+/// Q4_K and Q5_K (`FIVE`): the same scales, mins and nibble order, Q5_K
+/// adding a fifth bit per value from `qh`.
+pub(crate) struct K45<D, const FIVE: bool>(PhantomData<D>);
+
+/// The 8 six-bit scales and 8 mins of a Q4_K/Q5_K block's 12 scale bytes,
+/// one per byte, as in `quant::k4_scales`.
+#[inline(always)]
+unsafe fn k4_scales(s: *const u8) -> (u64, u64) {
+    let w0 = (s as *const u32).read_unaligned() as u64;
+    let w1 = (s.add(4) as *const u32).read_unaligned() as u64;
+    let w2 = (s.add(8) as *const u32).read_unaligned() as u64;
+    let sc = (w0 & 0x3f3f_3f3f) | (((w2 & 0x0f0f_0f0f) | ((w0 >> 2) & 0x3030_3030)) << 32);
+    let m = (w1 & 0x3f3f_3f3f) | ((((w2 >> 4) & 0x0f0f_0f0f) | ((w1 >> 2) & 0x3030_3030)) << 32);
+    (sc, m)
+}
+
+/// Activation scale and 16-value sums of `T` tokens' super-block `b`.
+#[inline(always)]
+unsafe fn act_header<const T: usize>(
+    a: *const u8,
+    a_stride: usize,
+    b: usize,
+) -> ([f32; T], [__m256i; T]) {
+    let mut dx = [0.0f32; T];
+    let mut bsums = [_mm256_setzero_si256(); T];
+    for t in 0..T {
+        let p = a.add(t * a_stride + b * Q8K_BYTES);
+        dx[t] = (p as *const f32).read_unaligned();
+        bsums[t] = _mm256_loadu_si256(p.add(260) as *const __m256i);
+    }
+    (dx, bsums)
+}
+
+/// Activation quants `at..at + 32` of `T` tokens' super-block `b`.
+#[inline(always)]
+unsafe fn act_quants<const T: usize>(
+    a: *const u8,
+    a_stride: usize,
+    b: usize,
+    at: usize,
+) -> [__m256i; T] {
+    let mut x = [_mm256_setzero_si256(); T];
+    for (t, v) in x.iter_mut().enumerate() {
+        *v = _mm256_loadu_si256(a.add(t * a_stride + b * Q8K_BYTES + 4 + at) as *const __m256i);
+    }
+    x
+}
+
+/// Eight-lane float accumulators to `out[t][r]`.
+#[inline(always)]
+unsafe fn finish<const R: usize, const T: usize>(acc: &[[__m256; T]; R]) -> [[f32; R]; T] {
+    let mut out = [[0.0f32; R]; T];
+    for (r, row) in acc.iter().enumerate() {
+        for (t, v) in row.iter().enumerate() {
+            out[t][r] = hsum(*v);
+        }
+    }
+    out
+}
+
+/// `vpshufb` masks; mask i copies i16 lane i of each 128-bit lane to all
+/// of that lane's i16s.
+///
+/// Tiles take these through `black_box`: seeing constants, LLVM turns each
+/// shuffle into `vpshufd` + `vpbroadcastw`, twice the work of one
+/// `vpshufb` with its mask read from the stack.
+#[inline(always)]
+unsafe fn splat16_masks() -> [__m256i; 8] {
+    let mut m = [_mm256_setzero_si256(); 8];
+    for (i, v) in m.iter_mut().enumerate() {
+        *v = _mm256_set1_epi16((2 * i as i16) | ((2 * i as i16 + 1) << 8));
+    }
+    std::hint::black_box(m)
+}
+
+impl<D: Dot, const FIVE: bool> Tile for K45<D, FIVE> {
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const T: usize>(
+        w: *const u8,
+        w_stride: usize,
+        a: *const u8,
+        a_stride: usize,
+        cols: usize,
+    ) -> [[f32; R]; T] {
+        let bytes = if FIVE { 176 } else { 144 };
+        let qs_at = if FIVE { 48 } else { 16 };
+        let low4 = _mm256_set1_epi8(0x0f);
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        let ahead = prefetch_distance(R, w_stride);
+        let splat = splat16_masks();
+        for b in 0..cols / 256 {
+            let (dx, bsums) = act_header::<T>(a, a_stride, b);
+            let mut scales = [_mm256_setzero_si256(); R];
+            let mut d = [0.0f32; R];
+            let mut isum = [[_mm256_setzero_si256(); T]; R];
+            for r in 0..R {
+                let p = w.add(r * w_stride + b * bytes);
+                if T == 1 {
+                    for line in (0..bytes).step_by(64) {
+                        prefetch_l2(p.wrapping_add(ahead + line));
+                    }
+                }
+                let (sc, m) = k4_scales(p.add(4));
+                // The eight scales as i16, in both 128-bit lanes.
+                scales[r] =
+                    _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(sc as i64)));
+                // Mins weight the sums of their sub-block's two 16-value
+                // groups: [m0, m0, m1, m1, ...] as i16 against the sums.
+                let m8 = _mm_cvtsi64_si128(m as i64);
+                let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
+                let (dr, dmin) = f16x2(p);
+                d[r] = dr;
+                for t in 0..T {
+                    let mi = _mm256_cvtepi32_ps(_mm256_madd_epi16(bsums[t], mins));
+                    acc[r][t] = _mm256_fmadd_ps(mi, _mm256_set1_ps(-dmin * dx[t]), acc[r][t]);
+                }
+            }
+            for c in 0..4 {
+                let xlo = act_quants::<T>(a, a_stride, b, 64 * c);
+                let xhi = act_quants::<T>(a, a_stride, b, 64 * c + 32);
+                for r in 0..R {
+                    let p = w.add(r * w_stride + b * bytes);
+                    let q = _mm256_loadu_si256(p.add(qs_at + 32 * c) as *const __m256i);
+                    let mut lo = _mm256_and_si256(q, low4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low4);
+                    if FIVE {
+                        let qh = _mm256_loadu_si256(p.add(16) as *const __m256i);
+                        let one = _mm256_set1_epi8(1);
+                        let hb_lo = _mm256_and_si256(
+                            _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32)),
+                            one,
+                        );
+                        let hb_hi = _mm256_and_si256(
+                            _mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c as i32 + 1)),
+                            one,
+                        );
+                        lo = _mm256_or_si256(lo, _mm256_slli_epi16(hb_lo, 4));
+                        hi = _mm256_or_si256(hi, _mm256_slli_epi16(hb_hi, 4));
+                    }
+                    let s_lo = _mm256_shuffle_epi8(scales[r], splat[2 * c]);
+                    let s_hi = _mm256_shuffle_epi8(scales[r], splat[2 * c + 1]);
+                    for t in 0..T {
+                        isum[r][t] =
+                            D::madd_acc(isum[r][t], _mm256_maddubs_epi16(lo, xlo[t]), s_lo);
+                        isum[r][t] =
+                            D::madd_acc(isum[r][t], _mm256_maddubs_epi16(hi, xhi[t]), s_hi);
+                    }
+                }
+            }
+            for r in 0..R {
+                for t in 0..T {
+                    let i = _mm256_cvtepi32_ps(isum[r][t]);
+                    acc[r][t] = _mm256_fmadd_ps(i, _mm256_set1_ps(d[r] * dx[t]), acc[r][t]);
+                }
+            }
+        }
+        finish(&acc)
+    }
+}
+
+/// `vpshufb` masks; mask j copies i16 lane 2j of the low 128-bit lane,
+/// and lane 2j + 1 of the high one, to all i16s of their lane. Through
+/// `black_box` as [`splat16_masks`].
+#[inline(always)]
+unsafe fn q6_split_masks() -> [__m256i; 4] {
+    let lane = |k: usize| (2 * k as i16) | ((2 * k as i16 + 1) << 8);
+    let mut m = [_mm256_setzero_si256(); 4];
+    for (j, v) in m.iter_mut().enumerate() {
+        *v = _mm256_setr_m128i(_mm_set1_epi16(lane(2 * j)), _mm_set1_epi16(lane(2 * j + 1)));
+    }
+    std::hint::black_box(m)
+}
+
+/// What a [`K16`] tile needs of a block whose scales cover 16 values
+/// (Q2_K, Q3_K, Q6_K). Quants are unsigned; an offset or min brings them
+/// back to the stored values.
+pub(crate) trait Group16 {
+    const BYTES: usize;
+    /// Quants are stored plus this (Q3_K 4, Q6_K 32, Q2_K 0), as a shift.
+    const OFFSET_SHIFT: Option<i32>;
+    /// d, dmin (Q2_K only), the 16 scales and the 16 mins (Q2_K only) as
+    /// i16.
+    unsafe fn header(p: *const u8) -> (f32, f32, __m256i, __m256i);
+    /// The 32 unsigned quants of values `128n + 32j..+32`.
+    unsafe fn quants(p: *const u8, n: usize, j: usize) -> __m256i;
+}
+
+pub(crate) struct Q2K;
+pub(crate) struct Q3K;
+pub(crate) struct Q6K;
+
+/// `v >> count` per 16-bit lane; `count` is a constant once tiles unroll.
+#[inline(always)]
+unsafe fn srl16(v: __m256i, count: usize) -> __m256i {
+    _mm256_srl_epi16(v, _mm_cvtsi32_si128(count as i32))
+}
+
+impl Group16 for Q2K {
+    const BYTES: usize = 84;
+    const OFFSET_SHIFT: Option<i32> = None;
+    #[inline(always)]
+    unsafe fn header(p: *const u8) -> (f32, f32, __m256i, __m256i) {
+        let (d, dmin) = f16x2(p.add(80));
+        let v = _mm_loadu_si128(p as *const __m128i);
+        let low4 = _mm_set1_epi8(0x0f);
+        let sc = _mm256_cvtepu8_epi16(_mm_and_si128(v, low4));
+        let m = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(v, 4), low4));
+        (d, dmin, sc, m)
+    }
+    #[inline(always)]
+    unsafe fn quants(p: *const u8, n: usize, j: usize) -> __m256i {
+        let q = _mm256_loadu_si256(p.add(16 + 32 * n) as *const __m256i);
+        _mm256_and_si256(srl16(q, 2 * j), _mm256_set1_epi8(3))
+    }
+}
+
+impl Group16 for Q3K {
+    const BYTES: usize = 110;
+    const OFFSET_SHIFT: Option<i32> = Some(2);
+    #[inline(always)]
+    unsafe fn header(p: *const u8) -> (f32, f32, __m256i, __m256i) {
+        // Six-bit scales: low nibbles in bytes 0..8 (groups i and i + 8),
+        // high pairs in bytes 8..12 (group i at bits 2(i / 4) of byte
+        // 8 + i % 4), as `quant::q3k_scales`.
+        let s = p.add(96);
+        let a0 = (s as *const u32).read_unaligned();
+        let a1 = (s.add(4) as *const u32).read_unaligned();
+        let h = (s.add(8) as *const u32).read_unaligned();
+        let (nib, two) = (0x0f0f_0f0fu32, 0x0303_0303u32);
+        let g = |low: u32, shift: u32| low | (((h >> shift) & two) << 4);
+        let lo = (g(a0 & nib, 0) as u64) | ((g(a1 & nib, 2) as u64) << 32);
+        let hi = (g((a0 >> 4) & nib, 4) as u64) | ((g((a1 >> 4) & nib, 6) as u64) << 32);
+        let sc = _mm256_cvtepu8_epi16(_mm_set_epi64x(hi as i64, lo as i64));
+        let sc = _mm256_sub_epi16(sc, _mm256_set1_epi16(32));
+        (f16x2(p.add(106)).1, 0.0, sc, _mm256_setzero_si256())
+    }
+    #[inline(always)]
+    unsafe fn quants(p: *const u8, n: usize, j: usize) -> __m256i {
+        // Two low bits, plus 4 where the hmask bit is set: the stored
+        // value plus 4.
+        let q = _mm256_loadu_si256(p.add(32 + 32 * n) as *const __m256i);
+        let low = _mm256_and_si256(srl16(q, 2 * j), _mm256_set1_epi8(3));
+        let hm = _mm256_loadu_si256(p as *const __m256i);
+        let high = _mm256_and_si256(srl16(hm, 4 * n + j), _mm256_set1_epi8(1));
+        _mm256_or_si256(low, _mm256_slli_epi16(high, 2))
+    }
+}
+
+impl Group16 for Q6K {
+    const BYTES: usize = 210;
+    const OFFSET_SHIFT: Option<i32> = Some(5);
+    #[inline(always)]
+    unsafe fn header(p: *const u8) -> (f32, f32, __m256i, __m256i) {
+        // d is the block's last two bytes.
+        let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i));
+        (f16x2(p.add(206)).1, 0.0, sc, _mm256_setzero_si256())
+    }
+    #[inline(always)]
+    unsafe fn quants(p: *const u8, n: usize, j: usize) -> __m256i {
+        let ql = _mm256_loadu_si256(p.add(64 * n + 32 * (j % 2)) as *const __m256i);
+        let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
+        let low = if j < 2 { ql } else { _mm256_srli_epi16(ql, 4) };
+        let high = match j {
+            0 => _mm256_slli_epi16(qh, 4),
+            1 => _mm256_slli_epi16(qh, 2),
+            2 => qh,
+            _ => _mm256_srli_epi16(qh, 2),
+        };
+        _mm256_or_si256(
+            _mm256_and_si256(low, _mm256_set1_epi8(0x0f)),
+            _mm256_and_si256(high, _mm256_set1_epi8(0x30)),
+        )
+    }
+}
+
+/// The tile for a [`Group16`] layout: 32 values share two scales, so each
+/// `vpmaddubsw` result is weighted by a vector holding one scale in its
+/// low eight i16 lanes and the next in its high eight.
+pub(crate) struct K16<G, D>(PhantomData<(G, D)>);
+
+impl<G: Group16, D: Dot> Tile for K16<G, D> {
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const T: usize>(
+        w: *const u8,
+        w_stride: usize,
+        a: *const u8,
+        a_stride: usize,
+        cols: usize,
+    ) -> [[f32; R]; T] {
+        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        let ahead = prefetch_distance(R, w_stride);
+        let split = q6_split_masks();
+        for b in 0..cols / 256 {
+            let (dx, bsums) = act_header::<T>(a, a_stride, b);
+            let mut isum = [[_mm256_setzero_si256(); T]; R];
+            let mut d = [0.0f32; R];
+            // Per row, the 16 scales as i16: groups 0..8 in both 128-bit
+            // lanes, then groups 8..16 in both.
+            let mut halves = [[_mm256_setzero_si256(); 2]; R];
+            for r in 0..R {
+                let p = w.add(r * w_stride + b * G::BYTES);
+                if T == 1 {
+                    for line in (0..G::BYTES).step_by(64) {
+                        prefetch_l2(p.wrapping_add(ahead + line));
+                    }
+                }
+                let (dr, dmin, sc, mins) = G::header(p);
+                d[r] = dr;
+                halves[r] = [
+                    _mm256_permute2x128_si256(sc, sc, 0x00),
+                    _mm256_permute2x128_si256(sc, sc, 0x11),
+                ];
+                for t in 0..T {
+                    if let Some(shift) = G::OFFSET_SHIFT {
+                        // The offset: sum over groups of scale x offset x
+                        // (sum of the group's activation quants).
+                        let off = _mm256_sll_epi32(
+                            _mm256_madd_epi16(sc, bsums[t]),
+                            _mm_cvtsi32_si128(shift),
+                        );
+                        isum[r][t] = _mm256_sub_epi32(isum[r][t], off);
+                    } else {
+                        let mi = _mm256_cvtepi32_ps(_mm256_madd_epi16(bsums[t], mins));
+                        acc[r][t] = _mm256_fmadd_ps(mi, _mm256_set1_ps(-dmin * dx[t]), acc[r][t]);
+                    }
+                }
+            }
+            for n in 0..2 {
+                for j in 0..4 {
+                    let x = act_quants::<T>(a, a_stride, b, 128 * n + 32 * j);
+                    for r in 0..R {
+                        let q = G::quants(w.add(r * w_stride + b * G::BYTES), n, j);
+                        // Groups 2j and 2j + 1 of half n over the low and
+                        // high eight i16 lanes.
+                        let s = _mm256_shuffle_epi8(halves[r][n], split[j]);
+                        for t in 0..T {
+                            isum[r][t] = D::madd_acc(isum[r][t], _mm256_maddubs_epi16(q, x[t]), s);
+                        }
+                    }
+                }
+            }
+            for r in 0..R {
+                for t in 0..T {
+                    let i = _mm256_cvtepi32_ps(isum[r][t]);
+                    acc[r][t] = _mm256_fmadd_ps(i, _mm256_set1_ps(d[r] * dx[t]), acc[r][t]);
+                }
+            }
+        }
+        finish(&acc)
+    }
+}
