@@ -3,7 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
-use fathom_plan::env::ENV_VARS;
+/// Every variable the code reads, with its documented default: the plan's
+/// and the hub lookup's registries.
+fn registry() -> Vec<(&'static str, &'static str)> {
+    let plan = fathom_plan::env::ENV_VARS
+        .iter()
+        .map(|v| (v.name, v.default));
+    plan.chain(fathom_hub::ENV_VARS.iter().copied()).collect()
+}
 
 fn workspace() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -20,8 +27,8 @@ fn rust_sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Quoted names that look like variables fathom reads: `FATHOM_*` and the
-/// ROCm backend's `MLX_ROCM_*`.
+/// Quoted names that look like variables fathom reads: `FATHOM_*`, the
+/// ROCm backend's `MLX_ROCM_*` and the Hugging Face hub's `HF_*`.
 fn variables_named_in(source: &str) -> Vec<String> {
     let mut found = Vec::new();
     for (i, _) in source.match_indices('"') {
@@ -31,7 +38,10 @@ fn variables_named_in(source: &str) -> Vec<String> {
             .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
             .collect();
         let closed = rest[name.len()..].starts_with('"');
-        if closed && (name.starts_with("FATHOM_") || name.starts_with("MLX_ROCM_")) {
+        let ours = ["FATHOM_", "MLX_ROCM_", "HF_"]
+            .iter()
+            .any(|p| name.starts_with(p));
+        if closed && ours {
             found.push(name);
         }
     }
@@ -63,8 +73,8 @@ fn every_variable_in_the_code_is_in_the_registry() {
         let text = std::fs::read_to_string(&path).unwrap();
         for name in variables_named_in(&text) {
             assert!(
-                ENV_VARS.iter().any(|v| v.name == name),
-                "{} names {name}, which fathom_plan::env::ENV_VARS does not list",
+                registry().iter().any(|(v, _)| *v == name),
+                "{} names {name}, which neither fathom_plan::env::ENV_VARS nor fathom_hub::ENV_VARS lists",
                 path.display()
             );
         }
@@ -74,16 +84,16 @@ fn every_variable_in_the_code_is_in_the_registry() {
 #[test]
 fn every_registered_variable_is_documented_with_its_default() {
     let docs = documented();
-    for var in ENV_VARS {
-        let row = docs.iter().find(|(name, _)| name == var.name);
-        let Some((_, default)) = row else {
-            panic!("{} is missing from docs/environment-variables.md", var.name);
+    let registry = registry();
+    for (var, code_default) in &registry {
+        let Some((_, default)) = docs.iter().find(|(name, _)| name == var) else {
+            panic!("{var} is missing from docs/environment-variables.md");
         };
-        assert_eq!(default, var.default, "documented default of {}", var.name);
+        assert_eq!(default, code_default, "documented default of {var}");
     }
     for (name, _) in &docs {
         assert!(
-            ENV_VARS.iter().any(|v| v.name == name),
+            registry.iter().any(|(v, _)| v == name),
             "{name} is documented but not read"
         );
     }
@@ -91,7 +101,8 @@ fn every_registered_variable_is_documented_with_its_default() {
 
 #[test]
 fn the_scanner_finds_quoted_variable_names() {
-    let found =
-        variables_named_in(r#"std::env::var("FATHOM_X_Y"); "MLX_ROCM_Z"; "OTHER"; "FATHOM_lower""#);
-    assert_eq!(found, ["FATHOM_X_Y", "MLX_ROCM_Z"]);
+    let found = variables_named_in(
+        r#"std::env::var("FATHOM_X_Y"); "MLX_ROCM_Z"; "OTHER"; "FATHOM_lower"; "HF_HOME""#,
+    );
+    assert_eq!(found, ["FATHOM_X_Y", "MLX_ROCM_Z", "HF_HOME"]);
 }
