@@ -1,0 +1,41 @@
+use std::path::PathBuf;
+
+/// Why a model cannot be loaded or run.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Checkpoint(#[from] fathom_checkpoint::CheckpointError),
+    #[error(transparent)]
+    Spec(#[from] fathom_spec::SpecError),
+    #[error(transparent)]
+    Plan(#[from] fathom_plan::PlanError),
+    #[error(transparent)]
+    Tokenizer(#[from] fathom_tokenizer::TokenizerError),
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{architecture:?} models cannot be run yet: fathom runs llama, qwen2, qwen3, qwen3_moe and gemma3")]
+    UnsupportedFamily { architecture: String },
+    #[error("tensor {tensor}: {dtype} weights are not supported; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K")]
+    UnsupportedDtype { tensor: String, dtype: String },
+    #[error("tensor {tensor} is missing from the checkpoint")]
+    MissingTensor { tensor: String },
+    #[error("tensor {tensor} has shape {shape:?}, expected {expected:?}")]
+    BadShape {
+        tensor: String,
+        shape: Vec<u64>,
+        expected: Vec<u64>,
+    },
+    #[error("the prompt is {prompt} tokens and {generate} more were asked for, but the context holds {context}: shorten the prompt, lower -n, or raise --ctx-size (the model was trained on {trained})")]
+    ContextExceeded {
+        prompt: usize,
+        generate: usize,
+        context: usize,
+        trained: u64,
+    },
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    BadToken { id: u32, vocab: usize },
+}

@@ -1,0 +1,132 @@
+//! Tensor names per format: llama.cpp's GGUF names or Hugging Face's.
+
+use fathom_spec::Family;
+
+/// The names of one layer's tensors in one checkpoint format.
+pub struct LayerNames {
+    pub attn_norm: String,
+    pub q: String,
+    pub k: String,
+    pub v: String,
+    pub o: String,
+    pub q_bias: String,
+    pub k_bias: String,
+    pub v_bias: String,
+    pub q_norm: String,
+    pub k_norm: String,
+    /// Gemma 3's norm on the attention output.
+    pub post_attn_norm: String,
+    pub ffn_norm: String,
+    /// Gemma 3's norm on the FFN output.
+    pub post_ffn_norm: String,
+    pub gate: String,
+    pub up: String,
+    pub down: String,
+    pub router: String,
+}
+
+/// How a format names the model-wide tensors, and each layer's.
+pub enum Naming {
+    Gguf,
+    /// Hugging Face names under a prefix (`model.` or, for multimodal
+    /// checkpoints, `language_model.model.`).
+    Hf {
+        prefix: String,
+    },
+}
+
+impl Naming {
+    pub fn embed(&self) -> String {
+        match self {
+            Naming::Gguf => "token_embd.weight".into(),
+            Naming::Hf { prefix } => format!("{prefix}embed_tokens.weight"),
+        }
+    }
+
+    pub fn output_norm(&self) -> String {
+        match self {
+            Naming::Gguf => "output_norm.weight".into(),
+            Naming::Hf { prefix } => format!("{prefix}norm.weight"),
+        }
+    }
+
+    /// The untied output projection.
+    pub fn output(&self) -> String {
+        match self {
+            Naming::Gguf => "output.weight".into(),
+            Naming::Hf { prefix } => format!("{}lm_head.weight", prefix.trim_end_matches("model.")),
+        }
+    }
+
+    pub fn layer(&self, family: &Family, i: usize) -> LayerNames {
+        match self {
+            Naming::Gguf => {
+                let b = |s: &str| format!("blk.{i}.{s}");
+                LayerNames {
+                    attn_norm: b("attn_norm.weight"),
+                    q: b("attn_q.weight"),
+                    k: b("attn_k.weight"),
+                    v: b("attn_v.weight"),
+                    o: b("attn_output.weight"),
+                    q_bias: b("attn_q.bias"),
+                    k_bias: b("attn_k.bias"),
+                    v_bias: b("attn_v.bias"),
+                    q_norm: b("attn_q_norm.weight"),
+                    k_norm: b("attn_k_norm.weight"),
+                    post_attn_norm: b("post_attention_norm.weight"),
+                    ffn_norm: b("ffn_norm.weight"),
+                    post_ffn_norm: b("post_ffw_norm.weight"),
+                    gate: b("ffn_gate.weight"),
+                    up: b("ffn_up.weight"),
+                    down: b("ffn_down.weight"),
+                    router: b("ffn_gate_inp.weight"),
+                }
+            }
+            Naming::Hf { prefix } => {
+                let b = |s: &str| format!("{prefix}layers.{i}.{s}");
+                let gemma = *family == Family::Gemma3;
+                LayerNames {
+                    attn_norm: b("input_layernorm.weight"),
+                    q: b("self_attn.q_proj.weight"),
+                    k: b("self_attn.k_proj.weight"),
+                    v: b("self_attn.v_proj.weight"),
+                    o: b("self_attn.o_proj.weight"),
+                    q_bias: b("self_attn.q_proj.bias"),
+                    k_bias: b("self_attn.k_proj.bias"),
+                    v_bias: b("self_attn.v_proj.bias"),
+                    q_norm: b("self_attn.q_norm.weight"),
+                    k_norm: b("self_attn.k_norm.weight"),
+                    post_attn_norm: b("post_attention_layernorm.weight"),
+                    // Gemma names its pre-FFN norm apart from the
+                    // post-attention one; the others use the latter as the
+                    // pre-FFN norm.
+                    ffn_norm: if gemma {
+                        b("pre_feedforward_layernorm.weight")
+                    } else {
+                        b("post_attention_layernorm.weight")
+                    },
+                    post_ffn_norm: b("post_feedforward_layernorm.weight"),
+                    gate: b("mlp.gate_proj.weight"),
+                    up: b("mlp.up_proj.weight"),
+                    down: b("mlp.down_proj.weight"),
+                    router: b("mlp.gate.weight"),
+                }
+            }
+        }
+    }
+
+    /// Expert `e`'s FFN matrices in a per-expert (HF) checkpoint.
+    pub fn hf_expert(&self, i: usize, e: usize) -> [String; 3] {
+        let prefix = match self {
+            Naming::Hf { prefix } => prefix.as_str(),
+            Naming::Gguf => "",
+        };
+        ["gate_proj", "up_proj", "down_proj"]
+            .map(|p| format!("{prefix}layers.{i}.mlp.experts.{e}.{p}.weight"))
+    }
+
+    /// The merged experts tensors of a GGUF layer.
+    pub fn gguf_experts(i: usize) -> [String; 3] {
+        ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"].map(|p| format!("blk.{i}.{p}.weight"))
+    }
+}

@@ -1,0 +1,249 @@
+//! Choosing the next token from the logits, in llama.cpp's order:
+//! penalties, top-k, top-p, min-p, temperature, then a seeded draw.
+//! Greedy (temperature 0) is the argmax after penalties.
+
+/// Sampling settings; the defaults are llama.cpp's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    /// 0 disables.
+    pub top_k: usize,
+    /// 1.0 disables.
+    pub top_p: f32,
+    /// 0.0 disables.
+    pub min_p: f32,
+    /// 1.0 disables.
+    pub repeat_penalty: f32,
+    /// How many recent tokens the penalties look at.
+    pub repeat_last_n: usize,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.95,
+            min_p: 0.05,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: 0x5eed,
+        }
+    }
+}
+
+/// A sampler with its random state (SplitMix64: small, seedable, good enough
+/// for drawing tokens).
+pub struct Sampler {
+    pub params: SamplingParams,
+    state: u64,
+}
+
+impl Sampler {
+    pub fn new(params: SamplingParams) -> Self {
+        let state = params.seed;
+        Sampler { params, state }
+    }
+
+    fn next_f32(&mut self) -> f32 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^= z >> 31;
+        (z >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Picks the next token. `logits` are modified (penalties); `history`
+    /// is the sequence so far; `candidates` is the planned scratch of one
+    /// entry per vocabulary token.
+    pub fn sample(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        candidates: &mut [(u32, f32)],
+    ) -> u32 {
+        self.apply_penalties(logits, history);
+        let p = &self.params;
+        if p.temperature <= 0.0 {
+            return fathom_kernels::ops::argmax(logits) as u32;
+        }
+        let n = logits.len();
+        let cands = &mut candidates[..n];
+        for (i, (c, &l)) in cands.iter_mut().zip(logits.iter()).enumerate() {
+            *c = (i as u32, l);
+        }
+        let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1);
+        let mut len = n;
+        if p.top_k > 0 && p.top_k < len {
+            cands.select_nth_unstable_by(p.top_k - 1, by_logit);
+            len = p.top_k;
+        }
+        let cands = &mut cands[..len];
+        cands.sort_unstable_by(by_logit);
+        softmax_in_place(cands, 1.0);
+        let mut len = cands.len();
+        if p.top_p < 1.0 {
+            let mut cum = 0.0;
+            for (i, c) in cands.iter().enumerate() {
+                cum += c.1;
+                if cum >= p.top_p {
+                    len = i + 1;
+                    break;
+                }
+            }
+        }
+        if p.min_p > 0.0 {
+            let floor = cands[0].1 * p.min_p;
+            len = cands[..len]
+                .iter()
+                .take_while(|c| c.1 >= floor)
+                .count()
+                .max(1);
+        }
+        let cands = &mut cands[..len];
+        // Back to logits for the temperature: log p is the logit up to a constant.
+        for c in cands.iter_mut() {
+            c.1 = c.1.max(f32::MIN_POSITIVE).ln();
+        }
+        softmax_in_place(cands, self.params.temperature);
+        let r = self.next_f32();
+        let mut cum = 0.0;
+        for c in cands.iter() {
+            cum += c.1;
+            if r < cum {
+                return c.0;
+            }
+        }
+        cands[cands.len() - 1].0
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
+        let p = &self.params;
+        if p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
+            return;
+        }
+        let recent = &history[history.len().saturating_sub(p.repeat_last_n)..];
+        for (i, &tok) in recent.iter().enumerate() {
+            // Penalize each distinct token once, at its first occurrence.
+            if recent[..i].contains(&tok) {
+                continue;
+            }
+            let Some(l) = logits.get_mut(tok as usize) else {
+                continue;
+            };
+            let count = recent.iter().filter(|&&t| t == tok).count() as f32;
+            if p.repeat_penalty != 1.0 {
+                *l = if *l > 0.0 {
+                    *l / p.repeat_penalty
+                } else {
+                    *l * p.repeat_penalty
+                };
+            }
+            *l -= count * p.frequency_penalty + p.presence_penalty;
+        }
+    }
+}
+
+fn softmax_in_place(cands: &mut [(u32, f32)], temperature: f32) {
+    let max = cands.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for c in cands.iter_mut() {
+        c.1 = ((c.1 - max) / temperature).exp();
+        sum += c.1;
+    }
+    for c in cands.iter_mut() {
+        c.1 /= sum;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sampler(temperature: f32, seed: u64) -> Sampler {
+        Sampler::new(SamplingParams {
+            temperature,
+            seed,
+            ..SamplingParams::default()
+        })
+    }
+
+    #[test]
+    fn greedy_is_the_argmax() {
+        let mut logits = vec![0.1, 3.0, -1.0, 2.9];
+        let mut c = vec![(0, 0.0); 4];
+        assert_eq!(sampler(0.0, 1).sample(&mut logits, &[], &mut c), 1);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_and_draws_follow_the_distribution() {
+        let logits = vec![2.0f32, 1.0, 0.0, -5.0];
+        let mut c = vec![(0, 0.0); 4];
+        let draw = |seed| {
+            let mut s = Sampler::new(SamplingParams {
+                temperature: 1.0,
+                top_k: 0,
+                top_p: 1.0,
+                min_p: 0.0,
+                seed,
+                ..SamplingParams::default()
+            });
+            let mut counts = [0usize; 4];
+            for _ in 0..4000 {
+                counts[s.sample(&mut logits.clone(), &[], &mut c.clone()) as usize] += 1;
+            }
+            counts
+        };
+        assert_eq!(draw(7), draw(7));
+        let counts = draw(7);
+        // softmax(2, 1, 0, -5) = 0.665, 0.245, 0.090, 0.0006
+        assert!((2450..2870).contains(&counts[0]), "{counts:?}");
+        assert!((820..1140).contains(&counts[1]), "{counts:?}");
+        assert!(counts[3] < 20, "{counts:?}");
+        let _ = &mut c;
+    }
+
+    #[test]
+    fn top_k_one_is_greedy_and_min_p_cuts_the_tail() {
+        let mut c = vec![(0, 0.0); 4];
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 1,
+            ..SamplingParams::default()
+        });
+        for _ in 0..50 {
+            assert_eq!(s.sample(&mut [0.0, 5.0, 4.9, 1.0], &[], &mut c), 1);
+        }
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.5,
+            ..SamplingParams::default()
+        });
+        for _ in 0..200 {
+            let tok = s.sample(&mut [3.0, 3.0, 0.0, 0.0], &[], &mut c);
+            assert!(tok < 2, "min-p 0.5 keeps only the two top tokens");
+        }
+    }
+
+    #[test]
+    fn repetition_penalty_discourages_recent_tokens() {
+        let mut c = vec![(0, 0.0); 3];
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            repeat_penalty: 2.0,
+            ..SamplingParams::default()
+        });
+        let mut logits = vec![3.0, 2.0, -1.0];
+        assert_eq!(s.sample(&mut logits, &[0, 0], &mut c), 1);
+        assert_eq!(logits[0], 1.5);
+    }
+}

@@ -1,0 +1,227 @@
+//! Weights read in place: each checkpoint file is mapped once, and every
+//! matrix is a view into the map in its stored format. Only 1-D tensors
+//! (norms, biases) that are not f32 are converted, into small owned
+//! vectors the plan lists.
+
+use std::fs::File;
+use std::path::Path;
+
+use fathom_checkpoint::{Checkpoint, GgufFile, HfCheckpoint, StDtype};
+use fathom_kernels::{WeightType, Weights};
+use memmap2::Mmap;
+
+use crate::EngineError;
+
+/// Where one tensor's bytes lie.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorLoc {
+    file: usize,
+    offset: usize,
+    len: usize,
+}
+
+/// A matrix in its stored format: `rows` rows of `cols` values.
+#[derive(Debug, Clone, Copy)]
+pub struct Matrix {
+    loc: TensorLoc,
+    pub ty: WeightType,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// A stored tensor as the loader sees it, before it is given a role.
+#[derive(Debug, Clone)]
+pub struct StoredTensor {
+    pub name: String,
+    pub ty: Option<WeightType>,
+    pub dtype: String,
+    /// Outermost first: `[rows, cols]` for a matrix (HF order; GGUF dims are reversed).
+    pub shape: Vec<u64>,
+    loc: TensorLoc,
+}
+
+/// The mapped checkpoint files and their tensor table.
+pub struct WeightFiles {
+    maps: Vec<Mmap>,
+    tensors: Vec<StoredTensor>,
+}
+
+fn map(path: &Path) -> Result<Mmap, EngineError> {
+    let io = |source| EngineError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = File::open(path).map_err(io)?;
+    // SAFETY: the map is read-only and fathom never writes the file; the
+    // checkpoint readers have bounded every tensor inside the file's size.
+    // Another process truncating the file while it is mapped is outside
+    // what any mmap-based runtime can defend against.
+    unsafe { Mmap::map(&file) }.map_err(io)
+}
+
+fn gguf_tensors(file: &GgufFile) -> Vec<StoredTensor> {
+    file.tensors
+        .iter()
+        .map(|t| StoredTensor {
+            name: t.name.clone(),
+            ty: WeightType::from_ggml_id(t.ggml_type.id()),
+            dtype: t.ggml_type.name().to_string(),
+            shape: t.dims.iter().rev().copied().collect(),
+            loc: TensorLoc {
+                file: 0,
+                offset: (file.data_offset + t.offset) as usize,
+                len: t.n_bytes as usize,
+            },
+        })
+        .collect()
+}
+
+fn hf_tensors(hf: &HfCheckpoint) -> Vec<StoredTensor> {
+    hf.tensors
+        .iter()
+        .map(|t| StoredTensor {
+            name: t.name.clone(),
+            ty: match t.dtype {
+                StDtype::F32 => Some(WeightType::F32),
+                StDtype::F16 => Some(WeightType::F16),
+                StDtype::BF16 => Some(WeightType::BF16),
+                _ => None,
+            },
+            dtype: t.dtype.name().to_string(),
+            shape: t.shape.clone(),
+            loc: TensorLoc {
+                file: t.file,
+                offset: t.begin as usize,
+                len: t.n_bytes() as usize,
+            },
+        })
+        .collect()
+}
+
+impl WeightFiles {
+    pub fn open(checkpoint: &Checkpoint) -> Result<Self, EngineError> {
+        match checkpoint {
+            Checkpoint::Gguf(file) => Ok(WeightFiles {
+                maps: vec![map(&file.path)?],
+                tensors: gguf_tensors(file),
+            }),
+            Checkpoint::Hf(hf) => Ok(WeightFiles {
+                maps: hf
+                    .files
+                    .iter()
+                    .map(|f| map(&f.path))
+                    .collect::<Result<_, _>>()?,
+                tensors: hf_tensors(hf),
+            }),
+        }
+    }
+
+    pub fn find(&self, name: &str) -> Option<&StoredTensor> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+
+    fn bytes(&self, loc: TensorLoc) -> &[u8] {
+        &self.maps[loc.file][loc.offset..loc.offset + loc.len]
+    }
+
+    /// The matrix `name`, checked to be `[rows, cols]`.
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, EngineError> {
+        let t = self.find(name).ok_or_else(|| EngineError::MissingTensor {
+            tensor: name.to_string(),
+        })?;
+        let expected = vec![rows as u64, cols as u64];
+        if t.shape != expected {
+            return Err(EngineError::BadShape {
+                tensor: name.to_string(),
+                shape: t.shape.clone(),
+                expected,
+            });
+        }
+        let ty = t.ty.ok_or_else(|| EngineError::UnsupportedDtype {
+            tensor: name.to_string(),
+            dtype: t.dtype.clone(),
+        })?;
+        Ok(Matrix {
+            loc: t.loc,
+            ty,
+            rows,
+            cols,
+        })
+    }
+
+    /// The view of a matrix for the kernels.
+    pub fn view(&self, m: &Matrix) -> Weights<'_> {
+        Weights {
+            ty: m.ty,
+            rows: m.rows,
+            cols: m.cols,
+            data: self.bytes(m.loc),
+        }
+    }
+
+    /// The 1-D tensor `name` of `len` values as f32 (converted: these are
+    /// the small vectors the plan lists as converted at load).
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, EngineError> {
+        let t = self.find(name).ok_or_else(|| EngineError::MissingTensor {
+            tensor: name.to_string(),
+        })?;
+        if t.shape != [len as u64] {
+            return Err(EngineError::BadShape {
+                tensor: name.to_string(),
+                shape: t.shape.clone(),
+                expected: vec![len as u64],
+            });
+        }
+        let ty = t.ty.ok_or_else(|| EngineError::UnsupportedDtype {
+            tensor: name.to_string(),
+            dtype: t.dtype.clone(),
+        })?;
+        let mut out = vec![0f32; len];
+        fathom_kernels::dequantize_row(ty, self.bytes(t.loc), &mut out);
+        Ok(out)
+    }
+
+    pub fn has(&self, name: &str) -> bool {
+        self.find(name).is_some()
+    }
+}
+
+impl WeightFiles {
+    /// Matrix `index` of a stacked `[count, rows, cols]` tensor (GGUF's
+    /// merged experts), as a view into the same bytes.
+    pub fn stacked_matrix(
+        &self,
+        name: &str,
+        index: usize,
+        count: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix, EngineError> {
+        let t = self.find(name).ok_or_else(|| EngineError::MissingTensor {
+            tensor: name.to_string(),
+        })?;
+        let expected = vec![count as u64, rows as u64, cols as u64];
+        if t.shape != expected {
+            return Err(EngineError::BadShape {
+                tensor: name.to_string(),
+                shape: t.shape.clone(),
+                expected,
+            });
+        }
+        let ty = t.ty.ok_or_else(|| EngineError::UnsupportedDtype {
+            tensor: name.to_string(),
+            dtype: t.dtype.clone(),
+        })?;
+        let bytes = rows * ty.row_bytes(cols);
+        Ok(Matrix {
+            loc: TensorLoc {
+                file: t.loc.file,
+                offset: t.loc.offset + index * bytes,
+                len: bytes,
+            },
+            ty,
+            rows,
+            cols,
+        })
+    }
+}

@@ -1,0 +1,117 @@
+//! Loading the real model and running the independent numpy reference.
+
+#![allow(dead_code)] // each test file uses its own subset
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use fathom_checkpoint::Checkpoint;
+use fathom_engine::{Engine, Tokenizer};
+use fathom_plan::{Available, Device, KvDtype, MemoryPlan, PlanInputs};
+use fathom_spec::ModelSpec;
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+pub fn smollm2() -> PathBuf {
+    let path = root().join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        path.exists(),
+        "{} is missing: run scripts/fetch-model.sh",
+        path.display()
+    );
+    path
+}
+
+pub fn inputs(max_tokens: u64, kv_dtype: KvDtype) -> PlanInputs {
+    PlanInputs {
+        max_tokens,
+        batch: 1,
+        device: Device::Cpu,
+        kv_dtype,
+        max_tokens_per_step: 512,
+        threads: 2,
+        headroom_factor: 1.0,
+        rocm_inflight_raw: None,
+        available: Available {
+            bytes: 8 << 30,
+            source: "test".into(),
+        },
+    }
+}
+
+/// An engine for `model` with `tokenizer` (the GGUF's own when `None`).
+pub fn engine(model: &Path, inputs: PlanInputs, tokenizer: Option<Tokenizer>) -> Engine {
+    let checkpoint = Checkpoint::open(model).unwrap();
+    let spec = ModelSpec::from_checkpoint(&checkpoint).unwrap();
+    let tokenizer =
+        tokenizer.unwrap_or_else(|| fathom_engine::load_tokenizer(&checkpoint).unwrap());
+    let plan = MemoryPlan::new(&spec, inputs).unwrap();
+    Engine::load(&checkpoint, spec, plan, tokenizer).unwrap()
+}
+
+/// Last-position logits from scripts/reference/forward.py (numpy, weights
+/// dequantized by the `gguf` package): shares no code with the engine.
+/// With `emulate_ggml` the reference rounds activations as ggml's CPU
+/// matmuls do (8-bit blocks) and keeps an f16 KV cache, as fathom does.
+pub fn numpy_logits(model: &Path, tokens: &[u32], emulate_ggml: bool) -> Vec<f32> {
+    let script = root().join("scripts/reference/forward.py");
+    let ids = serde_json::to_string(tokens).unwrap();
+    let mut cmd = Command::new("python3");
+    cmd.arg(&script).arg(model).args(["--tokens", &ids]);
+    if emulate_ggml {
+        cmd.arg("--emulate-ggml");
+    }
+    let out = cmd
+        .output()
+        .expect("run python3 (scripts/test.sh installs numpy and gguf)");
+    assert!(
+        out.status.success(),
+        "forward.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+/// How two logit vectors differ.
+#[derive(Debug)]
+pub struct Agreement {
+    /// Largest |a - b| over the largest |b|.
+    pub max_rel: f32,
+    /// Root mean square of a - b over that of b.
+    pub rms_rel: f32,
+    pub same_argmax: bool,
+}
+
+pub fn compare(ours: &[f32], reference: &[f32]) -> Agreement {
+    assert_eq!(ours.len(), reference.len());
+    let scale = reference.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let worst = ours
+        .iter()
+        .zip(reference)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    let sq = |it: &mut dyn Iterator<Item = f32>| {
+        it.map(|x| (x as f64) * (x as f64)).sum::<f64>().sqrt() as f32
+    };
+    let rms_diff = sq(&mut ours.iter().zip(reference).map(|(a, b)| a - b));
+    let rms_ref = sq(&mut reference.iter().copied());
+    let argmax = |x: &[f32]| {
+        x.iter()
+            .enumerate()
+            .max_by(|a, b| a.1.total_cmp(b.1))
+            .unwrap()
+            .0
+    };
+    Agreement {
+        max_rel: worst / scale,
+        rms_rel: rms_diff / rms_ref,
+        same_argmax: argmax(ours) == argmax(reference),
+    }
+}
