@@ -1,8 +1,14 @@
 //! The `fathom` command.
 
+mod bench;
+mod generate;
 mod inspect;
 mod machine;
+mod planning;
+mod pull;
 mod render;
+mod run;
+mod session;
 
 use std::process::ExitCode;
 
@@ -21,6 +27,14 @@ struct Cli {
 enum Command {
     /// Print the memory plan for a model from its headers alone (no weights are read).
     Inspect(inspect::InspectArgs),
+    /// Complete a raw prompt, streaming tokens to stdout; timings and memory to stderr.
+    Generate(generate::GenerateArgs),
+    /// Chat with a model (its chat template applied); one answer with -p.
+    Run(run::RunArgs),
+    /// Download a model from the hub into fathom's store.
+    Pull(pull::PullArgs),
+    /// Measure prompt processing and generation speed (as llama-bench does).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -35,6 +49,10 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Inspect(args) => inspect::run(&args),
+        Command::Generate(args) => generate::run(&args),
+        Command::Run(args) => run::run(&args),
+        Command::Pull(args) => pull::run(&args),
+        Command::Bench(args) => bench::run(&args),
     };
     match result {
         Ok(code) => code,

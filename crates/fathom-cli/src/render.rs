@@ -21,6 +21,7 @@ fn row(out: &mut String, label: &str, bytes: u64, note: &str) {
 fn term_label(name: &str) -> &'static str {
     match name {
         "weights" => "Weights",
+        "converted" => "Converted at load",
         "kv" => "KV cache",
         "activations" => "Activations",
         "runtime" => "Runtime overhead",

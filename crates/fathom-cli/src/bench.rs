@@ -1,0 +1,104 @@
+//! `fathom bench`: prompt processing and generation speed, measured as
+//! llama-bench measures them (pp: a prompt of random tokens in one go; tg:
+//! single-token decode steps), so the two tools' figures compare directly.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Result;
+use clap::Args;
+
+use crate::planning::PlanArgs;
+use crate::session;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// A .gguf file, or a Hugging Face / MLX directory.
+    pub model: String,
+    /// Prompt tokens for the prompt-processing test (0 skips it).
+    #[arg(long, short = 'p', visible_alias = "n-prompt", default_value_t = 512)]
+    pub prompt: usize,
+    /// Tokens for the generation test (0 skips it).
+    #[arg(long, short = 'n', visible_alias = "n-gen", default_value_t = 128)]
+    pub generate: usize,
+    /// Repetitions; the median is reported.
+    #[arg(long, short = 'r', visible_alias = "repetitions", default_value_t = 5)]
+    pub repetitions: usize,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub plan: PlanArgs,
+}
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+pub fn run(args: &BenchArgs) -> Result<ExitCode> {
+    let model = crate::pull::resolve(&args.model)?;
+    let opened = session::open(&model)?;
+    let context = args.prompt.max(args.generate).max(1) as u64;
+    let plan = crate::planning::plan(&opened.spec, args.plan.inputs(context, 1)?)?;
+    let threads = plan.inputs.threads;
+    let (mut engine, _) = session::load(opened, plan)?;
+    let vocab = engine.model.spec.vocab;
+    // Deterministic pseudo-random prompt, as llama-bench uses random tokens.
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    let prompt: Vec<u32> = (0..args.prompt)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % vocab) as u32
+        })
+        .collect();
+    let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
+    // One warm-up of each, then the measured repetitions.
+    let reps = args.repetitions.max(1);
+    let mut pp = Vec::new();
+    let mut tg = Vec::new();
+    for rep in 0..=reps {
+        if args.prompt > 0 {
+            let started = std::time::Instant::now();
+            engine.logits(&prompt)?;
+            if rep > 0 {
+                pp.push(rate(args.prompt, started.elapsed()));
+            }
+        }
+        if args.generate > 0 {
+            let elapsed =
+                engine.time_decode(prompt.first().copied().unwrap_or(1), args.generate)?;
+            if rep > 0 {
+                tg.push(rate(args.generate, elapsed));
+            }
+        }
+    }
+    let pp = (!pp.is_empty()).then(|| median(pp));
+    let tg = (!tg.is_empty()).then(|| median(tg));
+    if args.json {
+        let doc = serde_json::json!({
+            "model": args.model,
+            "threads": threads,
+            "repetitions": reps,
+            "pp": args.prompt,
+            "tg": args.generate,
+            "pp_tokens_per_second": pp,
+            "tg_tokens_per_second": tg,
+        });
+        println!("{doc}");
+    } else {
+        println!(
+            "fathom bench {} ({threads} threads, median of {reps})",
+            args.model
+        );
+        if let Some(pp) = pp {
+            println!("  pp{:<5} {pp:>9.2} tok/s", args.prompt);
+        }
+        if let Some(tg) = tg {
+            println!("  tg{:<5} {tg:>9.2} tok/s", args.generate);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,65 @@
+//! `fathom generate`: complete a raw prompt, streaming tokens to stdout.
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::Args;
+use fathom_engine::Sampler;
+
+use crate::planning::{self, PlanArgs};
+use crate::session::{self, PreflightArgs, SamplingArgs};
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// A .gguf file, or a Hugging Face / MLX directory.
+    pub model: String,
+    /// The prompt, used as is (no chat template; special tokens are parsed).
+    #[arg(long, short = 'p')]
+    pub prompt: String,
+    /// Tokens to generate.
+    #[arg(long, short = 'n', visible_alias = "n-predict", default_value_t = 128)]
+    pub tokens: usize,
+    /// Context to plan and allocate [default: prompt + -n]
+    #[arg(long, short = 'c', visible_alias = "ctx-size")]
+    pub max_tokens: Option<u64>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub plan: PlanArgs,
+    #[command(flatten)]
+    pub preflight: PreflightArgs,
+}
+
+pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
+    let model = crate::pull::resolve(&args.model)?;
+    let opened = session::open(&model)?;
+    let tokenizer = &opened.tokenizer;
+    let prompt = tokenizer.encode(&args.prompt, tokenizer.add_bos(), true);
+    let context = args
+        .max_tokens
+        .unwrap_or((prompt.len() + args.tokens) as u64);
+    let plan = planning::plan(&opened.spec, args.plan.inputs(context, 1)?)?;
+    if let Some(code) = session::preflight(&model, &opened, &plan, &args.preflight) {
+        return Ok(code);
+    }
+    let (mut engine, load) = session::load(opened, plan)?;
+    let mut sampler = Sampler::new(args.sampling.params());
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let stats = engine.generate(
+        &prompt,
+        args.tokens,
+        &mut sampler,
+        &args.sampling.stop,
+        &mut |text| {
+            // A closed pipe ends generation rather than the process.
+            out.write_all(text.as_bytes())
+                .and_then(|()| out.flush())
+                .is_ok()
+        },
+    )?;
+    let _ = writeln!(out);
+    session::report(load, &stats, &engine.plan);
+    Ok(ExitCode::SUCCESS)
+}

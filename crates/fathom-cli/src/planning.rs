@@ -1,0 +1,59 @@
+//! Plan inputs shared by every command that plans: inspect, generate, run.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use fathom_plan::{env, rocm, Device, KvDtype, MemoryPlan, PlanInputs};
+use fathom_spec::ModelSpec;
+
+use crate::machine;
+
+#[derive(Args, Clone)]
+pub struct PlanArgs {
+    /// Device to plan for: cpu, cuda, rocm or metal.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Memory to plan against, e.g. 8G or 1.5GiB [default: FATHOM_MEMORY_LIMIT, else the cgroup limit, else MemAvailable; free GPU memory for cuda]
+    #[arg(long)]
+    pub memory: Option<String>,
+    /// KV cache dtype: f16, bf16, f32 or q8_0.
+    #[arg(long, default_value = "f16", visible_alias = "cache-type-k")]
+    pub kv_dtype: String,
+    /// Tokens processed in one forward step (the prefill chunk).
+    #[arg(long, default_value_t = fathom_plan::DEFAULT_MAX_TOKENS_PER_STEP, visible_alias = "ubatch-size")]
+    pub max_tokens_per_step: u64,
+    /// Worker threads [default: one per core]
+    #[arg(long, short = 't')]
+    pub threads: Option<u64>,
+}
+
+impl PlanArgs {
+    pub fn inputs(&self, max_tokens: u64, batch: u64) -> Result<PlanInputs> {
+        let device = Device::parse(&self.device)?;
+        let headroom_factor = fathom_plan::parse_headroom_factor(
+            machine::env_text(env::HEADROOM_FACTOR_VAR)?.as_deref(),
+        )?;
+        Ok(PlanInputs {
+            max_tokens,
+            batch,
+            device,
+            kv_dtype: KvDtype::parse(&self.kv_dtype)?,
+            max_tokens_per_step: self.max_tokens_per_step,
+            threads: self.threads.unwrap_or_else(machine::default_threads),
+            headroom_factor,
+            rocm_inflight_raw: machine::env_bytes(rocm::ROCM_INFLIGHT_VAR),
+            available: machine::available_memory(device, self.memory.as_deref())?,
+        })
+    }
+}
+
+/// `--max-tokens` when not given: the trained context, at most 8192.
+pub fn default_context(spec: &ModelSpec) -> u64 {
+    match spec.context_length {
+        0 => fathom_plan::DEFAULT_MAX_TOKENS_CAP,
+        n => n.min(fathom_plan::DEFAULT_MAX_TOKENS_CAP),
+    }
+}
+
+pub fn plan(spec: &ModelSpec, inputs: PlanInputs) -> Result<MemoryPlan> {
+    MemoryPlan::new(spec, inputs).context("computing the memory plan")
+}

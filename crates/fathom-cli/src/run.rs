@@ -1,0 +1,137 @@
+//! `fathom run`: chat with a model, keeping the history and applying its
+//! chat template; one answer with `-p`.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fathom_engine::{ChatTemplate, Message, Sampler};
+
+use crate::planning::{self, PlanArgs};
+use crate::session::{self, PreflightArgs, SamplingArgs};
+
+/// The model `run` uses when none is named: the README's default, as
+/// `scripts/fetch-model.sh` places it.
+pub const DEFAULT_MODEL: &str = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// A .gguf file or HF / MLX directory [default: models/SmolLM2-135M-Instruct.Q4_1.gguf]
+    pub model: Option<String>,
+    /// Answer this one message and exit.
+    #[arg(long, short = 'p')]
+    pub prompt: Option<String>,
+    /// A system message.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Most tokens per answer.
+    #[arg(long, short = 'n', visible_alias = "n-predict", default_value_t = 512)]
+    pub tokens: usize,
+    /// Context for the whole conversation [default: the model's, at most 8192]
+    #[arg(long, short = 'c', visible_alias = "ctx-size")]
+    pub max_tokens: Option<u64>,
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    #[command(flatten)]
+    pub plan: PlanArgs,
+    #[command(flatten)]
+    pub preflight: PreflightArgs,
+}
+
+pub fn run(args: &RunArgs) -> Result<ExitCode> {
+    let model = match &args.model {
+        Some(model) => crate::pull::resolve(model)?,
+        None => PathBuf::from(DEFAULT_MODEL),
+    };
+    if args.model.is_none() && !model.exists() {
+        bail!("the default model {DEFAULT_MODEL} is missing: run scripts/fetch-model.sh, or name a model");
+    }
+    let opened = session::open(&model)?;
+    let Some(source) = opened.tokenizer.chat_template().map(str::to_string) else {
+        bail!(
+            "{} has no chat template: use `fathom generate` for raw prompts",
+            model.display()
+        );
+    };
+    let piece = |id: Option<u32>| {
+        id.map(|id| String::from_utf8_lossy(opened.tokenizer.token_bytes(id)).into_owned())
+            .unwrap_or_default()
+    };
+    let template = ChatTemplate::new(
+        &source,
+        &piece(opened.tokenizer.bos()),
+        &piece(opened.tokenizer.eos()),
+    )?;
+    let context = args
+        .max_tokens
+        .unwrap_or_else(|| planning::default_context(&opened.spec));
+    let plan = planning::plan(&opened.spec, args.plan.inputs(context, 1)?)?;
+    if let Some(code) = session::preflight(&model, &opened, &plan, &args.preflight) {
+        return Ok(code);
+    }
+    let (mut engine, _) = session::load(opened, plan)?;
+    let mut sampler = Sampler::new(args.sampling.params());
+    let mut history: Vec<Message> = Vec::new();
+    if let Some(system) = &args.system {
+        history.push(Message {
+            role: "system".into(),
+            content: system.clone(),
+        });
+    }
+    let interactive = args.prompt.is_none() && std::io::stdin().is_terminal();
+    let mut lines = std::io::stdin().lock().lines();
+    loop {
+        let user = match &args.prompt {
+            Some(p) => p.clone(),
+            None => {
+                if interactive {
+                    print!("> ");
+                    std::io::stdout().flush()?;
+                }
+                match lines.next() {
+                    Some(line) => line.context("reading stdin")?,
+                    None => break,
+                }
+            }
+        };
+        if user.trim().is_empty() {
+            continue;
+        }
+        history.push(Message {
+            role: "user".into(),
+            content: user,
+        });
+        let text = template.render(&history, true)?;
+        let prompt = engine.tokenizer.encode(&text, false, true);
+        let room = (engine.plan.inputs.max_tokens as usize).saturating_sub(prompt.len());
+        if room == 0 {
+            bail!("the conversation fills the context of {} tokens: start a new one or raise --ctx-size", engine.plan.inputs.max_tokens);
+        }
+        let mut answer = String::new();
+        let stdout = std::io::stdout();
+        let mut out = stdout.lock();
+        engine.generate(
+            &prompt,
+            args.tokens.min(room),
+            &mut sampler,
+            &args.sampling.stop,
+            &mut |piece| {
+                answer.push_str(piece);
+                out.write_all(piece.as_bytes())
+                    .and_then(|()| out.flush())
+                    .is_ok()
+            },
+        )?;
+        writeln!(out)?;
+        history.push(Message {
+            role: "assistant".into(),
+            content: answer,
+        });
+        if args.prompt.is_some() {
+            break;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

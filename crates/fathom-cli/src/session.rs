@@ -1,0 +1,182 @@
+//! What `generate` and `run` share: sampling flags, the memory preflight,
+//! loading the engine from the plan, and the stats line on stderr.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use clap::Args;
+use fathom_checkpoint::Checkpoint;
+use fathom_engine::{Engine, GenerateStats, SamplingParams, Tokenizer};
+use fathom_plan::size::format_bytes;
+use fathom_plan::{Device, MemoryPlan};
+use fathom_spec::ModelSpec;
+
+use crate::render;
+
+#[derive(Args, Clone)]
+pub struct SamplingArgs {
+    /// Temperature; 0 is greedy.
+    #[arg(long = "temp", default_value_t = 0.8)]
+    pub temperature: f32,
+    /// Keep the k most likely tokens (0 disables).
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches p (1.0 disables).
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    /// Drop tokens less likely than min-p times the most likely (0 disables).
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    /// Penalize repeated tokens (1.0 disables).
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    /// Recent tokens the penalties look at.
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: usize,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Random seed [default: from the clock]
+    #[arg(long, short = 's')]
+    pub seed: Option<u64>,
+    /// Stop when the output contains this text (repeatable).
+    #[arg(long = "stop")]
+    pub stop: Vec<String>,
+}
+
+impl SamplingArgs {
+    pub fn params(&self) -> SamplingParams {
+        let seed = self.seed.unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+        });
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed,
+        }
+    }
+}
+
+#[derive(Args, Clone)]
+pub struct PreflightArgs {
+    /// Compute the memory plan before loading and refuse (exit 2) if it does not fit.
+    #[arg(long)]
+    pub estimate_memory: bool,
+    /// With --estimate-memory: load even if the plan does not fit.
+    #[arg(long, visible_alias = "no-memory-check")]
+    pub force: bool,
+}
+
+/// The checkpoint's headers, spec and tokenizer: everything before the plan.
+pub struct Opened {
+    pub checkpoint: Checkpoint,
+    pub spec: ModelSpec,
+    pub tokenizer: Tokenizer,
+    pub started: Instant,
+}
+
+pub fn open(model: &Path) -> Result<Opened> {
+    let started = Instant::now();
+    let checkpoint = Checkpoint::open(model)?;
+    let spec = ModelSpec::from_checkpoint(&checkpoint)?;
+    let tokenizer = fathom_engine::load_tokenizer(&checkpoint)?;
+    Ok(Opened {
+        checkpoint,
+        spec,
+        tokenizer,
+        started,
+    })
+}
+
+/// The preflight: `Some(exit code)` when the load must not go ahead.
+pub fn preflight(
+    model: &Path,
+    opened: &Opened,
+    plan: &MemoryPlan,
+    args: &PreflightArgs,
+) -> Option<ExitCode> {
+    if !args.estimate_memory || plan.fits {
+        return None;
+    }
+    eprint!(
+        "{}",
+        render::plan_text(model, opened.checkpoint.format_name(), &opened.spec, plan)
+    );
+    let advice = format!(
+        "the plan needs {} but {} is available ({}): {} over. Lower -n or --ctx-size, use --kv-dtype q8_0, or a smaller or more quantized model",
+        format_bytes(plan.total_bytes),
+        format_bytes(plan.available_bytes),
+        plan.available_source,
+        format_bytes(plan.overflow_bytes)
+    );
+    if args.force {
+        eprintln!("warning: {advice}; loading anyway (--force)");
+        return None;
+    }
+    eprintln!("error: {advice}; --force loads anyway");
+    Some(ExitCode::from(2))
+}
+
+pub fn load(opened: Opened, plan: MemoryPlan) -> Result<(Engine, Duration)> {
+    if plan.inputs.device != Device::Cpu {
+        bail!(
+            "the {} backend cannot run models yet: use --device cpu (other devices are planning targets for `fathom inspect`)",
+            plan.inputs.device.name()
+        );
+    }
+    let engine = Engine::load(&opened.checkpoint, opened.spec, plan, opened.tokenizer)?;
+    Ok((engine, opened.started.elapsed()))
+}
+
+/// Peak resident memory of this process so far (`VmHWM`), in bytes.
+pub fn peak_rss() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line
+        .trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+/// The stats block `generate` prints on stderr.
+pub fn report(load: Duration, stats: &GenerateStats, plan: &MemoryPlan) {
+    let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
+    eprintln!();
+    eprintln!("load:    {:.1} ms", load.as_secs_f64() * 1e3);
+    eprintln!(
+        "prompt:  {} tokens in {:.1} ms, {:.1} tok/s",
+        stats.prompt_tokens,
+        stats.prefill.as_secs_f64() * 1e3,
+        rate(stats.prompt_tokens, stats.prefill)
+    );
+    eprintln!(
+        "decode:  {} tokens in {:.1} ms, {:.1} tok/s",
+        stats.generated_tokens,
+        stats.decode.as_secs_f64() * 1e3,
+        rate(stats.generated_tokens, stats.decode)
+    );
+    match peak_rss() {
+        Some(peak) => eprintln!(
+            "memory:  plan {} vs peak RSS {} ({:.3}x)",
+            format_bytes(plan.total_bytes),
+            format_bytes(peak),
+            plan.total_bytes as f64 / peak as f64
+        ),
+        None => eprintln!("memory:  plan {}", format_bytes(plan.total_bytes)),
+    }
+}

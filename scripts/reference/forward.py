@@ -1,0 +1,524 @@
+#!/usr/bin/env python3
+"""Independent numpy reference forward pass for llama-family GGUF checkpoints.
+
+This is the *reference* implementation that fathom's logits are checked
+against, so it deliberately shares no code with the Rust engine: weights are
+read and dequantized with the Python `gguf` package (the one maintained next to
+llama.cpp) and the transformer is written out plainly in numpy.
+
+Supported architectures (general.architecture):
+  llama   RMSNorm, rope "normal" layout (adjacent pairs), GQA, SwiGLU,
+          tied output (token_embd) when output.weight is absent,
+          optional rope_freqs (llama3 frequency factors) and linear rope scaling
+  qwen2   as llama + q/k/v biases, rope NeoX layout (halves)
+  qwen3   as llama + per-head RMSNorm on q and k (before rope), NeoX rope
+  qwen3moe  qwen3 attention + mixture-of-experts FFN (softmax router, top-k,
+          optional renormalisation of the top-k weights)
+  gemma3  embeddings scaled by sqrt(hidden), RMSNorm (the GGUF already stores
+          1+w), pre/post attention and FFN norms, GeGLU (tanh gelu), per-head
+          q/k norms, NeoX rope, sliding-window local layers (rope base 10000)
+          every layer except each 6th, queries scaled by
+          query_pre_attn_scalar^-0.5 (= head_dim^-0.5, except 27B: (hidden/heads)^-0.5),
+          linear rope scaling on the global layers only
+Validation: validate_forward.py (SmolLM2 Q4_1 vs llama.cpp greedy) and
+synth_arch_check.py (every architecture on tiny random F32 GGUFs vs llama.cpp).
+
+Usage:
+  forward.py MODEL.gguf --tokens '[1, 2, 3]'              # last-position logits
+  forward.py MODEL.gguf --tokens '[...]' --all-positions  # logits of every position
+  forward.py MODEL.gguf --tokens '[...]' --generate 16    # + greedy continuation
+Output (JSON on stdout or --out FILE):
+  {"model", "arch", "tokens", "argmax", "logits", ["generated"]}
+  with --all-positions, "argmax" and "logits" are per position lists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+try:
+    import gguf
+    from gguf.quants import dequantize
+except ImportError:  # pragma: no cover
+    sys.exit("needs the gguf package: pip install gguf numpy")
+
+
+# --------------------------------------------------------------------------
+# GGUF loading
+# --------------------------------------------------------------------------
+
+def field_value(reader: gguf.GGUFReader, key: str, default=None):
+    field = reader.fields.get(key)
+    if field is None:
+        return default
+    value = field.contents()
+    return value
+
+
+@dataclass
+class Config:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_rot: int
+    rope_base: float
+    rope_scale: float  # positions are multiplied by 1/rope_scale (linear scaling)
+    rope_neox: bool
+    norm_eps: float
+    vocab_size: int
+    # gemma3
+    sliding_window: int = 0
+    rope_base_local: float = 10000.0
+    # moe
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_expert: int = 0
+    norm_topk_prob: bool = True
+
+
+NEOX_ARCHS = {"qwen2", "qwen3", "qwen3moe", "gemma3"}
+
+
+def read_config(reader: gguf.GGUFReader) -> Config:
+    arch = field_value(reader, "general.architecture")
+    a = lambda key, default=None: field_value(reader, f"{arch}.{key}", default)  # noqa: E731
+    n_embd = int(a("embedding_length"))
+    n_head = int(a("attention.head_count"))
+    n_head_kv = int(a("attention.head_count_kv", n_head))
+    head_dim = int(a("attention.key_length", n_embd // n_head))
+    n_rot = int(a("rope.dimension_count", head_dim))
+    scaling_type = a("rope.scaling.type", "none")
+    rope_scale = 1.0
+    if scaling_type == "linear":
+        rope_scale = float(a("rope.scaling.factor", 1.0))
+    elif scaling_type not in ("none", None):
+        # yarn etc. are not implemented; refuse instead of silently diverging.
+        sys.exit(f"rope scaling type {scaling_type!r} not supported by the reference")
+    vocab = field_value(reader, f"{arch}.vocab_size")
+    if vocab is None:
+        vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    n_ff = a("feed_forward_length", 0)
+    if isinstance(n_ff, list):  # per-layer lists are not used by these models
+        n_ff = n_ff[0]
+    cfg = Config(
+        arch=arch,
+        n_layer=int(a("block_count")),
+        n_embd=n_embd,
+        n_ff=int(n_ff),
+        n_head=n_head,
+        n_head_kv=n_head_kv,
+        head_dim=head_dim,
+        n_rot=n_rot,
+        rope_base=float(a("rope.freq_base", 10000.0)),
+        rope_scale=rope_scale,
+        rope_neox=arch in NEOX_ARCHS,
+        norm_eps=float(a("attention.layer_norm_rms_epsilon", 1e-5)),
+        vocab_size=int(vocab),
+    )
+    if arch == "gemma3":
+        cfg.sliding_window = int(a("attention.sliding_window", 0))
+    if arch == "qwen3moe":
+        cfg.n_expert = int(a("expert_count"))
+        cfg.n_expert_used = int(a("expert_used_count"))
+        cfg.n_ff_expert = int(a("expert_feed_forward_length", 0))
+        # llama.cpp's qwen3moe graph always renormalises the top-k weights
+        # (HF norm_topk_prob=True for the released models).
+        cfg.norm_topk_prob = True
+    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3"):
+        sys.exit(f"architecture {arch!r} not supported by the reference")
+    return cfg
+
+
+class Weights:
+    """Dequantizes tensors lazily to float32 arrays shaped (out, in) = numpy (rows, cols)."""
+
+    def __init__(self, reader: gguf.GGUFReader):
+        self.tensors = {t.name: t for t in reader.tensors}
+        self.cache: dict[str, np.ndarray] = {}
+
+    def qtype(self, name: str) -> str:
+        return self.tensors[name].tensor_type.name
+
+    def block_mins(self, name: str) -> np.ndarray:
+        """The per-block f16 minimum m of Q4_1 / Q5_1 rows, shaped (rows, blocks)."""
+        t = self.tensors[name]
+        block_bytes = {"Q4_1": 20, "Q5_1": 24}[t.tensor_type.name]
+        raw = np.asarray(t.data, dtype=np.uint8)
+        rows = raw.shape[0]
+        blocks = raw.reshape(rows, -1, block_bytes)
+        return blocks[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float32)
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def get(self, name: str) -> np.ndarray:
+        if name not in self.cache:
+            t = self.tensors[name]
+            arr = dequantize(t.data, t.tensor_type)
+            # GGUF lists dims fastest-first; numpy wants them reversed.
+            shape = tuple(int(d) for d in reversed(t.shape))
+            self.cache[name] = np.ascontiguousarray(arr.reshape(shape), dtype=np.float32)
+        return self.cache[name]
+
+    def opt(self, name: str):
+        return self.get(name) if self.has(name) else None
+
+
+# --------------------------------------------------------------------------
+# building blocks
+# --------------------------------------------------------------------------
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    scale = 1.0 / np.sqrt(np.mean(x64 * x64, axis=-1, keepdims=True) + eps)
+    return (x64 * scale).astype(np.float32) * weight
+
+
+def linear(x: np.ndarray, w: np.ndarray, b: np.ndarray | None = None) -> np.ndarray:
+    y = x @ w.T
+    if b is not None:
+        y = y + b
+    return y
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+# --- optional emulation of ggml's CPU rounding (--emulate-ggml) ----------------
+# ggml's CPU matmul does not multiply quantized weights by float32 activations:
+# it first rounds the activations to the weight type's "vec_dot_type" (Q8_0/Q8_1
+# blocks of 32 for the legacy quants, Q8_K blocks of 256 for k-quants, float16
+# for F16 weights), and llama.cpp keeps the KV cache in float16. On a 135M model
+# with large outlier activations this shifts logits by ~0.1-0.3, enough to flip
+# near-ties in greedy decoding. The flag reproduces only these roundings; the
+# default path is exact float32 math.
+
+LEGACY_Q8_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "IQ4_NL"}
+K_Q8_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S",
+              "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_XS"}
+
+
+def quantize_q8_blocks(x: np.ndarray):
+    """ggml's quantize_row_q8_0/q8_1 (x86 path): blocks of 32, q = round(x * 127/amax),
+    scale d = amax/127 stored as f16. Returns (q, d_f32, d_f16) shaped (..., nblocks, 32|1)."""
+    b = x.reshape(*x.shape[:-1], -1, 32).astype(np.float32)
+    amax = np.max(np.abs(b), axis=-1, keepdims=True)
+    d = amax / np.float32(127.0)
+    inv = np.divide(np.float32(127.0), amax, out=np.zeros_like(amax), where=amax != 0)
+    q = np.rint(b * inv)
+    return q, d, d.astype(np.float16).astype(np.float32)
+
+
+def round_q8_blocks(x: np.ndarray) -> np.ndarray:
+    """Q8_0 / Q8_1 activation rounding as seen by the weight: q * f16(d)."""
+    q, _, d16 = quantize_q8_blocks(x)
+    return (q * d16).reshape(x.shape)
+
+
+def round_q8k_blocks(x: np.ndarray) -> np.ndarray:
+    """Q8_K activation rounding: blocks of 256, scale from the signed max, f32 scale."""
+    shape = x.shape
+    b = x.reshape(-1, 256).astype(np.float32)
+    idx = np.argmax(np.abs(b), axis=1)
+    mx = b[np.arange(b.shape[0]), idx][:, None]
+    iscale = np.divide(np.float32(-127.0), mx, out=np.zeros_like(mx), where=mx != 0)
+    q = np.minimum(np.rint(b * iscale), 127.0)
+    d = np.divide(np.float32(1.0), iscale, out=np.zeros_like(iscale), where=iscale != 0)
+    return (q * d).reshape(shape)
+
+
+def round_activations(x: np.ndarray, weight_type: str) -> np.ndarray:
+    if weight_type in LEGACY_Q8_TYPES and x.shape[-1] % 32 == 0:
+        return round_q8_blocks(x)
+    if weight_type in K_Q8_TYPES and x.shape[-1] % 256 == 0:
+        return round_q8k_blocks(x)
+    if weight_type == "F16":
+        return x.astype(np.float16).astype(np.float32)
+    if weight_type == "BF16":
+        u = x.astype(np.float32).view(np.uint32)
+        u = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32)
+        return u.view(np.float32)
+    return x
+
+
+def f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def gelu_tanh_f16_table(x: np.ndarray) -> np.ndarray:
+    """ggml's CPU GELU (GGML_GELU_FP16): f16(gelu_tanh(f16(x))) via a table, clamped outside +-10."""
+    y = f16(gelu_tanh(f16(x)))
+    return np.where(x <= -10.0, 0.0, np.where(x >= 10.0, x, y)).astype(np.float32)
+
+
+def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float,
+         neox: bool, pos_scale: float = 1.0, freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """Rotary embedding on x of shape (seq, heads, head_dim).
+
+    "normal" (llama.cpp LLAMA_ROPE_TYPE_NORM): rotates adjacent pairs (x[2i], x[2i+1]).
+    NeoX (LLAMA_ROPE_TYPE_NEOX, HF layout): rotates (x[i], x[i + n_rot/2]).
+    Pair i uses angle pos * base^(-2i/n_rot) (divided by freq_factors[i] if given).
+    Dimensions past n_rot are left untouched.
+    """
+    half = n_rot // 2
+    inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
+    if freq_factors is not None:
+        inv_freq = inv_freq / freq_factors.astype(np.float64)
+    angles = (positions.astype(np.float64) * pos_scale)[:, None] * inv_freq[None, :]  # (seq, half)
+    cos = np.cos(angles)[:, None, :].astype(np.float32)  # (seq, 1, half)
+    sin = np.sin(angles)[:, None, :].astype(np.float32)
+    out = x.copy()
+    if neox:
+        a = x[..., :half]
+        b = x[..., half:n_rot]
+        out[..., :half] = a * cos - b * sin
+        out[..., half:n_rot] = a * sin + b * cos
+    else:
+        a = x[..., 0:n_rot:2]
+        b = x[..., 1:n_rot:2]
+        out[..., 0:n_rot:2] = a * cos - b * sin
+        out[..., 1:n_rot:2] = a * sin + b * cos
+    return out
+
+
+# --------------------------------------------------------------------------
+# the model
+# --------------------------------------------------------------------------
+
+class Model:
+    def __init__(self, path: str, emulate_ggml: bool = False):
+        # --emulate-ggml switches on all three; synth_arch_check.py uses them separately
+        self.emulate_ggml = emulate_ggml        # q8/f16 activation rounding before matmuls
+        self.emulate_kv_f16 = emulate_ggml      # f16 KV cache (and f16 q / softmax probs)
+        self.emulate_gelu_f16 = emulate_ggml    # ggml's f16 GELU lookup table
+        self.reader = gguf.GGUFReader(path)
+        self.cfg = read_config(self.reader)
+        self.w = Weights(self.reader)
+        self.freq_factors = self.w.opt("rope_freqs.weight")
+        # KV cache: per layer, (positions, heads_kv, head_dim) arrays
+        self.k_cache: list[np.ndarray | None] = [None] * self.cfg.n_layer
+        self.v_cache: list[np.ndarray | None] = [None] * self.cfg.n_layer
+        self.n_past = 0
+
+    def reset(self):
+        self.k_cache = [None] * self.cfg.n_layer
+        self.v_cache = [None] * self.cfg.n_layer
+        self.n_past = 0
+
+    def linear(self, x: np.ndarray, name: str, bias_name: str | None = None) -> np.ndarray:
+        b = self.w.opt(bias_name) if bias_name else None
+        if not self.emulate_ggml:
+            return linear(x, self.w.get(name), b)
+        qtype = self.w.qtype(name)
+        if qtype in ("Q4_1", "Q5_1") and x.shape[-1] % 32 == 0:
+            # vec_dot_q4_1_q8_1: sum_b d_w*d_x*dot(q_w, q_x) + m_w * s_x, where the
+            # block sum s_x = f16(d_x * sum(q_x)) is rounded separately.
+            q, d, d16 = quantize_q8_blocks(x)
+            qsum = q.sum(axis=-1)
+            y = linear((q * d16).reshape(x.shape), self.w.get(name), b)
+            s_err = (d[..., 0] * qsum).astype(np.float16).astype(np.float32) - d16[..., 0] * qsum
+            return y + s_err @ self.w.block_mins(name).T
+        return linear(round_activations(x, qtype), self.w.get(name), b)
+
+    # ---- per layer properties ------------------------------------------
+    def is_local_layer(self, il: int) -> bool:
+        # gemma3: 5 sliding-window layers, then 1 global layer
+        return self.cfg.arch == "gemma3" and (il + 1) % 6 != 0
+
+    # ---- attention ------------------------------------------------------
+    def attention(self, il: int, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        c, w = self.cfg, self.w
+        p = f"blk.{il}."
+        seq = x.shape[0]
+        q = self.linear(x, p + "attn_q.weight", p + "attn_q.bias")
+        k = self.linear(x, p + "attn_k.weight", p + "attn_k.bias")
+        v = self.linear(x, p + "attn_v.weight", p + "attn_v.bias")
+        q = q.reshape(seq, c.n_head, c.head_dim)
+        k = k.reshape(seq, c.n_head_kv, c.head_dim)
+        v = v.reshape(seq, c.n_head_kv, c.head_dim)
+
+        if w.has(p + "attn_q_norm.weight"):  # qwen3 / gemma3: per-head RMSNorm
+            q = rms_norm(q, w.get(p + "attn_q_norm.weight"), c.norm_eps)
+            k = rms_norm(k, w.get(p + "attn_k_norm.weight"), c.norm_eps)
+
+        base = c.rope_base
+        if self.is_local_layer(il):
+            base = c.rope_base_local
+        pos_scale = 1.0 / c.rope_scale
+        if c.arch == "gemma3" and self.is_local_layer(il):
+            pos_scale = 1.0  # linear scaling only applies to the global layers
+        q = rope(q, positions, c.n_rot, base, c.rope_neox, pos_scale, self.freq_factors)
+        k = rope(k, positions, c.n_rot, base, c.rope_neox, pos_scale, self.freq_factors)
+
+        if self.emulate_kv_f16:  # llama.cpp's default KV cache type is f16; q meets K as f16
+            k, v, q = f16(k), f16(v), f16(q)
+        # append to cache
+        if self.k_cache[il] is None:
+            self.k_cache[il], self.v_cache[il] = k, v
+        else:
+            self.k_cache[il] = np.concatenate([self.k_cache[il], k], axis=0)
+            self.v_cache[il] = np.concatenate([self.v_cache[il], v], axis=0)
+        K, V = self.k_cache[il], self.v_cache[il]
+        n_kv = K.shape[0]
+        kv_pos = np.arange(n_kv)
+
+        # mask: causal (+ sliding window for gemma3 local layers)
+        allowed = kv_pos[None, :] <= positions[:, None]
+        if self.is_local_layer(il) and c.sliding_window > 0:
+            allowed &= kv_pos[None, :] > positions[:, None] - c.sliding_window
+        mask = np.where(allowed, 0.0, -np.inf).astype(np.float32)  # (seq, n_kv)
+
+        scale = 1.0 / math.sqrt(c.head_dim)
+        if c.arch == "gemma3" and c.n_layer == 62:
+            # Gemma 3 27B: query_pre_attn_scalar = hidden / heads (168), not head_dim (128);
+            # llama.cpp keys this on the layer count too
+            scale = 1.0 / math.sqrt(c.n_embd / c.n_head)
+        group = c.n_head // c.n_head_kv
+        out = np.empty((seq, c.n_head, c.head_dim), dtype=np.float32)
+        for h in range(c.n_head):
+            hk = h // group  # GQA: query head h reads kv head h // group
+            scores = (q[:, h, :] @ K[:, hk, :].T) * scale + mask  # (seq, n_kv)
+            probs = softmax(scores)
+            if self.emulate_kv_f16:
+                probs = f16(probs)  # kq meets the f16 V cache as f16
+            out[:, h, :] = probs @ V[:, hk, :]
+        out = out.reshape(seq, c.n_head * c.head_dim)
+        return self.linear(out, p + "attn_output.weight", p + "attn_output.bias")
+
+    # ---- feed forward -----------------------------------------------------
+    def ffn(self, il: int, x: np.ndarray) -> np.ndarray:
+        c, w = self.cfg, self.w
+        p = f"blk.{il}."
+        if c.arch == "qwen3moe":
+            return self.moe(il, x)
+        gate = self.linear(x, p + "ffn_gate.weight")
+        up = self.linear(x, p + "ffn_up.weight")
+        if c.arch == "gemma3":
+            act = gelu_tanh_f16_table(gate) if self.emulate_gelu_f16 else gelu_tanh(gate)
+        else:
+            act = silu(gate)
+        return self.linear(act * up, p + "ffn_down.weight")
+
+    def moe(self, il: int, x: np.ndarray) -> np.ndarray:
+        c, w = self.cfg, self.w
+        p = f"blk.{il}."
+        router_logits = self.linear(x, p + "ffn_gate_inp.weight")  # (seq, n_expert)
+        probs = softmax(router_logits)
+        # expert tensors are stacked: (n_expert, out, in)
+        gate_e = w.get(p + "ffn_gate_exps.weight")
+        up_e = w.get(p + "ffn_up_exps.weight")
+        down_e = w.get(p + "ffn_down_exps.weight")
+        out = np.zeros_like(x)
+        for t in range(x.shape[0]):
+            top = np.argsort(-probs[t], kind="stable")[: c.n_expert_used]
+            weights = probs[t, top]
+            if c.norm_topk_prob:
+                weights = weights / weights.sum()
+            for e, g in zip(top, weights):
+                h = silu(gate_e[e] @ x[t]) * (up_e[e] @ x[t])
+                out[t] += g * (down_e[e] @ h)
+        return out
+
+    # ---- full step ------------------------------------------------------------
+    def forward(self, tokens: list[int], all_positions: bool = False) -> np.ndarray:
+        """Runs `tokens` after the cached prefix; returns logits (last or all positions)."""
+        c, w = self.cfg, self.w
+        positions = np.arange(self.n_past, self.n_past + len(tokens))
+        x = w.get("token_embd.weight")[np.asarray(tokens)]
+        if c.arch == "gemma3":
+            x = x * np.float32(math.sqrt(c.n_embd))
+        for il in range(c.n_layer):
+            p = f"blk.{il}."
+            h = rms_norm(x, w.get(p + "attn_norm.weight"), c.norm_eps)
+            h = self.attention(il, h, positions)
+            if w.has(p + "post_attention_norm.weight"):
+                h = rms_norm(h, w.get(p + "post_attention_norm.weight"), c.norm_eps)
+            x = x + h
+            h = rms_norm(x, w.get(p + "ffn_norm.weight"), c.norm_eps)
+            h = self.ffn(il, h)
+            if w.has(p + "post_ffw_norm.weight"):
+                h = rms_norm(h, w.get(p + "post_ffw_norm.weight"), c.norm_eps)
+            x = x + h
+        self.n_past += len(tokens)
+        if not all_positions:
+            x = x[-1:]
+        x = rms_norm(x, w.get("output_norm.weight"), c.norm_eps)
+        out_name = "output.weight" if w.has("output.weight") else "token_embd.weight"
+        logits = self.linear(x, out_name)
+        return logits.astype(np.float32)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model", help="GGUF file")
+    ap.add_argument("--tokens", required=True, help="JSON list of token ids (or @file)")
+    ap.add_argument("--all-positions", action="store_true", help="emit logits of every position")
+    ap.add_argument("--generate", type=int, default=0, help="also greedily generate N tokens")
+    ap.add_argument("--no-logits", action="store_true", help="omit the logits arrays (argmax only)")
+    ap.add_argument("--top", type=int, default=0, help="also report the top-N (id, logit) pairs")
+    ap.add_argument("--emulate-ggml", action="store_true",
+                    help="round activations like ggml's CPU matmuls (q8 / f16) and keep an f16 KV cache")
+    ap.add_argument("--out", help="write JSON here instead of stdout")
+    args = ap.parse_args()
+
+    text = open(args.tokens[1:]).read() if args.tokens.startswith("@") else args.tokens
+    tokens = [int(t) for t in json.loads(text)]
+    if not tokens:
+        sys.exit("need at least one token")
+
+    model = Model(args.model, emulate_ggml=args.emulate_ggml)
+    logits = model.forward(tokens, all_positions=args.all_positions)
+    result: dict = {"model": args.model, "arch": model.cfg.arch, "emulate_ggml": args.emulate_ggml,
+                    "tokens": tokens}
+    if args.all_positions:
+        result["argmax"] = [int(i) for i in np.argmax(logits, axis=-1)]
+        if not args.no_logits:
+            result["logits"] = [[float(v) for v in row] for row in logits]
+    else:
+        result["argmax"] = int(np.argmax(logits[-1]))
+        if not args.no_logits:
+            result["logits"] = [float(v) for v in logits[-1]]
+    if args.top:
+        last = logits[-1]
+        top = np.argsort(-last, kind="stable")[: args.top]
+        result["top"] = [[int(i), float(last[i])] for i in top]
+
+    if args.generate:
+        generated = []
+        nxt = int(np.argmax(logits[-1]))
+        for _ in range(args.generate):
+            generated.append(nxt)
+            nxt = int(np.argmax(model.forward([nxt])[-1]))
+        result["generated"] = generated
+
+    data = json.dumps(result)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(data + "\n")
+    else:
+        print(data)
+
+
+if __name__ == "__main__":
+    main()
