@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Builds fathom and runs the main job on the default model (fetched when
-# missing): today that is `fathom inspect`, the memory plan from headers.
-# Extra arguments go to `fathom inspect`, e.g. `scripts/run.sh --json`.
+# missing): a chat with SmolLM2-135M-Instruct, after printing its memory plan.
+# Arguments go to `fathom run`, e.g. `scripts/run.sh -p "Why is the sky blue?"`
+# for one answer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh
 cargo build --release --locked -p fathom-cli
-exec target/release/fathom inspect models/SmolLM2-135M-Instruct.Q4_1.gguf "$@"
+MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+target/release/fathom inspect "$MODEL" --max-tokens 4096 >&2
+exec target/release/fathom run "$MODEL" --ctx-size 4096 "$@"

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh
 # The independent numpy reference the engine's logits are checked against.
-python3 -m pip install --quiet --disable-pip-version-check "numpy>=1.26" "gguf==0.19.0"
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "numpy>=1.26" "gguf==0.19.0"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked

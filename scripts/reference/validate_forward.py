@@ -9,7 +9,8 @@ top-1/top-2 margin. A divergence is only acceptable at a near-tie (margin below
 --tie-margin logits): the quantized-activation noise of ggml's CPU matmuls is
 ~0.1-0.3 logits rms on this model, so nothing can agree through closer ties.
 
-Usage: validate_forward.py [--model M] [--n 32] [--out scripts/reference/out/forward_validation.json]
+Usage: validate_forward.py [--model M] [--n 32] [--min-match 16] [--out FILE]
+                           [--prompts-from out/smollm2_greedy.json] [PROMPT ...]
 """
 
 from __future__ import annotations
@@ -51,12 +52,17 @@ def main() -> None:
     ap.add_argument("--min-match", type=int, default=16)
     ap.add_argument("--tie-margin", type=float, default=0.25)
     ap.add_argument("--out", default=os.path.join(HERE, "out", "forward_validation.json"))
+    ap.add_argument("--prompts-from", help="JSON file: a list of prompts, or a record_llama_cpp.sh greedy "
+                    "output (its prompts are used)")
     ap.add_argument("prompts", nargs="*")
     args = ap.parse_args()
 
     logits_bin = subprocess.run([os.path.join(HERE, "build_llama_logits.sh")], capture_output=True, text=True,
                                 check=True).stdout.strip().splitlines()[-1]
     prompts = args.prompts or PROMPTS
+    if args.prompts_from:
+        doc = json.load(open(args.prompts_from))
+        prompts = [p["prompt"] for p in doc["prompts"]] if isinstance(doc, dict) else doc
     models = {False: forward.Model(args.model), True: forward.Model(args.model, emulate_ggml=True)}
     report = {"model": args.model, "n": args.n, "tie_margin": args.tie_margin, "prompts": []}
     ok_all = True

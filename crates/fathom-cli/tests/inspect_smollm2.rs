@@ -66,7 +66,14 @@ fn json_has_every_documented_field() {
     let names: Vec<&str> = terms.iter().map(|t| t["name"].as_str().unwrap()).collect();
     assert_eq!(
         names,
-        ["weights", "converted", "kv", "activations", "runtime", "backend"]
+        [
+            "weights",
+            "converted",
+            "kv",
+            "activations",
+            "runtime",
+            "backend"
+        ]
     );
     // The 61 F32 norms (30 layers x 2 + the output norm) of 576 values, copied to f32.
     assert_eq!(u(&v, "converted_bytes"), 61 * 576 * 4);

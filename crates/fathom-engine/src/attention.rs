@@ -45,6 +45,11 @@ impl SharedOut {
     }
 }
 
+/// Query tokens per work item: a tile of queries shares each loaded block
+/// of K and V, so a prefill chunk converts each cached row once per tile
+/// rather than once per token.
+const TILE: usize = 16;
+
 /// `out[t][h]` = softmax(q·K / √d) V over positions `max(0, p-w+1) ..= p`.
 /// `q`: T × heads × key_dim; `k`, `v`: T × kv_heads × dims (the chunk);
 /// `scratch`: per worker, `BLOCK + value_dim + BLOCK × (key_dim + value_dim)` f32.
@@ -62,8 +67,9 @@ pub fn attend(
 ) {
     let s = shape;
     let group = s.n_heads / s.n_kv_heads;
-    debug_assert!(group <= MAX_GROUP);
-    let items = s.tokens * s.n_kv_heads;
+    assert!(group <= MAX_GROUP, "{group} query heads per KV head");
+    let tiles = s.tokens.div_ceil(TILE);
+    let items = tiles * s.n_kv_heads;
     let out_len = out.len();
     let shared_out = SharedOut(out.as_mut_ptr());
     let shared_scratch = SharedOut(scratch.as_mut_ptr());
@@ -78,79 +84,138 @@ pub fn attend(
                 scratch_per_worker,
             )
         };
-        let (kbuf, rest) = scratch.split_at_mut(s.key_dim);
-        let (vbuf, _) = rest.split_at_mut(s.value_dim);
+        let (kbuf, rest) = scratch.split_at_mut(BLOCK * s.key_dim);
+        let (vbuf, _) = rest.split_at_mut(BLOCK * s.value_dim);
         for item in (worker..items).step_by(workers) {
-            let (t, g) = (item / s.n_kv_heads, item % s.n_kv_heads);
-            let row = t * s.n_heads * s.value_dim + g * group * s.value_dim;
-            let len = group * s.value_dim;
-            assert!(row + len <= out_len);
-            // SAFETY: items are distinct (token, kv head) pairs, so their
-            // output slices are disjoint and in bounds (asserted).
-            let acc = unsafe { std::slice::from_raw_parts_mut(shared_out.ptr().add(row), len) };
-            attend_one(s, cache, q, k, v, t, g, group, acc, kbuf, vbuf);
+            let (tile, g) = (item / s.n_kv_heads, item % s.n_kv_heads);
+            let t0 = tile * TILE;
+            let t1 = (t0 + TILE).min(s.tokens);
+            let mut acc: [&mut [f32]; TILE] = Default::default();
+            for t in t0..t1 {
+                let row = t * s.n_heads * s.value_dim + g * group * s.value_dim;
+                let len = group * s.value_dim;
+                assert!(row + len <= out_len);
+                // SAFETY: items are distinct (query tile, kv head) pairs, so
+                // their output slices are disjoint and in bounds (asserted).
+                acc[t - t0] =
+                    unsafe { std::slice::from_raw_parts_mut(shared_out.ptr().add(row), len) };
+            }
+            attend_tile(
+                s,
+                cache,
+                q,
+                k,
+                v,
+                t0,
+                t1,
+                g,
+                group,
+                &mut acc[..t1 - t0],
+                kbuf,
+                vbuf,
+            );
         }
     });
 }
 
+/// Online softmax state of one (query, head).
+#[derive(Clone, Copy)]
+struct Running {
+    max: f32,
+    sum: f32,
+}
+
 #[allow(clippy::too_many_arguments)]
-fn attend_one(
+fn attend_tile(
     s: &AttentionShape,
     cache: Option<&LayerKv>,
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    t: usize,
+    t0: usize,
+    t1: usize,
     g: usize,
     group: usize,
-    acc: &mut [f32],
+    acc: &mut [&mut [f32]],
     kbuf: &mut [f32],
     vbuf: &mut [f32],
 ) {
-    let pos = s.start + t;
-    let first = match s.window {
-        Some(w) => (pos + 1).saturating_sub(w),
+    let (dk, dv) = (s.key_dim, s.value_dim);
+    let first = |t: usize| match s.window {
+        Some(w) => (s.start + t + 1).saturating_sub(w),
         None => 0,
     };
-    let mut max = [f32::NEG_INFINITY; MAX_GROUP];
-    let mut sum = [0f32; MAX_GROUP];
-    acc.fill(0.0);
-    let q_row = |h: usize| {
-        let o = (t * s.n_heads + g * group + h) * s.key_dim;
-        &q[o..o + s.key_dim]
+    let mut state = [Running {
+        max: f32::NEG_INFINITY,
+        sum: 0.0,
+    }; TILE * MAX_GROUP];
+    for a in acc.iter_mut() {
+        a.fill(0.0);
+    }
+    let q_row = |t: usize, h: usize| {
+        let o = (t * s.n_heads + g * group + h) * dk;
+        &q[o..o + dk]
     };
-    let mut visit = |kj: &[f32], vj: &[f32]| {
-        for h in 0..group {
-            let score = ops::dot_f32(q_row(h), kj) * s.scale;
-            let a = &mut acc[h * s.value_dim..(h + 1) * s.value_dim];
-            if score > max[h] {
-                let rescale = (max[h] - score).exp();
-                ops::scale(a, rescale);
-                sum[h] *= rescale;
-                max[h] = score;
+    let (lo, hi) = (first(t0), s.start + t1 - 1);
+    let mut block_start = lo;
+    while block_start <= hi {
+        // A block of key positions, aligned to the cache/chunk boundary so
+        // it comes wholly from one place.
+        let block_end = if block_start < s.start {
+            (block_start + BLOCK).min(s.start)
+        } else {
+            (block_start + BLOCK).min(hi + 1)
+        };
+        let n = block_end - block_start;
+        let from_cache = block_start < s.start;
+        if from_cache {
+            let cache = cache.expect("positions before the chunk are cached");
+            for i in 0..n {
+                cache.load(
+                    block_start + i,
+                    g,
+                    &mut kbuf[i * dk..(i + 1) * dk],
+                    &mut vbuf[i * dv..(i + 1) * dv],
+                );
             }
-            let w = (score - max[h]).exp();
-            sum[h] += w;
-            ops::axpy(a, w, vj);
         }
-    };
-    if let Some(cache) = cache {
-        for p in first..s.start {
-            cache.load(p, g, kbuf, vbuf);
-            visit(kbuf, vbuf);
+        let key = |i: usize| -> (&[f32], &[f32]) {
+            if from_cache {
+                (&kbuf[i * dk..(i + 1) * dk], &vbuf[i * dv..(i + 1) * dv])
+            } else {
+                let c = block_start + i - s.start;
+                let ko = (c * s.n_kv_heads + g) * dk;
+                let vo = (c * s.n_kv_heads + g) * dv;
+                (&k[ko..ko + dk], &v[vo..vo + dv])
+            }
+        };
+        for t in t0..t1 {
+            let (from, to) = (first(t).max(block_start), (s.start + t + 1).min(block_end));
+            for p in from..to {
+                let (kj, vj) = key(p - block_start);
+                for h in 0..group {
+                    let st = &mut state[(t - t0) * group + h];
+                    let score = ops::dot_f32(q_row(t, h), kj) * s.scale;
+                    let a = &mut acc[t - t0][h * dv..(h + 1) * dv];
+                    if score > st.max {
+                        let rescale = (st.max - score).exp();
+                        ops::scale(a, rescale);
+                        st.sum *= rescale;
+                        st.max = score;
+                    }
+                    let w = (score - st.max).exp();
+                    st.sum += w;
+                    ops::axpy(a, w, vj);
+                }
+            }
         }
+        block_start = block_end;
     }
-    for p in first.max(s.start)..=pos {
-        let c = p - s.start;
-        let ko = (c * s.n_kv_heads + g) * s.key_dim;
-        let vo = (c * s.n_kv_heads + g) * s.value_dim;
-        visit(&k[ko..ko + s.key_dim], &v[vo..vo + s.value_dim]);
-    }
-    for h in 0..group {
-        ops::scale(
-            &mut acc[h * s.value_dim..(h + 1) * s.value_dim],
-            1.0 / sum[h],
-        );
+    for t in t0..t1 {
+        for h in 0..group {
+            let sum = state[(t - t0) * group + h].sum;
+            ops::scale(&mut acc[t - t0][h * dv..(h + 1) * dv], 1.0 / sum);
+        }
     }
 }
 
