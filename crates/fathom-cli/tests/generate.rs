@@ -1,0 +1,180 @@
+//! `fathom generate` and `fathom run` as a user runs them: the real binary
+//! on the real SmolLM2 GGUF.
+
+mod common;
+
+use common::{fathom, smollm2, stderr, stdout};
+
+/// `(plan bytes, peak RSS bytes)` from the `memory:` line on stderr.
+fn plan_and_peak(err: &str) -> (u64, u64) {
+    let line = err
+        .lines()
+        .find(|l| l.starts_with("memory:"))
+        .unwrap_or_else(|| panic!("no memory line in\n{err}"));
+    let numbers: Vec<u64> = line
+        .split('(')
+        .filter_map(|part| part.split(" bytes)").next()?.parse().ok())
+        .collect();
+    assert_eq!(numbers.len(), 2, "{line}");
+    (numbers[0], numbers[1])
+}
+
+#[test]
+fn generation_peak_rss_stays_within_the_plan() {
+    let model = smollm2();
+    let prompt = "The history of the printing press begins in ".repeat(30);
+    let out = fathom(
+        &[
+            "generate",
+            model.to_str().unwrap(),
+            "-p",
+            &prompt,
+            "-n",
+            "32",
+            "--temp",
+            "0",
+            "-t",
+            "2",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    let (plan, peak) = plan_and_peak(&err);
+    println!("plan {plan} bytes, peak RSS {peak} bytes");
+    assert!(peak <= plan, "peak RSS {peak} over the plan {plan}");
+    for line in ["load:", "prompt:", "decode:"] {
+        assert!(err.contains(line), "{err}");
+    }
+    assert!(!stdout(&out).trim().is_empty());
+}
+
+#[test]
+fn greedy_generation_is_deterministic_and_stops_at_stop_strings() {
+    let model = smollm2();
+    let args = [
+        "generate",
+        model.to_str().unwrap(),
+        "-p",
+        "1, 2, 3, 4, 5,",
+        "-n",
+        "24",
+        "--temp",
+        "0",
+        "-t",
+        "2",
+    ];
+    let a = fathom(&args, &[]);
+    let b = fathom(&args, &[]);
+    assert!(a.status.success(), "{}", stderr(&a));
+    assert_eq!(stdout(&a), stdout(&b));
+    assert!(stdout(&a).starts_with(" 6, 7, 8"), "{}", stdout(&a));
+    let mut stopped = args.to_vec();
+    stopped.extend(["--stop", "9"]);
+    let c = fathom(&stopped, &[]);
+    assert_eq!(stdout(&c).trim_end(), " 6, 7, 8,");
+}
+
+#[test]
+fn preflight_refuses_with_status_2_and_force_loads_anyway() {
+    let model = smollm2();
+    let base = [
+        "generate",
+        model.to_str().unwrap(),
+        "-p",
+        "Hello",
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--memory",
+        "50M",
+    ];
+    let mut refused = base.to_vec();
+    refused.push("--estimate-memory");
+    let out = fathom(&refused, &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    for needle in ["DOES NOT FIT", "50.00 MiB", "over", "--force", "q8_0"] {
+        assert!(err.contains(needle), "{needle} missing from\n{err}");
+    }
+    assert!(stdout(&out).is_empty(), "nothing generated");
+    let mut forced = refused.clone();
+    forced.push("--force");
+    let out = fathom(&forced, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("warning:"), "{}", stderr(&out));
+    // Without --estimate-memory there is no preflight.
+    assert!(fathom(&base, &[]).status.success());
+}
+
+#[test]
+fn bad_requests_are_clear_errors() {
+    let model = smollm2();
+    let long = "word ".repeat(300);
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec![
+                "generate",
+                model.to_str().unwrap(),
+                "-p",
+                &long,
+                "-n",
+                "8",
+                "-c",
+                "64",
+            ],
+            "context",
+        ),
+        (
+            vec!["generate", "missing-model.gguf", "-p", "x"],
+            "missing-model.gguf",
+        ),
+        (
+            vec![
+                "generate",
+                model.to_str().unwrap(),
+                "-p",
+                "x",
+                "--device",
+                "cuda",
+                "--memory",
+                "8G",
+            ],
+            "cuda",
+        ),
+    ];
+    for (args, needle) in cases {
+        let out = fathom(&args, &[]);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{args:?}: {}", stderr(&out));
+        assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+    }
+}
+
+#[test]
+fn run_answers_one_message_with_the_chat_template() {
+    let model = smollm2();
+    let out = fathom(
+        &[
+            "run",
+            model.to_str().unwrap(),
+            "-p",
+            "What is the capital of France?",
+            "-n",
+            "24",
+            "--temp",
+            "0",
+            "-c",
+            "512",
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let answer = stdout(&out);
+    assert!(answer.contains("Paris"), "{answer}");
+    assert!(
+        !answer.contains("<|im_end|>") && !answer.contains("<|im_start|>"),
+        "{answer}"
+    );
+}
