@@ -90,6 +90,13 @@ pub fn open(model: &Path) -> Result<Opened> {
     let started = Instant::now();
     let checkpoint = Checkpoint::open(model)?;
     let spec = ModelSpec::from_checkpoint(&checkpoint)?;
+    // Say that the family cannot run before anything else can fail on it.
+    if !spec.is_known_family() {
+        return Err(fathom_engine::EngineError::UnsupportedFamily {
+            architecture: spec.architecture.clone(),
+        }
+        .into());
+    }
     let tokenizer = fathom_engine::load_tokenizer(&checkpoint)?;
     Ok(Opened {
         checkpoint,

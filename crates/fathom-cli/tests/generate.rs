@@ -178,3 +178,27 @@ fn run_answers_one_message_with_the_chat_template() {
         "{answer}"
     );
 }
+
+#[test]
+fn unrunnable_checkpoints_are_clear_errors() {
+    use fathom_fixtures::{Data, GgufValue, GgufWriter};
+    let dir = common::TempDir::new("unrunnable");
+    // An architecture fathom plans but does not run.
+    let unknown = dir.0.join("rwkv.gguf");
+    GgufWriter::new()
+        .kv("general.architecture", GgufValue::string("rwkv7"))
+        .tensor("token_embd.weight", &[64, 100], 0, 64 * 100 * 4)
+        .write(&unknown, Data::Sparse)
+        .unwrap();
+    let truncated = dir.0.join("truncated.gguf");
+    std::fs::write(&truncated, &std::fs::read(smollm2()).unwrap()[..100_000]).unwrap();
+    for (path, needle) in [(&unknown, "rwkv7"), (&truncated, "truncated")] {
+        let out = fathom(
+            &["generate", path.to_str().unwrap(), "-p", "hi", "-n", "4"],
+            &[],
+        );
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        assert!(stderr(&out).contains(needle), "{}", stderr(&out));
+        assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+    }
+}
