@@ -137,6 +137,7 @@ impl Model {
             neox: false,
             scaling: None,
             scaling_factor: None,
+            llama3: None,
         });
         let head_dim = spec.head_dim as usize;
         let rope_freqs = if files.has("rope_freqs.weight") {
@@ -148,7 +149,9 @@ impl Model {
                 &mut converted,
             )?)
         } else {
-            None
+            rope.llama3
+                .as_ref()
+                .map(|l3| l3.freq_factors(rope.theta, head_dim))
         };
         for l in &layers {
             if l.key_dim > MAX_HEAD_DIM || l.value_dim > MAX_HEAD_DIM || l.n_kv_heads == 0 {

@@ -148,6 +148,8 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
             .filter(|s| *s != "none")
             .map(str::to_string),
         scaling_factor: meta.f64(&key("rope.scaling.factor"))?,
+        // GGUF carries llama3 scaling as the `rope_freqs.weight` tensor.
+        llama3: None,
     };
     if let Family::Unknown(name) = &family {
         notes.push(format!(

@@ -138,6 +138,7 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
         scaling_factor: scaling
             .and_then(|s| s.get("factor"))
             .and_then(Value::as_f64),
+        llama3: scaling.and_then(llama3_rope),
     };
     if let Family::Unknown(name) = &family {
         notes.push(format!(
@@ -169,6 +170,27 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
         source,
         notes,
     })
+}
+
+/// Llama 3.1's `rope_scaling` with `rope_type: llama3` and its four numbers.
+fn llama3_rope(scaling: &Value) -> Option<crate::Llama3Rope> {
+    let kind = scaling.get("rope_type").or_else(|| scaling.get("type"))?;
+    if kind.as_str()? != "llama3" {
+        return None;
+    }
+    let num = |k: &str| {
+        scaling
+            .get(k)
+            .and_then(Value::as_f64)
+            .filter(|x| x.is_finite() && *x > 0.0)
+    };
+    let rope = crate::Llama3Rope {
+        factor: num("factor")?,
+        low_freq_factor: num("low_freq_factor")?,
+        high_freq_factor: num("high_freq_factor")?,
+        original_context: num("original_max_position_embeddings")?,
+    };
+    (rope.high_freq_factor > rope.low_freq_factor).then_some(rope)
 }
 
 /// Per-layer attention from `layer_types` when present (newer configs),

@@ -90,6 +90,44 @@ pub struct Rope {
     /// uses one.
     pub scaling: Option<String>,
     pub scaling_factor: Option<f64>,
+    /// Llama 3's frequency-dependent scaling, when a config describes it
+    /// (GGUF files store the resulting factors as `rope_freqs.weight`).
+    pub llama3: Option<Llama3Rope>,
+}
+
+/// Llama 3.1's rope scaling: low frequencies are divided by `factor`, high
+/// ones kept, and the band between blended.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Llama3Rope {
+    pub factor: f64,
+    pub low_freq_factor: f64,
+    pub high_freq_factor: f64,
+    pub original_context: f64,
+}
+
+impl Llama3Rope {
+    /// The divisor of each rotary pair's frequency, as llama.cpp's
+    /// converter computes `rope_freqs`.
+    pub fn freq_factors(&self, theta: f64, head_dim: usize) -> Vec<f32> {
+        let low_wavelen = self.original_context / self.low_freq_factor;
+        let high_wavelen = self.original_context / self.high_freq_factor;
+        (0..head_dim / 2)
+            .map(|i| {
+                let freq = theta.powf(-2.0 * i as f64 / head_dim as f64);
+                let wavelen = 2.0 * std::f64::consts::PI / freq;
+                let divisor = if wavelen < high_wavelen {
+                    1.0
+                } else if wavelen > low_wavelen {
+                    self.factor
+                } else {
+                    let smooth = (self.original_context / wavelen - self.low_freq_factor)
+                        / (self.high_freq_factor - self.low_freq_factor);
+                    1.0 / ((1.0 - smooth) / self.factor + smooth)
+                };
+                divisor as f32
+            })
+            .collect()
+    }
 }
 
 /// One tensor of the checkpoint as stored.

@@ -112,6 +112,23 @@ fn llama_3_1_8b() {
     assert!(!rope.neox);
     assert_eq!(rope.scaling.as_deref(), Some("llama3"));
     assert_eq!(rope.scaling_factor, Some(8.0));
+    // The HF config's llama3 scaling, as llama.cpp's converter turns it into
+    // rope_freqs: high frequencies kept, low ones divided by 8, and pair 30
+    // (wavelength ~2946 tokens, between 8192/4 and 8192) blended: by hand,
+    // smooth = (8192/2946 - 1)/3 = 0.594, divisor = 1/((1-0.594)/8 + 0.594) = 1.552.
+    let factors = rope
+        .llama3
+        .as_ref()
+        .expect("llama3 scaling")
+        .freq_factors(rope.theta, 128);
+    assert_eq!(factors.len(), 64);
+    assert_eq!((factors[0], factors[63]), (1.0, 8.0));
+    assert!((factors[30] - 1.552).abs() < 0.005, "{}", factors[30]);
+    assert!(factors.windows(2).all(|w| w[0] <= w[1]));
+    assert!(
+        gguf.rope.as_ref().unwrap().llama3.is_none(),
+        "GGUF carries rope_freqs instead"
+    );
 }
 
 #[test]
