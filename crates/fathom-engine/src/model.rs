@@ -3,7 +3,7 @@
 //! q/k norms, post norms, GeGLU, routed experts, sliding windows).
 
 use fathom_checkpoint::Checkpoint;
-use fathom_kernels::{matmul, ops, Pool, Weights};
+use fathom_kernels::{matmul, ops, Pool};
 use fathom_plan::KvDtype;
 use fathom_spec::{Attention, Family, ModelSpec};
 
@@ -11,7 +11,7 @@ use crate::arena::Arena;
 use crate::attention::{self, AttentionShape};
 use crate::kv::{KvPool, SeqKv};
 use crate::names::{LayerNames, Naming};
-use crate::weights::{Matrix, WeightFiles};
+use crate::weights::{Matrix, MatrixView, WeightFiles};
 use crate::EngineError;
 
 /// Largest head dimension the per-head norms handle on the stack.
@@ -204,8 +204,12 @@ impl Model {
             .collect()
     }
 
-    fn view(&self, m: &Matrix) -> Weights<'_> {
-        self.files.view(m)
+    /// out = x · mᵀ for `n` rows of x, with the kernel for m's storage.
+    fn mm(&self, pool: &Pool, m: &Matrix, x: &[f32], n: usize, out: &mut [f32], q8: &mut [u8]) {
+        match self.files.view(m) {
+            MatrixView::Blocks(w) => matmul(pool, &w, x, n, out, q8),
+            MatrixView::Affine(w) => fathom_kernels::affine_matmul(pool, &w, x, n, out),
+        }
     }
 
     /// Runs `tokens` (at most the arena's step) at the next positions of
@@ -229,15 +233,21 @@ impl Model {
         let (d, vocab) = (s.hidden as usize, s.vocab as usize);
         let n_heads = s.n_heads as usize;
         let start = seq.len;
-        let embed = self.view(&self.embed);
         for (t, &tok) in tokens.iter().enumerate() {
             if tok as usize >= vocab {
                 return Err(EngineError::BadToken { id: tok, vocab });
             }
-            let row_bytes = embed.ty.row_bytes(d);
-            let row = &embed.data[tok as usize * row_bytes..(tok as usize + 1) * row_bytes];
             let dst = &mut arena.residual[t * d..(t + 1) * d];
-            fathom_kernels::dequantize_row(embed.ty, row, dst);
+            match self.files.view(&self.embed) {
+                MatrixView::Blocks(w) => {
+                    let row_bytes = w.ty.row_bytes(d);
+                    let row = &w.data[tok as usize * row_bytes..(tok as usize + 1) * row_bytes];
+                    fathom_kernels::dequantize_row(w.ty, row, dst);
+                }
+                MatrixView::Affine(w) => {
+                    fathom_kernels::affine_dequantize_row(&w, tok as usize, dst)
+                }
+            }
             if self.embed_scale != 1.0 {
                 ops::scale(dst, self.embed_scale);
             }
@@ -254,25 +264,25 @@ impl Model {
                 );
             }
             let x = &arena.norm[..t_n * d];
-            matmul(
+            self.mm(
                 pool,
-                &self.view(&layer.wq),
+                &layer.wq,
                 x,
                 t_n,
                 &mut arena.q[..t_n * qw],
                 &mut arena.q8_rows,
             );
-            matmul(
+            self.mm(
                 pool,
-                &self.view(&layer.wk),
+                &layer.wk,
                 x,
                 t_n,
                 &mut arena.k[..t_n * kw],
                 &mut arena.q8_rows,
             );
-            matmul(
+            self.mm(
                 pool,
-                &self.view(&layer.wv),
+                &layer.wv,
                 x,
                 t_n,
                 &mut arena.v[..t_n * vw],
@@ -355,9 +365,9 @@ impl Model {
                     &arena.v[t * vw..(t + 1) * vw],
                 );
             }
-            matmul(
+            self.mm(
                 pool,
-                &self.view(&layer.wo),
+                &layer.wo,
                 &arena.attn_out[..t_n * n_heads * dv],
                 t_n,
                 &mut arena.branch_out[..t_n * d],
@@ -390,9 +400,9 @@ impl Model {
             self.eps,
             &mut arena.norm[..d],
         );
-        matmul(
+        self.mm(
             pool,
-            &self.view(&self.output),
+            &self.output,
             &arena.norm[..d],
             1,
             &mut arena.logits[..vocab],
@@ -441,26 +451,26 @@ impl Model {
     ) {
         let f = gate.rows;
         let x = &arena.norm[..t_n * d];
-        matmul(
+        self.mm(
             pool,
-            &self.view(gate),
+            gate,
             x,
             t_n,
             &mut arena.ffn_gate[..t_n * f],
             &mut arena.q8_rows,
         );
-        matmul(
+        self.mm(
             pool,
-            &self.view(up),
+            up,
             x,
             t_n,
             &mut arena.ffn_up[..t_n * f],
             &mut arena.q8_rows,
         );
         self.activate(&mut arena.ffn_gate[..t_n * f], &arena.ffn_up[..t_n * f]);
-        matmul(
+        self.mm(
             pool,
-            &self.view(down),
+            down,
             &arena.ffn_gate[..t_n * f],
             t_n,
             &mut arena.branch_out[..t_n * d],
@@ -481,9 +491,9 @@ impl Model {
     ) {
         let n_exp = experts.len();
         let k = self.spec.n_experts_active as usize;
-        matmul(
+        self.mm(
             pool,
-            &self.view(router),
+            router,
             &arena.norm[..t_n * d],
             t_n,
             &mut arena.router_logits[..t_n * n_exp],
@@ -526,26 +536,26 @@ impl Model {
                 continue;
             }
             let f = gate.rows;
-            matmul(
+            self.mm(
                 pool,
-                &self.view(gate),
+                gate,
                 &arena.moe_in[..n * d],
                 n,
                 &mut arena.ffn_gate[..n * f],
                 &mut arena.q8_rows,
             );
-            matmul(
+            self.mm(
                 pool,
-                &self.view(up),
+                up,
                 &arena.moe_in[..n * d],
                 n,
                 &mut arena.ffn_up[..n * f],
                 &mut arena.q8_rows,
             );
             self.activate(&mut arena.ffn_gate[..n * f], &arena.ffn_up[..n * f]);
-            matmul(
+            self.mm(
                 pool,
-                &self.view(down),
+                down,
                 &arena.ffn_gate[..n * f],
                 n,
                 &mut arena.moe_out[..n * d],

@@ -6,8 +6,8 @@
 use std::fs::File;
 use std::path::Path;
 
-use fathom_checkpoint::{Checkpoint, GgufFile, HfCheckpoint, StDtype};
-use fathom_kernels::{WeightType, Weights};
+use fathom_checkpoint::{Checkpoint, GgufFile, HfCheckpoint, MlxQuantization, StDtype};
+use fathom_kernels::{AffineWeights, WeightType, Weights, AFFINE_BITS};
 use memmap2::Mmap;
 
 use crate::EngineError;
@@ -20,13 +20,34 @@ pub struct TensorLoc {
     len: usize,
 }
 
+/// How a matrix's values are stored.
+#[derive(Debug, Clone, Copy)]
+enum Storage {
+    /// ggml blocks (or plain floats).
+    Blocks(WeightType),
+    /// MLX affine: packed words here, scales and biases beside them.
+    Affine {
+        bits: u32,
+        group: usize,
+        scales: TensorLoc,
+        biases: TensorLoc,
+        bf16: bool,
+    },
+}
+
 /// A matrix in its stored format: `rows` rows of `cols` values.
 #[derive(Debug, Clone, Copy)]
 pub struct Matrix {
     loc: TensorLoc,
-    pub ty: WeightType,
+    storage: Storage,
     pub rows: usize,
     pub cols: usize,
+}
+
+/// A matrix's bytes, for the kernel that reads its storage.
+pub enum MatrixView<'a> {
+    Blocks(Weights<'a>),
+    Affine(AffineWeights<'a>),
 }
 
 /// A stored tensor as the loader sees it, before it is given a role.
@@ -44,6 +65,7 @@ pub struct StoredTensor {
 pub struct WeightFiles {
     maps: Vec<Mmap>,
     tensors: Vec<StoredTensor>,
+    mlx: Option<MlxQuantization>,
 }
 
 fn map(path: &Path) -> Result<Mmap, EngineError> {
@@ -104,6 +126,7 @@ impl WeightFiles {
             Checkpoint::Gguf(file) => Ok(WeightFiles {
                 maps: vec![map(&file.path)?],
                 tensors: gguf_tensors(file),
+                mlx: None,
             }),
             Checkpoint::Hf(hf) => Ok(WeightFiles {
                 maps: hf
@@ -112,6 +135,7 @@ impl WeightFiles {
                     .map(|f| map(&f.path))
                     .collect::<Result<_, _>>()?,
                 tensors: hf_tensors(hf),
+                mlx: hf.quantization,
             }),
         }
     }
@@ -124,11 +148,15 @@ impl WeightFiles {
         &self.maps[loc.file][loc.offset..loc.offset + loc.len]
     }
 
-    /// The matrix `name`, checked to be `[rows, cols]`.
+    /// The matrix `name`, checked to be `[rows, cols]` (or, MLX-packed,
+    /// `[rows, cols·bits/32]` words with `[rows, cols/group]` scales and biases).
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, EngineError> {
         let t = self.find(name).ok_or_else(|| EngineError::MissingTensor {
             tensor: name.to_string(),
         })?;
+        if let (Some(q), "U32") = (self.mlx, t.dtype.as_str()) {
+            return self.affine_matrix(t, q, rows, cols);
+        }
         let expected = vec![rows as u64, cols as u64];
         if t.shape != expected {
             return Err(EngineError::BadShape {
@@ -143,19 +171,97 @@ impl WeightFiles {
         })?;
         Ok(Matrix {
             loc: t.loc,
-            ty,
+            storage: Storage::Blocks(ty),
+            rows,
+            cols,
+        })
+    }
+
+    fn affine_matrix(
+        &self,
+        t: &StoredTensor,
+        q: MlxQuantization,
+        rows: usize,
+        cols: usize,
+    ) -> Result<Matrix, EngineError> {
+        let (bits, group) = (q.bits, q.group_size as usize);
+        if !AFFINE_BITS.contains(&bits) || !cols.is_multiple_of(group) {
+            return Err(EngineError::UnsupportedDtype {
+                tensor: t.name.clone(),
+                dtype: format!("MLX {bits}-bit (group {group}) over {cols} columns; fathom runs 2-, 4- and 8-bit groups that divide the row"),
+            });
+        }
+        let expect =
+            |name: &str, shape: Vec<u64>, found: &StoredTensor| -> Result<(), EngineError> {
+                if found.shape != shape {
+                    return Err(EngineError::BadShape {
+                        tensor: name.to_string(),
+                        shape: found.shape.clone(),
+                        expected: shape,
+                    });
+                }
+                Ok(())
+            };
+        expect(
+            &t.name,
+            vec![rows as u64, (cols * bits as usize / 32) as u64],
+            t,
+        )?;
+        let prefix = t.name.strip_suffix(".weight").unwrap_or(&t.name);
+        let aux = |suffix: &str| -> Result<&StoredTensor, EngineError> {
+            let name = format!("{prefix}.{suffix}");
+            let a = self.find(&name).ok_or(EngineError::MissingTensor {
+                tensor: name.clone(),
+            })?;
+            expect(&name, vec![rows as u64, (cols / group) as u64], a)?;
+            if !matches!(a.ty, Some(WeightType::F16 | WeightType::BF16)) {
+                return Err(EngineError::UnsupportedDtype {
+                    tensor: name,
+                    dtype: a.dtype.clone(),
+                });
+            }
+            Ok(a)
+        };
+        let (scales, biases) = (aux("scales")?, aux("biases")?);
+        Ok(Matrix {
+            loc: t.loc,
+            storage: Storage::Affine {
+                bits,
+                group,
+                scales: scales.loc,
+                biases: biases.loc,
+                bf16: scales.ty == Some(WeightType::BF16),
+            },
             rows,
             cols,
         })
     }
 
     /// The view of a matrix for the kernels.
-    pub fn view(&self, m: &Matrix) -> Weights<'_> {
-        Weights {
-            ty: m.ty,
-            rows: m.rows,
-            cols: m.cols,
-            data: self.bytes(m.loc),
+    pub fn view(&self, m: &Matrix) -> MatrixView<'_> {
+        match m.storage {
+            Storage::Blocks(ty) => MatrixView::Blocks(Weights {
+                ty,
+                rows: m.rows,
+                cols: m.cols,
+                data: self.bytes(m.loc),
+            }),
+            Storage::Affine {
+                bits,
+                group,
+                scales,
+                biases,
+                bf16,
+            } => MatrixView::Affine(AffineWeights {
+                bits,
+                group,
+                rows: m.rows,
+                cols: m.cols,
+                packed: self.bytes(m.loc),
+                scales: self.bytes(scales),
+                biases: self.bytes(biases),
+                bf16,
+            }),
         }
     }
 
@@ -219,7 +325,7 @@ impl WeightFiles {
                 offset: t.loc.offset + index * bytes,
                 len: bytes,
             },
-            ty,
+            storage: Storage::Blocks(ty),
             rows,
             cols,
         })

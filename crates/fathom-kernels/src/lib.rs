@@ -12,6 +12,7 @@
 //! differ from it only in the order of float additions, which the tests
 //! check.
 
+mod affine;
 mod isa;
 mod matmul;
 pub mod ops;
@@ -20,6 +21,7 @@ mod quant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use affine::{affine_dequantize_row, affine_matmul, AffineWeights, AFFINE_BITS};
 pub use isa::isa_name;
 pub use matmul::{activation_row_bytes, matmul};
 pub use pool::Pool;
