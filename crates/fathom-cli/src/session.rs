@@ -1,6 +1,7 @@
 //! What `generate` and `run` share: sampling flags, the memory preflight,
 //! loading the engine from the plan, and the stats line on stderr.
 
+use std::io::IsTerminal;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -143,7 +144,35 @@ pub fn load(opened: Opened, plan: MemoryPlan) -> Result<(Engine, Duration)> {
         );
     }
     let engine = Engine::load(&opened.checkpoint, opened.spec, plan, opened.tokenizer)?;
+    // Fault the weights in now, with a progress bar on a terminal once
+    // loading has taken over a second (a large model on a cold disk).
+    let started = opened.started;
+    let terminal = std::io::stderr().is_terminal();
+    let mut shown = false;
+    engine.model.prefault(&mut |done, total| {
+        if terminal && started.elapsed() > Duration::from_secs(1) {
+            eprint!("\r{}", progress_bar(done, total));
+            shown = true;
+        }
+    });
+    if shown {
+        eprintln!();
+    }
     Ok((engine, opened.started.elapsed()))
+}
+
+/// `loading [##########          ]  50% 1.00 GiB / 2.00 GiB`.
+fn progress_bar(done: u64, total: u64) -> String {
+    const WIDTH: u64 = 30;
+    let filled = (done.saturating_mul(WIDTH) / total.max(1)).min(WIDTH) as usize;
+    format!(
+        "loading [{}{}] {:>3}% {} / {}",
+        "#".repeat(filled),
+        " ".repeat(WIDTH as usize - filled),
+        done.saturating_mul(100) / total.max(1),
+        fathom_plan::size::format_binary(done),
+        fathom_plan::size::format_binary(total)
+    )
 }
 
 /// Peak resident memory of this process so far (`VmHWM`), in bytes.
@@ -185,5 +214,31 @@ pub fn report(load: Duration, stats: &GenerateStats, plan: &MemoryPlan) {
             plan.total_bytes as f64 / peak as f64
         ),
         None => eprintln!("memory:  plan {}", format_bytes(plan.total_bytes)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::progress_bar;
+
+    #[test]
+    fn progress_bar_fills_with_the_bytes_done() {
+        assert_eq!(
+            progress_bar(0, 100),
+            format!("loading [{}]   0% 0 B / 100 B", " ".repeat(30))
+        );
+        assert_eq!(
+            progress_bar(50 << 20, 100 << 20),
+            format!(
+                "loading [{}{}]  50% 50.00 MiB / 100.00 MiB",
+                "#".repeat(15),
+                " ".repeat(15)
+            )
+        );
+        assert!(progress_bar(7, 7).contains("100%"));
+        assert!(
+            progress_bar(1, 0).contains("loading"),
+            "no panic on an empty file"
+        );
     }
 }

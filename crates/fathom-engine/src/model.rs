@@ -185,6 +185,22 @@ impl Model {
         })
     }
 
+    /// Brings every weight page into memory, reporting bytes done of total.
+    pub fn prefault(&self, progress: &mut dyn FnMut(u64, u64)) {
+        let mut matrices = vec![self.embed, self.output];
+        for l in &self.layers {
+            matrices.extend([l.wq, l.wk, l.wv, l.wo]);
+            match &l.ffn {
+                Ffn::Dense { gate, up, down } => matrices.extend([*gate, *up, *down]),
+                Ffn::Moe { router, experts } => {
+                    matrices.push(*router);
+                    matrices.extend(experts.iter().flatten().copied());
+                }
+            }
+        }
+        self.files.prefault(&matrices, progress);
+    }
+
     /// Each layer's KV group in the plan's `kv_detail` order: groups are
     /// formed in layer order by (kind, window, heads, dims), as the plan does.
     pub fn layer_groups(&self) -> Vec<Option<usize>> {

@@ -287,6 +287,32 @@ impl WeightFiles {
         Ok(out)
     }
 
+    /// Reads one byte of every page of `matrices`, so the weights the
+    /// model uses are resident before the first token instead of faulting
+    /// in during it (and nothing else of the files is touched);
+    /// `progress(done, total)` follows in bytes.
+    pub fn prefault(&self, matrices: &[Matrix], progress: &mut dyn FnMut(u64, u64)) {
+        const PAGE: usize = 4096;
+        let locs = |m: &Matrix| {
+            let aux = match m.storage {
+                Storage::Affine { scales, biases, .. } => [Some(scales), Some(biases)],
+                Storage::Blocks(_) => [None, None],
+            };
+            std::iter::once(m.loc).chain(aux.into_iter().flatten())
+        };
+        let total: u64 = matrices.iter().flat_map(locs).map(|l| l.len as u64).sum();
+        let mut done = 0u64;
+        for loc in matrices.iter().flat_map(locs) {
+            let mut sum = 0u8;
+            for page in self.bytes(loc).chunks(PAGE) {
+                sum = sum.wrapping_add(page[0]);
+            }
+            std::hint::black_box(sum);
+            done += loc.len as u64;
+            progress(done, total);
+        }
+    }
+
     pub fn has(&self, name: &str) -> bool {
         self.find(name).is_some()
     }
