@@ -388,6 +388,23 @@ fn gemma3_layer_types(layers: usize, pattern: usize) -> Value {
         .collect()
 }
 
+/// `model` with some config fields replaced and its tensor table rebuilt
+/// for them: real attention shapes at a size tests can afford, e.g.
+/// `reshaped(&tiny_qwen2(), json!({"num_attention_heads": 14, ...}))`.
+/// Panics for models that are not a plain decoder of a known family.
+pub fn reshaped(model: &ModelDef, overrides: Value) -> ModelDef {
+    let family = [
+        Family::Llama,
+        Family::Qwen2,
+        Family::Qwen3Moe,
+        Family::Gemma3,
+    ]
+    .into_iter()
+    .find(|f| f.gguf_arch() == model.gguf_arch && model.config.get("text_config").is_none())
+    .expect("a plain decoder of a known family");
+    decoder_model(model.name, family, with(model.config.clone(), overrides))
+}
+
 fn with(mut config: Value, overrides: Value) -> Value {
     if let Value::Object(fields) = overrides {
         for (key, value) in fields {
