@@ -69,6 +69,15 @@ fn qwen2_with_attention_biases() {
 }
 
 #[test]
+fn qwen3_dense_with_qk_norm() {
+    // Qwen3-8B: 32 heads over 8 KV heads of 128 (4:1).
+    check(
+        "qwen3",
+        fx::reshaped(&fx::tiny_qwen3(), shape(512, 32, 8, 128)),
+    );
+}
+
+#[test]
 fn qwen3_moe_with_routed_experts_and_qk_norm() {
     // Qwen3-30B-A3B: 32 heads over 4 KV heads of 128 (8:1), experts routed top-2 of 4.
     check(

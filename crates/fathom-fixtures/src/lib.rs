@@ -24,7 +24,7 @@ pub use hf::write_hf_dir;
 pub use mlx::mlx_quantize;
 pub use models::{
     gemma3_1b, gemma3_4b_multimodal_text, llama_3_1_8b, qwen2_5_7b, qwen3_30b_a3b, reshaped,
-    smollm2_135m, tiny_gemma3, tiny_llama, tiny_qwen2, tiny_qwen3_moe,
+    smollm2_135m, tiny_gemma3, tiny_llama, tiny_qwen2, tiny_qwen3, tiny_qwen3_moe,
 };
 pub use safetensors::write_safetensors;
 

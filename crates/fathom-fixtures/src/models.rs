@@ -11,6 +11,7 @@ use crate::{DType, ModelDef, TensorDef};
 enum Family {
     Llama,
     Qwen2,
+    Qwen3,
     Qwen3Moe,
     Gemma3,
 }
@@ -20,6 +21,7 @@ impl Family {
         match self {
             Family::Llama => "llama",
             Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
             Family::Qwen3Moe => "qwen3moe",
             Family::Gemma3 => "gemma3",
         }
@@ -100,6 +102,36 @@ pub fn tiny_qwen2() -> ModelDef {
         json!({"bos_token_id": 1, "eos_token_id": 2, "max_window_layers": 2}),
     );
     decoder_model("tiny-qwen2", Family::Qwen2, with(config, tiny_dims()))
+}
+
+/// A dense Qwen3 (per-head q/k norms, no biases, one FFN), shrunk like
+/// [`tiny_llama`]: Qwen3-30B-A3B's config without its expert fields.
+pub fn tiny_qwen3() -> ModelDef {
+    let mut config = with(
+        qwen3_30b_a3b_config(),
+        json!({
+            "architectures": ["Qwen3ForCausalLM"],
+            "model_type": "qwen3",
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+            "max_window_layers": 2,
+        }),
+    );
+    if let Value::Object(fields) = &mut config {
+        for key in [
+            "num_experts",
+            "num_experts_per_tok",
+            "moe_intermediate_size",
+            "norm_topk_prob",
+            "decoder_sparse_step",
+            "mlp_only_layers",
+            "router_aux_loss_coef",
+            "output_router_logits",
+        ] {
+            fields.remove(key);
+        }
+    }
+    decoder_model("tiny-qwen3", Family::Qwen3, with(config, tiny_dims()))
 }
 
 /// Qwen3-MoE config shrunk like [`tiny_llama`], with 4 experts of which 2
@@ -396,6 +428,7 @@ pub fn reshaped(model: &ModelDef, overrides: Value) -> ModelDef {
     let family = [
         Family::Llama,
         Family::Qwen2,
+        Family::Qwen3,
         Family::Qwen3Moe,
         Family::Gemma3,
     ]
@@ -469,7 +502,7 @@ fn decoder(family: Family, config: &Value, outer: &str, dtype: DType) -> Vec<Ten
             }
         }
         add(format!("{p}self_attn.o_proj.weight"), &[hidden, q_out]);
-        if matches!(family, Family::Qwen3Moe | Family::Gemma3) {
+        if matches!(family, Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3) {
             add(format!("{p}self_attn.q_norm.weight"), &[head_dim]);
             add(format!("{p}self_attn.k_norm.weight"), &[head_dim]);
         }
