@@ -102,21 +102,10 @@ impl Engine {
         stop: &[String],
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<GenerateStats, EngineError> {
-        let context = self.plan.inputs.max_tokens as usize;
-        if prompt.is_empty() || prompt.len() + max_new > context {
-            return Err(EngineError::ContextExceeded {
-                prompt: prompt.len(),
-                generate: max_new,
-                context,
-                trained: self.model.spec.context_length,
-            });
-        }
-        let mut seq = self.kv.new_sequence();
+        let mut seq = self.sequence(prompt.len(), max_new)?;
         self.history.clear();
         self.history.extend_from_slice(prompt);
         let started = Instant::now();
-        let reserved = self.kv.reserve(&mut seq, prompt.len() + max_new);
-        assert!(reserved, "the planned pool holds one full-context sequence");
         for chunk in prompt.chunks(self.arena.step_tokens) {
             self.model
                 .forward(&self.pool, &mut self.arena, &mut self.kv, &mut seq, chunk)?;
@@ -185,12 +174,7 @@ impl Engine {
     /// step's argmax back, as llama-bench's tg test does; returns the time
     /// of the decode steps alone.
     pub fn time_decode(&mut self, first: u32, n: usize) -> Result<Duration, EngineError> {
-        let mut seq = self.kv.new_sequence();
-        let reserved = self.kv.reserve(&mut seq, n);
-        assert!(
-            reserved && n <= self.plan.inputs.max_tokens as usize,
-            "decode of {n} tokens within the plan"
-        );
+        let mut seq = self.sequence(n, 0)?;
         let vocab = self.model.spec.vocab as usize;
         let mut token = first;
         let started = Instant::now();
@@ -209,6 +193,24 @@ impl Engine {
         Ok(elapsed)
     }
 
+    /// A fresh sequence with blocks for `prompt + generate` tokens, which
+    /// must fit the planned context.
+    fn sequence(&mut self, prompt: usize, generate: usize) -> Result<SeqKv, EngineError> {
+        let context = self.plan.inputs.max_tokens as usize;
+        if prompt == 0 || prompt + generate > context {
+            return Err(EngineError::ContextExceeded {
+                prompt,
+                generate,
+                context,
+                trained: self.model.spec.context_length,
+            });
+        }
+        let mut seq = self.kv.new_sequence();
+        let reserved = self.kv.reserve(&mut seq, prompt + generate);
+        assert!(reserved, "the planned pool holds one full-context sequence");
+        Ok(seq)
+    }
+
     /// The last sequence's tokens: its prompt and what was generated.
     pub fn tokens(&self) -> &[u32] {
         &self.history
@@ -217,9 +219,7 @@ impl Engine {
     /// Runs `tokens` through a fresh sequence and returns the last position's
     /// logits (for checking against a reference implementation).
     pub fn logits(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
-        let mut seq: SeqKv = self.kv.new_sequence();
-        let reserved = self.kv.reserve(&mut seq, tokens.len());
-        assert!(reserved, "the planned pool holds one full-context sequence");
+        let mut seq = self.sequence(tokens.len(), 0)?;
         for chunk in tokens.chunks(self.arena.step_tokens) {
             self.model
                 .forward(&self.pool, &mut self.arena, &mut self.kv, &mut seq, chunk)?;

@@ -61,6 +61,31 @@ pub struct StoredTensor {
     loc: TensorLoc,
 }
 
+impl StoredTensor {
+    /// The weight type, once the shape is `expected` and the dtype one the
+    /// kernels read.
+    fn checked(&self, expected: &[u64]) -> Result<WeightType, EngineError> {
+        self.check_shape(expected)?;
+        self.ty.ok_or_else(|| EngineError::UnsupportedDtype {
+            tensor: self.name.clone(),
+            dtype: self.dtype.clone(),
+        })
+    }
+}
+
+impl StoredTensor {
+    fn check_shape(&self, expected: &[u64]) -> Result<(), EngineError> {
+        if self.shape != expected {
+            return Err(EngineError::BadShape {
+                tensor: self.name.clone(),
+                shape: self.shape.clone(),
+                expected: expected.to_vec(),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// The mapped checkpoint files and their tensor table.
 pub struct WeightFiles {
     maps: Vec<Mmap>,
@@ -144,6 +169,12 @@ impl WeightFiles {
         self.tensors.iter().find(|t| t.name == name)
     }
 
+    fn tensor(&self, name: &str) -> Result<&StoredTensor, EngineError> {
+        self.find(name).ok_or_else(|| EngineError::MissingTensor {
+            tensor: name.to_string(),
+        })
+    }
+
     fn bytes(&self, loc: TensorLoc) -> &[u8] {
         &self.maps[loc.file][loc.offset..loc.offset + loc.len]
     }
@@ -151,24 +182,11 @@ impl WeightFiles {
     /// The matrix `name`, checked to be `[rows, cols]` (or, MLX-packed,
     /// `[rows, cols·bits/32]` words with `[rows, cols/group]` scales and biases).
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, EngineError> {
-        let t = self.find(name).ok_or_else(|| EngineError::MissingTensor {
-            tensor: name.to_string(),
-        })?;
+        let t = self.tensor(name)?;
         if let (Some(q), "U32") = (self.mlx, t.dtype.as_str()) {
             return self.affine_matrix(t, q, rows, cols);
         }
-        let expected = vec![rows as u64, cols as u64];
-        if t.shape != expected {
-            return Err(EngineError::BadShape {
-                tensor: name.to_string(),
-                shape: t.shape.clone(),
-                expected,
-            });
-        }
-        let ty = t.ty.ok_or_else(|| EngineError::UnsupportedDtype {
-            tensor: name.to_string(),
-            dtype: t.dtype.clone(),
-        })?;
+        let ty = t.checked(&[rows as u64, cols as u64])?;
         Ok(Matrix {
             loc: t.loc,
             storage: Storage::Blocks(ty),
@@ -191,36 +209,17 @@ impl WeightFiles {
                 dtype: format!("MLX {bits}-bit (group {group}) over {cols} columns; fathom runs 2-, 4- and 8-bit groups that divide the row"),
             });
         }
-        let expect =
-            |name: &str, shape: Vec<u64>, found: &StoredTensor| -> Result<(), EngineError> {
-                if found.shape != shape {
-                    return Err(EngineError::BadShape {
-                        tensor: name.to_string(),
-                        shape: found.shape.clone(),
-                        expected: shape,
-                    });
-                }
-                Ok(())
-            };
-        expect(
-            &t.name,
-            vec![rows as u64, (cols * bits as usize / 32) as u64],
-            t,
-        )?;
+        t.check_shape(&[rows as u64, (cols * bits as usize / 32) as u64])?;
         let prefix = t.name.strip_suffix(".weight").unwrap_or(&t.name);
         let aux = |suffix: &str| -> Result<&StoredTensor, EngineError> {
-            let name = format!("{prefix}.{suffix}");
-            let a = self.find(&name).ok_or(EngineError::MissingTensor {
-                tensor: name.clone(),
-            })?;
-            expect(&name, vec![rows as u64, (cols / group) as u64], a)?;
-            if !matches!(a.ty, Some(WeightType::F16 | WeightType::BF16)) {
-                return Err(EngineError::UnsupportedDtype {
-                    tensor: name,
-                    dtype: a.dtype.clone(),
-                });
+            let a = self.tensor(&format!("{prefix}.{suffix}"))?;
+            match a.checked(&[rows as u64, (cols / group) as u64])? {
+                WeightType::F16 | WeightType::BF16 => Ok(a),
+                _ => Err(EngineError::UnsupportedDtype {
+                    tensor: a.name.clone(),
+                    dtype: format!("{} (MLX scales and biases are F16 or BF16)", a.dtype),
+                }),
             }
-            Ok(a)
         };
         let (scales, biases) = (aux("scales")?, aux("biases")?);
         Ok(Matrix {
@@ -268,9 +267,7 @@ impl WeightFiles {
     /// The 1-D tensor `name` of `len` values as f32 (converted: these are
     /// the small vectors the plan lists as converted at load).
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, EngineError> {
-        let t = self.find(name).ok_or_else(|| EngineError::MissingTensor {
-            tensor: name.to_string(),
-        })?;
+        let t = self.tensor(name)?;
         if t.shape != [len as u64] {
             return Err(EngineError::BadShape {
                 tensor: name.to_string(),
@@ -329,21 +326,8 @@ impl WeightFiles {
         rows: usize,
         cols: usize,
     ) -> Result<Matrix, EngineError> {
-        let t = self.find(name).ok_or_else(|| EngineError::MissingTensor {
-            tensor: name.to_string(),
-        })?;
-        let expected = vec![count as u64, rows as u64, cols as u64];
-        if t.shape != expected {
-            return Err(EngineError::BadShape {
-                tensor: name.to_string(),
-                shape: t.shape.clone(),
-                expected,
-            });
-        }
-        let ty = t.ty.ok_or_else(|| EngineError::UnsupportedDtype {
-            tensor: name.to_string(),
-            dtype: t.dtype.clone(),
-        })?;
+        let t = self.tensor(name)?;
+        let ty = t.checked(&[count as u64, rows as u64, cols as u64])?;
         let bytes = rows * ty.row_bytes(cols);
         Ok(Matrix {
             loc: TensorLoc {

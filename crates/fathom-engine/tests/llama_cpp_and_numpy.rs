@@ -89,7 +89,7 @@ const LOGIT_TOLERANCE: f32 = 0.05;
 #[test]
 fn logits_agree_with_numpy_reference() {
     let model = smollm2();
-    let mut engine = engine(&model, inputs(600, KvDtype::F16), None);
+    let mut engine = engine(&model, inputs(700, KvDtype::F16), None);
     let short = engine
         .tokenizer
         .encode("The quick brown fox jumps over the lazy dog", true, true);
