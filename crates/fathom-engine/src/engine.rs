@@ -130,7 +130,7 @@ impl Engine {
             }
             self.history.push(token);
             let text = decoder.push(&self.tokenizer, token);
-            let (emit, hit) = stops.push(&text);
+            let (emit, hit) = stops.push(text);
             if !emit.is_empty() && !on_text(emit) {
                 reason = StopReason::Cancelled;
                 break;
@@ -151,7 +151,7 @@ impl Engine {
         }
         if reason == StopReason::Length {
             let rest = decoder.finish();
-            let (emit, _) = stops.push(&rest);
+            let (emit, _) = stops.push(rest);
             if !emit.is_empty() {
                 on_text(emit);
             }

@@ -7,9 +7,13 @@ use crate::Tokenizer;
 /// bytes are split over several tokens (byte-level BPE and `<0xXX>` tokens do
 /// this for emoji and CJK) is held back until it is whole. Control tokens
 /// print nothing, as llama.cpp prints them by default.
+///
+/// Both buffers are reused from token to token, so once they have grown to
+/// the longest piece the token loop allocates nothing here.
 #[derive(Debug, Default)]
 pub struct StreamDecoder {
     pending: Vec<u8>,
+    out: String,
 }
 
 impl StreamDecoder {
@@ -19,9 +23,10 @@ impl StreamDecoder {
 
     /// Adds token `id`; returns the text completed by it, possibly empty.
     /// Bytes that can never become a character come out as U+FFFD.
-    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> String {
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> &str {
         self.pending.extend_from_slice(tok.piece(id, false));
-        let mut out = String::new();
+        let out = &mut self.out;
+        out.clear();
         let mut rest = self.pending.as_slice();
         loop {
             match std::str::from_utf8(rest) {
@@ -49,13 +54,14 @@ impl StreamDecoder {
         }
         let keep = rest.len();
         self.pending.drain(..self.pending.len() - keep);
-        out
+        &self.out
     }
 
     /// Flushes what is left (an unfinished character) lossily.
-    pub fn finish(&mut self) -> String {
-        let out = String::from_utf8_lossy(&self.pending).into_owned();
+    pub fn finish(&mut self) -> &str {
+        self.out.clear();
+        self.out.push_str(&String::from_utf8_lossy(&self.pending));
         self.pending.clear();
-        out
+        &self.out
     }
 }

@@ -234,9 +234,9 @@ fn stream_decoder_emits_whole_characters() {
         let chunk = decoder.push(&tok, id);
         held_back |= chunk.is_empty();
         assert!(!chunk.contains('\u{FFFD}'), "{chunk:?}");
-        out.push_str(&chunk);
+        out.push_str(chunk);
     }
-    out.push_str(&decoder.finish());
+    out.push_str(decoder.finish());
     assert_eq!(out, text);
     // Some character did span several byte tokens here.
     assert!(held_back, "{ids:?}");
