@@ -201,23 +201,9 @@ impl Model {
         self.files.prefault(&matrices, progress);
     }
 
-    /// Each layer's KV group in the plan's `kv_detail` order: groups are
-    /// formed in layer order by (kind, window, heads, dims), as the plan does.
+    /// Each layer's KV group, exactly as the plan grouped them.
     pub fn layer_groups(&self) -> Vec<Option<usize>> {
-        let mut keys: Vec<(Attention, usize, usize, usize)> = Vec::new();
-        self.layers
-            .iter()
-            .map(|l| {
-                if l.attention == Attention::None {
-                    return None;
-                }
-                let key = (l.attention, l.n_kv_heads, l.key_dim, l.value_dim);
-                Some(keys.iter().position(|k| *k == key).unwrap_or_else(|| {
-                    keys.push(key);
-                    keys.len() - 1
-                }))
-            })
-            .collect()
+        fathom_plan::kv::layer_groups(&self.spec)
     }
 
     /// out = x · mᵀ for `n` rows of x, with the kernel for m's storage.

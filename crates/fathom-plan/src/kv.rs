@@ -84,39 +84,53 @@ pub struct KvPlan {
     pub bytes: u64,
 }
 
+/// Each layer's group index (in order of first appearance), or `None`
+/// for a layer without attention. Layers share a group when their
+/// attention kind and KV shape match; the engine lays out its pool by the
+/// same grouping, so this is the one place that decides it.
+pub fn layer_groups(spec: &ModelSpec) -> Vec<Option<usize>> {
+    let mut keys: Vec<(Attention, u64, u64, u64)> = Vec::new();
+    spec.layers
+        .iter()
+        .map(|l| {
+            if l.attention == Attention::None {
+                return None;
+            }
+            let key = (l.attention, l.n_kv_heads, l.key_dim, l.value_dim);
+            Some(keys.iter().position(|k| *k == key).unwrap_or_else(|| {
+                keys.push(key);
+                keys.len() - 1
+            }))
+        })
+        .collect()
+}
+
 pub fn plan(spec: &ModelSpec, max_tokens: u64, batch: u64, dtype: KvDtype) -> KvPlan {
     let mut groups: Vec<KvGroup> = Vec::new();
-    for layer in &spec.layers {
-        let (attention, window, tokens) = match layer.attention {
-            Attention::None => continue,
-            Attention::Full => ("full", None, max_tokens),
-            Attention::Sliding { window } => ("sliding", Some(window), window.min(max_tokens)),
-        };
-        let bytes_per_token_per_layer = dtype
-            .row_bytes(layer.n_kv_heads.saturating_mul(layer.key_dim))
-            .saturating_add(dtype.row_bytes(layer.n_kv_heads.saturating_mul(layer.value_dim)));
-        let same = |g: &&mut KvGroup| {
-            g.attention == attention
-                && g.window == window
-                && g.n_kv_heads == layer.n_kv_heads
-                && g.key_dim == layer.key_dim
-                && g.value_dim == layer.value_dim
-        };
-        match groups.iter_mut().find(same) {
-            Some(group) => group.layers += 1,
-            None => groups.push(KvGroup {
-                attention,
-                window,
-                layers: 1,
-                n_kv_heads: layer.n_kv_heads,
-                key_dim: layer.key_dim,
-                value_dim: layer.value_dim,
-                bytes_per_token_per_layer,
-                tokens,
-                blocks_per_sequence: tokens.div_ceil(KV_BLOCK_TOKENS),
-                bytes: 0,
-            }),
+    for (layer, group) in spec.layers.iter().zip(layer_groups(spec)) {
+        let Some(group) = group else { continue };
+        if let Some(g) = groups.get_mut(group) {
+            g.layers += 1;
+            continue;
         }
+        let (attention, window, tokens) = match layer.attention {
+            Attention::Sliding { window } => ("sliding", Some(window), window.min(max_tokens)),
+            _ => ("full", None, max_tokens),
+        };
+        groups.push(KvGroup {
+            attention,
+            window,
+            layers: 1,
+            n_kv_heads: layer.n_kv_heads,
+            key_dim: layer.key_dim,
+            value_dim: layer.value_dim,
+            bytes_per_token_per_layer: dtype
+                .row_bytes(layer.n_kv_heads.saturating_mul(layer.key_dim))
+                .saturating_add(dtype.row_bytes(layer.n_kv_heads.saturating_mul(layer.value_dim))),
+            tokens,
+            blocks_per_sequence: tokens.div_ceil(KV_BLOCK_TOKENS),
+            bytes: 0,
+        });
     }
     for g in &mut groups {
         g.bytes = g
