@@ -1,6 +1,7 @@
 //! A loaded model ready to generate: weights mapped, the KV pool, the
 //! activation arena and the worker pool allocated from the plan, once.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fathom_checkpoint::Checkpoint;
@@ -18,7 +19,8 @@ use crate::EngineError;
 
 pub struct Engine {
     pub model: Model,
-    pub tokenizer: Tokenizer,
+    /// Shared with whoever tokenizes requests (the server's connections).
+    pub tokenizer: Arc<Tokenizer>,
     pub plan: MemoryPlan,
     pool: Pool,
     kv: KvPool,
@@ -82,7 +84,7 @@ impl Engine {
         let history = Vec::with_capacity(i.max_tokens as usize);
         Ok(Engine {
             model,
-            tokenizer,
+            tokenizer: Arc::new(tokenizer),
             pool,
             kv,
             arena,
