@@ -6,15 +6,19 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Result;
-use clap::Args;
+use clap::{Args, Subcommand};
 
 use crate::planning::PlanArgs;
 use crate::session;
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: Option<BenchCommand>,
     /// A .gguf file, or a Hugging Face / MLX directory.
-    pub model: String,
+    #[arg(required = true)]
+    pub model: Option<String>,
     /// Prompt tokens for the prompt-processing test (0 skips it).
     #[arg(long, short = 'p', visible_alias = "n-prompt", default_value_t = 512)]
     pub prompt: usize,
@@ -31,29 +35,46 @@ pub struct BenchArgs {
     pub plan: PlanArgs,
 }
 
+/// `n` deterministic pseudo-random token ids below `vocab` (llama-bench
+/// also measures on random tokens).
+pub fn random_tokens(n: usize, vocab: u64) -> Vec<u32> {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % vocab.max(1)) as u32
+        })
+        .collect()
+}
+
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
 }
 
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// Measure the plan against the peak memory of real runs, cell by cell
+    /// over a grid of models, contexts and KV types (see docs/benchmarks.md).
+    Memory(crate::bench_memory::MemoryArgs),
+}
+
 pub fn run(args: &BenchArgs) -> Result<ExitCode> {
-    let model = crate::pull::resolve(&args.model)?;
+    if let Some(BenchCommand::Memory(memory)) = &args.command {
+        return crate::bench_memory::run(memory);
+    }
+    let Some(name) = &args.model else {
+        anyhow::bail!("fathom bench needs a MODEL (or the memory subcommand)");
+    };
+    let model = crate::pull::resolve(name)?;
     let opened = session::open(&model)?;
     let context = args.prompt.max(args.generate).max(1) as u64;
     let plan = crate::planning::plan(&opened.spec, args.plan.inputs(context, 1)?)?;
     let threads = plan.inputs.threads;
     let (mut engine, _) = session::load(opened, plan)?;
-    let vocab = engine.model.spec.vocab;
-    // Deterministic pseudo-random prompt, as llama-bench uses random tokens.
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    let prompt: Vec<u32> = (0..args.prompt)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % vocab) as u32
-        })
-        .collect();
+    let prompt = random_tokens(args.prompt, engine.model.spec.vocab);
     let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
     // One warm-up of each, then the measured repetitions.
     let reps = args.repetitions.max(1);
@@ -79,7 +100,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     let tg = (!tg.is_empty()).then(|| median(tg));
     if args.json {
         let doc = serde_json::json!({
-            "model": args.model,
+            "model": name,
             "threads": threads,
             "repetitions": reps,
             "pp": args.prompt,
@@ -89,10 +110,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         });
         println!("{doc}");
     } else {
-        println!(
-            "fathom bench {} ({threads} threads, median of {reps})",
-            args.model
-        );
+        println!("fathom bench {name} ({threads} threads, median of {reps})");
         if let Some(pp) = pp {
             println!("  pp{:<5} {pp:>9.2} tok/s", args.prompt);
         }

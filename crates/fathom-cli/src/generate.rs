@@ -15,8 +15,12 @@ pub struct GenerateArgs {
     /// A .gguf file, or a Hugging Face / MLX directory.
     pub model: String,
     /// The prompt, used as is (no chat template; special tokens are parsed).
-    #[arg(long, short = 'p')]
-    pub prompt: String,
+    #[arg(long, short = 'p', required_unless_present = "random_prompt")]
+    pub prompt: Option<String>,
+    /// Instead of -p: a prompt of N pseudo-random token ids (fixed seed, as
+    /// `fathom bench` uses), e.g. to fill a context for a memory measurement.
+    #[arg(long, value_name = "N", conflicts_with = "prompt")]
+    pub random_prompt: Option<usize>,
     /// Tokens to generate.
     #[arg(long, short = 'n', visible_alias = "n-predict", default_value_t = 128)]
     pub tokens: usize,
@@ -35,7 +39,11 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     let model = crate::pull::resolve(&args.model)?;
     let opened = session::open(&model)?;
     let tokenizer = &opened.tokenizer;
-    let prompt = tokenizer.encode(&args.prompt, tokenizer.add_bos(), true);
+    let prompt = match (&args.prompt, args.random_prompt) {
+        (_, Some(n)) => crate::bench::random_tokens(n, opened.spec.vocab),
+        (Some(text), None) => tokenizer.encode(text, tokenizer.add_bos(), true),
+        (None, None) => anyhow::bail!("pass a prompt with -p PROMPT or --random-prompt N"),
+    };
     let context = args
         .max_tokens
         .unwrap_or((prompt.len() + args.tokens) as u64);

@@ -1,6 +1,7 @@
 //! The `fathom` command.
 
 mod bench;
+mod bench_memory;
 mod generate;
 mod inspect;
 mod machine;
@@ -33,7 +34,7 @@ enum Command {
     Run(run::RunArgs),
     /// Download a model from the hub into fathom's store.
     Pull(pull::PullArgs),
-    /// Measure prompt processing and generation speed (as llama-bench does).
+    /// Measure prompt processing and generation speed (as llama-bench does); `bench memory`: plan vs measured peak.
     Bench(bench::BenchArgs),
 }
 

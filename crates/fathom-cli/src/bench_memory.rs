@@ -1,0 +1,556 @@
+//! `fathom bench memory`: the plan against the measured peak, cell by cell.
+//!
+//! Each cell is one model, context, batch and KV type. For each, the plan
+//! is what `fathom inspect --json` prints for those inputs (kept byte for
+//! byte), and the peak is the largest `ru_maxrss` — the kernel's `VmHWM`
+//! at exit — that this process reads with `wait4` for a fresh `fathom
+//! generate` child that fills the context: a prompt of `context − 64`
+//! random token ids, then 64 greedy tokens. Machine-dependent plan inputs
+//! (threads, available memory) are pinned so that the plans re-derive
+//! anywhere. The synthetic checkpoints come from `fathom-fixtures`,
+//! deterministically.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fathom_fixtures::{self as fx, Data, GridModel};
+use serde_json::{json, Value};
+
+/// The real model of the grid, linked into the work directory.
+const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+/// Worker threads of every cell, pinned so plans re-derive on any machine.
+const THREADS: u64 = 2;
+/// `--memory` of every cell: only `fits` and the largest context depend on it.
+const MEMORY: &str = "16G";
+/// Tokens generated after the prompt.
+const GENERATE: u64 = 64;
+/// A plan looser than this times the peak is reported as not tight.
+pub const TIGHTNESS: f64 = 1.10;
+
+#[derive(Args)]
+pub struct MemoryArgs {
+    /// Which grid: `full` (the recorded one, about 25 minutes on 2 cores)
+    /// or `ci` (3 SmolLM2 cells, for the test suite).
+    #[arg(long, default_value = "full")]
+    pub grid: String,
+    /// Runs of each cell; the largest peak is recorded.
+    #[arg(long, default_value_t = 2)]
+    pub runs: u32,
+    /// Only the cells whose id contains this text (e.g. `gemma`, `/c640/`).
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// Where the synthetic checkpoints are written (once) and the cells run.
+    #[arg(long, default_value = "target/memory-grid")]
+    pub work_dir: PathBuf,
+    /// The SmolLM2-135M-Instruct Q4_1 GGUF (scripts/fetch-model.sh).
+    #[arg(long, default_value = "models/SmolLM2-135M-Instruct.Q4_1.gguf")]
+    pub smollm2: PathBuf,
+    /// llama.cpp's `build/bin`: also measure `llama-bench` on each batch-1 cell.
+    #[arg(long, value_name = "DIR")]
+    pub llama_cpp: Option<PathBuf>,
+    /// Write the results (machine, commit, every cell with its plan JSON) here.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+/// One cell of the grid.
+#[derive(Clone, Debug)]
+struct Cell {
+    /// File name of the checkpoint inside the work directory.
+    file: &'static str,
+    /// Short model key for the cell id.
+    key: &'static str,
+    context: u64,
+    batch: u64,
+    kv: &'static str,
+}
+
+impl Cell {
+    fn id(&self) -> String {
+        format!("{}/c{}/b{}/{}", self.key, self.context, self.batch, self.kv)
+    }
+
+    fn prompt_tokens(&self) -> u64 {
+        self.context - GENERATE
+    }
+
+    fn inspect_args(&self) -> Vec<String> {
+        let mut args: Vec<String> = ["inspect", self.file, "-c"].map(String::from).to_vec();
+        args.push(self.context.to_string());
+        args.extend(["-b".into(), self.batch.to_string()]);
+        args.extend(self.shared_args());
+        args.push("--json".into());
+        args
+    }
+
+    fn generate_args(&self) -> Vec<String> {
+        let mut args: Vec<String> = ["generate", self.file, "--random-prompt"]
+            .map(String::from)
+            .to_vec();
+        args.push(self.prompt_tokens().to_string());
+        args.extend(["-n".into(), GENERATE.to_string()]);
+        args.extend(["-c".into(), self.context.to_string()]);
+        args.extend(self.shared_args());
+        args.extend(["--temp".into(), "0".into()]);
+        args
+    }
+
+    fn shared_args(&self) -> Vec<String> {
+        vec![
+            "--kv-dtype".into(),
+            self.kv.into(),
+            "-t".into(),
+            THREADS.to_string(),
+            "--memory".into(),
+            MEMORY.into(),
+        ]
+    }
+
+    fn llama_bench_args(&self) -> Vec<String> {
+        let mut args: Vec<String> = vec![
+            "-m".into(),
+            self.file.into(),
+            "-p".into(),
+            self.prompt_tokens().to_string(),
+            "-n".into(),
+            GENERATE.to_string(),
+            "-r".into(),
+            "1".into(),
+            "-t".into(),
+            THREADS.to_string(),
+            "-ctk".into(),
+            self.kv.into(),
+            "-ctv".into(),
+            self.kv.into(),
+        ];
+        if self.kv != "f16" {
+            // llama.cpp quantizes the V cache only with flash attention.
+            args.extend(["-fa".into(), "1".into()]);
+        }
+        args.extend(["-o".into(), "json".into()]);
+        args
+    }
+}
+
+/// Contexts of each synthetic checkpoint: two each, the larger past every
+/// sliding window, chosen so the whole grid runs in under 30 minutes on
+/// two cores.
+fn synthetic_contexts(model: &GridModel) -> [u64; 2] {
+    match model.file {
+        f if f.starts_with("gemma") || f.starts_with("qwen2") => [1024, 2048],
+        _ => [512, 1024],
+    }
+}
+
+fn model_key(model: &GridModel) -> &'static str {
+    model.file.trim_end_matches(".gguf")
+}
+
+fn cells(grid: &str, models: &[GridModel]) -> Result<Vec<Cell>> {
+    let smollm2 = |context, batch, kv| Cell {
+        file: SMOLLM2_FILE,
+        key: "smollm2-135m-q4_1",
+        context,
+        batch,
+        kv,
+    };
+    let mut cells = Vec::new();
+    match grid {
+        "full" => {
+            for context in [640, 4096, 8192] {
+                for kv in ["f16", "q8_0"] {
+                    cells.push(smollm2(context, 1, kv));
+                }
+            }
+            for model in models {
+                for context in synthetic_contexts(model) {
+                    for kv in ["f16", "q8_0"] {
+                        cells.push(Cell {
+                            file: model.file,
+                            key: model_key(model),
+                            context,
+                            batch: 1,
+                            kv,
+                        });
+                    }
+                }
+            }
+        }
+        "ci" => {
+            cells.push(smollm2(640, 1, "f16"));
+            cells.push(smollm2(640, 1, "q8_0"));
+            cells.push(smollm2(1024, 1, "f16"));
+        }
+        other => bail!("unknown grid {other:?}: expected full or ci"),
+    }
+    Ok(cells)
+}
+
+/// What one child process did.
+struct Measured {
+    peak_bytes: u64,
+    wall: Duration,
+    stderr: String,
+}
+
+/// Runs `program args` in `dir` with a clean fathom environment and returns
+/// its peak RSS as the kernel reports it to the parent (`wait4`).
+fn measure(program: &Path, args: &[String], dir: &Path) -> Result<Measured> {
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    for var in [
+        fathom_plan::available::MEMORY_LIMIT_VAR,
+        fathom_plan::env::HEADROOM_FACTOR_VAR,
+        fathom_plan::rocm::ROCM_INFLIGHT_VAR,
+    ] {
+        command.env_remove(var);
+    }
+    let started = Instant::now();
+    let mut child = command
+        .spawn()
+        .with_context(|| format!("starting {}", program.display()))?;
+    let mut stderr_pipe = child.stderr.take().context("child stderr")?;
+    let reader = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let _ = stderr_pipe.read_to_end(&mut text);
+        String::from_utf8_lossy(&text).into_owned()
+    });
+    let pid = child.id() as libc::pid_t;
+    let mut status: libc::c_int = 0;
+    // SAFETY: rusage is plain old data that wait4 fills in; status and
+    // rusage outlive the call.
+    let (waited, usage) = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        let waited = libc::wait4(pid, &mut status, 0, &mut usage);
+        (waited, usage)
+    };
+    let wall = started.elapsed();
+    let stderr = reader.join().unwrap_or_default();
+    if waited != pid {
+        bail!(
+            "waiting for {}: {}",
+            program.display(),
+            std::io::Error::last_os_error()
+        );
+    }
+    if !(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0) {
+        let tail: String = stderr
+            .lines()
+            .rev()
+            .take(5)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n");
+        bail!(
+            "{} {} failed (status {status}):\n{tail}",
+            program.display(),
+            args.join(" ")
+        );
+    }
+    // ru_maxrss is in KiB on Linux.
+    let peak_bytes = u64::try_from(usage.ru_maxrss).unwrap_or(0) * 1024;
+    Ok(Measured {
+        peak_bytes,
+        wall,
+        stderr,
+    })
+}
+
+/// `N` from a stats line such as `decode:  64 tokens in ...`.
+fn stat_tokens(stderr: &str, label: &str) -> Option<u64> {
+    let line = stderr.lines().find(|l| l.starts_with(label))?;
+    line[label.len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// Writes the synthetic checkpoints the cells need (once: a `.done` stamp
+/// marks a finished file) and links the SmolLM2 GGUF into `dir`.
+fn prepare(dir: &Path, smollm2: &Path, cells: &[Cell], models: &[GridModel]) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    if cells.iter().any(|c| c.file == SMOLLM2_FILE) {
+        let target = std::fs::canonicalize(smollm2).with_context(|| {
+            format!(
+                "{} is missing: run scripts/fetch-model.sh",
+                smollm2.display()
+            )
+        })?;
+        let link = dir.join(SMOLLM2_FILE);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink(&target, &link)
+            .with_context(|| format!("linking {}", link.display()))?;
+    }
+    for model in models {
+        if !cells.iter().any(|c| c.file == model.file) {
+            continue;
+        }
+        let stamp = dir.join(format!("{}.done", model.file));
+        if stamp.exists() && dir.join(model.file).exists() {
+            continue;
+        }
+        eprintln!("writing {} ({} shapes)", model.file, model.shapes_of);
+        fx::write_grid_model(
+            model,
+            dir,
+            Data::Random {
+                seed: fx::GRID_SEED,
+            },
+        )
+        .with_context(|| format!("writing {}", model.file))?;
+        std::fs::write(&stamp, b"")?;
+    }
+    Ok(())
+}
+
+fn u(plan: &Value, key: &str) -> u64 {
+    plan[key].as_u64().unwrap_or(0)
+}
+
+fn run_cell(
+    fathom: &Path,
+    dir: &Path,
+    cell: &Cell,
+    runs: u32,
+    llama_cpp: Option<&Path>,
+) -> Result<Value> {
+    let inspect = Command::new(fathom)
+        .args(cell.inspect_args())
+        .current_dir(dir)
+        .env_remove(fathom_plan::available::MEMORY_LIMIT_VAR)
+        .env_remove(fathom_plan::env::HEADROOM_FACTOR_VAR)
+        .env_remove(fathom_plan::rocm::ROCM_INFLIGHT_VAR)
+        .output()
+        .context("running fathom inspect")?;
+    if !inspect.status.success() {
+        bail!(
+            "fathom {} failed: {}",
+            cell.inspect_args().join(" "),
+            String::from_utf8_lossy(&inspect.stderr)
+        );
+    }
+    let plan_json = String::from_utf8(inspect.stdout).context("inspect output is not UTF-8")?;
+    let plan: Value = serde_json::from_str(&plan_json).context("inspect output is not JSON")?;
+    let plan_bytes = u(&plan, "total_bytes");
+
+    let args = cell.generate_args();
+    let mut peaks = Vec::new();
+    let mut walls = Vec::new();
+    let mut generated = None;
+    let mut prompt = None;
+    for _ in 0..runs.max(1) {
+        let m = measure(fathom, &args, dir)?;
+        peaks.push(m.peak_bytes);
+        walls.push((m.wall.as_secs_f64() * 10.0).round() / 10.0);
+        prompt = stat_tokens(&m.stderr, "prompt:");
+        generated = stat_tokens(&m.stderr, "decode:");
+    }
+    let peak = peaks.iter().copied().max().unwrap_or(0);
+    let llama = match llama_cpp {
+        Some(bin) if cell.batch == 1 => {
+            let args = cell.llama_bench_args();
+            let program = bin.join("llama-bench");
+            let command = format!("{} {}", program.display(), args.join(" "));
+            match measure(&program, &args, dir) {
+                Ok(m) => json!({
+                    "command": command,
+                    "peak_bytes": m.peak_bytes,
+                    "wall_s": (m.wall.as_secs_f64() * 10.0).round() / 10.0,
+                }),
+                Err(e) => json!({
+                    "command": command,
+                    "peak_bytes": null,
+                    "error": format!("{e:#}").lines().last().unwrap_or("").to_string(),
+                }),
+            }
+        }
+        _ => Value::Null,
+    };
+    let margin = plan_bytes as i128 - peak as i128;
+    let ratio = plan_bytes as f64 / peak.max(1) as f64;
+    Ok(json!({
+        "id": cell.id(),
+        "model": cell.file,
+        "context": cell.context,
+        "batch": cell.batch,
+        "kv_dtype": cell.kv,
+        "threads": THREADS,
+        "memory": MEMORY,
+        "prompt_tokens": prompt,
+        "generated_tokens": generated,
+        "command": format!("fathom {}", args.join(" ")),
+        "inspect_args": cell.inspect_args(),
+        "plan_json": plan_json,
+        "plan_bytes": plan_bytes,
+        "terms": {
+            "weights": u(&plan, "weights_bytes"),
+            "converted": u(&plan, "converted_bytes"),
+            "kv": u(&plan, "kv_bytes"),
+            "activations": u(&plan, "activation_bytes"),
+            "runtime": u(&plan, "runtime_overhead_bytes"),
+            "backend": u(&plan, "backend_bytes"),
+        },
+        "peaks_bytes": peaks,
+        "peak_bytes": peak,
+        "margin_bytes": margin as i64,
+        "ratio": (ratio * 10000.0).round() / 10000.0,
+        "covered": plan_bytes >= peak,
+        "tight": (plan_bytes as f64) <= TIGHTNESS * peak as f64,
+        "wall_s": walls,
+        "llama_cpp": llama,
+    }))
+}
+
+/// `2026-11-30` for a Unix time, by the civil-from-days algorithm.
+fn utc_date(unix: u64) -> String {
+    let days = (unix / 86_400) as i64;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+fn machine() -> Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map_or("unknown".to_string(), |s| s.trim().to_string());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_total_kib: Option<u64> = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok());
+    json!({
+        "cpu": cpu,
+        "cores": crate::machine::default_threads(),
+        "memory_bytes": mem_total_kib.map(|k| k * 1024),
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
+    })
+}
+
+fn git(args: &[&str]) -> Option<String> {
+    let out = Command::new("git").args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+pub fn run(args: &MemoryArgs) -> Result<ExitCode> {
+    let models = fx::memory_grid_models();
+    let mut cells = cells(&args.grid, &models)?;
+    if let Some(filter) = &args.filter {
+        cells.retain(|c| c.id().contains(filter.as_str()));
+    }
+    if cells.is_empty() {
+        bail!("no cell of the {} grid matches the filter", args.grid);
+    }
+    let fathom = std::env::current_exe().context("locating the fathom binary")?;
+    let dir = &args.work_dir;
+    prepare(dir, &args.smollm2, &cells, &models)?;
+    let llama_cpp = match &args.llama_cpp {
+        Some(bin) => Some(
+            std::fs::canonicalize(bin)
+                .with_context(|| format!("llama.cpp at {}", bin.display()))?,
+        ),
+        None => None,
+    };
+    let started = Instant::now();
+    let mut results = Vec::new();
+    let mut failed = 0;
+    println!(
+        "{:<52} {:>14} {:>14} {:>12} {:>7}",
+        "cell", "plan", "peak", "margin", "ratio"
+    );
+    for cell in &cells {
+        let r = run_cell(&fathom, dir, cell, args.runs, llama_cpp.as_deref())?;
+        let ok = r["covered"] == true && r["tight"] == true;
+        if !ok {
+            failed += 1;
+        }
+        println!(
+            "{:<52} {:>14} {:>14} {:>12} {:>7.4}{}",
+            cell.id(),
+            r["plan_bytes"],
+            r["peak_bytes"],
+            r["margin_bytes"],
+            r["ratio"].as_f64().unwrap_or(0.0),
+            match (r["covered"] == true, r["tight"] == true) {
+                (false, _) => "  NOT COVERED",
+                (true, false) => "  NOT TIGHT",
+                _ => "",
+            }
+        );
+        results.push(r);
+    }
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let doc = json!({
+        "date": utc_date(unix),
+        "fathom_version": env!("CARGO_PKG_VERSION"),
+        "commit": git(&["rev-parse", "HEAD"]),
+        "worktree_clean": git(&["status", "--porcelain"]).map(|s| s.is_empty()),
+        "machine": machine(),
+        "grid": args.grid,
+        "runs_per_cell": args.runs.max(1),
+        "tightness": TIGHTNESS,
+        "method": "Per cell: `fathom inspect --json` with the cell's inputs gives the plan (kept byte for byte as plan_json); then `fathom generate` runs in a fresh child process `runs_per_cell` times, with a prompt of context - 64 pseudo-random token ids and 64 greedy tokens, threads and --memory pinned; the peak is the largest ru_maxrss (VmHWM at exit) that the parent reads with wait4. llama_cpp: llama-bench on the same GGUF, prompt and generated tokens (n_ctx = prompt + 64), once, peak measured the same way.",
+        "elapsed_s": started.elapsed().as_secs(),
+        "cells": results,
+    });
+    let text = serde_json::to_string_pretty(&doc)? + "\n";
+    match &args.json {
+        Some(path) => {
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
+        }
+        None => print!("{text}"),
+    }
+    println!(
+        "{} cells in {} s: {} covered within {TIGHTNESS}x, {failed} not",
+        results.len(),
+        started.elapsed().as_secs(),
+        results.len() - failed
+    );
+    Ok(if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_dates_follow_the_civil_calendar() {
+        assert_eq!(utc_date(0), "1970-01-01");
+        assert_eq!(utc_date(951_782_400), "2000-02-29");
+        assert_eq!(utc_date(1_798_675_200), "2026-12-31");
+    }
+
+    #[test]
+    fn the_full_grid_has_at_least_30_cells_and_ci_3() {
+        let models = fx::memory_grid_models();
+        assert!(cells("full", &models).unwrap().len() >= 30);
+        assert_eq!(cells("ci", &models).unwrap().len(), 3);
+        assert!(cells("huge", &models).is_err());
+    }
+}
