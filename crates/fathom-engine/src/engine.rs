@@ -71,7 +71,6 @@ impl Engine {
         let kv = KvPool::new(
             &plan.kv_detail,
             i.kv_dtype,
-            i.batch as usize,
             &model.layer_groups(),
         );
         let step = plan
