@@ -100,11 +100,7 @@ impl KvPool {
     /// Allocates the plan's pool. `layer_groups`
     /// gives each model layer's group in the plan's `kv_detail` order (as
     /// `kv::plan` formed them), or `None` for layers without attention.
-    pub fn new(
-        plan_groups: &[KvGroup],
-        dtype: KvDtype,
-        layer_groups: &[Option<usize>],
-    ) -> Self {
+    pub fn new(plan_groups: &[KvGroup], dtype: KvDtype, layer_groups: &[Option<usize>]) -> Self {
         let groups: Vec<GroupPool> = plan_groups
             .iter()
             .map(|g| GroupPool::new(g, dtype))
