@@ -5,7 +5,8 @@
 //! byte), and the peak is the largest `ru_maxrss` — the kernel's `VmHWM`
 //! at exit — that this process reads with `wait4` for a fresh `fathom
 //! generate` child that fills the context: a prompt of `context − 64`
-//! random token ids, then 64 greedy tokens. Machine-dependent plan inputs
+//! random token ids, then 64 greedy tokens (`--ignore-eos`), once per
+//! sequence of the batch (`--parallel`). Machine-dependent plan inputs
 //! (threads, available memory) are pinned so that the plans re-derive
 //! anywhere. The synthetic checkpoints come from `fathom-fixtures`,
 //! deterministically.
@@ -94,8 +95,11 @@ impl Cell {
         args.push(self.prompt_tokens().to_string());
         args.extend(["-n".into(), GENERATE.to_string()]);
         args.extend(["-c".into(), self.context.to_string()]);
+        if self.batch > 1 {
+            args.extend(["--parallel".into(), self.batch.to_string()]);
+        }
         args.extend(self.shared_args());
-        args.extend(["--temp".into(), "0".into()]);
+        args.extend(["--temp".into(), "0".into(), "--ignore-eos".into()]);
         args
     }
 
@@ -161,22 +165,24 @@ fn cells(grid: &str, models: &[GridModel]) -> Result<Vec<Cell>> {
     let mut cells = Vec::new();
     match grid {
         "full" => {
-            for context in [640, 4096, 8192] {
-                for kv in ["f16", "q8_0"] {
-                    cells.push(smollm2(context, 1, kv));
+            for batch in [1, 4] {
+                for context in [640, 4096, 8192] {
+                    for kv in ["f16", "q8_0"] {
+                        cells.push(smollm2(context, batch, kv));
+                    }
                 }
             }
+            // Both contexts with an f16 KV, the larger also with q8_0.
             for model in models {
-                for context in synthetic_contexts(model) {
-                    for kv in ["f16", "q8_0"] {
-                        cells.push(Cell {
-                            file: model.file,
-                            key: model_key(model),
-                            context,
-                            batch: 1,
-                            kv,
-                        });
-                    }
+                let [small, large] = synthetic_contexts(model);
+                for (context, kv) in [(small, "f16"), (large, "f16"), (large, "q8_0")] {
+                    cells.push(Cell {
+                        file: model.file,
+                        key: model_key(model),
+                        context,
+                        batch: 1,
+                        kv,
+                    });
                 }
             }
         }
@@ -471,6 +477,9 @@ pub fn run(args: &MemoryArgs) -> Result<ExitCode> {
         ),
         None => None,
     };
+    // The commit measured, read before the cells run.
+    let commit = git(&["rev-parse", "HEAD"]);
+    let clean = git(&["status", "--porcelain"]).map(|s| s.is_empty());
     let started = Instant::now();
     let mut results = Vec::new();
     let mut failed = 0;
@@ -505,8 +514,8 @@ pub fn run(args: &MemoryArgs) -> Result<ExitCode> {
     let doc = json!({
         "date": utc_date(unix),
         "fathom_version": env!("CARGO_PKG_VERSION"),
-        "commit": git(&["rev-parse", "HEAD"]),
-        "worktree_clean": git(&["status", "--porcelain"]).map(|s| s.is_empty()),
+        "commit": commit,
+        "worktree_clean": clean,
         "machine": machine(),
         "grid": args.grid,
         "runs_per_cell": args.runs.max(1),
