@@ -34,8 +34,8 @@ pub const TIGHTNESS: f64 = 1.10;
 
 #[derive(Args)]
 pub struct MemoryArgs {
-    /// Which grid: `full` (the recorded one, about 25 minutes on 2 cores)
-    /// or `ci` (3 SmolLM2 cells, for the test suite).
+    /// Which grid: `full` (the recorded one: 36 cells, about half an hour on
+    /// 2 idle cores) or `ci` (3 SmolLM2 cells, for the test suite).
     #[arg(long, default_value = "full")]
     pub grid: String,
     /// Runs of each cell; the largest peak is recorded.
@@ -53,7 +53,9 @@ pub struct MemoryArgs {
     /// llama.cpp's `build/bin`: also measure `llama-bench` on each batch-1 cell.
     #[arg(long, value_name = "DIR")]
     pub llama_cpp: Option<PathBuf>,
-    /// Write the results (machine, commit, every cell with its plan JSON) here.
+    /// Write the results (machine, commit, every cell with its plan JSON) here,
+    /// after every cell; a rerun with the same file keeps the cells it holds
+    /// (resuming an interrupted grid) and only adds missing llama.cpp figures.
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
 }
@@ -165,11 +167,9 @@ fn cells(grid: &str, models: &[GridModel]) -> Result<Vec<Cell>> {
     let mut cells = Vec::new();
     match grid {
         "full" => {
-            for batch in [1, 4] {
-                for context in [640, 4096, 8192] {
-                    for kv in ["f16", "q8_0"] {
-                        cells.push(smollm2(context, batch, kv));
-                    }
+            for context in [640, 4096, 8192] {
+                for kv in ["f16", "q8_0"] {
+                    cells.push(smollm2(context, 1, kv));
                 }
             }
             // Both contexts with an f16 KV, the larger also with q8_0.
@@ -183,6 +183,12 @@ fn cells(grid: &str, models: &[GridModel]) -> Result<Vec<Cell>> {
                         batch: 1,
                         kv,
                     });
+                }
+            }
+            // Four sequences decoded together (`generate --parallel 4`).
+            for context in [640, 4096, 8192] {
+                for kv in ["f16", "q8_0"] {
+                    cells.push(smollm2(context, 4, kv));
                 }
             }
         }
@@ -321,13 +327,27 @@ fn u(plan: &Value, key: &str) -> u64 {
     plan[key].as_u64().unwrap_or(0)
 }
 
-fn run_cell(
-    fathom: &Path,
-    dir: &Path,
-    cell: &Cell,
-    runs: u32,
-    llama_cpp: Option<&Path>,
-) -> Result<Value> {
+/// llama.cpp's peak on the same GGUF and tokens: `llama-bench` with a
+/// context of prompt + 64, once.
+fn llama_peer(bin: &Path, dir: &Path, cell: &Cell) -> Value {
+    let args = cell.llama_bench_args();
+    let program = bin.join("llama-bench");
+    let command = format!("{} {}", program.display(), args.join(" "));
+    match measure(&program, &args, dir) {
+        Ok(m) => json!({
+            "command": command,
+            "peak_bytes": m.peak_bytes,
+            "wall_s": (m.wall.as_secs_f64() * 10.0).round() / 10.0,
+        }),
+        Err(e) => json!({
+            "command": command,
+            "peak_bytes": null,
+            "error": format!("{e:#}").lines().last().unwrap_or("").to_string(),
+        }),
+    }
+}
+
+fn run_cell(fathom: &Path, dir: &Path, cell: &Cell, runs: u32) -> Result<Value> {
     let inspect = Command::new(fathom)
         .args(cell.inspect_args())
         .current_dir(dir)
@@ -360,26 +380,6 @@ fn run_cell(
         generated = stat_tokens(&m.stderr, "decode:");
     }
     let peak = peaks.iter().copied().max().unwrap_or(0);
-    let llama = match llama_cpp {
-        Some(bin) if cell.batch == 1 => {
-            let args = cell.llama_bench_args();
-            let program = bin.join("llama-bench");
-            let command = format!("{} {}", program.display(), args.join(" "));
-            match measure(&program, &args, dir) {
-                Ok(m) => json!({
-                    "command": command,
-                    "peak_bytes": m.peak_bytes,
-                    "wall_s": (m.wall.as_secs_f64() * 10.0).round() / 10.0,
-                }),
-                Err(e) => json!({
-                    "command": command,
-                    "peak_bytes": null,
-                    "error": format!("{e:#}").lines().last().unwrap_or("").to_string(),
-                }),
-            }
-        }
-        _ => Value::Null,
-    };
     let margin = plan_bytes as i128 - peak as i128;
     let ratio = plan_bytes as f64 / peak.max(1) as f64;
     Ok(json!({
@@ -411,7 +411,7 @@ fn run_cell(
         "covered": plan_bytes >= peak,
         "tight": (plan_bytes as f64) <= TIGHTNESS * peak as f64,
         "wall_s": walls,
-        "llama_cpp": llama,
+        "llama_cpp": null,
     }))
 }
 
@@ -477,21 +477,48 @@ pub fn run(args: &MemoryArgs) -> Result<ExitCode> {
         ),
         None => None,
     };
-    // The commit measured, read before the cells run.
+    // The commit measured, read before the cells run. A rerun with the same
+    // --json resumes: recorded cells are kept, and only get a llama.cpp
+    // figure if they lack one and --llama-cpp is given.
     let commit = git(&["rev-parse", "HEAD"]);
     let clean = git(&["status", "--porcelain"]).map(|s| s.is_empty());
+    let previous: Option<Value> = args
+        .json
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let mut results: Vec<Value> = previous
+        .as_ref()
+        .and_then(|d| d["cells"].as_array().cloned())
+        .unwrap_or_default();
+    let mut commits: Vec<Value> = previous
+        .as_ref()
+        .and_then(|d| d["commits"].as_array().cloned())
+        .unwrap_or_default();
+    if let Some(c) = &commit {
+        if !commits.contains(&json!(c)) {
+            commits.push(json!(c));
+        }
+    }
+    let earlier_s = previous
+        .as_ref()
+        .and_then(|d| d["elapsed_s"].as_u64())
+        .unwrap_or(0);
     let started = Instant::now();
-    let mut results = Vec::new();
-    let mut failed = 0;
     println!(
         "{:<52} {:>14} {:>14} {:>12} {:>7}",
         "cell", "plan", "peak", "margin", "ratio"
     );
     for cell in &cells {
-        let r = run_cell(&fathom, dir, cell, args.runs, llama_cpp.as_deref())?;
-        let ok = r["covered"] == true && r["tight"] == true;
-        if !ok {
-            failed += 1;
+        let at = results.iter().position(|r| r["id"] == json!(cell.id()));
+        let mut r = match at {
+            Some(i) => results[i].clone(),
+            None => run_cell(&fathom, dir, cell, args.runs)?,
+        };
+        if let Some(bin) = &llama_cpp {
+            if cell.batch == 1 && r["llama_cpp"]["peak_bytes"].is_null() {
+                r["llama_cpp"] = llama_peer(bin, dir, cell);
+            }
         }
         println!(
             "{:<52} {:>14} {:>14} {:>12} {:>7.4}{}",
@@ -506,36 +533,43 @@ pub fn run(args: &MemoryArgs) -> Result<ExitCode> {
                 _ => "",
             }
         );
-        results.push(r);
-    }
-    let unix = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let doc = json!({
-        "date": utc_date(unix),
-        "fathom_version": env!("CARGO_PKG_VERSION"),
-        "commit": commit,
-        "worktree_clean": clean,
-        "machine": machine(),
-        "grid": args.grid,
-        "runs_per_cell": args.runs.max(1),
-        "tightness": TIGHTNESS,
-        "method": "Per cell: `fathom inspect --json` with the cell's inputs gives the plan (kept byte for byte as plan_json); then `fathom generate` runs in a fresh child process `runs_per_cell` times, with a prompt of context - 64 pseudo-random token ids and 64 greedy tokens, threads and --memory pinned; the peak is the largest ru_maxrss (VmHWM at exit) that the parent reads with wait4. llama_cpp: llama-bench on the same GGUF, prompt and generated tokens (n_ctx = prompt + 64), once, peak measured the same way.",
-        "elapsed_s": started.elapsed().as_secs(),
-        "cells": results,
-    });
-    let text = serde_json::to_string_pretty(&doc)? + "\n";
-    match &args.json {
-        Some(path) => {
-            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
+        match at {
+            Some(i) => results[i] = r,
+            None => results.push(r),
         }
-        None => print!("{text}"),
+        // After every cell, so an interrupted grid keeps what it measured.
+        let doc = document(
+            args,
+            &commit,
+            clean,
+            &commits,
+            earlier_s + started.elapsed().as_secs(),
+            &results,
+        );
+        write_results(args.json.as_deref(), &doc, false)?;
     }
+    let doc = document(
+        args,
+        &commit,
+        clean,
+        &commits,
+        earlier_s + started.elapsed().as_secs(),
+        &results,
+    );
+    write_results(args.json.as_deref(), &doc, true)?;
+    let measured: Vec<&Value> = results
+        .iter()
+        .filter(|r| cells.iter().any(|c| r["id"] == json!(c.id())))
+        .collect();
+    let failed = measured
+        .iter()
+        .filter(|r| !(r["covered"] == true && r["tight"] == true))
+        .count();
     println!(
         "{} cells in {} s: {} covered within {TIGHTNESS}x, {failed} not",
-        results.len(),
+        measured.len(),
         started.elapsed().as_secs(),
-        results.len() - failed
+        measured.len() - failed
     );
     Ok(if failed == 0 {
         ExitCode::SUCCESS
@@ -543,6 +577,50 @@ pub fn run(args: &MemoryArgs) -> Result<ExitCode> {
         ExitCode::from(1)
     })
 }
+
+fn document(
+    args: &MemoryArgs,
+    commit: &Option<String>,
+    clean: Option<bool>,
+    commits: &[Value],
+    elapsed_s: u64,
+    results: &[Value],
+) -> Value {
+    let unix = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    json!({
+        "date": utc_date(unix),
+        "fathom_version": env!("CARGO_PKG_VERSION"),
+        "commit": commit,
+        "commits": commits,
+        "worktree_clean": clean,
+        "machine": machine(),
+        "grid": args.grid,
+        "runs_per_cell": args.runs.max(1),
+        "tightness": TIGHTNESS,
+        "method": METHOD,
+        "elapsed_s": elapsed_s,
+        "cells": results,
+    })
+}
+
+/// To `path`, or at the end only, to stdout.
+fn write_results(path: Option<&Path>, doc: &Value, last: bool) -> Result<()> {
+    let text = serde_json::to_string_pretty(doc)? + "\n";
+    match path {
+        Some(path) => {
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+        }
+        None if last => {
+            print!("{text}");
+            Ok(())
+        }
+        None => Ok(()),
+    }
+}
+
+const METHOD: &str = "Per cell: `fathom inspect --json` with the cell's inputs gives the plan (kept byte for byte as plan_json); then `fathom generate` runs in a fresh child process `runs_per_cell` times, with a prompt of context - 64 pseudo-random token ids and 64 greedy tokens per sequence (--ignore-eos; --parallel B for batch B), threads and --memory pinned; the peak is the largest ru_maxrss (VmHWM at exit) that the parent reads with wait4. llama_cpp: llama-bench on the same GGUF, prompt and generated tokens (n_ctx = prompt + 64), once, its peak measured the same way.";
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,163 @@
+//! The plan covers every measured peak, tightly: the recorded memory grid
+//! (docs/benchmark_results/memory-cpu-2026-11-30.json, from `fathom bench
+//! memory`) re-derived from its inputs, and a 3-cell grid measured now.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{smollm2, TempDir};
+use fathom_fixtures::{self as fx, Data};
+use serde_json::Value;
+
+/// The recorded results, relative to this crate.
+const RECORDED: &str = "../../docs/benchmark_results/memory-cpu-2026-11-30.json";
+/// The plan may exceed the peak by at most this factor.
+const TIGHTNESS: f64 = 1.10;
+
+fn recorded() -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(RECORDED);
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+    serde_json::from_str(&text).expect("the recorded results are JSON")
+}
+
+fn cells(doc: &Value) -> &Vec<Value> {
+    doc["cells"].as_array().expect("a list of cells")
+}
+
+fn n(v: &Value, key: &str) -> u64 {
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{key} is not an integer in {}", v["id"]))
+}
+
+/// `fathom ARGS` run in `dir` with a clean fathom environment.
+fn fathom_in(dir: &Path, args: &[String]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_fathom"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("FATHOM_MEMORY_LIMIT")
+        .env_remove("FATHOM_HEADROOM_FACTOR")
+        .env_remove("MLX_ROCM_MAX_INFLIGHT_MB")
+        .output()
+        .expect("run fathom")
+}
+
+/// A directory holding every checkpoint the grid names, as the cells saw
+/// them: the SmolLM2 GGUF linked, the synthetic ones header-only (the plan
+/// reads nothing else).
+fn checkpoints() -> TempDir {
+    let dir = TempDir::new("memory-grid");
+    std::os::unix::fs::symlink(smollm2(), dir.0.join("SmolLM2-135M-Instruct.Q4_1.gguf")).unwrap();
+    for model in fx::memory_grid_models() {
+        fx::write_grid_model(&model, &dir.0, Data::Sparse).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn every_recorded_plan_rederives_exactly_and_covers_its_peak_within_10_percent() {
+    let doc = recorded();
+    let dir = checkpoints();
+    assert!(cells(&doc).len() >= 30, "the grid has at least 30 cells");
+    for cell in cells(&doc) {
+        let id = &cell["id"];
+        let args: Vec<String> = cell["inspect_args"]
+            .as_array()
+            .expect("inspect_args")
+            .iter()
+            .map(|a| a.as_str().expect("string argument").to_string())
+            .collect();
+        let out = fathom_in(&dir.0, &args);
+        assert!(out.status.success(), "{id}: fathom {args:?} failed");
+        let plan_json = String::from_utf8(out.stdout).unwrap();
+        assert_eq!(
+            plan_json,
+            cell["plan_json"].as_str().expect("plan_json"),
+            "{id}: the plan re-derived from the recorded inputs differs from the recorded plan"
+        );
+        let plan: Value = serde_json::from_str(&plan_json).unwrap();
+        let (total, peak) = (n(&plan, "total_bytes"), n(cell, "peak_bytes"));
+        assert_eq!(total, n(cell, "plan_bytes"), "{id}");
+        assert!(peak > 0, "{id}: no peak recorded");
+        assert!(total >= peak, "{id}: plan {total} below the peak {peak}");
+        assert!(
+            total as f64 <= TIGHTNESS * peak as f64,
+            "{id}: plan {total} looser than {TIGHTNESS} x the peak {peak}"
+        );
+    }
+}
+
+/// Without the activations term, or without the runtime term, some
+/// recorded peak is no longer covered: each term is needed.
+#[test]
+fn dropping_the_activations_or_the_runtime_term_uncovers_a_recorded_peak() {
+    let doc = recorded();
+    for term in ["activation_bytes", "runtime_overhead_bytes"] {
+        let uncovered: Vec<String> = cells(&doc)
+            .iter()
+            .filter(|cell| {
+                let plan: Value =
+                    serde_json::from_str(cell["plan_json"].as_str().unwrap()).unwrap();
+                n(&plan, "total_bytes") - n(&plan, term) < n(cell, "peak_bytes")
+            })
+            .map(|cell| cell["id"].as_str().unwrap().to_string())
+            .collect();
+        println!("{term} forced to 0 uncovers {uncovered:?}");
+        assert!(
+            !uncovered.is_empty(),
+            "with {term} forced to 0 every peak is still covered: the term is not needed"
+        );
+    }
+}
+
+/// The CI subset, measured on this machine now: three SmolLM2 cells, one
+/// run each.
+#[test]
+fn the_ci_grid_measured_now_is_covered_within_10_percent() {
+    let dir = TempDir::new("memory-grid-ci");
+    let results = dir.0.join("ci.json");
+    let model: PathBuf = smollm2();
+    let args: Vec<String> = [
+        "bench",
+        "memory",
+        "--grid",
+        "ci",
+        "--runs",
+        "1",
+        "--work-dir",
+        dir.0.to_str().unwrap(),
+        "--smollm2",
+        model.to_str().unwrap(),
+        "--json",
+        results.to_str().unwrap(),
+    ]
+    .map(String::from)
+    .to_vec();
+    let out = fathom_in(&dir.0, &args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("{text}");
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
+    assert_eq!(cells(&doc).len(), 3);
+    for cell in cells(&doc) {
+        let (plan, peak) = (n(cell, "plan_bytes"), n(cell, "peak_bytes"));
+        assert!(
+            plan >= peak,
+            "{}: plan {plan} below peak {peak}",
+            cell["id"]
+        );
+        assert!(
+            plan as f64 <= TIGHTNESS * peak as f64,
+            "{}: plan {plan} looser than {TIGHTNESS} x peak {peak}",
+            cell["id"]
+        );
+        assert_eq!(n(cell, "generated_tokens"), 64, "{}", cell["id"]);
+    }
+}
