@@ -34,8 +34,8 @@ pub const TIGHTNESS: f64 = 1.10;
 
 #[derive(Args)]
 pub struct MemoryArgs {
-    /// Which grid: `full` (the recorded one: 36 cells, about half an hour on
-    /// 2 idle cores) or `ci` (3 SmolLM2 cells, for the test suite).
+    /// Which grid: `full` (the recorded one: 30 cells, about 50 minutes on a
+    /// busy 2-core VM) or `ci` (3 SmolLM2 cells, for the test suite).
     #[arg(long, default_value = "full")]
     pub grid: String,
     /// Runs of each cell; the largest peak is recorded.
@@ -480,13 +480,22 @@ pub fn run(args: &MemoryArgs) -> Result<ExitCode> {
     // The commit measured, read before the cells run. A rerun with the same
     // --json resumes: recorded cells are kept, and only get a llama.cpp
     // figure if they lack one and --llama-cpp is given.
-    let commit = git(&["rev-parse", "HEAD"]);
-    let clean = git(&["status", "--porcelain"]).map(|s| s.is_empty());
+    let head = git(&["rev-parse", "HEAD"]);
     let previous: Option<Value> = args
         .json
         .as_ref()
         .and_then(|p| std::fs::read_to_string(p).ok())
         .and_then(|t| serde_json::from_str(&t).ok());
+    // A resumed file keeps the commit and state its first cells ran at;
+    // `commits` lists every commit that added to it.
+    let commit = previous
+        .as_ref()
+        .and_then(|d| d["commit"].as_str().map(String::from))
+        .or_else(|| head.clone());
+    let clean = match previous.as_ref().map(|d| &d["worktree_clean"]) {
+        Some(Value::Bool(b)) => Some(*b),
+        _ => git(&["status", "--porcelain"]).map(|s| s.is_empty()),
+    };
     let mut results: Vec<Value> = previous
         .as_ref()
         .and_then(|d| d["cells"].as_array().cloned())
@@ -495,7 +504,7 @@ pub fn run(args: &MemoryArgs) -> Result<ExitCode> {
         .as_ref()
         .and_then(|d| d["commits"].as_array().cloned())
         .unwrap_or_default();
-    if let Some(c) = &commit {
+    if let Some(c) = &head {
         if !commits.contains(&json!(c)) {
             commits.push(json!(c));
         }
