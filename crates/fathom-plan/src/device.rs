@@ -46,8 +46,8 @@ impl Device {
 }
 
 /// Fixed host-side cost of a running fathom: code, libc, allocator arenas,
-/// the parsed GGUF metadata. Provisional until the engine's measurements
-/// (issue 5) replace it.
+/// the parsed GGUF metadata. Checked against measured peaks by the memory
+/// grid (docs/benchmark_results/memory-cpu-2026-11-30.md).
 pub const RUNTIME_BASE_BYTES: u64 = 16 << 20;
 /// Tokenizer tables per vocabulary entry: the token string, its id maps and
 /// merge ranks.
