@@ -1,0 +1,346 @@
+//! `fathom serve`: an OpenAI-compatible HTTP server over the scheduler.
+//!
+//! The plan is computed and (with `--estimate-memory`) checked first; the
+//! listener is bound before the weights load, so `/health` answers
+//! `loading` meanwhile.
+
+use std::ffi::OsString;
+use std::fmt::Write as _;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use fathom_engine::ChatTemplate;
+use fathom_plan::size::{format_binary, format_bytes, parse_size};
+use fathom_plan::MemoryPlan;
+use fathom_server::http::{LoadedModel, ServerConfig};
+use fathom_server::{Scheduler, SchedulerConfig};
+
+use crate::planning::{self, PlanArgs};
+use crate::session::{self, PreflightArgs};
+
+#[derive(Args)]
+pub struct ServeArgs {
+    /// A .gguf file, a Hugging Face / MLX directory, or a hub id in the cache or store.
+    pub model: String,
+    /// Address to listen on.
+    #[arg(long, env = "FATHOM_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one, printed at start).
+    #[arg(long, env = "FATHOM_PORT", default_value_t = 8080)]
+    pub port: u16,
+    /// Sequences decoded together (llama-server's -np).
+    #[arg(long, env = "FATHOM_PARALLEL", default_value_t = 4)]
+    pub parallel: u64,
+    /// Context per request: prompt + max_tokens [default: the model's trained context, at most 8192]
+    #[arg(long = "ctx-size", short = 'c', env = "FATHOM_CTX_SIZE")]
+    pub ctx_size: Option<u64>,
+    /// KV block pool: auto (from the plan), a SIZE such as 2G, or none (every slot's full context).
+    #[arg(long, env = "FATHOM_KV_CACHE_BUDGET", default_value = "auto")]
+    pub kv_cache_budget: String,
+    /// Prefix-cache capacity: auto, a SIZE such as 512M, or off.
+    #[arg(long, env = "FATHOM_PROMPT_CACHE", default_value = "auto")]
+    pub prompt_cache: String,
+    /// Require `Authorization: Bearer KEY` on every route but /health.
+    #[arg(long, env = "FATHOM_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Comma-separated origins that get CORS headers (`*` for any) [default: no CORS headers]
+    #[arg(long, env = "FATHOM_ALLOWED_ORIGINS")]
+    pub allowed_origins: Option<String>,
+    /// The model id /v1/models lists and requests name [default: the model's file name]
+    #[arg(long, short = 'a')]
+    pub alias: Option<String>,
+    /// Requests that may wait for a slot before new ones get 503.
+    #[arg(long, default_value_t = 64)]
+    pub queue_size: usize,
+    /// Largest request body, e.g. 4M (413 above).
+    #[arg(long, default_value = "4M")]
+    pub max_body_size: String,
+    /// Seconds in-flight requests may run after SIGINT/SIGTERM.
+    #[arg(long, env = "FATHOM_SHUTDOWN_TIMEOUT", default_value_t = 30)]
+    pub shutdown_timeout: u64,
+    #[command(flatten)]
+    pub plan: PlanArgs,
+    #[command(flatten)]
+    pub preflight: PreflightArgs,
+}
+
+/// llama-server spells --parallel `-np`; clap cannot take a two-letter
+/// short flag, so it is rewritten before parsing.
+pub fn rewrite_llama_server_flags(args: Vec<OsString>) -> Vec<OsString> {
+    if args.get(1).is_none_or(|a| a != "serve") {
+        return args;
+    }
+    args.into_iter()
+        .map(|a| {
+            if a == "-np" {
+                return OsString::from("--parallel");
+            }
+            match a.to_str().and_then(|s| s.strip_prefix("-np=")) {
+                Some(v) => OsString::from(format!("--parallel={v}")),
+                None => a,
+            }
+        })
+        .collect()
+}
+
+fn check_budget(text: &str, what: &str, off: &str) -> Result<()> {
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("auto") || t.eq_ignore_ascii_case(off) {
+        return Ok(());
+    }
+    parse_size(t, what)
+        .with_context(|| format!("{what} takes auto, {off} or a size such as 2G"))?;
+    Ok(())
+}
+
+pub fn run(args: &ServeArgs) -> Result<ExitCode> {
+    if args.parallel == 0 {
+        bail!("--parallel is 0: at least one sequence must be served");
+    }
+    check_budget(&args.kv_cache_budget, "--kv-cache-budget", "none")?;
+    check_budget(&args.prompt_cache, "--prompt-cache", "off")?;
+    let max_body = parse_size(&args.max_body_size, "--max-body-size")?
+        .filter(|&b| b > 0)
+        .context("--max-body-size must be a size above 0, e.g. 4M")?;
+    let model = crate::pull::resolve(&args.model)?;
+    let opened = session::open(&model)?;
+    let template = match opened.tokenizer.chat_template() {
+        Some(source) => {
+            let piece = |id: Option<u32>| {
+                id.map(|id| String::from_utf8_lossy(opened.tokenizer.token_bytes(id)).into_owned())
+                    .unwrap_or_default()
+            };
+            Some(ChatTemplate::new(
+                source,
+                &piece(opened.tokenizer.bos()),
+                &piece(opened.tokenizer.eos()),
+            )?)
+        }
+        None => None,
+    };
+    let context = args
+        .ctx_size
+        .unwrap_or_else(|| planning::default_context(&opened.spec));
+    let plan = planning::plan(&opened.spec, args.plan.inputs(context, args.parallel)?)?;
+    if let Some(code) = session::preflight(&model, &opened, &plan, &args.preflight) {
+        return Ok(code);
+    }
+    eprint!("{}", serve_plan_text(&model, &plan, args));
+
+    let listener = TcpListener::bind((args.host.as_str(), args.port))
+        .with_context(|| format!("listening on {}:{}", args.host, args.port))?;
+    let address = listener.local_addr()?;
+    eprintln!("fathom serve: listening on http://{address} (loading the model)");
+
+    let file_name = model
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| args.model.clone());
+    let model_id = args.alias.clone().unwrap_or_else(|| file_name.clone());
+    let config = ServerConfig {
+        model_aliases: [file_name, args.model.clone()]
+            .into_iter()
+            .filter(|n| *n != model_id)
+            .collect(),
+        model_id,
+        api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        allowed_origins: args
+            .allowed_origins
+            .iter()
+            .flat_map(|l| l.split(','))
+            .map(|o| o.trim().trim_end_matches('/').to_string())
+            .filter(|o| !o.is_empty())
+            .collect(),
+        max_body_bytes: usize::try_from(max_body).unwrap_or(usize::MAX),
+        shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
+    };
+    let scheduler_config = SchedulerConfig {
+        parallel: args.parallel as usize,
+        queue_capacity: args.queue_size,
+    };
+    let plan_terms = plan_terms(&plan);
+    let load = move || -> Result<LoadedModel, String> {
+        let (engine, took) = session::load(opened, plan).map_err(|e| format!("{e:#}"))?;
+        eprintln!(
+            "fathom serve: model loaded in {:.1} ms; ready on http://{address}",
+            took.as_secs_f64() * 1e3
+        );
+        let tokenizer = engine.tokenizer.clone();
+        let context = engine.plan.inputs.max_tokens as usize;
+        Ok(LoadedModel {
+            scheduler: Scheduler::start(engine, scheduler_config),
+            tokenizer,
+            template,
+            context,
+            plan: plan_terms,
+        })
+    };
+    fathom_server::http::serve(listener, config, load, || {})?;
+    eprintln!("fathom serve: stopped");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The KV pool as whole blocks: every slot's context in blocks of
+/// `kv_block_tokens`.
+fn kv_pool(plan: &MemoryPlan) -> (u64, u64) {
+    let i = &plan.inputs;
+    let per_slot = i.max_tokens.div_ceil(plan.kv_block_tokens.max(1));
+    let blocks = per_slot.saturating_mul(i.batch).max(1);
+    (blocks, plan.kv_bytes / blocks)
+}
+
+/// `(term, bytes)` for `/metrics`.
+fn plan_terms(plan: &MemoryPlan) -> Vec<(String, u64)> {
+    let mut terms: Vec<(String, u64)> = plan
+        .terms
+        .iter()
+        .map(|t| (t.name.to_string(), t.bytes))
+        .collect();
+    let (blocks, block_bytes) = kv_pool(plan);
+    terms.push(("kv_block".into(), block_bytes));
+    terms.push(("kv_pool".into(), blocks.saturating_mul(block_bytes)));
+    terms.push(("total".into(), plan.total_bytes));
+    terms.push(("available".into(), plan.available_bytes));
+    terms
+}
+
+/// The plan being served, as `inspect` prints rows.
+fn serve_plan_text(model: &Path, plan: &MemoryPlan, args: &ServeArgs) -> String {
+    let mut out = String::new();
+    let i = &plan.inputs;
+    let _ = writeln!(
+        out,
+        "fathom {} serving {}: {} slots x {} tokens, KV {}, {} tokens per step, {} threads",
+        env!("CARGO_PKG_VERSION"),
+        model.display(),
+        i.batch,
+        i.max_tokens,
+        i.kv_dtype.name(),
+        i.max_tokens_per_step,
+        i.threads
+    );
+    let row = |out: &mut String, label: &str, bytes: u64, note: &str| {
+        let _ = writeln!(
+            out,
+            "  {label:<18} {:>11}  {:>18}  {note}",
+            format_binary(bytes),
+            format!("({bytes} bytes)")
+        );
+    };
+    let term = |name: &str| {
+        plan.terms
+            .iter()
+            .find(|t| t.name == name)
+            .map_or(0, |t| t.bytes)
+    };
+    row(
+        &mut out,
+        "Weights",
+        plan.weights_bytes,
+        &plan.weights_source,
+    );
+    if plan.converted_bytes > 0 {
+        row(
+            &mut out,
+            "Converted at load",
+            plan.converted_bytes,
+            "1-D tensors copied to f32",
+        );
+    }
+    row(
+        &mut out,
+        "Activations",
+        plan.activation_bytes,
+        "one arena for the largest step",
+    );
+    row(
+        &mut out,
+        "Runtime overhead",
+        plan.runtime_overhead_bytes,
+        "tokenizer, template, stacks, code",
+    );
+    row(
+        &mut out,
+        "Backend in-flight",
+        plan.backend_inflight_bytes + term("backend"),
+        "device context and reserves",
+    );
+    let (blocks, block_bytes) = kv_pool(plan);
+    row(
+        &mut out,
+        "KV pool",
+        plan.kv_bytes,
+        &format!(
+            "{blocks} blocks x {} ({} tokens each); --kv-cache-budget {}",
+            format_binary(block_bytes),
+            plan.kv_block_tokens,
+            args.kv_cache_budget
+        ),
+    );
+    row(
+        &mut out,
+        "Prompt cache",
+        0,
+        &format!(
+            "cached prefixes live in free KV blocks; --prompt-cache {}",
+            args.prompt_cache
+        ),
+    );
+    row(
+        &mut out,
+        "Total",
+        plan.total_bytes,
+        "saturating sum of the terms",
+    );
+    row(
+        &mut out,
+        "Available",
+        plan.available_bytes,
+        &plan.available_source,
+    );
+    let _ = writeln!(
+        out,
+        "{}",
+        if plan.fits {
+            format!("FITS: {} of headroom", format_bytes(plan.slack_bytes))
+        } else {
+            format!(
+                "DOES NOT FIT: {} over budget",
+                format_bytes(plan.overflow_bytes)
+            )
+        }
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn np_is_rewritten_only_for_serve() {
+        let v = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        assert_eq!(
+            rewrite_llama_server_flags(v(&["fathom", "serve", "m", "-np", "2", "-np=3"])),
+            v(&["fathom", "serve", "m", "--parallel", "2", "--parallel=3"])
+        );
+        assert_eq!(
+            rewrite_llama_server_flags(v(&["fathom", "run", "-np"])),
+            v(&["fathom", "run", "-np"])
+        );
+    }
+
+    #[test]
+    fn budgets_take_auto_off_or_a_size() {
+        assert!(check_budget("auto", "--kv-cache-budget", "none").is_ok());
+        assert!(check_budget("none", "--kv-cache-budget", "none").is_ok());
+        assert!(check_budget("2G", "--kv-cache-budget", "none").is_ok());
+        assert!(check_budget("OFF", "--prompt-cache", "off").is_ok());
+        let e = check_budget("lots", "--prompt-cache", "off").unwrap_err();
+        assert!(format!("{e:#}").contains("--prompt-cache"), "{e:#}");
+    }
+}
