@@ -643,3 +643,166 @@ mod tests {
         assert!(v["error"]["param"].is_null() && v["error"]["code"].is_null());
     }
 }
+
+/// Seeded mutations of valid bodies: every outcome is a request or a 4xx
+/// error in the OpenAI shape, never a panic.
+#[cfg(test)]
+mod mutation_tests {
+    use super::*;
+
+    const SEEDS: &[(Route, &str)] = &[
+        (
+            Route::Chat,
+            r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_tokens":8,"temperature":0.5,"top_p":0.9,"top_k":4,"min_p":0.1,"seed":3,"stop":["x","y"],"n":1,"stream":true,"stream_options":{"include_usage":true},"presence_penalty":0.5,"frequency_penalty":0.2}"#,
+        ),
+        (
+            Route::Chat,
+            r#"{"messages":[{"role":"user","content":"hello"},{"role":"assistant","content":null}],"max_completion_tokens":4,"stop":"\n","logprobs":false,"response_format":{"type":"text"}}"#,
+        ),
+        (
+            Route::Completion,
+            r#"{"model":"m","prompt":"1, 2, 3","max_tokens":16,"temperature":0,"stream":false,"echo":false,"best_of":1,"suffix":""}"#,
+        ),
+        (Route::Completion, r#"{"prompt":[[1,2,3]],"seed":-7}"#),
+        (
+            Route::Completion,
+            r#"{"prompt":["text"],"stop":null,"n":null}"#,
+        ),
+    ];
+
+    const TOKENS: &[&str] = &[
+        "null",
+        "-1",
+        "0",
+        "1e309",
+        "-0.0",
+        "18446744073709551616",
+        "\"\"",
+        "[]",
+        "{}",
+        "[",
+        "{",
+        "\"",
+        ",",
+        ":",
+        "true",
+        "\\u0000",
+        "\\ud800",
+        "\u{7f}",
+        "\u{10ffff}",
+        "\"n\":2",
+        "[[[[",
+        "]]]]",
+    ];
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n.max(1) as u64) as usize
+        }
+    }
+
+    fn mutate(rng: &mut Rng, body: &mut Vec<u8>) {
+        let at = rng.below(body.len() + 1);
+        match rng.below(6) {
+            0 if !body.is_empty() => {
+                let i = rng.below(body.len());
+                body[i] ^= 1 << rng.below(8);
+            }
+            1 => body.insert(at, rng.next() as u8),
+            2 if at < body.len() => {
+                let end = (at + 1 + rng.below(8)).min(body.len());
+                body.drain(at..end);
+            }
+            3 => {
+                let token = TOKENS[rng.below(TOKENS.len())];
+                body.splice(at..at, token.bytes());
+            }
+            4 if at < body.len() => {
+                let end = (at + 1 + rng.below(16)).min(body.len());
+                let piece = body[at..end].to_vec();
+                body.splice(at..at, piece);
+            }
+            _ => {
+                // Replace a value-looking run with another token.
+                let token = TOKENS[rng.below(TOKENS.len())];
+                let end = (at + rng.below(6)).min(body.len());
+                body.splice(at..end, token.bytes());
+            }
+        }
+    }
+
+    #[test]
+    fn mutated_bodies_parse_or_give_a_4xx_error() {
+        let mut rng = Rng(0x00c0_ffee);
+        let (mut accepted, mut refused) = (0, 0);
+        for _ in 0..20_000 {
+            let (route, seed) = SEEDS[rng.below(SEEDS.len())];
+            let mut body = seed.as_bytes().to_vec();
+            for _ in 0..1 + rng.below(4) {
+                mutate(&mut rng, &mut body);
+            }
+            match parse(route, &body, 1) {
+                Ok(request) => {
+                    accepted += 1;
+                    assert!(request.max_tokens.is_none_or(|n| n >= 1));
+                    assert!((0.0..=2.0).contains(&request.sampling.temperature));
+                }
+                Err(e) => {
+                    refused += 1;
+                    assert!(
+                        (400..500).contains(&e.status),
+                        "{e:?} for {:?}",
+                        String::from_utf8_lossy(&body)
+                    );
+                    let v = e.to_json();
+                    assert!(v["error"]["message"]
+                        .as_str()
+                        .is_some_and(|m| !m.is_empty()));
+                    assert!(v["error"]["type"].is_string());
+                }
+            }
+        }
+        // Both sides of the parser were exercised.
+        assert!(
+            accepted > 1000 && refused > 1000,
+            "{accepted} accepted, {refused} refused"
+        );
+    }
+
+    #[test]
+    fn deep_nesting_and_huge_numbers_are_refused_cleanly() {
+        let deep = format!(
+            "{{\"messages\":{}{}}}",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        assert_eq!(
+            parse(Route::Chat, deep.as_bytes(), 1).unwrap_err().status,
+            400
+        );
+        let big = r#"{"prompt":"x","max_tokens":1e400}"#;
+        assert_eq!(
+            parse(Route::Completion, big.as_bytes(), 1)
+                .unwrap_err()
+                .status,
+            400
+        );
+        let nan = r#"{"prompt":"x","temperature":NaN}"#;
+        assert_eq!(
+            parse(Route::Completion, nan.as_bytes(), 1)
+                .unwrap_err()
+                .status,
+            400
+        );
+    }
+}
