@@ -37,6 +37,12 @@ enum Command {
     /// Measure prompt processing and generation speed (as llama-bench does).
     Bench(bench::BenchArgs),
     /// Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
+    #[command(
+        after_help = "Routes: POST /v1/chat/completions, POST /v1/completions (streamed with \"stream\": true), \
+GET /v1/models, GET /health (open even with --api-key), GET /metrics (Prometheus).\n\
+SIGINT or SIGTERM stops accepting, lets requests in flight finish (--shutdown-timeout) and exits 0.\n\
+Parameters, defaults, error codes and metrics: docs/server.md"
+    )]
     Serve(serve::ServeArgs),
 }
 

@@ -32,7 +32,7 @@ pub struct ServeArgs {
     /// Port to listen on (0 picks a free one, printed at start).
     #[arg(long, env = "FATHOM_PORT", default_value_t = 8080)]
     pub port: u16,
-    /// Sequences decoded together (llama-server's -np).
+    /// Sequences decoded together (`-np N` works too, as in llama-server).
     #[arg(long, env = "FATHOM_PARALLEL", default_value_t = 4)]
     pub parallel: u64,
     /// Context per request: prompt + max_tokens [default: the model's trained context, at most 8192]
