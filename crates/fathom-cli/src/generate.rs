@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::Args;
-use fathom_engine::Sampler;
+use fathom_engine::{Sampler, SamplingParams};
 
 use crate::planning::{self, PlanArgs};
 use crate::session::{self, PreflightArgs, SamplingArgs};
@@ -23,6 +23,14 @@ pub struct GenerateArgs {
     /// Context to plan and allocate [default: prompt + -n]
     #[arg(long, short = 'c', visible_alias = "ctx-size")]
     pub max_tokens: Option<u64>,
+    /// Decode N copies of the prompt together as N sequences (the plan's
+    /// batch); copy i samples with seed + i. Only the first is printed; the
+    /// stats count all.
+    #[arg(long, visible_alias = "np", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=256))]
+    pub parallel: u64,
+    /// Never sample an end-of-generation token: run to -n tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
     #[command(flatten)]
     pub sampling: SamplingArgs,
     #[command(flatten)]
@@ -39,24 +47,36 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     let context = args
         .max_tokens
         .unwrap_or((prompt.len() + args.tokens) as u64);
-    let plan = planning::plan(&opened.spec, args.plan.inputs(context, 1)?)?;
+    let plan = planning::plan(&opened.spec, args.plan.inputs(context, args.parallel)?)?;
     if let Some(code) = session::preflight(&model, &opened, &plan, &args.preflight) {
         return Ok(code);
     }
     let (mut engine, load) = session::load(opened, plan)?;
-    let mut sampler = Sampler::new(args.sampling.params());
+    engine.ignore_eos = args.ignore_eos;
+    let params = args.sampling.params();
+    let mut samplers: Vec<Sampler> = (0..args.parallel)
+        .map(|i| {
+            Sampler::new(SamplingParams {
+                seed: params.seed.wrapping_add(i),
+                ..params.clone()
+            })
+        })
+        .collect();
+    let prompts = vec![prompt.as_slice(); samplers.len()];
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    let stats = engine.generate(
-        &prompt,
+    let stats = engine.generate_batch(
+        &prompts,
         args.tokens,
-        &mut sampler,
+        &mut samplers,
         &args.sampling.stop,
-        &mut |text| {
+        &mut |sequence, text| {
             // A closed pipe ends generation rather than the process.
-            out.write_all(text.as_bytes())
-                .and_then(|()| out.flush())
-                .is_ok()
+            sequence > 0
+                || out
+                    .write_all(text.as_bytes())
+                    .and_then(|()| out.flush())
+                    .is_ok()
         },
     )?;
     let _ = writeln!(out);

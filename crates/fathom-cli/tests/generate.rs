@@ -76,6 +76,37 @@ fn greedy_generation_is_deterministic_and_stops_at_stop_strings() {
 }
 
 #[test]
+fn parallel_sequences_run_to_length_with_ignore_eos_and_print_the_first() {
+    let model = smollm2();
+    let base = [
+        "generate",
+        model.to_str().unwrap(),
+        "-p",
+        "1, 2, 3, 4, 5,",
+        "-n",
+        "20",
+        "--temp",
+        "0",
+        "-t",
+        "2",
+        "--ignore-eos",
+    ];
+    let single = fathom(&base, &[]);
+    let mut four = base.to_vec();
+    four.extend(["--parallel", "4"]);
+    let batch = fathom(&four, &[]);
+    assert!(batch.status.success(), "{}", stderr(&batch));
+    assert_eq!(stdout(&single), stdout(&batch), "greedy copies agree");
+    assert!(
+        stderr(&batch).contains("decode:  80 tokens"),
+        "{}",
+        stderr(&batch)
+    );
+    let (plan, peak) = plan_and_peak(&stderr(&batch));
+    assert!(peak <= plan, "peak RSS {peak} over the plan {plan}");
+}
+
+#[test]
 fn preflight_refuses_with_status_2_and_force_loads_anyway() {
     let model = smollm2();
     let base = [

@@ -12,7 +12,7 @@ use fathom_tokenizer::{StreamDecoder, Tokenizer};
 
 use crate::arena::Arena;
 use crate::kv::{KvPool, SeqKv};
-use crate::model::Model;
+use crate::model::{Model, Segment};
 use crate::sampler::Sampler;
 use crate::stop::StopMatcher;
 use crate::EngineError;
@@ -22,11 +22,15 @@ pub struct Engine {
     /// Shared with whoever tokenizes requests (the server's connections).
     pub tokenizer: Arc<Tokenizer>,
     pub plan: MemoryPlan,
+    /// Never sample an end-of-generation token (llama.cpp's
+    /// `--ignore-eos`): generation runs to the requested length.
+    pub ignore_eos: bool,
     pool: Pool,
     kv: KvPool,
     arena: Arena,
-    /// Token ids of the sequence, sized for the plan's context.
-    history: Vec<u32>,
+    /// Token ids of each sequence of a batch, sized for the plan's context
+    /// (the plan's `token_ids`).
+    histories: Vec<Vec<u32>>,
 }
 
 /// The checkpoint's tokenizer: GGUF metadata, or the HF directory's
@@ -36,6 +40,20 @@ pub fn load_tokenizer(checkpoint: &Checkpoint) -> Result<Tokenizer, EngineError>
         Checkpoint::Gguf(file) => Tokenizer::from_gguf(file)?,
         Checkpoint::Hf(hf) => Tokenizer::from_hf_dir(&hf.dir)?,
     })
+}
+
+/// One sequence of [`Engine::generate_batch`] in flight.
+struct Live<'a> {
+    index: usize,
+    kv: SeqKv,
+    /// Prompt tokens prefilled so far.
+    done: usize,
+    /// The sampled token not yet emitted.
+    next: u32,
+    generated: usize,
+    decoder: StreamDecoder,
+    stops: StopMatcher<'a>,
+    reason: Option<StopReason>,
 }
 
 /// Why generation stopped.
@@ -68,12 +86,7 @@ impl Engine {
     ) -> Result<Self, EngineError> {
         let model = Model::load(checkpoint, spec)?;
         let i = &plan.inputs;
-        let kv = KvPool::new(
-            &plan.kv_detail,
-            i.kv_dtype,
-            i.batch as usize,
-            &model.layer_groups(),
-        );
+        let kv = KvPool::new(&plan.kv_detail, i.kv_dtype, &model.layer_groups());
         let step = plan
             .activation_detail
             .iter()
@@ -81,15 +94,18 @@ impl Engine {
             .map_or(1, |b| b.rows);
         let arena = Arena::new(step, &plan.activation_detail);
         let pool = Pool::new(i.threads as usize);
-        let history = Vec::with_capacity(i.max_tokens as usize);
+        let histories = (0..i.batch)
+            .map(|_| Vec::with_capacity(i.max_tokens as usize))
+            .collect();
         Ok(Engine {
             model,
             tokenizer: Arc::new(tokenizer),
             pool,
             kv,
             arena,
-            history,
+            histories,
             plan,
+            ignore_eos: false,
         })
     }
 
@@ -104,72 +120,160 @@ impl Engine {
         stop: &[String],
         on_text: &mut dyn FnMut(&str) -> bool,
     ) -> Result<GenerateStats, EngineError> {
-        let mut seq = self.sequence(prompt.len(), max_new)?;
-        self.history.clear();
-        self.history.extend_from_slice(prompt);
+        self.generate_batch(
+            &[prompt],
+            max_new,
+            std::slice::from_mut(sampler),
+            stop,
+            &mut |_, text| on_text(text),
+        )
+    }
+
+    /// Runs several prompts as sequences decoded together (at most the
+    /// plan's batch): prompts are prefilled in chunks of the plan's step,
+    /// then every live sequence advances one token per step. `on_text`
+    /// gets each sequence's index and text; returning false stops that
+    /// sequence. The stats add up all sequences; `reason` is the first's.
+    pub fn generate_batch(
+        &mut self,
+        prompts: &[&[u32]],
+        max_new: usize,
+        samplers: &mut [Sampler],
+        stop: &[String],
+        on_text: &mut dyn FnMut(usize, &str) -> bool,
+    ) -> Result<GenerateStats, EngineError> {
+        assert!(
+            prompts.len() == samplers.len() && prompts.len() <= self.histories.len(),
+            "{} prompts, {} samplers, batch {}",
+            prompts.len(),
+            samplers.len(),
+            self.histories.len()
+        );
+        let mut live = Vec::with_capacity(prompts.len());
+        for (i, prompt) in prompts.iter().enumerate() {
+            let kv = self.sequence(prompt.len(), max_new)?;
+            self.histories[i].clear();
+            self.histories[i].extend_from_slice(prompt);
+            live.push(Live {
+                index: i,
+                kv,
+                done: 0,
+                next: 0,
+                generated: 0,
+                decoder: StreamDecoder::new(),
+                stops: StopMatcher::new(stop),
+                reason: (max_new == 0).then_some(StopReason::Length),
+            });
+        }
         let started = Instant::now();
-        for chunk in prompt.chunks(self.arena.step_tokens) {
+        // Prefill, packing chunks of several prompts into one step; a
+        // sequence samples its first token as soon as its prompt is in.
+        while live.iter().any(|l| l.done < prompts[l.index].len()) {
+            let mut budget = self.arena.step_tokens;
+            let mut segments = Vec::with_capacity(live.len());
+            let mut rows = Vec::with_capacity(live.len());
+            for l in live.iter_mut() {
+                let prompt = prompts[l.index];
+                let n = (prompt.len() - l.done).min(budget);
+                if n == 0 {
+                    continue;
+                }
+                budget -= n;
+                segments.push(Segment {
+                    seq: &mut l.kv,
+                    tokens: &prompt[l.done..l.done + n],
+                });
+                l.done += n;
+                rows.push((l.index, l.done == prompt.len()));
+            }
             self.model
-                .forward(&self.pool, &mut self.arena, &mut self.kv, &mut seq, chunk)?;
+                .forward(&self.pool, &mut self.arena, &mut self.kv, &mut segments)?;
+            drop(segments);
+            for (row, &(index, complete)) in rows.iter().enumerate() {
+                if complete {
+                    let l = live.iter_mut().find(|l| l.index == index).expect("live");
+                    l.next = self.sample(row, &mut samplers[index], index);
+                }
+            }
         }
         let prefill = started.elapsed();
         let decode_start = Instant::now();
-        let mut decoder = StreamDecoder::new();
-        let mut stops = StopMatcher::new(stop);
-        let mut generated = 0;
-        let mut reason = StopReason::Length;
-        while generated < max_new {
-            let vocab = self.model.spec.vocab as usize;
-            let token = sampler.sample(
-                &mut self.arena.logits[..vocab],
-                &self.history,
-                &mut self.arena.sampler,
-            );
-            generated += 1;
-            if self.tokenizer.end_of_generation(token) {
-                reason = StopReason::Stop;
+        loop {
+            // Emit each sequence's pending token; those that go on decode it.
+            for l in live.iter_mut().filter(|l| l.reason.is_none()) {
+                l.generated += 1;
+                let token = l.next;
+                if self.tokenizer.end_of_generation(token) {
+                    l.reason = Some(StopReason::Stop);
+                    continue;
+                }
+                self.histories[l.index].push(token);
+                let text = l.decoder.push(&self.tokenizer, token);
+                let (emit, hit) = l.stops.push(text);
+                if !emit.is_empty() && !on_text(l.index, emit) {
+                    l.reason = Some(StopReason::Cancelled);
+                } else if hit {
+                    l.reason = Some(StopReason::Stop);
+                } else if l.generated >= max_new {
+                    l.reason = Some(StopReason::Length);
+                }
+            }
+            let mut segments = Vec::with_capacity(live.len());
+            let mut rows = Vec::with_capacity(live.len());
+            for l in live.iter_mut().filter(|l| l.reason.is_none()) {
+                segments.push(Segment {
+                    seq: &mut l.kv,
+                    tokens: std::slice::from_ref(&l.next),
+                });
+                rows.push(l.index);
+            }
+            if segments.is_empty() {
                 break;
             }
-            self.history.push(token);
-            let text = decoder.push(&self.tokenizer, token);
-            let (emit, hit) = stops.push(text);
-            if !emit.is_empty() && !on_text(emit) {
-                reason = StopReason::Cancelled;
-                break;
-            }
-            if hit {
-                reason = StopReason::Stop;
-                break;
-            }
-            if generated < max_new {
-                self.model.forward(
-                    &self.pool,
-                    &mut self.arena,
-                    &mut self.kv,
-                    &mut seq,
-                    &[token],
-                )?;
+            self.model
+                .forward(&self.pool, &mut self.arena, &mut self.kv, &mut segments)?;
+            drop(segments);
+            for (row, &index) in rows.iter().enumerate() {
+                let next = self.sample(row, &mut samplers[index], index);
+                let l = live.iter_mut().find(|l| l.index == index).expect("live");
+                l.next = next;
             }
         }
-        if reason == StopReason::Length {
-            let rest = decoder.finish();
-            let (emit, _) = stops.push(rest);
-            if !emit.is_empty() {
-                on_text(emit);
+        for l in live.iter_mut() {
+            if l.reason == Some(StopReason::Length) {
+                let rest = l.decoder.finish();
+                let (emit, _) = l.stops.push(rest);
+                if !emit.is_empty() {
+                    on_text(l.index, emit);
+                }
+                let tail = l.stops.flush();
+                if !tail.is_empty() {
+                    on_text(l.index, &tail);
+                }
             }
-            let tail = stops.flush();
-            if !tail.is_empty() {
-                on_text(&tail);
-            }
+            self.kv.release(&mut l.kv);
         }
-        self.kv.release(&mut seq);
         Ok(GenerateStats {
-            prompt_tokens: prompt.len(),
-            generated_tokens: generated,
+            prompt_tokens: prompts.iter().map(|p| p.len()).sum(),
+            generated_tokens: live.iter().map(|l| l.generated).sum(),
             prefill,
             decode: decode_start.elapsed(),
-            reason,
+            reason: live[0].reason.unwrap_or(StopReason::Length),
         })
+    }
+
+    /// Samples from logits row `row` for sequence `index`'s history.
+    fn sample(&mut self, row: usize, sampler: &mut Sampler, index: usize) -> u32 {
+        let vocab = self.model.spec.vocab as usize;
+        let logits = &mut self.arena.logits[row * vocab..(row + 1) * vocab];
+        if self.ignore_eos {
+            for id in self.tokenizer.end_of_generation_ids() {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        sampler.sample(logits, &self.histories[index], &mut self.arena.sampler)
     }
 
     /// Times `n` single-token decode steps in a fresh sequence, feeding each
@@ -185,8 +289,10 @@ impl Engine {
                 &self.pool,
                 &mut self.arena,
                 &mut self.kv,
-                &mut seq,
-                &[token],
+                &mut [Segment {
+                    seq: &mut seq,
+                    tokens: &[token],
+                }],
             )?;
             token = fathom_kernels::ops::argmax(&self.arena.logits[..vocab]) as u32;
         }
@@ -213,9 +319,10 @@ impl Engine {
         Ok(seq)
     }
 
-    /// The last sequence's tokens: its prompt and what was generated.
+    /// The last (first of a batch) sequence's tokens: its prompt and what
+    /// was generated.
     pub fn tokens(&self) -> &[u32] {
-        &self.history
+        &self.histories[0]
     }
 
     /// Runs `tokens` through a fresh sequence and returns the last position's
@@ -223,8 +330,15 @@ impl Engine {
     pub fn logits(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
         let mut seq = self.sequence(tokens.len(), 0)?;
         for chunk in tokens.chunks(self.arena.step_tokens) {
-            self.model
-                .forward(&self.pool, &mut self.arena, &mut self.kv, &mut seq, chunk)?;
+            self.model.forward(
+                &self.pool,
+                &mut self.arena,
+                &mut self.kv,
+                &mut [Segment {
+                    seq: &mut seq,
+                    tokens: chunk,
+                }],
+            )?;
         }
         self.kv.release(&mut seq);
         Ok(&self.arena.logits[..self.model.spec.vocab as usize])

@@ -30,7 +30,7 @@ struct GroupPool {
 }
 
 impl GroupPool {
-    fn new(g: &KvGroup, dtype: KvDtype, sequences: usize) -> Self {
+    fn new(g: &KvGroup, dtype: KvDtype) -> Self {
         let k_width = (g.n_kv_heads * g.key_dim) as usize;
         let v_width = (g.n_kv_heads * g.value_dim) as usize;
         let k_row = dtype.row_bytes(k_width as u64) as usize;
@@ -38,7 +38,9 @@ impl GroupPool {
         let layers = g.layers as usize;
         let blocks_per_sequence = g.blocks_per_sequence as usize;
         let block_bytes = layers * BLOCK * (k_row + v_row);
-        let n_blocks = blocks_per_sequence * sequences;
+        // The plan sized the group's bytes: sequences x blocks each, or a
+        // server's shared pool.
+        let n_blocks = g.bytes as usize / block_bytes.max(1);
         GroupPool {
             k_width,
             v_width,
@@ -95,18 +97,13 @@ pub struct LayerKv<'a> {
 }
 
 impl KvPool {
-    /// Allocates the plan's pool for `sequences` sequences. `layer_groups`
+    /// Allocates the plan's pool. `layer_groups`
     /// gives each model layer's group in the plan's `kv_detail` order (as
     /// `kv::plan` formed them), or `None` for layers without attention.
-    pub fn new(
-        plan_groups: &[KvGroup],
-        dtype: KvDtype,
-        sequences: usize,
-        layer_groups: &[Option<usize>],
-    ) -> Self {
+    pub fn new(plan_groups: &[KvGroup], dtype: KvDtype, layer_groups: &[Option<usize>]) -> Self {
         let groups: Vec<GroupPool> = plan_groups
             .iter()
-            .map(|g| GroupPool::new(g, dtype, sequences))
+            .map(|g| GroupPool::new(g, dtype))
             .collect();
         let mut seen = vec![0usize; groups.len()];
         let layers = layer_groups

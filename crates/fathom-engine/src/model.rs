@@ -10,6 +10,12 @@ use fathom_spec::{Attention, Family, ModelSpec};
 use crate::arena::Arena;
 use crate::attention::{self, AttentionShape};
 use crate::kv::{KvPool, SeqKv};
+
+/// Tokens to run at the next positions of one sequence.
+pub struct Segment<'a> {
+    pub seq: &'a mut SeqKv,
+    pub tokens: &'a [u32],
+}
 use crate::names::{LayerNames, Naming};
 use crate::weights::{Matrix, MatrixView, WeightFiles};
 use crate::EngineError;
@@ -214,28 +220,30 @@ impl Model {
         }
     }
 
-    /// Runs `tokens` (at most the arena's step) at the next positions of
-    /// `seq` and leaves the last token's logits in `arena.logits`.
-    /// The caller has reserved KV blocks up to `seq.len + tokens.len()`.
+    /// Runs every segment's tokens at the next positions of its sequence,
+    /// all rows through each matmul together, and leaves segment i's last
+    /// logits in row i of `arena.logits`. The caller has reserved KV blocks
+    /// up to `seq.len + tokens.len()` for each segment.
     pub fn forward(
         &self,
         pool: &Pool,
         arena: &mut Arena,
         kv: &mut KvPool,
-        seq: &mut SeqKv,
-        tokens: &[u32],
+        segments: &mut [Segment],
     ) -> Result<(), EngineError> {
-        let t_n = tokens.len();
-        assert!(
-            t_n > 0 && t_n <= arena.step_tokens,
-            "chunk of {t_n} tokens, arena step {}",
-            arena.step_tokens
-        );
+        let t_n: usize = segments.iter().map(|s| s.tokens.len()).sum();
         let s = &self.spec;
         let (d, vocab) = (s.hidden as usize, s.vocab as usize);
-        let n_heads = s.n_heads as usize;
-        let start = seq.len;
-        for (t, &tok) in tokens.iter().enumerate() {
+        assert!(
+            segments.iter().all(|s| !s.tokens.is_empty())
+                && t_n <= arena.step_tokens
+                && segments.len() * vocab <= arena.logits.len(),
+            "{} segments of {t_n} tokens, arena step {}",
+            segments.len(),
+            arena.step_tokens
+        );
+        let tokens = segments.iter().flat_map(|s| s.tokens.iter().copied());
+        for (t, tok) in tokens.enumerate() {
             if tok as usize >= vocab {
                 return Err(EngineError::BadToken { id: tok, vocab });
             }
@@ -255,128 +263,7 @@ impl Model {
             }
         }
         for (li, layer) in self.layers.iter().enumerate() {
-            let (dk, dv, kvh) = (layer.key_dim, layer.value_dim, layer.n_kv_heads);
-            let (qw, kw, vw) = (n_heads * dk, kvh * dk, kvh * dv);
-            for t in 0..t_n {
-                ops::rms_norm(
-                    &arena.residual[t * d..(t + 1) * d],
-                    &layer.attn_norm,
-                    self.eps,
-                    &mut arena.norm[t * d..(t + 1) * d],
-                );
-            }
-            let x = &arena.norm[..t_n * d];
-            self.mm(
-                pool,
-                &layer.wq,
-                x,
-                t_n,
-                &mut arena.q[..t_n * qw],
-                &mut arena.q8_rows,
-            );
-            self.mm(
-                pool,
-                &layer.wk,
-                x,
-                t_n,
-                &mut arena.k[..t_n * kw],
-                &mut arena.q8_rows,
-            );
-            self.mm(
-                pool,
-                &layer.wv,
-                x,
-                t_n,
-                &mut arena.v[..t_n * vw],
-                &mut arena.q8_rows,
-            );
-            if let Some([bq, bk, bv]) = &layer.bias {
-                for t in 0..t_n {
-                    ops::add(&mut arena.q[t * qw..(t + 1) * qw], bq);
-                    ops::add(&mut arena.k[t * kw..(t + 1) * kw], bk);
-                    ops::add(&mut arena.v[t * vw..(t + 1) * vw], bv);
-                }
-            }
-            if let Some([qn, kn]) = &layer.qk_norm {
-                head_norm(&mut arena.q[..t_n * qw], dk, qn, self.eps);
-                head_norm(&mut arena.k[..t_n * kw], dk, kn, self.eps);
-            }
-            let (theta, window) = match layer.attention {
-                Attention::Sliding { window } => (self.local_theta, Some(window as usize)),
-                _ => (self.theta, None),
-            };
-            let freqs = self.rope_freqs.as_deref();
-            for t in 0..t_n {
-                let pos = start + t;
-                ops::rope(
-                    &mut arena.q[t * qw..(t + 1) * qw],
-                    n_heads,
-                    dk,
-                    pos,
-                    theta,
-                    self.neox,
-                    freqs,
-                );
-                ops::rope(
-                    &mut arena.k[t * kw..(t + 1) * kw],
-                    kvh,
-                    dk,
-                    pos,
-                    theta,
-                    self.neox,
-                    freqs,
-                );
-            }
-            kv.round_to_cache(&mut arena.k[..t_n * kw], dk);
-            kv.round_to_cache(&mut arena.v[..t_n * vw], dv);
-            if kv.dtype() == KvDtype::F16 {
-                // As llama.cpp multiplies q with an f16 K cache: in f16.
-                crate::kv::round_to(KvDtype::F16, &mut arena.q[..t_n * qw], dk);
-            }
-            let shape = AttentionShape {
-                n_heads,
-                n_kv_heads: kvh,
-                key_dim: dk,
-                value_dim: dv,
-                start,
-                tokens: t_n,
-                window,
-                scale: self.attn_scale,
-            };
-            let per_worker = attention::scratch_per_worker(dk, dv);
-            {
-                let cache = kv.layer(seq, li, dk, dv);
-                attention::attend(
-                    pool,
-                    &shape,
-                    cache.as_ref(),
-                    &arena.q[..t_n * qw],
-                    &arena.k[..t_n * kw],
-                    &arena.v[..t_n * vw],
-                    &mut arena.attn_out[..t_n * n_heads * dv],
-                    &mut arena.attn_scratch,
-                    per_worker,
-                );
-            }
-            for t in 0..t_n {
-                kv.write(
-                    seq,
-                    li,
-                    start + t,
-                    &arena.k[t * kw..(t + 1) * kw],
-                    &arena.v[t * vw..(t + 1) * vw],
-                );
-            }
-            self.mm(
-                pool,
-                &layer.wo,
-                &arena.attn_out[..t_n * n_heads * dv],
-                t_n,
-                &mut arena.branch_out[..t_n * d],
-                &mut arena.q8_rows,
-            );
-            self.add_branch(arena, layer.post_attn_norm.as_deref(), t_n, d);
-
+            self.attention_block(pool, arena, kv, segments, li, layer, t_n);
             for t in 0..t_n {
                 ops::rms_norm(
                     &arena.residual[t * d..(t + 1) * d],
@@ -393,24 +280,166 @@ impl Model {
             }
             self.add_branch(arena, layer.post_ffn_norm.as_deref(), t_n, d);
         }
-        seq.len = start + t_n;
-        // Logits for the last position only.
-        let last = (t_n - 1) * d;
-        ops::rms_norm(
-            &arena.residual[last..last + d],
-            &self.out_norm,
-            self.eps,
-            &mut arena.norm[..d],
-        );
+        // Logits for each segment's last position only.
+        let mut last = 0;
+        for (i, seg) in segments.iter_mut().enumerate() {
+            last += seg.tokens.len();
+            seg.seq.len += seg.tokens.len();
+            let row = (last - 1) * d;
+            ops::rms_norm(
+                &arena.residual[row..row + d],
+                &self.out_norm,
+                self.eps,
+                &mut arena.norm[i * d..(i + 1) * d],
+            );
+        }
+        let n = segments.len();
         self.mm(
             pool,
             &self.output,
-            &arena.norm[..d],
-            1,
-            &mut arena.logits[..vocab],
+            &arena.norm[..n * d],
+            n,
+            &mut arena.logits[..n * vocab],
             &mut arena.q8_rows,
         );
         Ok(())
+    }
+
+    /// One layer's attention for every segment: projections over all rows,
+    /// then rope, the cache and attention per segment, and the output
+    /// projection added to the residual.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_block(
+        &self,
+        pool: &Pool,
+        arena: &mut Arena,
+        kv: &mut KvPool,
+        segments: &[Segment],
+        li: usize,
+        layer: &Layer,
+        t_n: usize,
+    ) {
+        let d = self.spec.hidden as usize;
+        let n_heads = self.spec.n_heads as usize;
+        let (dk, dv, kvh) = (layer.key_dim, layer.value_dim, layer.n_kv_heads);
+        let (qw, kw, vw) = (n_heads * dk, kvh * dk, kvh * dv);
+        for t in 0..t_n {
+            ops::rms_norm(
+                &arena.residual[t * d..(t + 1) * d],
+                &layer.attn_norm,
+                self.eps,
+                &mut arena.norm[t * d..(t + 1) * d],
+            );
+        }
+        let x = &arena.norm[..t_n * d];
+        self.mm(
+            pool,
+            &layer.wq,
+            x,
+            t_n,
+            &mut arena.q[..t_n * qw],
+            &mut arena.q8_rows,
+        );
+        self.mm(
+            pool,
+            &layer.wk,
+            x,
+            t_n,
+            &mut arena.k[..t_n * kw],
+            &mut arena.q8_rows,
+        );
+        self.mm(
+            pool,
+            &layer.wv,
+            x,
+            t_n,
+            &mut arena.v[..t_n * vw],
+            &mut arena.q8_rows,
+        );
+        if let Some([bq, bk, bv]) = &layer.bias {
+            for t in 0..t_n {
+                ops::add(&mut arena.q[t * qw..(t + 1) * qw], bq);
+                ops::add(&mut arena.k[t * kw..(t + 1) * kw], bk);
+                ops::add(&mut arena.v[t * vw..(t + 1) * vw], bv);
+            }
+        }
+        if let Some([qn, kn]) = &layer.qk_norm {
+            head_norm(&mut arena.q[..t_n * qw], dk, qn, self.eps);
+            head_norm(&mut arena.k[..t_n * kw], dk, kn, self.eps);
+        }
+        let (theta, window) = match layer.attention {
+            Attention::Sliding { window } => (self.local_theta, Some(window as usize)),
+            _ => (self.theta, None),
+        };
+        let freqs = self.rope_freqs.as_deref();
+        let mut row = 0;
+        for seg in segments {
+            for i in 0..seg.tokens.len() {
+                let (t, pos) = (row + i, seg.seq.len + i);
+                let q = &mut arena.q[t * qw..(t + 1) * qw];
+                ops::rope(q, n_heads, dk, pos, theta, self.neox, freqs);
+                let k = &mut arena.k[t * kw..(t + 1) * kw];
+                ops::rope(k, kvh, dk, pos, theta, self.neox, freqs);
+            }
+            row += seg.tokens.len();
+        }
+        kv.round_to_cache(&mut arena.k[..t_n * kw], dk);
+        kv.round_to_cache(&mut arena.v[..t_n * vw], dv);
+        if kv.dtype() == KvDtype::F16 {
+            // As llama.cpp multiplies q with an f16 K cache: in f16.
+            crate::kv::round_to(KvDtype::F16, &mut arena.q[..t_n * qw], dk);
+        }
+        let per_worker = attention::scratch_per_worker(dk, dv);
+        let mut row = 0;
+        for seg in segments {
+            let n = seg.tokens.len();
+            let shape = AttentionShape {
+                n_heads,
+                n_kv_heads: kvh,
+                key_dim: dk,
+                value_dim: dv,
+                start: seg.seq.len,
+                tokens: n,
+                window,
+                scale: self.attn_scale,
+            };
+            let cache = kv.layer(seg.seq, li, dk, dv);
+            attention::attend(
+                pool,
+                &shape,
+                cache.as_ref(),
+                &arena.q[row * qw..(row + n) * qw],
+                &arena.k[row * kw..(row + n) * kw],
+                &arena.v[row * vw..(row + n) * vw],
+                &mut arena.attn_out[row * n_heads * dv..(row + n) * n_heads * dv],
+                &mut arena.attn_scratch,
+                per_worker,
+            );
+            row += n;
+        }
+        let mut row = 0;
+        for seg in segments {
+            for i in 0..seg.tokens.len() {
+                let t = row + i;
+                kv.write(
+                    seg.seq,
+                    li,
+                    seg.seq.len + i,
+                    &arena.k[t * kw..(t + 1) * kw],
+                    &arena.v[t * vw..(t + 1) * vw],
+                );
+            }
+            row += seg.tokens.len();
+        }
+        self.mm(
+            pool,
+            &layer.wo,
+            &arena.attn_out[..t_n * n_heads * dv],
+            t_n,
+            &mut arena.branch_out[..t_n * d],
+            &mut arena.q8_rows,
+        );
+        self.add_branch(arena, layer.post_attn_norm.as_deref(), t_n, d);
     }
 
     /// residual += (optionally normed) branch_out.

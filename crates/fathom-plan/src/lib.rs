@@ -14,6 +14,7 @@ pub mod env;
 pub mod kv;
 pub mod quant;
 pub mod rocm;
+pub mod serve;
 pub mod size;
 
 use fathom_spec::ModelSpec;

@@ -225,3 +225,176 @@ fn zero_inputs_are_rejected_with_the_flag_name() {
         .to_string();
     assert!(err.contains("--batch"), "{err}");
 }
+
+mod serve {
+    use super::*;
+    use fathom_plan::serve::{
+        auto_prompt_cache_bytes, parse_kv_budget, parse_prompt_cache, KvBudget, PromptCache,
+        ServePlan, DEFAULT_PROMPT_CACHE_BYTES,
+    };
+
+    const MIB: u64 = 1 << 20;
+
+    #[test]
+    fn prompt_cache_auto_follows_each_rule() {
+        // Plenty of slack: six entries.
+        assert_eq!(auto_prompt_cache_bytes(100 * MIB, 100_000 * MIB), 600 * MIB);
+        // The quarter-of-slack ceiling binds: 2000 / 4 = 500 < 6 x 100.
+        assert_eq!(auto_prompt_cache_bytes(100 * MIB, 2000 * MIB), 500 * MIB);
+        // One entry is at most half the slack but above the ceiling: one entry.
+        assert_eq!(auto_prompt_cache_bytes(400 * MIB, 800 * MIB), 400 * MIB);
+        // One entry is more than half the slack: the ceiling alone.
+        assert_eq!(auto_prompt_cache_bytes(500 * MIB, 800 * MIB), 200 * MIB);
+        // Never below the compiled-in default, even with no slack.
+        assert_eq!(
+            auto_prompt_cache_bytes(500 * MIB, 0),
+            DEFAULT_PROMPT_CACHE_BYTES
+        );
+    }
+
+    #[test]
+    fn budget_and_cache_flags_parse_or_name_the_valid_values() {
+        assert_eq!(parse_kv_budget("auto").unwrap(), KvBudget::Auto);
+        assert_eq!(parse_kv_budget("none").unwrap(), KvBudget::Workload);
+        assert_eq!(parse_kv_budget("2G").unwrap(), KvBudget::Bytes(2 << 30));
+        let err = parse_kv_budget("lots").unwrap_err().to_string();
+        assert!(
+            err.contains("--kv-cache-budget") && err.contains("auto, none"),
+            "{err}"
+        );
+        assert_eq!(parse_prompt_cache("off").unwrap(), PromptCache::Off);
+        assert_eq!(
+            parse_prompt_cache("512M").unwrap(),
+            PromptCache::Bytes(512 * MIB)
+        );
+        assert!(parse_prompt_cache("-1").is_err());
+    }
+
+    /// 2 full layers x (2 heads x 64 dims x K and V) x f16 x 16 tokens.
+    const BLOCK: u64 = 2 * 2 * 2 * 64 * 2 * 16;
+
+    #[test]
+    fn auto_pool_is_capped_by_the_workload_when_memory_is_plentiful() {
+        let s = spec(vec![Attention::Full, Attention::Full], 4096);
+        let p = ServePlan::new(
+            &s,
+            inputs(1024, 4, 1 << 40),
+            KvBudget::Auto,
+            PromptCache::Auto,
+        )
+        .unwrap();
+        assert_eq!(p.kv_block_bytes, BLOCK);
+        assert_eq!(p.kv_blocks_per_sequence, 64);
+        // Entry = 64 blocks; slack is huge, so 6 entries, but at least the default.
+        let cache = (6 * 64 * BLOCK).max(DEFAULT_PROMPT_CACHE_BYTES);
+        assert_eq!(p.prompt_cache_bytes, cache);
+        assert_eq!(p.kv_blocks, 4 * 64 + cache / BLOCK);
+        assert_eq!(p.plan.kv_bytes, p.kv_blocks * BLOCK);
+        let kv_term = p.plan.terms.iter().find(|t| t.name == "kv").unwrap();
+        assert_eq!(kv_term.bytes, p.plan.kv_bytes);
+        let sum: u64 = p.plan.terms.iter().map(|t| t.bytes).sum();
+        assert_eq!(p.plan.total_bytes, sum);
+    }
+
+    #[test]
+    fn auto_pool_fills_exactly_what_memory_leaves() {
+        let s = spec(vec![Attention::Full, Attention::Full], 4096);
+        let roomy = ServePlan::new(
+            &s,
+            inputs(1024, 4, 1 << 40),
+            KvBudget::Auto,
+            PromptCache::Off,
+        )
+        .unwrap();
+        let others = roomy.plan.total_bytes - roomy.plan.kv_bytes;
+        // Room for 100.5 blocks besides everything else: 100 whole blocks.
+        let available = others + 100 * BLOCK + BLOCK / 2;
+        let p = ServePlan::new(
+            &s,
+            inputs(1024, 4, available),
+            KvBudget::Auto,
+            PromptCache::Off,
+        )
+        .unwrap();
+        assert_eq!(p.kv_blocks, 100);
+        assert!(p.plan.fits);
+        assert_eq!(p.plan.slack_bytes, BLOCK / 2);
+        // The ROCm in-flight reserve comes out of the pool.
+        let mut rocm = inputs(1024, 4, available + (64 << 20));
+        rocm.device = Device::Rocm;
+        rocm.rocm_inflight_raw = Some(b"64".to_vec());
+        let r = ServePlan::new(&s, rocm, KvBudget::Auto, PromptCache::Off).unwrap();
+        assert_eq!(r.kv_blocks, 100);
+        assert_eq!(r.plan.backend_inflight_bytes, 64 << 20);
+    }
+
+    #[test]
+    fn headroom_factor_shrinks_the_auto_pool() {
+        let s = spec(vec![Attention::Full, Attention::Full], 4096);
+        let base = ServePlan::new(
+            &s,
+            inputs(1024, 4, 1 << 40),
+            KvBudget::Auto,
+            PromptCache::Off,
+        )
+        .unwrap();
+        let others = base.plan.total_bytes - base.plan.kv_bytes - base.plan.weights_bytes;
+        let weights = base.plan.weights_bytes;
+        let mut i = inputs(1024, 4, others + 2 * (weights + 100 * BLOCK));
+        i.headroom_factor = 2.0;
+        let p = ServePlan::new(&s, i, KvBudget::Auto, PromptCache::Off).unwrap();
+        assert_eq!(p.kv_blocks, 100);
+        assert!(p.plan.fits, "{:?}", p.plan.terms);
+        assert_eq!(p.plan.headroom_bytes as u64, weights + 100 * BLOCK);
+    }
+
+    #[test]
+    fn fixed_and_workload_budgets() {
+        let s = spec(
+            vec![Attention::Full, Attention::Sliding { window: 100 }],
+            4096,
+        );
+        let fixed = ServePlan::new(
+            &s,
+            inputs(1024, 2, 1 << 40),
+            KvBudget::Bytes(1 << 20),
+            PromptCache::Off,
+        )
+        .unwrap();
+        // One full layer: blocks of 2 x 64 x 2 x 2 x 16 bytes; the sliding
+        // rings (7 blocks per slot) come off the budget first.
+        let block = 2 * 64 * 2 * 2 * 16;
+        assert_eq!(fixed.kv_block_bytes, block);
+        assert_eq!(fixed.sliding_bytes, 2 * 7 * block);
+        assert_eq!(fixed.kv_blocks, ((1 << 20) - 2 * 7 * block) / block);
+        let workload = ServePlan::new(
+            &s,
+            inputs(1024, 2, 1),
+            KvBudget::Workload,
+            PromptCache::Bytes(DEFAULT_PROMPT_CACHE_BYTES),
+        )
+        .unwrap();
+        assert_eq!(
+            workload.kv_blocks,
+            2 * 64 + DEFAULT_PROMPT_CACHE_BYTES / block
+        );
+        assert!(!workload.plan.fits, "1 byte of memory cannot hold it");
+    }
+
+    #[test]
+    fn an_empty_pool_is_an_error_that_says_what_to_lower() {
+        let s = spec(vec![Attention::Full, Attention::Full], 4096);
+        let err = ServePlan::new(
+            &s,
+            inputs(1024, 4, 1 << 20),
+            KvBudget::Auto,
+            PromptCache::Off,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("0 blocks") && err.contains("--ctx-size"),
+            "{err}"
+        );
+    }
+}

@@ -639,6 +639,11 @@ impl Tokenizer {
         self.eog.contains(&id)
     }
 
+    /// Every end-of-generation token id.
+    pub fn end_of_generation_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.eog.iter().copied()
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.texts.len()
     }

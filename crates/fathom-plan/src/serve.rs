@@ -1,0 +1,273 @@
+//! The server's plan: how big the shared KV block pool and the prompt
+//! cache are, read from the same terms as every other plan.
+//!
+//! A server holds `parallel` slots of `max_tokens` context each, plus a
+//! prompt cache of finished sequences' blocks, in one pool. The pool is
+//! sized here once; the scheduler never asks for more.
+
+use fathom_spec::ModelSpec;
+use serde::Serialize;
+
+use crate::kv::{KvGroup, KV_BLOCK_TOKENS};
+use crate::size::{format_binary, parse_size};
+use crate::{MemoryPlan, PlanError, PlanInputs, Term};
+
+/// The prompt cache is never smaller than this when it is on (`auto` or
+/// a size): room for a few system prompts of a small model.
+pub const DEFAULT_PROMPT_CACHE_BYTES: u64 = 32 << 20;
+/// `auto` caps the prompt cache at this many full-context sequences.
+pub const PROMPT_CACHE_MAX_ENTRIES: u64 = 6;
+
+/// `--kv-cache-budget`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvBudget {
+    /// What memory allows, capped by what the workload can use.
+    Auto,
+    /// A fixed size.
+    Bytes(u64),
+    /// What the workload can use, whatever memory says (`none`).
+    Workload,
+}
+
+/// `--prompt-cache`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptCache {
+    Auto,
+    Bytes(u64),
+    Off,
+}
+
+pub fn parse_kv_budget(text: &str) -> Result<KvBudget, PlanError> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "auto" => Ok(KvBudget::Auto),
+        "none" => Ok(KvBudget::Workload),
+        _ => match parse_size(text, "--kv-cache-budget") {
+            Ok(Some(bytes)) => Ok(KvBudget::Bytes(bytes)),
+            _ => Err(PlanError::InvalidChoice {
+                what: "--kv-cache-budget".into(),
+                value: text.into(),
+                valid: "auto, none, or a size such as 2G".into(),
+            }),
+        },
+    }
+}
+
+pub fn parse_prompt_cache(text: &str) -> Result<PromptCache, PlanError> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "auto" => Ok(PromptCache::Auto),
+        "off" | "0" | "none" => Ok(PromptCache::Off),
+        _ => match parse_size(text, "--prompt-cache") {
+            Ok(Some(bytes)) => Ok(PromptCache::Bytes(bytes)),
+            _ => Err(PlanError::InvalidChoice {
+                what: "--prompt-cache".into(),
+                value: text.into(),
+                valid: "auto, off, or a size such as 512M".into(),
+            }),
+        },
+    }
+}
+
+/// The plan a server runs with.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ServePlan {
+    /// What the engine allocates: `inputs.batch` is the number of slots,
+    /// `inputs.max_tokens` the context of each, and the `kv` term is the
+    /// pool (its `kv_detail` groups hold the pool's bytes).
+    pub plan: MemoryPlan,
+    pub kv_budget: KvBudget,
+    /// Bytes of one block: `KV_BLOCK_TOKENS` positions of every
+    /// full-attention layer.
+    pub kv_block_bytes: u64,
+    /// Blocks in the pool's full-attention groups.
+    pub kv_blocks: u64,
+    /// Blocks one full-context sequence needs.
+    pub kv_blocks_per_sequence: u64,
+    /// Bytes of the sliding-window rings, one per slot (not shareable, so
+    /// not part of the block count).
+    pub sliding_bytes: u64,
+    /// Prompt-cache capacity in bytes and in blocks (0 when off).
+    pub prompt_cache_bytes: u64,
+    pub prompt_cache_blocks: u64,
+    /// KV of one full-context sequence: the unit of the prompt cache.
+    pub prompt_cache_entry_bytes: u64,
+}
+
+fn full_block_bytes(groups: &[KvGroup]) -> u64 {
+    groups
+        .iter()
+        .filter(|g| g.window.is_none())
+        .fold(0u64, |sum, g| {
+            sum.saturating_add(
+                g.layers
+                    .saturating_mul(KV_BLOCK_TOKENS)
+                    .saturating_mul(g.bytes_per_token_per_layer),
+            )
+        })
+}
+
+/// Prompt-cache capacity for `auto`: an entry is one full-context
+/// sequence's KV; the ceiling is a quarter of a batch-1 plan's slack;
+/// capacity is the smaller of six entries and the ceiling, at least one
+/// entry when an entry is at most half the slack, and never below
+/// [`DEFAULT_PROMPT_CACHE_BYTES`].
+pub fn auto_prompt_cache_bytes(entry: u64, batch1_slack: u64) -> u64 {
+    let ceiling = batch1_slack / 4;
+    let mut capacity = entry.saturating_mul(PROMPT_CACHE_MAX_ENTRIES).min(ceiling);
+    if entry <= batch1_slack / 2 {
+        capacity = capacity.max(entry);
+    }
+    capacity.max(DEFAULT_PROMPT_CACHE_BYTES)
+}
+
+impl ServePlan {
+    /// `inputs.batch` is the number of parallel slots and
+    /// `inputs.max_tokens` the context of each.
+    pub fn new(
+        spec: &ModelSpec,
+        inputs: PlanInputs,
+        kv_budget: KvBudget,
+        prompt_cache: PromptCache,
+    ) -> Result<ServePlan, PlanError> {
+        let batch1 = MemoryPlan::new(
+            spec,
+            PlanInputs {
+                batch: 1,
+                ..inputs.clone()
+            },
+        )?;
+        let base = MemoryPlan::new(spec, inputs)?;
+        let block_bytes = full_block_bytes(&base.kv_detail);
+        let sliding_bytes = base
+            .kv_detail
+            .iter()
+            .filter(|g| g.window.is_some())
+            .fold(0u64, |sum, g| sum.saturating_add(g.bytes));
+        let per_sequence = base
+            .kv_detail
+            .iter()
+            .find(|g| g.window.is_none())
+            .map_or(0, |g| g.blocks_per_sequence);
+        let entry = batch1.kv_bytes;
+        let prompt_cache_bytes = match prompt_cache {
+            PromptCache::Off => 0,
+            PromptCache::Bytes(b) => b.max(DEFAULT_PROMPT_CACHE_BYTES),
+            PromptCache::Auto => auto_prompt_cache_bytes(entry, batch1.slack_bytes),
+        };
+        let blocks_of = |bytes: u64| bytes.checked_div(block_bytes).unwrap_or(0);
+        let prompt_cache_blocks = blocks_of(prompt_cache_bytes);
+        let workload_blocks = per_sequence
+            .saturating_mul(base.inputs.batch)
+            .saturating_add(prompt_cache_blocks);
+        let kv_blocks = match kv_budget {
+            KvBudget::Workload => workload_blocks,
+            KvBudget::Bytes(bytes) => blocks_of(bytes.saturating_sub(sliding_bytes)),
+            KvBudget::Auto => {
+                // Everything but weights and KV, then what is left, as
+                // weights + KV, undoing the headroom factor.
+                let weights_and_kv = base.weights_bytes.saturating_add(base.kv_bytes);
+                let others = base
+                    .total_bytes
+                    .saturating_sub(scaled(weights_and_kv, base.headroom_factor));
+                let left = base.available_bytes.saturating_sub(others);
+                let unscaled = (left as f64 / base.headroom_factor).floor() as u64;
+                let kv = unscaled
+                    .saturating_sub(base.weights_bytes)
+                    .saturating_sub(sliding_bytes);
+                blocks_of(kv).min(workload_blocks)
+            }
+        };
+        if block_bytes > 0 && kv_blocks == 0 {
+            return Err(PlanError::InvalidInput {
+                what: "the KV pool".into(),
+                value: "0 blocks".into(),
+                expected: format!(
+                    "each block holds {} tokens in {}; lower --ctx-size or --parallel, use --kv-dtype q8_0, raise --memory, or set --kv-cache-budget to a size",
+                    KV_BLOCK_TOKENS,
+                    format_binary(block_bytes)
+                ),
+            });
+        }
+        let plan = base.with_kv_pool(kv_blocks, &kv_budget);
+        Ok(ServePlan {
+            plan,
+            kv_budget,
+            kv_block_bytes: block_bytes,
+            kv_blocks,
+            kv_blocks_per_sequence: per_sequence,
+            sliding_bytes,
+            prompt_cache_bytes,
+            prompt_cache_blocks,
+            prompt_cache_entry_bytes: entry,
+        })
+    }
+}
+
+/// weights + KV times the headroom factor, as the plan rounds it.
+pub(crate) fn scaled(bytes: u64, factor: f64) -> u64 {
+    if factor == 1.0 {
+        bytes
+    } else {
+        (bytes as f64 * factor).ceil() as u64
+    }
+}
+
+impl MemoryPlan {
+    /// This plan with its full-attention KV groups holding `blocks` blocks
+    /// each (sliding groups keep one ring per sequence), and every total
+    /// recomputed.
+    fn with_kv_pool(mut self, blocks: u64, budget: &KvBudget) -> MemoryPlan {
+        let old_weights_and_kv = self.weights_bytes.saturating_add(self.kv_bytes);
+        for g in self.kv_detail.iter_mut().filter(|g| g.window.is_none()) {
+            g.bytes = g
+                .layers
+                .saturating_mul(KV_BLOCK_TOKENS)
+                .saturating_mul(g.bytes_per_token_per_layer)
+                .saturating_mul(blocks);
+        }
+        self.kv_bytes = self
+            .kv_detail
+            .iter()
+            .fold(0u64, |sum, g| sum.saturating_add(g.bytes));
+        let weights_and_kv = self.weights_bytes.saturating_add(self.kv_bytes);
+        let scaled_new = scaled(weights_and_kv, self.headroom_factor);
+        let others = self
+            .total_bytes
+            .saturating_sub(scaled(old_weights_and_kv, self.headroom_factor));
+        self.total_bytes = others.saturating_add(scaled_new);
+        self.headroom_bytes = (i128::from(scaled_new) - i128::from(weights_and_kv))
+            .clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
+        self.fits = self.total_bytes <= self.available_bytes;
+        self.slack_bytes = self.available_bytes.saturating_sub(self.total_bytes);
+        self.overflow_bytes = self.total_bytes.saturating_sub(self.available_bytes);
+        let budget = match budget {
+            KvBudget::Auto => "auto: what memory leaves, at most the workload".to_string(),
+            KvBudget::Bytes(b) => format!("--kv-cache-budget {}", format_binary(*b)),
+            KvBudget::Workload => "none: slots x context + prompt cache".to_string(),
+        };
+        let kv_bytes = self.kv_bytes;
+        let headroom = self.headroom_bytes;
+        for term in &mut self.terms {
+            match term.name {
+                "kv" => {
+                    term.bytes = kv_bytes;
+                    term.derivation = format!(
+                        "shared pool of {blocks} blocks of {KV_BLOCK_TOKENS} tokens ({budget})"
+                    );
+                }
+                "headroom" => term.bytes = headroom.unsigned_abs(),
+                _ => {}
+            }
+        }
+        self.terms.retain(|t| t.name != "headroom" || t.bytes != 0);
+        if headroom != 0 && !self.terms.iter().any(|t| t.name == "headroom") {
+            self.terms.push(Term {
+                name: "headroom",
+                bytes: headroom.unsigned_abs(),
+                derivation: format!("(weights + kv) x ({} - 1)", self.headroom_factor),
+            });
+        }
+        self
+    }
+}
