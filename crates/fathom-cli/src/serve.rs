@@ -14,8 +14,8 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use fathom_engine::ChatTemplate;
+use fathom_plan::serve::{parse_kv_budget, parse_prompt_cache, ServePlan};
 use fathom_plan::size::{format_binary, format_bytes, parse_size};
-use fathom_plan::MemoryPlan;
 use fathom_server::http::{LoadedModel, ServerConfig};
 use fathom_server::{Scheduler, SchedulerConfig};
 
@@ -87,22 +87,12 @@ pub fn rewrite_llama_server_flags(args: Vec<OsString>) -> Vec<OsString> {
         .collect()
 }
 
-fn check_budget(text: &str, what: &str, off: &str) -> Result<()> {
-    let t = text.trim();
-    if t.eq_ignore_ascii_case("auto") || t.eq_ignore_ascii_case(off) {
-        return Ok(());
-    }
-    parse_size(t, what)
-        .with_context(|| format!("{what} takes auto, {off} or a size such as 2G"))?;
-    Ok(())
-}
-
 pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     if args.parallel == 0 {
         bail!("--parallel is 0: at least one sequence must be served");
     }
-    check_budget(&args.kv_cache_budget, "--kv-cache-budget", "none")?;
-    check_budget(&args.prompt_cache, "--prompt-cache", "off")?;
+    let kv_budget = parse_kv_budget(&args.kv_cache_budget)?;
+    let prompt_cache = parse_prompt_cache(&args.prompt_cache)?;
     let max_body = parse_size(&args.max_body_size, "--max-body-size")?
         .filter(|&b| b > 0)
         .context("--max-body-size must be a size above 0, e.g. 4M")?;
@@ -125,11 +115,17 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     let context = args
         .ctx_size
         .unwrap_or_else(|| planning::default_context(&opened.spec));
-    let plan = planning::plan(&opened.spec, args.plan.inputs(context, args.parallel)?)?;
-    if let Some(code) = session::preflight(&model, &opened, &plan, &args.preflight) {
+    let served = ServePlan::new(
+        &opened.spec,
+        args.plan.inputs(context, args.parallel)?,
+        kv_budget,
+        prompt_cache,
+    )
+    .context("computing the serve plan")?;
+    if let Some(code) = session::preflight(&model, &opened, &served.plan, &args.preflight) {
         return Ok(code);
     }
-    eprint!("{}", serve_plan_text(&model, &plan, args));
+    eprint!("{}", serve_plan_text(&model, &served));
 
     let listener = TcpListener::bind((args.host.as_str(), args.port))
         .with_context(|| format!("listening on {}:{}", args.host, args.port))?;
@@ -162,7 +158,8 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         parallel: args.parallel as usize,
         queue_capacity: args.queue_size,
     };
-    let plan_terms = plan_terms(&plan);
+    let plan_terms = plan_terms(&served);
+    let plan = served.plan;
     let load = move || -> Result<LoadedModel, String> {
         let (engine, took) = session::load(opened, plan).map_err(|e| format!("{e:#}"))?;
         eprintln!(
@@ -184,32 +181,25 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The KV pool as whole blocks: every slot's context in blocks of
-/// `kv_block_tokens`.
-fn kv_pool(plan: &MemoryPlan) -> (u64, u64) {
-    let i = &plan.inputs;
-    let per_slot = i.max_tokens.div_ceil(plan.kv_block_tokens.max(1));
-    let blocks = per_slot.saturating_mul(i.batch).max(1);
-    (blocks, plan.kv_bytes / blocks)
-}
-
-/// `(term, bytes)` for `/metrics`.
-fn plan_terms(plan: &MemoryPlan) -> Vec<(String, u64)> {
+/// `(term, bytes)` for `/metrics`: the plan's terms, then the pool's
+/// block size, the prompt-cache capacity, the total and the budget.
+fn plan_terms(served: &ServePlan) -> Vec<(String, u64)> {
+    let plan = &served.plan;
     let mut terms: Vec<(String, u64)> = plan
         .terms
         .iter()
         .map(|t| (t.name.to_string(), t.bytes))
         .collect();
-    let (blocks, block_bytes) = kv_pool(plan);
-    terms.push(("kv_block".into(), block_bytes));
-    terms.push(("kv_pool".into(), blocks.saturating_mul(block_bytes)));
+    terms.push(("kv_block".into(), served.kv_block_bytes));
+    terms.push(("prompt_cache".into(), served.prompt_cache_bytes));
     terms.push(("total".into(), plan.total_bytes));
     terms.push(("available".into(), plan.available_bytes));
     terms
 }
 
-/// The plan being served, as `inspect` prints rows.
-fn serve_plan_text(model: &Path, plan: &MemoryPlan, args: &ServeArgs) -> String {
+/// The plan being served, in `inspect`'s row style.
+fn serve_plan_text(model: &Path, served: &ServePlan) -> String {
+    let plan = &served.plan;
     let mut out = String::new();
     let i = &plan.inputs;
     let _ = writeln!(
@@ -231,65 +221,61 @@ fn serve_plan_text(model: &Path, plan: &MemoryPlan, args: &ServeArgs) -> String 
             format!("({bytes} bytes)")
         );
     };
-    let term = |name: &str| {
-        plan.terms
-            .iter()
-            .find(|t| t.name == name)
-            .map_or(0, |t| t.bytes)
-    };
+    let term = |name: &str| plan.terms.iter().find(|t| t.name == name);
     row(
         &mut out,
         "Weights",
         plan.weights_bytes,
         &plan.weights_source,
     );
-    if plan.converted_bytes > 0 {
-        row(
-            &mut out,
-            "Converted at load",
-            plan.converted_bytes,
-            "1-D tensors copied to f32",
-        );
+    if let Some(t) = term("converted").filter(|t| t.bytes > 0) {
+        row(&mut out, "Converted at load", t.bytes, &t.derivation);
     }
-    row(
-        &mut out,
-        "Activations",
-        plan.activation_bytes,
-        "one arena for the largest step",
-    );
-    row(
-        &mut out,
-        "Runtime overhead",
-        plan.runtime_overhead_bytes,
-        "tokenizer, template, stacks, code",
-    );
+    for (name, label) in [
+        ("activations", "Activations"),
+        ("runtime", "Runtime overhead"),
+    ] {
+        if let Some(t) = term(name) {
+            row(&mut out, label, t.bytes, &t.derivation);
+        }
+    }
+    let backend = plan
+        .backend_bytes
+        .saturating_add(plan.backend_inflight_bytes);
     row(
         &mut out,
         "Backend in-flight",
-        plan.backend_inflight_bytes + term("backend"),
-        "device context and reserves",
+        backend,
+        "device context and in-flight reserve",
     );
-    let (blocks, block_bytes) = kv_pool(plan);
-    row(
-        &mut out,
-        "KV pool",
-        plan.kv_bytes,
-        &format!(
-            "{blocks} blocks x {} ({} tokens each); --kv-cache-budget {}",
-            format_binary(block_bytes),
-            plan.kv_block_tokens,
-            args.kv_cache_budget
-        ),
+    let mut pool = format!(
+        "{} blocks x {} ({} tokens of every full-attention layer; {} blocks per full-context slot)",
+        served.kv_blocks,
+        format_binary(served.kv_block_bytes),
+        plan.kv_block_tokens,
+        served.kv_blocks_per_sequence
     );
-    row(
-        &mut out,
-        "Prompt cache",
-        0,
-        &format!(
-            "cached prefixes live in free KV blocks; --prompt-cache {}",
-            args.prompt_cache
-        ),
-    );
+    if served.sliding_bytes > 0 {
+        let _ = write!(
+            pool,
+            " + {} of sliding-window rings",
+            format_binary(served.sliding_bytes)
+        );
+    }
+    row(&mut out, "KV pool", plan.kv_bytes, &pool);
+    let cache = if served.prompt_cache_bytes == 0 {
+        "off".to_string()
+    } else {
+        format!(
+            "{} blocks of the pool kept for cached prefixes (one full-context entry is {})",
+            served.prompt_cache_blocks,
+            format_binary(served.prompt_cache_entry_bytes)
+        )
+    };
+    row(&mut out, "Prompt cache", served.prompt_cache_bytes, &cache);
+    if let Some(t) = term("headroom") {
+        row(&mut out, "Headroom", t.bytes, &t.derivation);
+    }
     row(
         &mut out,
         "Total",
@@ -332,15 +318,5 @@ mod tests {
             rewrite_llama_server_flags(v(&["fathom", "run", "-np"])),
             v(&["fathom", "run", "-np"])
         );
-    }
-
-    #[test]
-    fn budgets_take_auto_off_or_a_size() {
-        assert!(check_budget("auto", "--kv-cache-budget", "none").is_ok());
-        assert!(check_budget("none", "--kv-cache-budget", "none").is_ok());
-        assert!(check_budget("2G", "--kv-cache-budget", "none").is_ok());
-        assert!(check_budget("OFF", "--prompt-cache", "off").is_ok());
-        let e = check_budget("lots", "--prompt-cache", "off").unwrap_err();
-        assert!(format!("{e:#}").contains("--prompt-cache"), "{e:#}");
     }
 }

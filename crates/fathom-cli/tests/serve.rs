@@ -617,6 +617,8 @@ fn estimate_memory_refuses_a_serve_plan_that_does_not_fit() {
             "--estimate-memory",
             "--memory",
             "50M",
+            "--kv-cache-budget",
+            "none",
             "--port",
             "0",
         ],
@@ -624,6 +626,25 @@ fn estimate_memory_refuses_a_serve_plan_that_does_not_fit() {
     );
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("DOES NOT FIT"), "{}", stderr(&out));
+    // With the auto budget, memory too small for one KV block is an error
+    // that says what to change.
+    let out = fathom(
+        &[
+            "serve",
+            model.to_str().unwrap(),
+            "--memory",
+            "50M",
+            "--port",
+            "0",
+        ],
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("--kv-cache-budget"),
+        "{}",
+        stderr(&out)
+    );
     let out = fathom(
         &[
             "serve",
