@@ -38,6 +38,7 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
     #[command(
+        args_override_self = true,
         after_help = "Routes: POST /v1/chat/completions, POST /v1/completions (streamed with \"stream\": true), \
 GET /v1/models, GET /health (open even with --api-key), GET /metrics (Prometheus).\n\
 SIGINT or SIGTERM stops accepting, lets requests in flight finish (--shutdown-timeout) and exits 0.\n\

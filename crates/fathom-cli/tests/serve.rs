@@ -664,3 +664,50 @@ fn estimate_memory_refuses_a_serve_plan_that_does_not_fit() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("--parallel"), "{}", stderr(&out));
 }
+
+#[test]
+fn a_full_queue_answers_503_with_retry_after() {
+    let server = Server::start(&["-np", "1", "--queue-size", "1"], &[]);
+    let long = json!({"prompt": "Tell me a long story.", "max_tokens": 400, "temperature": 0, "stream": true})
+        .to_string();
+    // One request runs (its first text has arrived) ...
+    let running = open_stream(&server, &long);
+    // ... one waits in the queue ...
+    let addr = server.base.trim_start_matches("http://").to_string();
+    let mut waiting = TcpStream::connect(&addr).unwrap();
+    write!(
+        waiting,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nContent-Length: {}\r\n\r\n{long}",
+        long.len()
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.metric("fathom_queue_depth") != Some(1.0) {
+        assert!(Instant::now() < deadline, "the second request never queued");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // ... so the next is refused at once.
+    let r = server.post(
+        "/v1/completions",
+        r#"{"prompt": "Hi", "max_tokens": 1}"#,
+        &[],
+    );
+    r.assert_error(503, "server_busy");
+    assert_eq!(r.header("retry-after"), Some("1"));
+    drop(running);
+    drop(waiting);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let r = server.post(
+            "/v1/completions",
+            r#"{"prompt": "Hi", "max_tokens": 1}"#,
+            &[],
+        );
+        if r.status == 200 {
+            break;
+        }
+        r.assert_error(503, "server_busy");
+        assert!(Instant::now() < deadline, "the queue never drained");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
