@@ -274,9 +274,11 @@ fn routes_and_errors_answer_in_the_openai_shape() {
         e["error"]["message"].as_str().unwrap().contains("512"),
         "{e}"
     );
+    assert_eq!(e["error"]["param"], "max_tokens");
     let long = "word ".repeat(600);
-    chat(json!({"messages": [{"role": "user", "content": long}]}))
+    let e = chat(json!({"messages": [{"role": "user", "content": long}]}))
         .assert_error(400, "context_length_exceeded");
+    assert_eq!(e["error"]["param"], "messages");
     server
         .post("/v1/completions", r#"{"prompt": [99999999]}"#, &[])
         .assert_error(400, "invalid_value");

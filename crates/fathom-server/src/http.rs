@@ -529,7 +529,16 @@ async fn generate(
         }
     }
     let prompt = tokenize(model, &request.prompt)?;
-    let max_tokens = admit(model.context, prompt.len(), request.max_tokens)?;
+    let prompt_param = match route {
+        Route::Chat => "messages",
+        Route::Completion => "prompt",
+    };
+    let max_tokens = admit(
+        model.context,
+        prompt.len(),
+        request.max_tokens,
+        prompt_param,
+    )?;
     let (events, receiver) = unbounded_channel();
     let GenerationRequest {
         sampling,
@@ -645,21 +654,33 @@ fn tokenize(model: &LoadedModel, prompt: &Prompt) -> Result<Vec<u32>, ApiError> 
     Ok(tokens)
 }
 
-/// The tokens to generate, checked against the per-slot context.
-pub fn admit(context: usize, prompt: usize, max_tokens: Option<usize>) -> Result<usize, ApiError> {
-    let exceeded = |message: String| ApiError {
-        param: Some("messages".into()),
+/// The tokens to generate, checked against the per-slot context. `prompt_param`
+/// names the field holding the prompt (`messages` or `prompt`).
+pub fn admit(
+    context: usize,
+    prompt: usize,
+    max_tokens: Option<usize>,
+    prompt_param: &str,
+) -> Result<usize, ApiError> {
+    let exceeded = |param: &str, message: String| ApiError {
+        param: Some(param.into()),
         ..ApiError::new(400, "invalid_request_error", message).with_code("context_length_exceeded")
     };
     match max_tokens {
-        Some(n) if prompt.saturating_add(n) > context => Err(exceeded(format!(
-            "this server's context is {context} tokens per request, but the prompt has {prompt} tokens and max_tokens asks for {n} more ({} in all): shorten the prompt or lower max_tokens",
-            prompt.saturating_add(n)
-        ))),
+        Some(n) if prompt.saturating_add(n) > context => Err(exceeded(
+            "max_tokens",
+            format!(
+                "this server's context is {context} tokens per request, but the prompt has {prompt} tokens and max_tokens asks for {n} more ({} in all): shorten the prompt or lower max_tokens",
+                prompt.saturating_add(n)
+            ),
+        )),
         Some(n) => Ok(n),
-        None if prompt >= context => Err(exceeded(format!(
-            "this server's context is {context} tokens per request, and the prompt has {prompt} tokens, leaving none to generate: shorten the prompt"
-        ))),
+        None if prompt >= context => Err(exceeded(
+            prompt_param,
+            format!(
+                "this server's context is {context} tokens per request, and the prompt has {prompt} tokens, leaving none to generate: shorten the prompt"
+            ),
+        )),
         None => Ok(context - prompt),
     }
 }
@@ -914,17 +935,17 @@ mod tests {
 
     #[test]
     fn admission_keeps_prompt_and_max_tokens_within_the_context() {
-        assert_eq!(admit(100, 10, Some(90)), Ok(90));
-        assert_eq!(admit(100, 10, None), Ok(90));
-        let e = admit(100, 10, Some(91)).unwrap_err();
+        assert_eq!(admit(100, 10, Some(90), "prompt"), Ok(90));
+        assert_eq!(admit(100, 10, None, "prompt"), Ok(90));
+        let e = admit(100, 10, Some(91), "prompt").unwrap_err();
         assert_eq!((e.status, e.code), (400, Some("context_length_exceeded")));
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
         assert!(e.message.contains("101 in all"), "{}", e.message);
+        let e = admit(100, 100, None, "messages").unwrap_err();
+        assert_eq!(e.code, Some("context_length_exceeded"));
+        assert_eq!(e.param.as_deref(), Some("messages"));
         assert_eq!(
-            admit(100, 100, None).unwrap_err().code,
-            Some("context_length_exceeded")
-        );
-        assert_eq!(
-            admit(100, 1, Some(usize::MAX)).unwrap_err().code,
+            admit(100, 1, Some(usize::MAX), "prompt").unwrap_err().code,
             Some("context_length_exceeded")
         );
     }
