@@ -480,6 +480,26 @@ fn cors_reflects_only_listed_origins_and_bodies_over_the_limit_are_413() {
             .contains("1024 bytes"),
         "{e}"
     );
+    // Without a Content-Length (chunked), the limit holds while reading.
+    let addr = server.base.trim_start_matches("http://");
+    let mut socket = TcpStream::connect(addr).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        socket,
+        "POST /v1/completions HTTP/1.1\r\nHost: {addr}\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    for _ in 0..4 {
+        let chunk = "x".repeat(400);
+        let _ = write!(socket, "{:x}\r\n{chunk}\r\n", chunk.len());
+    }
+    let _ = write!(socket, "0\r\n\r\n");
+    let mut answer = String::new();
+    let _ = socket.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("request_too_large"), "{answer}");
     let small = json!({"prompt": "x", "max_tokens": 1}).to_string();
     assert_eq!(server.post("/v1/completions", &small, &[]).status, 200);
 }
