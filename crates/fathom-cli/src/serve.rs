@@ -157,6 +157,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     let scheduler_config = SchedulerConfig {
         parallel: args.parallel as usize,
         queue_capacity: args.queue_size,
+        prompt_cache_blocks: usize::try_from(served.prompt_cache_blocks).unwrap_or(usize::MAX),
     };
     let plan_terms = plan_terms(&served);
     let plan = served.plan;

@@ -8,13 +8,13 @@ use fathom_checkpoint::Checkpoint;
 use fathom_kernels::Pool;
 use fathom_plan::MemoryPlan;
 use fathom_spec::ModelSpec;
-use fathom_tokenizer::{StreamDecoder, Tokenizer};
+use fathom_tokenizer::Tokenizer;
 
 use crate::arena::Arena;
-use crate::kv::{KvPool, SeqKv};
+use crate::kv::{BlockCounts, KvPool, SeqKv};
 use crate::model::{Model, Segment};
 use crate::sampler::Sampler;
-use crate::stop::StopMatcher;
+use crate::stop::OutputText;
 use crate::EngineError;
 
 pub struct Engine {
@@ -43,7 +43,7 @@ pub fn load_tokenizer(checkpoint: &Checkpoint) -> Result<Tokenizer, EngineError>
 }
 
 /// One sequence of [`Engine::generate_batch`] in flight.
-struct Live<'a> {
+struct Live {
     index: usize,
     kv: SeqKv,
     /// Prompt tokens prefilled so far.
@@ -51,8 +51,7 @@ struct Live<'a> {
     /// The sampled token not yet emitted.
     next: u32,
     generated: usize,
-    decoder: StreamDecoder,
-    stops: StopMatcher<'a>,
+    text: OutputText,
     reason: Option<StopReason>,
 }
 
@@ -160,8 +159,7 @@ impl Engine {
                 done: 0,
                 next: 0,
                 generated: 0,
-                decoder: StreamDecoder::new(),
-                stops: StopMatcher::new(stop),
+                text: OutputText::new(stop.to_vec()),
                 reason: (max_new == 0).then_some(StopReason::Length),
             });
         }
@@ -192,7 +190,7 @@ impl Engine {
             for (row, &(index, complete)) in rows.iter().enumerate() {
                 if complete {
                     let l = live.iter_mut().find(|l| l.index == index).expect("live");
-                    l.next = self.sample(row, &mut samplers[index], index);
+                    l.next = self.sample_batch(row, &mut samplers[index], index);
                 }
             }
         }
@@ -208,8 +206,7 @@ impl Engine {
                     continue;
                 }
                 self.histories[l.index].push(token);
-                let text = l.decoder.push(&self.tokenizer, token);
-                let (emit, hit) = l.stops.push(text);
+                let (emit, hit) = l.text.push(&self.tokenizer, token);
                 if !emit.is_empty() && !on_text(l.index, emit) {
                     l.reason = Some(StopReason::Cancelled);
                 } else if hit {
@@ -234,19 +231,14 @@ impl Engine {
                 .forward(&self.pool, &mut self.arena, &mut self.kv, &mut segments)?;
             drop(segments);
             for (row, &index) in rows.iter().enumerate() {
-                let next = self.sample(row, &mut samplers[index], index);
+                let next = self.sample_batch(row, &mut samplers[index], index);
                 let l = live.iter_mut().find(|l| l.index == index).expect("live");
                 l.next = next;
             }
         }
         for l in live.iter_mut() {
             if l.reason == Some(StopReason::Length) {
-                let rest = l.decoder.finish();
-                let (emit, _) = l.stops.push(rest);
-                if !emit.is_empty() {
-                    on_text(l.index, emit);
-                }
-                let tail = l.stops.flush();
+                let tail = l.text.finish();
                 if !tail.is_empty() {
                     on_text(l.index, &tail);
                 }
@@ -262,8 +254,19 @@ impl Engine {
         })
     }
 
-    /// Samples from logits row `row` for sequence `index`'s history.
-    fn sample(&mut self, row: usize, sampler: &mut Sampler, index: usize) -> u32 {
+    /// Samples sequence `index` of a batch from logits row `row`.
+    fn sample_batch(&mut self, row: usize, sampler: &mut Sampler, index: usize) -> u32 {
+        // Moved out and back (no copy) so the history and the logits can
+        // be borrowed together.
+        let history = std::mem::take(&mut self.histories[index]);
+        let token = self.sample(row, sampler, &history);
+        self.histories[index] = history;
+        token
+    }
+
+    /// Samples from logits row `row` of the last step (segment `row`),
+    /// with `history` (the sequence so far) for the penalties.
+    pub fn sample(&mut self, row: usize, sampler: &mut Sampler, history: &[u32]) -> u32 {
         let vocab = self.model.spec.vocab as usize;
         let logits = &mut self.arena.logits[row * vocab..(row + 1) * vocab];
         if self.ignore_eos {
@@ -273,7 +276,48 @@ impl Engine {
                 }
             }
         }
-        sampler.sample(logits, &self.histories[index], &mut self.arena.sampler)
+        sampler.sample(logits, history, &mut self.arena.sampler)
+    }
+
+    /// Runs one step of several sequences (see [`Model::forward`]): at
+    /// most [`Engine::step_tokens`] tokens and the plan's batch of
+    /// segments, each with blocks reserved for its tokens.
+    pub fn step(&mut self, segments: &mut [Segment]) -> Result<(), EngineError> {
+        self.model
+            .forward(&self.pool, &mut self.arena, &mut self.kv, segments)
+    }
+
+    /// Tokens one step may run (the plan's prefill chunk).
+    pub fn step_tokens(&self) -> usize {
+        self.arena.step_tokens
+    }
+
+    /// A sequence for `tokens`, starting after the longest cached prefix.
+    pub fn start_sequence(&mut self, tokens: &[u32]) -> SeqKv {
+        self.kv.start_sequence(tokens)
+    }
+
+    /// Blocks for `seq` up to position `end`; false when the pool is out.
+    pub fn reserve(&mut self, seq: &mut SeqKv, end: usize) -> bool {
+        self.kv.reserve(seq, end)
+    }
+
+    /// Names `seq`'s newly filled blocks for prefix reuse.
+    pub fn commit(&mut self, seq: &mut SeqKv, tokens: &[u32]) {
+        self.kv.commit(seq, tokens)
+    }
+
+    pub fn release(&mut self, seq: &mut SeqKv) {
+        self.kv.release(seq)
+    }
+
+    /// Turns on the prefix cache (see [`KvPool::enable_prefix_cache`]).
+    pub fn enable_prefix_cache(&mut self, capacity_blocks: usize) -> bool {
+        self.kv.enable_prefix_cache(capacity_blocks)
+    }
+
+    pub fn block_counts(&self) -> BlockCounts {
+        self.kv.block_counts()
     }
 
     /// Times `n` single-token decode steps in a fresh sequence, feeding each

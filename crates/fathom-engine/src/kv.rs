@@ -12,6 +12,8 @@ use fathom_kernels::ops;
 use fathom_plan::kv::{KvGroup, KV_BLOCK_TOKENS};
 use fathom_plan::KvDtype;
 
+use crate::prefix::{PrefixIndex, ROOT};
+
 const BLOCK: usize = KV_BLOCK_TOKENS as usize;
 
 /// One layer group's pool.
@@ -27,6 +29,8 @@ struct GroupPool {
     block_bytes: usize,
     data: Vec<u8>,
     free: Vec<u32>,
+    /// Sequences holding each block (more than one when a prefix is shared).
+    refs: Vec<u32>,
 }
 
 impl GroupPool {
@@ -52,6 +56,7 @@ impl GroupPool {
             data: vec![0u8; n_blocks * block_bytes],
             // Popped from the end: hand out low block numbers first.
             free: (0..n_blocks as u32).rev().collect(),
+            refs: vec![0; n_blocks],
         }
     }
 
@@ -63,6 +68,16 @@ impl GroupPool {
             base + BLOCK * self.k_row + slot * self.v_row,
         )
     }
+}
+
+/// How the pool's blocks are used, for metrics and admission.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BlockCounts {
+    pub total: usize,
+    /// Held by at least one sequence.
+    pub used: usize,
+    /// Cached for prefix reuse, held by none (evictable).
+    pub cached: usize,
 }
 
 /// Where each model layer's KV lives: its group and index in the group.
@@ -77,6 +92,8 @@ pub struct KvPool {
     dtype: KvDtype,
     groups: Vec<GroupPool>,
     layers: Vec<Option<LayerSlot>>,
+    /// The prefix cache, when enabled (one full-attention group only).
+    prefix: Option<PrefixIndex>,
 }
 
 /// One sequence's page tables and length.
@@ -84,6 +101,9 @@ pub struct SeqKv {
     tables: Vec<Vec<u32>>,
     /// Positions written so far.
     pub len: usize,
+    /// Leading full blocks named in the prefix index, and the last's name.
+    named: usize,
+    chain: u64,
 }
 
 /// A borrowed view of one layer's cached positions, for attention.
@@ -120,7 +140,36 @@ impl KvPool {
             dtype,
             groups,
             layers,
+            prefix: None,
         }
+    }
+
+    /// Keeps finished sequences' full blocks for reuse by later sequences
+    /// with the same prefix, up to `capacity` blocks no sequence holds.
+    /// Only a pool of one full-attention group can share blocks (a
+    /// sliding window's ring overwrites its blocks); returns whether the
+    /// cache is on.
+    pub fn enable_prefix_cache(&mut self, capacity: usize) -> bool {
+        match self.groups.as_slice() {
+            [g] if g.window.is_none() && capacity > 0 => {
+                self.prefix = Some(PrefixIndex::new(g.refs.len(), capacity));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Blocks of the first group: all, free (incl. evictable cached ones)
+    /// and cached-but-unheld.
+    pub fn block_counts(&self) -> BlockCounts {
+        let cached = self.prefix.as_ref().map_or(0, PrefixIndex::unheld);
+        self.groups
+            .first()
+            .map_or(BlockCounts::default(), |g| BlockCounts {
+                total: g.refs.len(),
+                used: g.refs.len() - g.free.len() - cached,
+                cached,
+            })
     }
 
     pub fn dtype(&self) -> KvDtype {
@@ -141,15 +190,72 @@ impl KvPool {
                 .map(|g| Vec::with_capacity(g.blocks_per_sequence))
                 .collect(),
             len: 0,
+            named: 0,
+            chain: ROOT,
         }
     }
 
-    /// Gives a finished sequence's blocks back to the pool.
+    /// A new sequence for `tokens` that starts after the longest cached
+    /// prefix of whole blocks (its `len` is the tokens reused), leaving at
+    /// least one token to run so the sequence gets logits.
+    pub fn start_sequence(&mut self, tokens: &[u32]) -> SeqKv {
+        let mut seq = self.new_sequence();
+        let Some(prefix) = self.prefix.as_mut() else {
+            return seq;
+        };
+        let g = &mut self.groups[0];
+        let usable = tokens.len().saturating_sub(1) / BLOCK;
+        for block_tokens in tokens.chunks_exact(BLOCK).take(usable) {
+            let Some((block, name)) = prefix.find(seq.chain, block_tokens) else {
+                break;
+            };
+            if g.refs[block as usize] == 0 {
+                prefix.hold(block);
+            }
+            g.refs[block as usize] += 1;
+            seq.tables[0].push(block);
+            seq.chain = name;
+            seq.named += 1;
+        }
+        seq.len = seq.named * BLOCK;
+        seq
+    }
+
+    /// Names the sequence's newly filled blocks in the prefix index;
+    /// `tokens` are the sequence's tokens, at least `seq.len` of them.
+    pub fn commit(&mut self, seq: &mut SeqKv, tokens: &[u32]) {
+        let Some(prefix) = self.prefix.as_mut() else {
+            return;
+        };
+        while (seq.named + 1) * BLOCK <= seq.len {
+            let block = seq.tables[0][seq.named];
+            let span = seq.named * BLOCK..(seq.named + 1) * BLOCK;
+            seq.chain = prefix.insert(block, seq.chain, &tokens[span]);
+            seq.named += 1;
+        }
+    }
+
+    /// Gives a finished sequence's blocks back: to the prefix cache when
+    /// they are named there and no other sequence holds them, else free.
     pub fn release(&mut self, seq: &mut SeqKv) {
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
-            g.free.append(table);
+            for block in table.drain(..) {
+                let refs = &mut g.refs[block as usize];
+                *refs -= 1;
+                if *refs > 0 {
+                    continue;
+                }
+                match self.prefix.as_mut() {
+                    Some(prefix) if prefix.is_indexed(block) => {
+                        g.free.extend(prefix.release(block));
+                    }
+                    _ => g.free.push(block),
+                }
+            }
         }
         seq.len = 0;
+        seq.named = 0;
+        seq.chain = ROOT;
     }
 
     /// Makes sure `seq` has blocks for positions up to `end` (exclusive).
@@ -159,8 +265,16 @@ impl KvPool {
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
             let needed = end.div_ceil(BLOCK).min(g.blocks_per_sequence);
             while table.len() < needed {
-                match g.free.pop() {
-                    Some(block) => table.push(block),
+                // A free block, else the least recently used cached one.
+                let block = g
+                    .free
+                    .pop()
+                    .or_else(|| self.prefix.as_mut().and_then(PrefixIndex::evict));
+                match block {
+                    Some(block) => {
+                        g.refs[block as usize] = 1;
+                        table.push(block);
+                    }
                     None => return false,
                 }
             }

@@ -1,28 +1,38 @@
-//! The scheduler: one thread owns the engine and runs every job.
+//! The scheduler: one thread owns the engine and advances every job a
+//! step at a time (continuous batching).
 //!
-//! First version: jobs run one at a time, in arrival order (continuous
-//! batching replaces this behind the same interface).
+//! Each step runs one token of every decoding sequence and fills the rest
+//! of the step (`max_tokens_per_step`) with prompt chunks, oldest first.
+//! New jobs join between steps. The KV pool is the plan's and never
+//! grows: a job is admitted when its prompt's blocks can be reserved; a
+//! decoding sequence that needs a block when none is free preempts the
+//! newest sequence, which goes back to the head of the queue and is
+//! recomputed later (mostly from the prefix cache).
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
-use fathom_engine::{Engine, Sampler, StopReason};
+use fathom_engine::{Engine, OutputText, Sampler, Segment, SeqKv};
 
 use crate::job::{Event, FinishReason, Job, SubmitError};
 use crate::stats::SchedulerStats;
 
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
-    /// Sequences decoded together (`--parallel`).
+    /// Sequences decoded together (`--parallel`): the plan's batch.
     pub parallel: usize,
-    /// Jobs that may wait for a slot before new ones get 503.
+    /// Jobs that may wait before new ones get 503.
     pub queue_capacity: usize,
+    /// Unheld blocks the prefix cache keeps (0: no prefix cache).
+    pub prompt_cache_blocks: usize,
 }
 
 /// A handle to the scheduler thread; shared by every connection.
 pub struct Scheduler {
     sender: Mutex<Option<mpsc::Sender<Job>>>,
+    /// Jobs submitted and not yet running (in the channel or the queue).
     waiting: Arc<AtomicUsize>,
     stopping: AtomicBool,
     stats: Arc<SchedulerStats>,
@@ -32,15 +42,17 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Starts the scheduler thread, which owns `engine` from now on.
-    pub fn start(engine: Engine, config: SchedulerConfig) -> Scheduler {
+    pub fn start(mut engine: Engine, config: SchedulerConfig) -> Scheduler {
         let (sender, receiver) = mpsc::channel::<Job>();
         let waiting = Arc::new(AtomicUsize::new(0));
         let stats = Arc::new(SchedulerStats::default());
+        engine.enable_prefix_cache(config.prompt_cache_blocks);
+        let capacity = config.queue_capacity;
         let thread = {
             let (waiting, stats) = (waiting.clone(), stats.clone());
             std::thread::Builder::new()
                 .name("fathom-scheduler".into())
-                .spawn(move || run(engine, receiver, &waiting, &stats))
+                .spawn(move || Loop::new(engine, config, &waiting, &stats).run(&receiver))
                 .expect("spawning the scheduler thread")
         };
         Scheduler {
@@ -48,7 +60,7 @@ impl Scheduler {
             waiting,
             stopping: AtomicBool::new(false),
             stats,
-            capacity: config.queue_capacity,
+            capacity,
             thread: Mutex::new(Some(thread)),
         }
     }
@@ -62,10 +74,6 @@ impl Scheduler {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::QueueFull);
         }
-        SchedulerStats::set(
-            &self.stats.queue_depth,
-            self.waiting.load(Ordering::SeqCst) as u64,
-        );
         let sender = self.sender.lock().expect("scheduler lock");
         match sender.as_ref().map(|s| s.send(job)) {
             Some(Ok(())) => Ok(()),
@@ -91,46 +99,362 @@ impl Scheduler {
     }
 }
 
-fn run(
-    mut engine: Engine,
-    receiver: mpsc::Receiver<Job>,
-    waiting: &AtomicUsize,
-    stats: &SchedulerStats,
-) {
-    while let Ok(job) = receiver.recv() {
-        waiting.fetch_sub(1, Ordering::SeqCst);
-        SchedulerStats::set(&stats.queue_depth, waiting.load(Ordering::SeqCst) as u64);
-        if job.events.is_closed() {
-            continue;
+/// One job's sequence, running or waiting.
+struct Slot {
+    job: Job,
+    /// Prompt and generated tokens (capacity: prompt + max_tokens).
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    /// The KV while running; `None` while waiting.
+    kv: Option<SeqKv>,
+    sampler: Sampler,
+    text: OutputText,
+    generated: usize,
+    cached_tokens: usize,
+    /// Counted in the prompt-token and prefix stats (once, not again on
+    /// a recompute after preemption).
+    counted: bool,
+}
+
+impl Slot {
+    fn new(job: Job) -> Slot {
+        let mut tokens = Vec::with_capacity(job.prompt.len() + job.max_tokens);
+        tokens.extend_from_slice(&job.prompt);
+        Slot {
+            prompt_len: job.prompt.len(),
+            sampler: Sampler::new(job.sampling.clone()),
+            text: OutputText::new(job.stop.clone()),
+            tokens,
+            kv: None,
+            generated: 0,
+            cached_tokens: 0,
+            counted: false,
+            job,
         }
-        SchedulerStats::set(&stats.running, 1);
-        SchedulerStats::add(&stats.prompt_tokens, job.prompt.len() as u64);
-        let mut sampler = Sampler::new(job.sampling.clone());
-        let events = job.events.clone();
-        let result = engine.generate(
-            &job.prompt,
-            job.max_tokens,
-            &mut sampler,
-            &job.stop,
-            &mut |text| events.send(Event::Text(text.to_string())).is_ok(),
-        );
-        let event = match result {
-            Ok(stats_) => {
-                SchedulerStats::add(&stats.generated_tokens, stats_.generated_tokens as u64);
-                let reason = match stats_.reason {
-                    StopReason::Length => FinishReason::Length,
-                    StopReason::Stop | StopReason::Cancelled => FinishReason::Stop,
-                };
-                Event::Finished {
-                    reason,
-                    prompt_tokens: stats_.prompt_tokens,
-                    completion_tokens: stats_.generated_tokens,
-                    cached_tokens: 0,
+    }
+
+    /// Tokens whose KV is not computed yet.
+    fn pending(&self) -> usize {
+        self.tokens.len() - self.kv.as_ref().map_or(0, |kv| kv.len)
+    }
+}
+
+/// How a step left a slot.
+enum Outcome {
+    Running,
+    Finished(FinishReason),
+    /// The client went away.
+    Cancelled,
+    Failed(String),
+}
+
+struct Loop<'a> {
+    engine: Engine,
+    config: SchedulerConfig,
+    /// Admitted, oldest first (the newest is preempted first).
+    running: Vec<Slot>,
+    /// Preempted slots first, then new jobs in arrival order.
+    queue: VecDeque<Slot>,
+    waiting: &'a AtomicUsize,
+    stats: &'a SchedulerStats,
+}
+
+impl<'a> Loop<'a> {
+    fn new(
+        engine: Engine,
+        config: SchedulerConfig,
+        waiting: &'a AtomicUsize,
+        stats: &'a SchedulerStats,
+    ) -> Self {
+        Loop {
+            running: Vec::with_capacity(config.parallel),
+            queue: VecDeque::with_capacity(config.queue_capacity + config.parallel),
+            engine,
+            config,
+            waiting,
+            stats,
+        }
+    }
+
+    fn run(&mut self, receiver: &mpsc::Receiver<Job>) {
+        let mut open = true;
+        loop {
+            if self.running.is_empty() && self.queue.is_empty() {
+                if !open {
+                    return;
+                }
+                // Idle: sleep until a job arrives or the sender closes.
+                match receiver.recv() {
+                    Ok(job) => self.queue.push_back(Slot::new(job)),
+                    Err(_) => open = false,
                 }
             }
-            Err(err) => Event::Failed(err.to_string()),
+            loop {
+                match receiver.try_recv() {
+                    Ok(job) => self.queue.push_back(Slot::new(job)),
+                    Err(mpsc::TryRecvError::Empty) => break,
+                    Err(mpsc::TryRecvError::Disconnected) => {
+                        open = false;
+                        break;
+                    }
+                }
+            }
+            self.drop_cancelled();
+            self.admit();
+            if let Err(message) = self.step() {
+                for mut slot in self.running.drain(..) {
+                    if let Some(mut kv) = slot.kv.take() {
+                        self.engine.release(&mut kv);
+                    }
+                    let _ = slot.job.events.send(Event::Failed(message.clone()));
+                }
+            }
+            self.publish();
+        }
+    }
+
+    /// Frees the blocks of every job whose client went away.
+    fn drop_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].job.events.is_closed() {
+                let slot = self.running.remove(i);
+                self.finish(slot, Outcome::Cancelled);
+            } else {
+                i += 1;
+            }
+        }
+        let mut gone_new = 0;
+        self.queue.retain(|slot| {
+            let gone = slot.job.events.is_closed();
+            gone_new += usize::from(gone && !slot.counted);
+            !gone
+        });
+        self.waiting.fetch_sub(gone_new, Ordering::SeqCst);
+    }
+
+    /// Moves queued jobs into free slots while their prompts' blocks can
+    /// be reserved; the queue is FIFO, so the head blocks the rest.
+    fn admit(&mut self) {
+        while self.running.len() < self.config.parallel {
+            let Some(mut slot) = self.queue.pop_front() else {
+                return;
+            };
+            if let Some(outcome) = self.refusal(&slot) {
+                self.uncount_if_new(&slot);
+                self.finish(slot, outcome);
+                continue;
+            }
+            let mut kv = self.engine.start_sequence(&slot.tokens);
+            if !self.engine.reserve(&mut kv, slot.tokens.len()) {
+                self.engine.release(&mut kv);
+                if self.running.is_empty() {
+                    // Nothing will free blocks: the pool cannot hold it.
+                    let outcome = Outcome::Failed(format!(
+                        "the KV pool ({} blocks) cannot hold a {}-token prompt: raise --kv-cache-budget or lower --parallel",
+                        self.engine.block_counts().total,
+                        slot.tokens.len()
+                    ));
+                    self.uncount_if_new(&slot);
+                    self.finish(slot, outcome);
+                    continue;
+                }
+                self.queue.push_front(slot);
+                return;
+            }
+            self.uncount_if_new(&slot);
+            if !slot.counted {
+                slot.counted = true;
+                slot.cached_tokens = kv.len;
+                SchedulerStats::add(&self.stats.prompt_tokens, slot.prompt_len as u64);
+                if kv.len > 0 {
+                    SchedulerStats::add(&self.stats.prefix_cache_hits, 1);
+                    SchedulerStats::add(&self.stats.prefix_cache_hit_tokens, kv.len as u64);
+                }
+            }
+            slot.kv = Some(kv);
+            self.running.push(slot);
+        }
+    }
+
+    /// What ends a job before it runs: nothing to run, nothing asked for,
+    /// or more than a slot's context (the HTTP side checks these first).
+    fn refusal(&self, slot: &Slot) -> Option<Outcome> {
+        let context = self.engine.plan.inputs.max_tokens as usize;
+        let job = &slot.job;
+        if job.prompt.is_empty() {
+            Some(Outcome::Failed("the prompt is empty".into()))
+        } else if job.max_tokens == 0 {
+            Some(Outcome::Finished(FinishReason::Length))
+        } else if job.prompt.len() + job.max_tokens > context {
+            Some(Outcome::Failed(format!(
+                "{} prompt tokens + {} max tokens exceed the context of {context}",
+                job.prompt.len(),
+                job.max_tokens
+            )))
+        } else {
+            None
+        }
+    }
+
+    /// A new job leaving the queue stops counting against its capacity.
+    fn uncount_if_new(&self, slot: &Slot) {
+        if !slot.counted {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Gives a decoding sequence its next block, preempting the newest
+    /// other sequences while the pool is out. Returns false when the
+    /// sequence itself had to be preempted.
+    fn grow(&mut self, i: usize) -> bool {
+        loop {
+            let slot = &mut self.running[i];
+            let end = slot.tokens.len();
+            let kv = slot.kv.as_mut().expect("running slots hold KV");
+            if self.engine.reserve(kv, end) {
+                return true;
+            }
+            let newest = self.running.len() - 1;
+            self.preempt(newest);
+            if newest == i {
+                return false;
+            }
+        }
+    }
+
+    /// Frees slot `i`'s blocks and puts it at the head of the queue; it
+    /// is recomputed from its tokens when readmitted.
+    fn preempt(&mut self, i: usize) {
+        let mut slot = self.running.remove(i);
+        if let Some(mut kv) = slot.kv.take() {
+            self.engine.release(&mut kv);
+        }
+        SchedulerStats::add(&self.stats.preemptions, 1);
+        self.queue.push_front(slot);
+    }
+
+    /// One forward step over every running sequence; then samples those
+    /// whose tokens are all in.
+    fn step(&mut self) -> Result<(), String> {
+        // Decoding sequences first (one token each), so long prompts do
+        // not stall them; each needs room for its next position.
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].pending() == 1 && !self.grow(i) {
+                continue;
+            }
+            i += 1;
+        }
+        let mut order: Vec<usize> = (0..self.running.len()).collect();
+        order.sort_by_key(|&i| self.running[i].pending() != 1);
+        let mut budget = self.engine.step_tokens();
+        let mut planned = Vec::with_capacity(order.len());
+        for &i in &order {
+            let n = self.running[i].pending().min(budget);
+            if n == 0 {
+                break;
+            }
+            budget -= n;
+            planned.push((i, n));
+        }
+        if planned.is_empty() {
+            return Ok(());
+        }
+        planned.sort_by_key(|&(i, _)| i);
+        let mut segments = Vec::with_capacity(planned.len());
+        let mut next = planned.iter().peekable();
+        for (i, slot) in self.running.iter_mut().enumerate() {
+            let Some(&(_, n)) = next.next_if(|(j, _)| *j == i) else {
+                continue;
+            };
+            let kv = slot.kv.as_mut().expect("running slots hold KV");
+            let start = kv.len;
+            segments.push(Segment {
+                seq: kv,
+                tokens: &slot.tokens[start..start + n],
+            });
+        }
+        self.engine.step(&mut segments).map_err(|e| e.to_string())?;
+        drop(segments);
+        let mut finished = Vec::new();
+        for (row, &(i, _)) in planned.iter().enumerate() {
+            let slot = &mut self.running[i];
+            let kv = slot.kv.as_mut().expect("running slots hold KV");
+            self.engine.commit(kv, &slot.tokens);
+            if slot.pending() > 0 {
+                continue;
+            }
+            let token = self.engine.sample(row, &mut slot.sampler, &slot.tokens);
+            let outcome = self.emit(i, token);
+            if !matches!(outcome, Outcome::Running) {
+                finished.push((i, outcome));
+            }
+        }
+        for (i, outcome) in finished.into_iter().rev() {
+            let slot = self.running.remove(i);
+            self.finish(slot, outcome);
+        }
+        Ok(())
+    }
+
+    /// Handles a sampled token: the end, a stop string, text to send.
+    fn emit(&mut self, i: usize, token: u32) -> Outcome {
+        let slot = &mut self.running[i];
+        slot.generated += 1;
+        SchedulerStats::add(&self.stats.generated_tokens, 1);
+        let tokenizer = &self.engine.tokenizer;
+        if tokenizer.end_of_generation(token) {
+            return Outcome::Finished(FinishReason::Stop);
+        }
+        slot.tokens.push(token);
+        let (text, hit) = slot.text.push(tokenizer, token);
+        if !text.is_empty() && slot.job.events.send(Event::Text(text.to_string())).is_err() {
+            return Outcome::Cancelled;
+        }
+        if hit {
+            Outcome::Finished(FinishReason::Stop)
+        } else if slot.generated >= slot.job.max_tokens {
+            Outcome::Finished(FinishReason::Length)
+        } else {
+            Outcome::Running
+        }
+    }
+
+    /// Releases a slot's blocks and sends its last event.
+    fn finish(&mut self, mut slot: Slot, outcome: Outcome) {
+        if let Some(mut kv) = slot.kv.take() {
+            self.engine.release(&mut kv);
+        }
+        let event = match outcome {
+            Outcome::Running | Outcome::Cancelled => return,
+            Outcome::Failed(message) => Event::Failed(message),
+            Outcome::Finished(reason) => {
+                if reason == FinishReason::Length {
+                    let tail = slot.text.finish();
+                    if !tail.is_empty() {
+                        let _ = slot.job.events.send(Event::Text(tail));
+                    }
+                }
+                Event::Finished {
+                    reason,
+                    prompt_tokens: slot.prompt_len,
+                    completion_tokens: slot.generated,
+                    cached_tokens: slot.cached_tokens,
+                }
+            }
         };
-        let _ = job.events.send(event);
-        SchedulerStats::set(&stats.running, 0);
+        let _ = slot.job.events.send(event);
+    }
+
+    /// Publishes the gauges for `/metrics`.
+    fn publish(&self) {
+        let s = self.stats;
+        let blocks = self.engine.block_counts();
+        SchedulerStats::set(&s.queue_depth, self.queue.len() as u64);
+        SchedulerStats::set(&s.running, self.running.len() as u64);
+        SchedulerStats::set(&s.kv_blocks_total, blocks.total as u64);
+        SchedulerStats::set(&s.kv_blocks_used, blocks.used as u64);
+        SchedulerStats::set(&s.kv_blocks_cached, blocks.cached as u64);
     }
 }

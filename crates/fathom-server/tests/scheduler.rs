@@ -1,0 +1,294 @@
+//! The scheduler on the real SmolLM2 GGUF, without HTTP: concurrent jobs
+//! equal sequential ones, preemption under a small pool, prefix reuse,
+//! cancellation and the bounded queue.
+
+use std::path::Path;
+
+use fathom_checkpoint::Checkpoint;
+use fathom_engine::{Engine, SamplingParams};
+use fathom_plan::serve::{KvBudget, PromptCache, ServePlan};
+use fathom_plan::{Available, Device, KvDtype, PlanInputs};
+use fathom_server::{Event, FinishReason, Job, Scheduler, SchedulerConfig, SubmitError};
+use fathom_spec::ModelSpec;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+fn serve_plan(parallel: u64, context: u64, budget: KvBudget, step: u64) -> (Engine, ServePlan) {
+    let model =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(model.exists(), "run scripts/fetch-model.sh first");
+    let checkpoint = Checkpoint::open(&model).unwrap();
+    let spec = ModelSpec::from_checkpoint(&checkpoint).unwrap();
+    let inputs = PlanInputs {
+        max_tokens: context,
+        batch: parallel,
+        device: Device::Cpu,
+        kv_dtype: KvDtype::F16,
+        max_tokens_per_step: step,
+        threads: 2,
+        headroom_factor: 1.0,
+        rocm_inflight_raw: None,
+        available: Available {
+            bytes: 8 << 30,
+            source: "test".into(),
+        },
+    };
+    let plan = ServePlan::new(&spec, inputs, budget, PromptCache::Bytes(0)).unwrap();
+    let tokenizer = fathom_engine::load_tokenizer(&checkpoint).unwrap();
+    let engine = Engine::load(&checkpoint, spec, plan.plan.clone(), tokenizer).unwrap();
+    (engine, plan)
+}
+
+fn start(parallel: u64, context: u64, budget: KvBudget, queue: usize) -> (Scheduler, Encoder) {
+    let (engine, plan) = serve_plan(parallel, context, budget, 64);
+    let encoder = Encoder(engine.tokenizer.clone());
+    let config = SchedulerConfig {
+        parallel: parallel as usize,
+        queue_capacity: queue,
+        prompt_cache_blocks: plan.prompt_cache_blocks as usize,
+    };
+    (Scheduler::start(engine, config), encoder)
+}
+
+struct Encoder(std::sync::Arc<fathom_engine::Tokenizer>);
+
+impl Encoder {
+    fn job(&self, text: &str, max_tokens: usize) -> (Job, UnboundedReceiver<Event>) {
+        let (events, receiver) = unbounded_channel();
+        let job = Job {
+            prompt: self.0.encode(text, self.0.add_bos(), true),
+            max_tokens,
+            sampling: SamplingParams {
+                temperature: 0.0,
+                ..SamplingParams::default()
+            },
+            stop: vec![],
+            events,
+        };
+        (job, receiver)
+    }
+}
+
+/// The text and the final event of a job.
+fn collect(mut receiver: UnboundedReceiver<Event>) -> (String, Event) {
+    let mut text = String::new();
+    while let Some(event) = receiver.blocking_recv() {
+        match event {
+            Event::Text(t) => text.push_str(&t),
+            last => return (text, last),
+        }
+    }
+    panic!("the scheduler dropped a job without a final event");
+}
+
+const PROMPTS: [&str; 8] = [
+    "The capital of France is",
+    "Water boils at a temperature of",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea,",
+    "The three primary colors are",
+    "To make a cup of tea, first",
+    "The largest planet in the solar system is",
+    "1, 2, 3, 4, 5,",
+];
+
+fn sequential(texts: &[String], max_tokens: usize) -> Vec<String> {
+    let (scheduler, encoder) = start(1, 256, KvBudget::Workload, 64);
+    let outs = texts
+        .iter()
+        .map(|t| {
+            let (job, rx) = encoder.job(t, max_tokens);
+            scheduler.submit(job).unwrap();
+            collect(rx).0
+        })
+        .collect();
+    scheduler.shutdown();
+    outs
+}
+
+#[test]
+fn sixteen_concurrent_greedy_jobs_equal_the_same_jobs_one_at_a_time() {
+    let texts: Vec<String> = (0..16)
+        .map(|i| {
+            format!("{} {}", PROMPTS[i % 8], ["", "and"][i / 8])
+                .trim()
+                .to_string()
+        })
+        .collect();
+    let alone = sequential(&texts, 24);
+    let (scheduler, encoder) = start(16, 256, KvBudget::Workload, 64);
+    let receivers: Vec<_> = texts
+        .iter()
+        .map(|t| {
+            let (job, rx) = encoder.job(t, 24);
+            scheduler.submit(job).unwrap();
+            rx
+        })
+        .collect();
+    for (i, rx) in receivers.into_iter().enumerate() {
+        let (text, last) = collect(rx);
+        assert!(matches!(last, Event::Finished { .. }), "{last:?}");
+        assert_eq!(text, alone[i], "job {i}: {:?}", texts[i]);
+    }
+    assert_eq!(
+        fathom_server::SchedulerStats::get(&scheduler.stats().generated_tokens),
+        16 * 24
+    );
+    scheduler.shutdown();
+}
+
+#[test]
+fn a_full_pool_preempts_the_newest_and_outputs_stay_the_same() {
+    let texts: Vec<String> = PROMPTS[..4].iter().map(|s| s.to_string()).collect();
+    let alone = sequential(&texts, 96);
+    // 4 slots of 256 tokens, but blocks for only ~2 sequences of 110.
+    let block = 30 * 16 * 2 * 192 * 2; // layers x tokens x K,V x width x f16
+    let (scheduler, encoder) = start(4, 256, KvBudget::Bytes(15 * block), 64);
+    let receivers: Vec<_> = texts
+        .iter()
+        .map(|t| {
+            let (job, rx) = encoder.job(t, 96);
+            scheduler.submit(job).unwrap();
+            rx
+        })
+        .collect();
+    for (i, rx) in receivers.into_iter().enumerate() {
+        let (text, last) = collect(rx);
+        assert!(
+            matches!(
+                last,
+                Event::Finished {
+                    reason: FinishReason::Length,
+                    ..
+                } | Event::Finished {
+                    reason: FinishReason::Stop,
+                    ..
+                }
+            ),
+            "{last:?}"
+        );
+        assert_eq!(text, alone[i], "job {i}");
+    }
+    let preempted = fathom_server::SchedulerStats::get(&scheduler.stats().preemptions);
+    assert!(preempted > 0, "the pool was large enough not to preempt");
+    scheduler.shutdown();
+}
+
+#[test]
+fn a_shared_prefix_is_reused_and_gives_the_same_output() {
+    let (engine, plan) = serve_plan(2, 512, KvBudget::Workload, 64);
+    let encoder = Encoder(engine.tokenizer.clone());
+    let scheduler = Scheduler::start(
+        engine,
+        SchedulerConfig {
+            parallel: 2,
+            queue_capacity: 8,
+            prompt_cache_blocks: plan.kv_blocks as usize,
+        },
+    );
+    let system = "You are a helpful assistant who answers briefly and precisely. ".repeat(6);
+    let first = format!("{system}Question: what is the capital of France?");
+    let (job, rx) = encoder.job(&first, 16);
+    scheduler.submit(job).unwrap();
+    let (a, last_a) = collect(rx);
+    assert!(
+        matches!(
+            last_a,
+            Event::Finished {
+                cached_tokens: 0,
+                ..
+            }
+        ),
+        "{last_a:?}"
+    );
+    // The same prompt again: every whole block but the last token's.
+    let (job, rx) = encoder.job(&first, 16);
+    let prompt_len = job.prompt.len();
+    scheduler.submit(job).unwrap();
+    let (b, last_b) = collect(rx);
+    assert_eq!(a, b);
+    let Event::Finished { cached_tokens, .. } = last_b else {
+        panic!("{last_b:?}")
+    };
+    assert_eq!(cached_tokens, (prompt_len - 1) / 16 * 16);
+    // A different question after the same system text reuses its blocks.
+    let (job, rx) = encoder.job(&format!("{system}Question: name a red fruit."), 8);
+    scheduler.submit(job).unwrap();
+    let (_, last_c) = collect(rx);
+    let Event::Finished { cached_tokens, .. } = last_c else {
+        panic!("{last_c:?}")
+    };
+    assert!(cached_tokens >= 16 * 4, "{cached_tokens}");
+    let stats = scheduler.stats();
+    assert_eq!(
+        fathom_server::SchedulerStats::get(&stats.prefix_cache_hits),
+        2
+    );
+    scheduler.shutdown();
+}
+
+#[test]
+fn a_dropped_client_frees_its_blocks_and_a_full_queue_refuses() {
+    let (scheduler, encoder) = start(1, 512, KvBudget::Workload, 1);
+    let (job, rx) = encoder.job("Once upon a time", 400);
+    scheduler.submit(job).unwrap();
+    let (queued, _queued_rx) = encoder.job("The capital of France is", 4);
+    // The first job runs; wait until it does, then fill the queue.
+    let stats = scheduler.stats();
+    while fathom_server::SchedulerStats::get(&stats.running) == 0 {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    scheduler.submit(queued).unwrap();
+    let (extra, _extra_rx) = encoder.job("More", 4);
+    assert_eq!(scheduler.submit(extra).unwrap_err(), SubmitError::QueueFull);
+    drop(rx);
+    let started = std::time::Instant::now();
+    loop {
+        let used = fathom_server::SchedulerStats::get(&stats.kv_blocks_used);
+        let running = fathom_server::SchedulerStats::get(&stats.running);
+        if running <= 1 && used <= 1 {
+            break;
+        }
+        assert!(
+            started.elapsed().as_secs() < 10,
+            "blocks still held: {used} used, {running} running"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    scheduler.shutdown();
+    assert_eq!(fathom_server::SchedulerStats::get(&stats.kv_blocks_used), 0);
+}
+
+#[test]
+fn jobs_that_cannot_run_end_with_a_clear_event() {
+    let (scheduler, encoder) = start(1, 64, KvBudget::Workload, 4);
+    let (mut empty, rx) = encoder.job("x", 4);
+    empty.prompt.clear();
+    scheduler.submit(empty).unwrap();
+    assert_eq!(collect(rx).1, Event::Failed("the prompt is empty".into()));
+    let (zero, rx) = encoder.job("The capital of France is", 0);
+    scheduler.submit(zero).unwrap();
+    let (text, last) = collect(rx);
+    assert_eq!(text, "");
+    assert!(
+        matches!(
+            last,
+            Event::Finished {
+                reason: FinishReason::Length,
+                completion_tokens: 0,
+                ..
+            }
+        ),
+        "{last:?}"
+    );
+    let (long, rx) = encoder.job("The capital of France is", 64);
+    scheduler.submit(long).unwrap();
+    let Event::Failed(message) = collect(rx).1 else {
+        panic!("a job over the context ran")
+    };
+    assert!(message.contains("exceed the context of 64"), "{message}");
+    // The scheduler keeps serving.
+    let (ok, rx) = encoder.job("The capital of France is", 4);
+    scheduler.submit(ok).unwrap();
+    assert!(matches!(collect(rx).1, Event::Finished { .. }));
+    scheduler.shutdown();
+}
