@@ -770,3 +770,42 @@ fn concurrent_requests_each_get_their_own_answer() {
     assert_ne!(answers[0].1, answers[1].1);
     assert!(answers[0].1.starts_with(" 5, 6"), "{answers:?}");
 }
+
+#[test]
+fn a_repeated_system_prompt_is_served_from_the_prefix_cache() {
+    let server = Server::start(&[], &[]);
+    let system = "You are a careful assistant. Answer in one short sentence, and never use lists. "
+        .repeat(4);
+    let ask = |question: &str| {
+        let body = json!({
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": question},
+            ],
+            "max_tokens": 4,
+            "temperature": 0,
+        });
+        let r = server.post("/v1/chat/completions", &body.to_string(), &[]);
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["usage"].clone()
+    };
+    let first = ask("What is rain?");
+    assert_eq!(
+        first["prompt_tokens_details"]["cached_tokens"], 0,
+        "{first}"
+    );
+    let second = ask("What is snow?");
+    let cached = second["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    let prompt = second["prompt_tokens"].as_u64().unwrap();
+    // The shared system prompt is whole blocks of cached KV.
+    assert!(cached >= 64 && cached < prompt, "{second}");
+    assert!(server.metric("fathom_prefix_cache_hits_total").unwrap() >= 1.0);
+    assert!(
+        server
+            .metric("fathom_prefix_cache_hit_tokens_total")
+            .unwrap()
+            >= cached as f64
+    );
+}
