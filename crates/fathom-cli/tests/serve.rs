@@ -809,3 +809,55 @@ fn a_repeated_system_prompt_is_served_from_the_prefix_cache() {
             >= cached as f64
     );
 }
+
+#[test]
+fn environment_variables_configure_the_server_and_sigint_stops_it() {
+    let mut server = Server::start(
+        &[],
+        &[
+            ("FATHOM_CTX_SIZE", "256"),
+            ("FATHOM_PARALLEL", "1"),
+            ("FATHOM_ALLOWED_ORIGINS", "http://localhost:5173"),
+            ("FATHOM_KV_CACHE_BUDGET", "none"),
+            ("FATHOM_PROMPT_CACHE", "off"),
+        ],
+    );
+    let log = server.stderr.lock().unwrap().clone();
+    assert!(log.contains(": 1 slots x 256 tokens"), "{log}");
+    assert!(log.contains("Prompt cache") && log.contains("off"), "{log}");
+    let e = server.post(
+        "/v1/completions",
+        r#"{"prompt": "Hi", "max_tokens": 300}"#,
+        &[("Origin", "http://localhost:5173")],
+    );
+    assert_eq!(
+        e.header("access-control-allow-origin"),
+        Some("http://localhost:5173")
+    );
+    let e = e.assert_error(400, "context_length_exceeded");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("256 tokens"),
+        "{e}"
+    );
+
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &server.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the server did not exit on SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(exit.code(), Some(0));
+}

@@ -53,8 +53,9 @@ impl Reply {
 }
 
 impl Server {
-    /// `fathom serve SmolLM2 --port 0 -c 512 -np 2 -t 2 ARGS` with `env`,
-    /// waiting until `/health` says ok.
+    /// `fathom serve SmolLM2 --port 0 -c 512 -np 2 -t 2 ARGS` with `env`
+    /// (`-c` and `-np` left out when `env` sets their variables), waiting
+    /// until `/health` says ok.
     pub fn start(args: &[&str], env: &[(&str, &str)]) -> Server {
         let server = Server::spawn(args, env);
         server.wait_ready();
@@ -66,7 +67,15 @@ impl Server {
         let model = smollm2();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_fathom"));
         cmd.args(["serve", model.to_str().unwrap(), "--port", "0"]);
-        cmd.args(["-c", "512", "-np", "2", "-t", "2"]);
+        // Test defaults, unless the environment under test sets them.
+        let set = |name: &str| env.iter().any(|(k, _)| *k == name);
+        if !set("FATHOM_CTX_SIZE") {
+            cmd.args(["-c", "512"]);
+        }
+        if !set("FATHOM_PARALLEL") {
+            cmd.args(["-np", "2"]);
+        }
+        cmd.args(["-t", "2"]);
         cmd.args(args);
         for (name, _) in fathom_server::ENV_VARS {
             cmd.env_remove(name);
