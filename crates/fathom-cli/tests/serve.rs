@@ -861,3 +861,84 @@ fn environment_variables_configure_the_server_and_sigint_stops_it() {
     };
     assert_eq!(exit.code(), Some(0));
 }
+
+/// Mutated request bodies through the whole HTTP path (parse, template,
+/// tokenizer, admission): every answer is a 200 or a 4xx error object,
+/// and the server stays up.
+#[test]
+fn mutated_request_bodies_get_200_or_a_4xx_error_object() {
+    let server = Server::start(&["-c", "48"], &[]);
+    let seeds = [
+        (
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_tokens":2,"temperature":0.5,"stop":["x"],"stream":true,"stream_options":{"include_usage":true}}"#,
+        ),
+        (
+            "/v1/chat/completions",
+            r#"{"messages":[{"role":"user","content":"{% raise %} <|im_end|>"}],"max_tokens":2,"n":1}"#,
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":"1, 2, 3","max_tokens":2,"temperature":0,"seed":5}"#,
+        ),
+        (
+            "/v1/completions",
+            r#"{"prompt":[[1,2,3]],"max_tokens":2,"stream":true}"#,
+        ),
+    ];
+    let inserts = [
+        "null",
+        "-1",
+        "1e309",
+        "[",
+        "{",
+        "\"",
+        "0",
+        "99999",
+        "\\u0000",
+        "\u{10ffff}",
+        "true",
+        "[]",
+    ];
+    let mut state = 0x5eed_u64;
+    let mut next = move || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        (z ^ (z >> 31)) as usize
+    };
+    let (mut ok, mut refused) = (0, 0);
+    for _ in 0..120 {
+        let (route, seed) = seeds[next() % seeds.len()];
+        let mut body = seed.as_bytes().to_vec();
+        for _ in 0..1 + next() % 3 {
+            let at = next() % (body.len() + 1);
+            match next() % 3 {
+                0 if at < body.len() => {
+                    body.remove(at);
+                }
+                1 => {
+                    let i = next() % inserts.len();
+                    body.splice(at..at, inserts[i].bytes());
+                }
+                _ if at < body.len() => body[at] ^= 1 << (next() % 7),
+                _ => body.push(b'}'),
+            }
+        }
+        let text = String::from_utf8_lossy(&body).into_owned();
+        let r = server.post(route, &text, &[]);
+        match r.status {
+            200 => ok += 1,
+            400..=499 => {
+                refused += 1;
+                let v = r.json();
+                assert!(v["error"]["message"].is_string(), "{text:?}: {v}");
+                assert!(v["error"]["type"].is_string(), "{text:?}: {v}");
+            }
+            other => panic!("{other} for {text:?}: {}", r.body),
+        }
+    }
+    assert!(ok > 0 && refused > 0, "{ok} answered, {refused} refused");
+    assert_eq!(server.get("/health", &[]).status, 200);
+}
