@@ -942,3 +942,33 @@ fn mutated_request_bodies_get_200_or_a_4xx_error_object() {
     assert!(ok > 0 && refused > 0, "{ok} answered, {refused} refused");
     assert_eq!(server.get("/health", &[]).status, 200);
 }
+
+#[test]
+fn requests_still_running_after_the_shutdown_timeout_are_cut_off() {
+    let mut server = Server::start(&["--shutdown-timeout", "1", "-np", "1"], &[]);
+    let body = json!({"prompt": "Tell me a long story.", "max_tokens": 480, "temperature": 0, "stream": true, "stop": ["@@@@"]})
+        .to_string();
+    let mut stream = open_stream(&server, &body);
+    let started = Instant::now();
+    let status = std::process::Command::new("kill")
+        .args(["-TERM", &server.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut rest = String::new();
+    let _ = stream.read_to_string(&mut rest);
+    assert!(!rest.contains("[DONE]"), "the stream was cut, not finished");
+    let exit = loop {
+        if let Some(status) = server.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the server did not exit"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(exit.code(), Some(0));
+    let log = server.stderr.lock().unwrap().clone();
+    assert!(log.contains("cut off"), "{log}");
+}
