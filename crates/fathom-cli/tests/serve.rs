@@ -364,11 +364,10 @@ fn metrics_count_requests_tokens_plan_and_latency() {
             "{term}"
         );
     }
+    // The server, HTTP side included, stays within the plan it serves.
     let rss = value("fathom_resident_memory_bytes");
-    assert!(
-        rss > 50e6 && rss < value("fathom_plan_bytes{term=\"total\"}") * 1.5,
-        "{rss}"
-    );
+    let total = value("fathom_plan_bytes{term=\"total\"}");
+    assert!(rss > 50e6 && rss <= total, "resident {rss} vs plan {total}");
     assert_eq!(value("fathom_time_to_first_token_seconds_count"), 1.0);
     assert!(value("fathom_time_to_first_token_seconds_sum") > 0.0);
     assert!(value("fathom_inter_token_latency_seconds_count") >= 1.0);
