@@ -22,9 +22,6 @@ pub struct Engine {
     /// Shared with whoever tokenizes requests (the server's connections).
     pub tokenizer: Arc<Tokenizer>,
     pub plan: MemoryPlan,
-    /// Never sample an end-of-generation token (llama.cpp's
-    /// `--ignore-eos`): generation runs to the requested length.
-    pub ignore_eos: bool,
     pool: Pool,
     kv: KvPool,
     arena: Arena,
@@ -104,7 +101,6 @@ impl Engine {
             arena,
             histories,
             plan,
-            ignore_eos: false,
         })
     }
 
@@ -269,7 +265,7 @@ impl Engine {
     pub fn sample(&mut self, row: usize, sampler: &mut Sampler, history: &[u32]) -> u32 {
         let vocab = self.model.spec.vocab as usize;
         let logits = &mut self.arena.logits[row * vocab..(row + 1) * vocab];
-        if self.ignore_eos {
+        if sampler.params.ignore_eos {
             for id in self.tokenizer.end_of_generation_ids() {
                 if let Some(l) = logits.get_mut(id as usize) {
                     *l = f32::NEG_INFINITY;

@@ -159,6 +159,7 @@ pub fn parse(route: Route, body: &[u8], seed: u64) -> Result<GenerationRequest, 
         presence_penalty: number(&obj, "presence_penalty", -2.0, 2.0)?.unwrap_or(0.0),
         frequency_penalty: number(&obj, "frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0),
         seed,
+        ignore_eos: boolean(&obj, "ignore_eos")?.unwrap_or(false),
     };
     let stream = boolean(&obj, "stream")?.unwrap_or(false);
     let include_usage = match present(&obj, "stream_options") {
