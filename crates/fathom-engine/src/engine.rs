@@ -325,20 +325,17 @@ impl Engine {
         let mut token = first;
         let started = Instant::now();
         for _ in 0..n {
-            self.model.forward(
-                &self.pool,
-                &mut self.arena,
-                &mut self.kv,
-                &mut [Segment {
-                    seq: &mut seq,
-                    tokens: &[token],
-                }],
-            )?;
+            self.run_one(&mut seq, &[token])?;
             token = fathom_kernels::ops::argmax(&self.arena.logits[..vocab]) as u32;
         }
         let elapsed = started.elapsed();
         self.kv.release(&mut seq);
         Ok(elapsed)
+    }
+
+    /// One step of one sequence.
+    fn run_one(&mut self, seq: &mut SeqKv, tokens: &[u32]) -> Result<(), EngineError> {
+        self.step(&mut [Segment { seq, tokens }])
     }
 
     /// A fresh sequence with blocks for `prompt + generate` tokens, which
@@ -370,15 +367,7 @@ impl Engine {
     pub fn logits(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
         let mut seq = self.sequence(tokens.len(), 0)?;
         for chunk in tokens.chunks(self.arena.step_tokens) {
-            self.model.forward(
-                &self.pool,
-                &mut self.arena,
-                &mut self.kv,
-                &mut [Segment {
-                    seq: &mut seq,
-                    tokens: chunk,
-                }],
-            )?;
+            self.run_one(&mut seq, chunk)?;
         }
         self.kv.release(&mut seq);
         Ok(&self.arena.logits[..self.model.spec.vocab as usize])

@@ -247,15 +247,7 @@ pub fn resident_bytes() -> Option<u64> {
 }
 
 fn parse_vm_rss(status: &str) -> Option<u64> {
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line
-        .trim_start_matches("VmRSS:")
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    kib.checked_mul(1024)
+    fathom_plan::available::proc_kib(status, "VmRSS")?.checked_mul(1024)
 }
 
 #[cfg(test)]
