@@ -60,12 +60,12 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
         return Ok(code);
     }
     let (mut engine, load) = session::load(opened, plan)?;
-    engine.ignore_eos = args.ignore_eos;
     let params = args.sampling.params();
     let mut samplers: Vec<Sampler> = (0..args.parallel)
         .map(|i| {
             Sampler::new(SamplingParams {
                 seed: params.seed.wrapping_add(i),
+                ignore_eos: args.ignore_eos,
                 ..params.clone()
             })
         })

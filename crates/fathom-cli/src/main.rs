@@ -9,6 +9,7 @@ mod planning;
 mod pull;
 mod render;
 mod run;
+mod serve;
 mod session;
 
 use std::process::ExitCode;
@@ -36,12 +37,22 @@ enum Command {
     Pull(pull::PullArgs),
     /// Measure prompt processing and generation speed (as llama-bench does); `bench memory`: plan vs measured peak.
     Bench(bench::BenchArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions).
+    #[command(
+        args_override_self = true,
+        after_help = "Routes: POST /v1/chat/completions, POST /v1/completions (streamed with \"stream\": true), \
+GET /v1/models, GET /health (open even with --api-key), GET /metrics (Prometheus).\n\
+SIGINT or SIGTERM stops accepting, lets requests in flight finish (--shutdown-timeout) and exits 0.\n\
+Parameters, defaults, error codes and metrics: docs/server.md"
+    )]
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
     // Usage errors exit 1 like every other error: 2 is reserved for a
     // preflight that refuses a load which does not fit.
-    let cli = match Cli::try_parse() {
+    let args = serve::rewrite_llama_server_flags(std::env::args_os().collect());
+    let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(err) => {
             let _ = err.print();
@@ -54,6 +65,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run::run(&args),
         Command::Pull(args) => pull::run(&args),
         Command::Bench(args) => bench::run(&args),
+        Command::Serve(args) => serve::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -65,6 +65,7 @@ impl SamplingArgs {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             seed,
+            ignore_eos: false,
         }
     }
 }
@@ -178,15 +179,7 @@ fn progress_bar(done: u64, total: u64) -> String {
 /// Peak resident memory of this process so far (`VmHWM`), in bytes.
 pub fn peak_rss() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line
-        .trim_start_matches("VmHWM:")
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
+    fathom_plan::available::proc_kib(&status, "VmHWM")?.checked_mul(1024)
 }
 
 /// The stats block `generate` prints on stderr.

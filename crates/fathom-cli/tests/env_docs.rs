@@ -3,13 +3,15 @@
 
 use std::path::{Path, PathBuf};
 
-/// Every variable the code reads, with its documented default: the plan's
-/// and the hub lookup's registries.
+/// Every variable the code reads, with its documented default: the plan's,
+/// the hub lookup's and the server's registries.
 fn registry() -> Vec<(&'static str, &'static str)> {
     let plan = fathom_plan::env::ENV_VARS
         .iter()
         .map(|v| (v.name, v.default));
-    plan.chain(fathom_hub::ENV_VARS.iter().copied()).collect()
+    plan.chain(fathom_hub::ENV_VARS.iter().copied())
+        .chain(fathom_server::ENV_VARS.iter().copied())
+        .collect()
 }
 
 fn workspace() -> PathBuf {
@@ -74,7 +76,7 @@ fn every_variable_in_the_code_is_in_the_registry() {
         for name in variables_named_in(&text) {
             assert!(
                 registry().iter().any(|(v, _)| *v == name),
-                "{} names {name}, which neither fathom_plan::env::ENV_VARS nor fathom_hub::ENV_VARS lists",
+                "{} names {name}, which none of fathom_plan::env::ENV_VARS, fathom_hub::ENV_VARS and fathom_server::ENV_VARS lists",
                 path.display()
             );
         }

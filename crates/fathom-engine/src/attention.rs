@@ -15,18 +15,26 @@ const BLOCK: usize = KV_BLOCK_TOKENS as usize;
 /// Query heads per KV head handled on the stack; real models use up to 16.
 const MAX_GROUP: usize = 64;
 
-/// Shapes of one attention call.
+/// Shapes of one layer's attention.
 pub struct AttentionShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub key_dim: usize,
     pub value_dim: usize,
+    pub window: Option<usize>,
+    pub scale: f32,
+}
+
+/// One sequence's chunk within a step.
+pub struct Span<'a> {
     /// Position of the chunk's first token.
     pub start: usize,
     /// Tokens in the chunk.
     pub tokens: usize,
-    pub window: Option<usize>,
-    pub scale: f32,
+    /// The chunk's first row in the step's q, k, v and output.
+    pub row: usize,
+    /// The sequence's cached positions.
+    pub cache: Option<LayerKv<'a>>,
 }
 
 /// A pointer the workers share to write disjoint slices of one buffer.
@@ -50,14 +58,16 @@ impl SharedOut {
 /// rather than once per token.
 const TILE: usize = 16;
 
-/// `out[t][h]` = softmax(q·K / √d) V over positions `max(0, p-w+1) ..= p`.
-/// `q`: T × heads × key_dim; `k`, `v`: T × kv_heads × dims (the chunk);
-/// `scratch`: per worker, `BLOCK + value_dim + BLOCK × (key_dim + value_dim)` f32.
+/// `out[t][h]` = softmax(q·K / √d) V over positions `max(0, p-w+1) ..= p`,
+/// for every span of the step in one hand-off to the pool.
+/// `q`: rows × heads × key_dim; `k`, `v`: rows × kv_heads × dims (the step's
+/// chunks); `scratch`: per worker, `BLOCK + value_dim + BLOCK × (key_dim +
+/// value_dim)` f32.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     pool: &Pool,
     shape: &AttentionShape,
-    cache: Option<&LayerKv>,
+    spans: &[Span],
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -68,8 +78,10 @@ pub fn attend(
     let s = shape;
     let group = s.n_heads / s.n_kv_heads;
     assert!(group <= MAX_GROUP, "{group} query heads per KV head");
-    let tiles = s.tokens.div_ceil(TILE);
-    let items = tiles * s.n_kv_heads;
+    let items: usize = spans
+        .iter()
+        .map(|sp| sp.tokens.div_ceil(TILE) * s.n_kv_heads)
+        .sum();
     let out_len = out.len();
     let shared_out = SharedOut(out.as_mut_ptr());
     let shared_scratch = SharedOut(scratch.as_mut_ptr());
@@ -86,26 +98,39 @@ pub fn attend(
         };
         let (kbuf, rest) = scratch.split_at_mut(BLOCK * s.key_dim);
         let (vbuf, _) = rest.split_at_mut(BLOCK * s.value_dim);
+        let mut span_index = 0;
+        let mut span_first = 0;
         for item in (worker..items).step_by(workers) {
-            let (tile, g) = (item / s.n_kv_heads, item % s.n_kv_heads);
+            // Items are numbered span by span; find this item's span.
+            let mut span_items = spans[span_index].tokens.div_ceil(TILE) * s.n_kv_heads;
+            while item >= span_first + span_items {
+                span_first += span_items;
+                span_index += 1;
+                span_items = spans[span_index].tokens.div_ceil(TILE) * s.n_kv_heads;
+            }
+            let span = &spans[span_index];
+            let local = item - span_first;
+            let (tile, g) = (local / s.n_kv_heads, local % s.n_kv_heads);
             let t0 = tile * TILE;
-            let t1 = (t0 + TILE).min(s.tokens);
+            let t1 = (t0 + TILE).min(span.tokens);
             let mut acc: [&mut [f32]; TILE] = Default::default();
             for t in t0..t1 {
-                let row = t * s.n_heads * s.value_dim + g * group * s.value_dim;
+                let row = (span.row + t) * s.n_heads * s.value_dim + g * group * s.value_dim;
                 let len = group * s.value_dim;
                 assert!(row + len <= out_len);
-                // SAFETY: items are distinct (query tile, kv head) pairs, so
-                // their output slices are disjoint and in bounds (asserted).
+                // SAFETY: items are distinct (span, query tile, kv head)
+                // triples, so their output slices are disjoint and in
+                // bounds (asserted).
                 acc[t - t0] =
                     unsafe { std::slice::from_raw_parts_mut(shared_out.ptr().add(row), len) };
             }
+            let rows = span.row..span.row + span.tokens;
             attend_tile(
                 s,
-                cache,
-                q,
-                k,
-                v,
+                span,
+                &q[rows.start * s.n_heads * s.key_dim..rows.end * s.n_heads * s.key_dim],
+                &k[rows.start * s.n_kv_heads * s.key_dim..rows.end * s.n_kv_heads * s.key_dim],
+                &v[rows.start * s.n_kv_heads * s.value_dim..rows.end * s.n_kv_heads * s.value_dim],
                 t0,
                 t1,
                 g,
@@ -128,7 +153,7 @@ struct Running {
 #[allow(clippy::too_many_arguments)]
 fn attend_tile(
     s: &AttentionShape,
-    cache: Option<&LayerKv>,
+    span: &Span,
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -141,8 +166,9 @@ fn attend_tile(
     vbuf: &mut [f32],
 ) {
     let (dk, dv) = (s.key_dim, s.value_dim);
+    let start = span.start;
     let first = |t: usize| match s.window {
-        Some(w) => (s.start + t + 1).saturating_sub(w),
+        Some(w) => (start + t + 1).saturating_sub(w),
         None => 0,
     };
     let mut state = [Running {
@@ -156,20 +182,23 @@ fn attend_tile(
         let o = (t * s.n_heads + g * group + h) * dk;
         &q[o..o + dk]
     };
-    let (lo, hi) = (first(t0), s.start + t1 - 1);
+    let (lo, hi) = (first(t0), start + t1 - 1);
     let mut block_start = lo;
     while block_start <= hi {
         // A block of key positions, aligned to the cache/chunk boundary so
         // it comes wholly from one place.
-        let block_end = if block_start < s.start {
-            (block_start + BLOCK).min(s.start)
+        let block_end = if block_start < start {
+            (block_start + BLOCK).min(start)
         } else {
             (block_start + BLOCK).min(hi + 1)
         };
         let n = block_end - block_start;
-        let from_cache = block_start < s.start;
+        let from_cache = block_start < start;
         if from_cache {
-            let cache = cache.expect("positions before the chunk are cached");
+            let cache = span
+                .cache
+                .as_ref()
+                .expect("positions before the chunk are cached");
             for i in 0..n {
                 cache.load(
                     block_start + i,
@@ -183,14 +212,14 @@ fn attend_tile(
             if from_cache {
                 (&kbuf[i * dk..(i + 1) * dk], &vbuf[i * dv..(i + 1) * dv])
             } else {
-                let c = block_start + i - s.start;
+                let c = block_start + i - start;
                 let ko = (c * s.n_kv_heads + g) * dk;
                 let vo = (c * s.n_kv_heads + g) * dv;
                 (&k[ko..ko + dk], &v[vo..vo + dv])
             }
         };
         for t in t0..t1 {
-            let (from, to) = (first(t).max(block_start), (s.start + t + 1).min(block_end));
+            let (from, to) = (first(t).max(block_start), (start + t + 1).min(block_end));
             for p in from..to {
                 let (kj, vj) = key(p - block_start);
                 for h in 0..group {

@@ -22,9 +22,6 @@ pub struct Engine {
     /// Shared with whoever tokenizes requests (the server's connections).
     pub tokenizer: Arc<Tokenizer>,
     pub plan: MemoryPlan,
-    /// Never sample an end-of-generation token (llama.cpp's
-    /// `--ignore-eos`): generation runs to the requested length.
-    pub ignore_eos: bool,
     pool: Pool,
     kv: KvPool,
     arena: Arena,
@@ -104,7 +101,6 @@ impl Engine {
             arena,
             histories,
             plan,
-            ignore_eos: false,
         })
     }
 
@@ -269,7 +265,7 @@ impl Engine {
     pub fn sample(&mut self, row: usize, sampler: &mut Sampler, history: &[u32]) -> u32 {
         let vocab = self.model.spec.vocab as usize;
         let logits = &mut self.arena.logits[row * vocab..(row + 1) * vocab];
-        if self.ignore_eos {
+        if sampler.params.ignore_eos {
             for id in self.tokenizer.end_of_generation_ids() {
                 if let Some(l) = logits.get_mut(id as usize) {
                     *l = f32::NEG_INFINITY;
@@ -329,20 +325,17 @@ impl Engine {
         let mut token = first;
         let started = Instant::now();
         for _ in 0..n {
-            self.model.forward(
-                &self.pool,
-                &mut self.arena,
-                &mut self.kv,
-                &mut [Segment {
-                    seq: &mut seq,
-                    tokens: &[token],
-                }],
-            )?;
+            self.run_one(&mut seq, &[token])?;
             token = fathom_kernels::ops::argmax(&self.arena.logits[..vocab]) as u32;
         }
         let elapsed = started.elapsed();
         self.kv.release(&mut seq);
         Ok(elapsed)
+    }
+
+    /// One step of one sequence.
+    fn run_one(&mut self, seq: &mut SeqKv, tokens: &[u32]) -> Result<(), EngineError> {
+        self.step(&mut [Segment { seq, tokens }])
     }
 
     /// A fresh sequence with blocks for `prompt + generate` tokens, which
@@ -374,15 +367,7 @@ impl Engine {
     pub fn logits(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
         let mut seq = self.sequence(tokens.len(), 0)?;
         for chunk in tokens.chunks(self.arena.step_tokens) {
-            self.model.forward(
-                &self.pool,
-                &mut self.arena,
-                &mut self.kv,
-                &mut [Segment {
-                    seq: &mut seq,
-                    tokens: chunk,
-                }],
-            )?;
+            self.run_one(&mut seq, chunk)?;
         }
         self.kv.release(&mut seq);
         Ok(&self.arena.logits[..self.model.spec.vocab as usize])

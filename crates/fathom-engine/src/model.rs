@@ -8,7 +8,7 @@ use fathom_plan::KvDtype;
 use fathom_spec::{Attention, Family, ModelSpec};
 
 use crate::arena::Arena;
-use crate::attention::{self, AttentionShape};
+use crate::attention::{self, AttentionShape, Span};
 use crate::kv::{KvPool, SeqKv};
 
 /// Tokens to run at the next positions of one sequence.
@@ -389,34 +389,40 @@ impl Model {
             // As llama.cpp multiplies q with an f16 K cache: in f16.
             crate::kv::round_to(KvDtype::F16, &mut arena.q[..t_n * qw], dk);
         }
-        let per_worker = attention::scratch_per_worker(dk, dv);
+        let shape = AttentionShape {
+            n_heads,
+            n_kv_heads: kvh,
+            key_dim: dk,
+            value_dim: dv,
+            window,
+            scale: self.attn_scale,
+        };
         let mut row = 0;
-        for seg in segments {
-            let n = seg.tokens.len();
-            let shape = AttentionShape {
-                n_heads,
-                n_kv_heads: kvh,
-                key_dim: dk,
-                value_dim: dv,
-                start: seg.seq.len,
-                tokens: n,
-                window,
-                scale: self.attn_scale,
-            };
-            let cache = kv.layer(seg.seq, li, dk, dv);
-            attention::attend(
-                pool,
-                &shape,
-                cache.as_ref(),
-                &arena.q[row * qw..(row + n) * qw],
-                &arena.k[row * kw..(row + n) * kw],
-                &arena.v[row * vw..(row + n) * vw],
-                &mut arena.attn_out[row * n_heads * dv..(row + n) * n_heads * dv],
-                &mut arena.attn_scratch,
-                per_worker,
-            );
-            row += n;
-        }
+        let spans: Vec<Span> = segments
+            .iter()
+            .map(|seg| {
+                let span = Span {
+                    start: seg.seq.len,
+                    tokens: seg.tokens.len(),
+                    row,
+                    cache: kv.layer(seg.seq, li, dk, dv),
+                };
+                row += seg.tokens.len();
+                span
+            })
+            .collect();
+        attention::attend(
+            pool,
+            &shape,
+            &spans,
+            &arena.q[..t_n * qw],
+            &arena.k[..t_n * kw],
+            &arena.v[..t_n * vw],
+            &mut arena.attn_out[..t_n * n_heads * dv],
+            &mut arena.attn_scratch,
+            attention::scratch_per_worker(dk, dv),
+        );
+        drop(spans);
         let mut row = 0;
         for seg in segments {
             for i in 0..seg.tokens.len() {

@@ -20,6 +20,9 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     pub frequency_penalty: f32,
     pub seed: u64,
+    /// Never pick an end-of-generation token (llama.cpp's `--ignore-eos`);
+    /// the engine, which knows those tokens, masks them before sampling.
+    pub ignore_eos: bool,
 }
 
 impl Default for SamplingParams {
@@ -34,6 +37,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: 0x5eed,
+            ignore_eos: false,
         }
     }
 }

@@ -81,8 +81,14 @@ pub fn resolve(sources: &MemorySources) -> Result<Available, PlanError> {
 }
 
 fn mem_available_kib(meminfo: &str) -> Option<u64> {
-    meminfo.lines().find_map(|line| {
-        let rest = line.strip_prefix("MemAvailable:")?;
+    proc_kib(meminfo, "MemAvailable")
+}
+
+/// The value of a `Key:   1234 kB` line, as `/proc/meminfo` and
+/// `/proc/<pid>/status` (`VmRSS`, `VmHWM`) write them, in KiB.
+pub fn proc_kib(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix(key)?.strip_prefix(':')?;
         rest.trim().strip_suffix("kB")?.trim().parse().ok()
     })
 }

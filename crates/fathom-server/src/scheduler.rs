@@ -240,6 +240,11 @@ impl<'a> Loop<'a> {
             let Some(mut slot) = self.queue.pop_front() else {
                 return;
             };
+            if let Some(outcome) = self.refusal(&slot) {
+                self.uncount_if_new(&slot);
+                self.finish(slot, outcome);
+                continue;
+            }
             let mut kv = self.engine.start_sequence(&slot.tokens);
             if !self.engine.reserve(&mut kv, slot.tokens.len()) {
                 self.engine.release(&mut kv);
@@ -269,6 +274,26 @@ impl<'a> Loop<'a> {
             }
             slot.kv = Some(kv);
             self.running.push(slot);
+        }
+    }
+
+    /// What ends a job before it runs: nothing to run, nothing asked for,
+    /// or more than a slot's context (the HTTP side checks these first).
+    fn refusal(&self, slot: &Slot) -> Option<Outcome> {
+        let context = self.engine.plan.inputs.max_tokens as usize;
+        let job = &slot.job;
+        if job.prompt.is_empty() {
+            Some(Outcome::Failed("the prompt is empty".into()))
+        } else if job.max_tokens == 0 {
+            Some(Outcome::Finished(FinishReason::Length))
+        } else if job.prompt.len() + job.max_tokens > context {
+            Some(Outcome::Failed(format!(
+                "{} prompt tokens + {} max tokens exceed the context of {context}",
+                job.prompt.len(),
+                job.max_tokens
+            )))
+        } else {
+            None
         }
     }
 

@@ -257,3 +257,38 @@ fn a_dropped_client_frees_its_blocks_and_a_full_queue_refuses() {
     scheduler.shutdown();
     assert_eq!(fathom_server::SchedulerStats::get(&stats.kv_blocks_used), 0);
 }
+
+#[test]
+fn jobs_that_cannot_run_end_with_a_clear_event() {
+    let (scheduler, encoder) = start(1, 64, KvBudget::Workload, 4);
+    let (mut empty, rx) = encoder.job("x", 4);
+    empty.prompt.clear();
+    scheduler.submit(empty).unwrap();
+    assert_eq!(collect(rx).1, Event::Failed("the prompt is empty".into()));
+    let (zero, rx) = encoder.job("The capital of France is", 0);
+    scheduler.submit(zero).unwrap();
+    let (text, last) = collect(rx);
+    assert_eq!(text, "");
+    assert!(
+        matches!(
+            last,
+            Event::Finished {
+                reason: FinishReason::Length,
+                completion_tokens: 0,
+                ..
+            }
+        ),
+        "{last:?}"
+    );
+    let (long, rx) = encoder.job("The capital of France is", 64);
+    scheduler.submit(long).unwrap();
+    let Event::Failed(message) = collect(rx).1 else {
+        panic!("a job over the context ran")
+    };
+    assert!(message.contains("exceed the context of 64"), "{message}");
+    // The scheduler keeps serving.
+    let (ok, rx) = encoder.job("The capital of France is", 4);
+    scheduler.submit(ok).unwrap();
+    assert!(matches!(collect(rx).1, Event::Finished { .. }));
+    scheduler.shutdown();
+}

@@ -1,0 +1,809 @@
+//! The OpenAI request shapes: parsing `/v1/chat/completions` and
+//! `/v1/completions` bodies into what a [`Job`](crate::Job) needs, and the
+//! error object every failure is answered with.
+//!
+//! Parsing is pure (no model, no I/O), so it can be fuzzed: any input gives
+//! either a request or an [`ApiError`] with a 4xx status, never a panic.
+
+use fathom_engine::{Message, SamplingParams};
+use serde_json::{json, Map, Value};
+
+/// Which generation route a body was sent to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    Chat,
+    Completion,
+}
+
+/// An error in OpenAI's shape:
+/// `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn new(status: u16, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+        }
+    }
+
+    /// A 400 about one request field.
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            param: Some(param.to_string()),
+            code: Some("invalid_value"),
+            ..ApiError::new(400, "invalid_request_error", message)
+        }
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+/// What to complete: chat messages (rendered through the model's chat
+/// template), raw text, or token ids.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    Chat(Vec<Message>),
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// A parsed generation request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRequest {
+    pub model: Option<String>,
+    pub prompt: Prompt,
+    /// `max_completion_tokens`, else `max_tokens`; `None` fills the context.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    /// `stream_options.include_usage`.
+    pub include_usage: bool,
+}
+
+/// Defaults when a request leaves a sampling field out: llama-server's
+/// (and `fathom generate`'s).
+pub const DEFAULT_TEMPERATURE: f32 = 0.8;
+pub const DEFAULT_TOP_K: usize = 40;
+pub const DEFAULT_TOP_P: f32 = 0.95;
+pub const DEFAULT_MIN_P: f32 = 0.05;
+/// Most stop strings one request may give.
+pub const MAX_STOP: usize = 16;
+/// Most messages one chat request may hold.
+pub const MAX_MESSAGES: usize = 4096;
+
+/// Parses a request body for `route`. `seed` is used when the request
+/// gives none (a fresh one per request keeps sampling varied).
+pub fn parse(route: Route, body: &[u8], seed: u64) -> Result<GenerationRequest, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            400,
+            "invalid_request_error",
+            format!("the request body is not valid JSON: {e}"),
+        )
+        .with_code("invalid_json")
+    })?;
+    let Value::Object(obj) = value else {
+        return Err(ApiError::new(
+            400,
+            "invalid_request_error",
+            "the request body must be a JSON object",
+        )
+        .with_code("invalid_json"));
+    };
+    let prompt = match route {
+        Route::Chat => Prompt::Chat(messages(&obj)?),
+        Route::Completion => completion_prompt(&obj)?,
+    };
+    let model = match present(&obj, "model") {
+        None => None,
+        Some(Value::String(s)) => Some(s.clone()),
+        Some(other) => return Err(wrong_type("model", "a string", other)),
+    };
+    if let Some(n) = integer(&obj, "n", 0, u32::MAX as u64)? {
+        if n != 1 {
+            return Err(ApiError::invalid(
+                "n",
+                format!("n is {n}, but only n = 1 (one choice per request) is supported"),
+            ));
+        }
+    }
+    unsupported(route, &obj)?;
+    let max_tokens = match integer(&obj, "max_completion_tokens", 1, u32::MAX as u64)? {
+        Some(n) => Some(n as usize),
+        None => integer(&obj, "max_tokens", 1, u32::MAX as u64)?.map(|n| n as usize),
+    };
+    let seed = match present(&obj, "seed") {
+        None => seed,
+        Some(v) => match (v.as_u64(), v.as_i64()) {
+            (Some(u), _) => u,
+            (None, Some(i)) => i as u64,
+            _ => return Err(wrong_type("seed", "an integer", v)),
+        },
+    };
+    let defaults = SamplingParams::default();
+    let sampling = SamplingParams {
+        temperature: number(&obj, "temperature", 0.0, 2.0)?.unwrap_or(DEFAULT_TEMPERATURE),
+        top_k: integer(&obj, "top_k", 0, u32::MAX as u64)?.map_or(DEFAULT_TOP_K, |k| k as usize),
+        top_p: number(&obj, "top_p", 0.0, 1.0)?.unwrap_or(DEFAULT_TOP_P),
+        min_p: number(&obj, "min_p", 0.0, 1.0)?.unwrap_or(DEFAULT_MIN_P),
+        repeat_penalty: number(&obj, "repeat_penalty", 0.0, 10.0)?
+            .unwrap_or(defaults.repeat_penalty),
+        repeat_last_n: integer(&obj, "repeat_last_n", 0, 1 << 20)?
+            .map_or(defaults.repeat_last_n, |n| n as usize),
+        presence_penalty: number(&obj, "presence_penalty", -2.0, 2.0)?.unwrap_or(0.0),
+        frequency_penalty: number(&obj, "frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0),
+        seed,
+        ignore_eos: boolean(&obj, "ignore_eos")?.unwrap_or(false),
+    };
+    let stream = boolean(&obj, "stream")?.unwrap_or(false);
+    let include_usage = match present(&obj, "stream_options") {
+        None => false,
+        Some(Value::Object(o)) => boolean(o, "include_usage")
+            .map_err(|e| ApiError {
+                param: Some("stream_options.include_usage".into()),
+                ..e
+            })?
+            .unwrap_or(false),
+        Some(other) => return Err(wrong_type("stream_options", "an object", other)),
+    };
+    Ok(GenerationRequest {
+        model,
+        prompt,
+        max_tokens,
+        sampling,
+        stop: stop(&obj)?,
+        stream,
+        include_usage,
+    })
+}
+
+/// A field that is there and not `null`.
+fn present<'a>(obj: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
+    obj.get(name).filter(|v| !v.is_null())
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn wrong_type(param: &str, expected: &str, got: &Value) -> ApiError {
+    ApiError::invalid(
+        param,
+        format!("{param} must be {expected}, not {}", type_name(got)),
+    )
+}
+
+fn number(
+    obj: &Map<String, Value>,
+    name: &str,
+    min: f32,
+    max: f32,
+) -> Result<Option<f32>, ApiError> {
+    let Some(v) = present(obj, name) else {
+        return Ok(None);
+    };
+    let x = v.as_f64().ok_or_else(|| wrong_type(name, "a number", v))?;
+    if !(min as f64..=max as f64).contains(&x) {
+        return Err(ApiError::invalid(
+            name,
+            format!("{name} is {x}, but must be between {min} and {max}"),
+        ));
+    }
+    Ok(Some(x as f32))
+}
+
+fn integer(
+    obj: &Map<String, Value>,
+    name: &str,
+    min: u64,
+    max: u64,
+) -> Result<Option<u64>, ApiError> {
+    let Some(v) = present(obj, name) else {
+        return Ok(None);
+    };
+    let out_of_range = || {
+        ApiError::invalid(
+            name,
+            format!("{name} is {v}, but must be an integer from {min} to {max}"),
+        )
+    };
+    if let Some(n) = v.as_u64() {
+        return if (min..=max).contains(&n) {
+            Ok(Some(n))
+        } else {
+            Err(out_of_range())
+        };
+    }
+    match v {
+        // Whole floats (`16.0`) are integers to JSON; negatives are out of range.
+        Value::Number(x) if x.as_f64().is_some_and(|f| f.fract() == 0.0) => Err(out_of_range()),
+        _ => Err(wrong_type(name, "an integer", v)),
+    }
+}
+
+fn boolean(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiError> {
+    match present(obj, name) {
+        None => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(other) => Err(wrong_type(name, "a boolean", other)),
+    }
+}
+
+/// Options this server does not implement: refused rather than ignored
+/// when they would change the answer.
+fn unsupported(route: Route, obj: &Map<String, Value>) -> Result<(), ApiError> {
+    let refuse = |param: &str, what: &str| {
+        Err(
+            ApiError::invalid(param, format!("{what} is not supported by this server"))
+                .with_code("unsupported_parameter"),
+        )
+    };
+    match (route, present(obj, "logprobs")) {
+        (_, None) | (_, Some(Value::Bool(false))) => {}
+        (_, Some(_)) => return refuse("logprobs", "logprobs"),
+    }
+    if present(obj, "top_logprobs").is_some() {
+        return refuse("top_logprobs", "top_logprobs");
+    }
+    if route == Route::Completion {
+        if matches!(present(obj, "echo"), Some(v) if v != &Value::Bool(false)) {
+            return refuse("echo", "echo");
+        }
+        if matches!(present(obj, "suffix"), Some(v) if v != "") {
+            return refuse("suffix", "suffix (fill-in-the-middle)");
+        }
+        if let Some(b) = integer(obj, "best_of", 0, u32::MAX as u64)? {
+            if b > 1 {
+                return refuse("best_of", "best_of above 1");
+            }
+        }
+    }
+    if matches!(present(obj, "tools"), Some(Value::Array(a)) if !a.is_empty()) {
+        return refuse("tools", "tools (function calling)");
+    }
+    if let Some(format) = present(obj, "response_format") {
+        let kind = format.get("type").and_then(Value::as_str);
+        if kind != Some("text") {
+            return refuse(
+                "response_format",
+                "a response_format other than {\"type\": \"text\"}",
+            );
+        }
+    }
+    Ok(())
+}
+
+fn messages(obj: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
+    let list = match present(obj, "messages") {
+        None => {
+            return Err(ApiError::invalid(
+                "messages",
+                "messages is required: an array of {\"role\", \"content\"} objects",
+            )
+            .with_code("missing_required_parameter"))
+        }
+        Some(Value::Array(list)) => list,
+        Some(other) => return Err(wrong_type("messages", "an array", other)),
+    };
+    if list.is_empty() {
+        return Err(ApiError::invalid(
+            "messages",
+            "messages must hold at least one message",
+        ));
+    }
+    if list.len() > MAX_MESSAGES {
+        return Err(ApiError::invalid(
+            "messages",
+            format!(
+                "messages holds {} messages; at most {MAX_MESSAGES} are accepted",
+                list.len()
+            ),
+        ));
+    }
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| message(i, m))
+        .collect()
+}
+
+fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
+    let at = |field: &str| format!("messages[{i}].{field}");
+    let Value::Object(m) = m else {
+        return Err(wrong_type(&format!("messages[{i}]"), "an object", m));
+    };
+    let role = match present(m, "role") {
+        Some(Value::String(r)) => r.as_str(),
+        Some(other) => return Err(wrong_type(&at("role"), "a string", other)),
+        None => {
+            return Err(ApiError::invalid(
+                &at("role"),
+                format!("{} is required", at("role")),
+            ))
+        }
+    };
+    let role = match role {
+        "system" | "user" | "assistant" => role,
+        // OpenAI's newer name for system instructions.
+        "developer" => "system",
+        other => {
+            return Err(ApiError::invalid(
+                &at("role"),
+                format!(
+                    "{} is {other:?}; valid roles are system, developer, user and assistant",
+                    at("role")
+                ),
+            ))
+        }
+    };
+    let content = match present(m, "content") {
+        None if role == "assistant" => String::new(),
+        None => {
+            return Err(ApiError::invalid(
+                &at("content"),
+                format!("{} is required", at("content")),
+            ))
+        }
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.iter().enumerate() {
+                let here = format!("messages[{i}].content[{j}]");
+                let kind = part.get("type").and_then(Value::as_str);
+                match (kind, part.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => text.push_str(t),
+                    (Some("text"), _) => {
+                        return Err(ApiError::invalid(&format!("{here}.text"), format!("{here}.text must be a string")))
+                    }
+                    _ => {
+                        return Err(ApiError::invalid(
+                            &format!("{here}.type"),
+                            format!("{here} must be a {{\"type\": \"text\", \"text\": ...}} part; other content (images, audio, files) is not supported"),
+                        ))
+                    }
+                }
+            }
+            text
+        }
+        Some(other) => {
+            return Err(wrong_type(
+                &at("content"),
+                "a string or an array of text parts",
+                other,
+            ))
+        }
+    };
+    Ok(Message {
+        role: role.to_string(),
+        content,
+    })
+}
+
+fn completion_prompt(obj: &Map<String, Value>) -> Result<Prompt, ApiError> {
+    let one_prompt = "prompt holds several prompts; only one prompt per request is supported";
+    let token = |i: usize, v: &Value| {
+        v.as_u64()
+            .filter(|&t| t <= u32::MAX as u64)
+            .map(|t| t as u32)
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "prompt",
+                    format!(
+                        "prompt[{i}] is {v}; token ids are integers from 0 to {}",
+                        u32::MAX
+                    ),
+                )
+            })
+    };
+    match present(obj, "prompt") {
+        None => Err(ApiError::invalid(
+            "prompt",
+            "prompt is required: a string, an array of one string, or an array of token ids",
+        )
+        .with_code("missing_required_parameter")),
+        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+        Some(Value::Array(items)) => match items.first() {
+            None => Err(ApiError::invalid("prompt", "prompt is an empty array")),
+            Some(Value::String(s)) if items.len() == 1 => Ok(Prompt::Text(s.clone())),
+            Some(Value::String(_)) => Err(ApiError::invalid("prompt", one_prompt)),
+            Some(Value::Number(_)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| token(i, v))
+                .collect::<Result<Vec<u32>, _>>()
+                .map(Prompt::Tokens),
+            Some(Value::Array(inner)) if items.len() == 1 => {
+                if inner.is_empty() {
+                    return Err(ApiError::invalid(
+                        "prompt",
+                        "prompt[0] is an empty array of token ids",
+                    ));
+                }
+                inner
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| token(i, v))
+                    .collect::<Result<Vec<u32>, _>>()
+                    .map(Prompt::Tokens)
+            }
+            Some(Value::Array(_)) => Err(ApiError::invalid("prompt", one_prompt)),
+            Some(other) => Err(wrong_type(
+                "prompt[0]",
+                "a string, a token id or an array of token ids",
+                other,
+            )),
+        },
+        Some(other) => Err(wrong_type("prompt", "a string or an array", other)),
+    }
+}
+
+fn stop(obj: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
+    let list = match present(obj, "stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => {
+            if items.len() > MAX_STOP {
+                return Err(ApiError::invalid(
+                    "stop",
+                    format!(
+                        "stop holds {} strings; at most {MAX_STOP} are accepted",
+                        items.len()
+                    ),
+                ));
+            }
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::String(s) => Ok(s.clone()),
+                    other => Err(wrong_type(&format!("stop[{i}]"), "a string", other)),
+                })
+                .collect::<Result<_, _>>()?
+        }
+        Some(other) => return Err(wrong_type("stop", "a string or an array of strings", other)),
+    };
+    Ok(list.into_iter().filter(|s| !s.is_empty()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: &str) -> Result<GenerationRequest, ApiError> {
+        parse(Route::Chat, body.as_bytes(), 7)
+    }
+
+    fn completion(body: &str) -> Result<GenerationRequest, ApiError> {
+        parse(Route::Completion, body.as_bytes(), 7)
+    }
+
+    #[test]
+    fn a_full_chat_request_parses_every_field() {
+        let r = chat(
+            r#"{"model":"m","messages":[{"role":"system","content":"be brief"},
+                {"role":"user","content":[{"type":"text","text":"hi "},{"type":"text","text":"there"}]}],
+                "max_tokens":5,"max_completion_tokens":6,"temperature":0,"top_p":0.5,"top_k":3,
+                "min_p":0.1,"seed":-1,"stop":["a","b"],"presence_penalty":1.5,"frequency_penalty":-1,
+                "n":1,"stream":true,"stream_options":{"include_usage":true}}"#,
+        )
+        .unwrap();
+        assert_eq!(r.model.as_deref(), Some("m"));
+        assert_eq!(
+            r.prompt,
+            Prompt::Chat(vec![
+                Message {
+                    role: "system".into(),
+                    content: "be brief".into()
+                },
+                Message {
+                    role: "user".into(),
+                    content: "hi there".into()
+                },
+            ])
+        );
+        assert_eq!(r.max_tokens, Some(6), "max_completion_tokens wins");
+        assert_eq!(r.sampling.temperature, 0.0);
+        assert_eq!(r.sampling.top_p, 0.5);
+        assert_eq!(r.sampling.top_k, 3);
+        assert_eq!(r.sampling.min_p, 0.1);
+        assert_eq!(r.sampling.seed, u64::MAX);
+        assert_eq!(r.sampling.presence_penalty, 1.5);
+        assert_eq!(r.sampling.frequency_penalty, -1.0);
+        assert_eq!(r.stop, ["a", "b"]);
+        assert!(r.stream && r.include_usage);
+    }
+
+    #[test]
+    fn defaults_are_llama_server_s() {
+        let r = chat(r#"{"messages":[{"role":"user","content":"x"}]}"#).unwrap();
+        assert_eq!(r.sampling.temperature, DEFAULT_TEMPERATURE);
+        assert_eq!(r.sampling.top_k, DEFAULT_TOP_K);
+        assert_eq!(r.sampling.top_p, DEFAULT_TOP_P);
+        assert_eq!(r.sampling.min_p, DEFAULT_MIN_P);
+        assert_eq!(r.sampling.seed, 7);
+        assert_eq!(r.max_tokens, None);
+        assert!(!r.stream && !r.include_usage && r.stop.is_empty());
+    }
+
+    #[test]
+    fn completion_prompts_take_every_openai_form() {
+        let p = |body: &str| completion(body).map(|r| r.prompt);
+        assert_eq!(p(r#"{"prompt":"abc"}"#), Ok(Prompt::Text("abc".into())));
+        assert_eq!(p(r#"{"prompt":["abc"]}"#), Ok(Prompt::Text("abc".into())));
+        assert_eq!(
+            p(r#"{"prompt":[1,2,3]}"#),
+            Ok(Prompt::Tokens(vec![1, 2, 3]))
+        );
+        assert_eq!(p(r#"{"prompt":[[4,5]]}"#), Ok(Prompt::Tokens(vec![4, 5])));
+        for bad in [
+            r#"{"prompt":["a","b"]}"#,
+            r#"{"prompt":[[1],[2]]}"#,
+            r#"{"prompt":[]}"#,
+            r#"{"prompt":[-1]}"#,
+            r#"{"prompt":[1.5]}"#,
+            r#"{"prompt":[4294967296]}"#,
+            r#"{"prompt":{}}"#,
+            r#"{}"#,
+        ] {
+            let e = p(bad).unwrap_err();
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (400, Some("prompt")),
+                "{bad}: {e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn errors_name_the_field_and_what_is_valid() {
+        let e = chat(r#"{"messages":[{"role":"user","content":"x"}],"n":2}"#).unwrap_err();
+        assert_eq!((e.status, e.param.as_deref()), (400, Some("n")));
+        assert!(e.message.contains("n = 1"), "{}", e.message);
+        let e =
+            chat(r#"{"messages":[{"role":"user","content":"x"}],"temperature":3}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("temperature"));
+        assert!(e.message.contains("between 0 and 2"), "{}", e.message);
+        let e =
+            chat(r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-4}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        let e = chat(r#"{"messages":[{"role":"robot","content":"x"}]}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].role"));
+        assert!(e.message.contains("\"robot\""), "{}", e.message);
+        let e =
+            chat(r#"{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].content[0].type"));
+        let e = chat(r#"{"messages":"hi"}"#).unwrap_err();
+        assert!(e.message.contains("not a string"), "{}", e.message);
+        let e = chat(
+            r#"{"messages":[{"role":"user","content":"x"}],"stream_options":{"include_usage":1}}"#,
+        )
+        .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("stream_options.include_usage"));
+        let e =
+            chat(r#"{"messages":[{"role":"user","content":"x"}],"logprobs":true}"#).unwrap_err();
+        assert_eq!(e.code, Some("unsupported_parameter"));
+        let e = chat("{\"messages\": [").unwrap_err();
+        assert_eq!((e.status, e.code), (400, Some("invalid_json")));
+        let e = chat("[1]").unwrap_err();
+        assert_eq!((e.status, e.code), (400, Some("invalid_json")));
+    }
+
+    #[test]
+    fn nulls_count_as_absent_and_developer_is_system() {
+        let r = chat(
+            r#"{"messages":[{"role":"developer","content":"d"},{"role":"assistant","content":null}],
+                "temperature":null,"stop":null,"seed":null,"max_tokens":null,"logprobs":false}"#,
+        )
+        .unwrap();
+        assert_eq!(r.sampling.temperature, DEFAULT_TEMPERATURE);
+        let Prompt::Chat(m) = r.prompt else { panic!() };
+        assert_eq!(m[0].role, "system");
+        assert_eq!(m[1].content, "");
+    }
+
+    #[test]
+    fn error_json_has_the_openai_shape() {
+        let v = ApiError::invalid("n", "bad").to_json();
+        assert_eq!(v["error"]["message"], "bad");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["param"], "n");
+        assert_eq!(v["error"]["code"], "invalid_value");
+        let v = ApiError::new(500, "server_error", "x").to_json();
+        assert!(v["error"]["param"].is_null() && v["error"]["code"].is_null());
+    }
+}
+
+/// Seeded mutations of valid bodies: every outcome is a request or a 4xx
+/// error in the OpenAI shape, never a panic.
+#[cfg(test)]
+mod mutation_tests {
+    use super::*;
+
+    const SEEDS: &[(Route, &str)] = &[
+        (
+            Route::Chat,
+            r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"max_tokens":8,"temperature":0.5,"top_p":0.9,"top_k":4,"min_p":0.1,"seed":3,"stop":["x","y"],"n":1,"stream":true,"stream_options":{"include_usage":true},"presence_penalty":0.5,"frequency_penalty":0.2}"#,
+        ),
+        (
+            Route::Chat,
+            r#"{"messages":[{"role":"user","content":"hello"},{"role":"assistant","content":null}],"max_completion_tokens":4,"stop":"\n","logprobs":false,"response_format":{"type":"text"}}"#,
+        ),
+        (
+            Route::Completion,
+            r#"{"model":"m","prompt":"1, 2, 3","max_tokens":16,"temperature":0,"stream":false,"echo":false,"best_of":1,"suffix":""}"#,
+        ),
+        (Route::Completion, r#"{"prompt":[[1,2,3]],"seed":-7}"#),
+        (
+            Route::Completion,
+            r#"{"prompt":["text"],"stop":null,"n":null}"#,
+        ),
+    ];
+
+    const TOKENS: &[&str] = &[
+        "null",
+        "-1",
+        "0",
+        "1e309",
+        "-0.0",
+        "18446744073709551616",
+        "\"\"",
+        "[]",
+        "{}",
+        "[",
+        "{",
+        "\"",
+        ",",
+        ":",
+        "true",
+        "\\u0000",
+        "\\ud800",
+        "\u{7f}",
+        "\u{10ffff}",
+        "\"n\":2",
+        "[[[[",
+        "]]]]",
+    ];
+
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n.max(1) as u64) as usize
+        }
+    }
+
+    fn mutate(rng: &mut Rng, body: &mut Vec<u8>) {
+        let at = rng.below(body.len() + 1);
+        match rng.below(6) {
+            0 if !body.is_empty() => {
+                let i = rng.below(body.len());
+                body[i] ^= 1 << rng.below(8);
+            }
+            1 => body.insert(at, rng.next() as u8),
+            2 if at < body.len() => {
+                let end = (at + 1 + rng.below(8)).min(body.len());
+                body.drain(at..end);
+            }
+            3 => {
+                let token = TOKENS[rng.below(TOKENS.len())];
+                body.splice(at..at, token.bytes());
+            }
+            4 if at < body.len() => {
+                let end = (at + 1 + rng.below(16)).min(body.len());
+                let piece = body[at..end].to_vec();
+                body.splice(at..at, piece);
+            }
+            _ => {
+                // Replace a value-looking run with another token.
+                let token = TOKENS[rng.below(TOKENS.len())];
+                let end = (at + rng.below(6)).min(body.len());
+                body.splice(at..end, token.bytes());
+            }
+        }
+    }
+
+    #[test]
+    fn mutated_bodies_parse_or_give_a_4xx_error() {
+        let mut rng = Rng(0x00c0_ffee);
+        let (mut accepted, mut refused) = (0, 0);
+        for _ in 0..20_000 {
+            let (route, seed) = SEEDS[rng.below(SEEDS.len())];
+            let mut body = seed.as_bytes().to_vec();
+            for _ in 0..1 + rng.below(4) {
+                mutate(&mut rng, &mut body);
+            }
+            match parse(route, &body, 1) {
+                Ok(request) => {
+                    accepted += 1;
+                    assert!(request.max_tokens.is_none_or(|n| n >= 1));
+                    assert!((0.0..=2.0).contains(&request.sampling.temperature));
+                }
+                Err(e) => {
+                    refused += 1;
+                    assert!(
+                        (400..500).contains(&e.status),
+                        "{e:?} for {:?}",
+                        String::from_utf8_lossy(&body)
+                    );
+                    let v = e.to_json();
+                    assert!(v["error"]["message"]
+                        .as_str()
+                        .is_some_and(|m| !m.is_empty()));
+                    assert!(v["error"]["type"].is_string());
+                }
+            }
+        }
+        // Both sides of the parser were exercised.
+        assert!(
+            accepted > 1000 && refused > 1000,
+            "{accepted} accepted, {refused} refused"
+        );
+    }
+
+    #[test]
+    fn deep_nesting_and_huge_numbers_are_refused_cleanly() {
+        let deep = format!(
+            "{{\"messages\":{}{}}}",
+            "[".repeat(100_000),
+            "]".repeat(100_000)
+        );
+        assert_eq!(
+            parse(Route::Chat, deep.as_bytes(), 1).unwrap_err().status,
+            400
+        );
+        let big = r#"{"prompt":"x","max_tokens":1e400}"#;
+        assert_eq!(
+            parse(Route::Completion, big.as_bytes(), 1)
+                .unwrap_err()
+                .status,
+            400
+        );
+        let nan = r#"{"prompt":"x","temperature":NaN}"#;
+        assert_eq!(
+            parse(Route::Completion, nan.as_bytes(), 1)
+                .unwrap_err()
+                .status,
+            400
+        );
+    }
+}

@@ -1,0 +1,965 @@
+//! The HTTP server: OpenAI-compatible routes over the scheduler, with API
+//! keys, CORS, a body limit, Server-Sent Events and a graceful shutdown.
+//!
+//! The listener is bound before the model loads: `/health` answers 503
+//! `{"status":"loading"}` until the loader hands over a [`LoadedModel`].
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use fathom_engine::{ChatTemplate, Tokenizer};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::{Frame, Incoming, SizeHint};
+use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde_json::{json, Value};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::api::{self, ApiError, GenerationRequest, Prompt, Route};
+use crate::metrics::{self, Metrics, Snapshot};
+use crate::{Event, FinishReason, Job, Scheduler, SubmitError};
+
+/// How the server behaves, from flags and environment.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The id `/v1/models` lists and responses carry.
+    pub model_id: String,
+    /// Other names a request's `model` may use (e.g. the MODEL argument).
+    pub model_aliases: Vec<String>,
+    /// Required as `Authorization: Bearer KEY` on every route but `/health`.
+    pub api_key: Option<String>,
+    /// Origins whose browser requests get CORS headers; `*` allows any.
+    pub allowed_origins: Vec<String>,
+    /// Largest request body accepted (413 above).
+    pub max_body_bytes: usize,
+    /// How long in-flight requests may run after SIGINT/SIGTERM.
+    pub shutdown_timeout: Duration,
+}
+
+/// What serving needs once the model is loaded.
+pub struct LoadedModel {
+    pub scheduler: Scheduler,
+    pub tokenizer: Arc<Tokenizer>,
+    /// `None` when the checkpoint ships no chat template (chat requests
+    /// then get 400).
+    pub template: Option<ChatTemplate>,
+    /// Per-slot context: prompt + max_tokens of one request.
+    pub context: usize,
+    /// `(term, bytes)` of the plan served, for `/metrics`.
+    pub plan: Vec<(String, u64)>,
+}
+
+/// Why serving stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("starting the HTTP runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("listening for signals: {0}")]
+    Signal(std::io::Error),
+    #[error("loading the model: {0}")]
+    Load(String),
+}
+
+struct Shared {
+    config: ServerConfig,
+    model: OnceLock<LoadedModel>,
+    metrics: Metrics,
+    started: u64,
+    counter: AtomicU64,
+}
+
+/// Serves on `listener` until SIGINT or SIGTERM. `load` runs on its own
+/// thread while the listener already answers; an error from it ends
+/// serving with [`ServeError::Load`]. `on_ready` is called once the model
+/// is loaded.
+pub fn serve(
+    listener: std::net::TcpListener,
+    config: ServerConfig,
+    load: impl FnOnce() -> Result<LoadedModel, String> + Send + 'static,
+    on_ready: impl FnOnce() + Send + 'static,
+) -> Result<(), ServeError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("fathom-http")
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime)?;
+    let shared = Arc::new(Shared {
+        config,
+        model: OnceLock::new(),
+        metrics: Metrics::default(),
+        started: unix_now(),
+        counter: AtomicU64::new(0),
+    });
+    let result = runtime.block_on(run(listener, shared.clone(), load, on_ready));
+    if let Some(model) = shared.model.get() {
+        model.scheduler.shutdown();
+    }
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+async fn run(
+    listener: std::net::TcpListener,
+    shared: Arc<Shared>,
+    load: impl FnOnce() -> Result<LoadedModel, String> + Send + 'static,
+    on_ready: impl FnOnce() + Send + 'static,
+) -> Result<(), ServeError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut sigterm = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(ServeError::Signal)?;
+    listener
+        .set_nonblocking(true)
+        .map_err(ServeError::Runtime)?;
+    let listener = tokio::net::TcpListener::from_std(listener).map_err(ServeError::Runtime)?;
+
+    let (load_failed_tx, mut load_failed) = tokio::sync::oneshot::channel::<String>();
+    {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("fathom-load".into())
+            .spawn(move || match load() {
+                Ok(model) => {
+                    let _ = shared.model.set(model);
+                    on_ready();
+                }
+                Err(e) => {
+                    let _ = load_failed_tx.send(e);
+                }
+            })
+            .map_err(ServeError::Runtime)?;
+    }
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut connections = tokio::task::JoinSet::new();
+    let mut loading = true;
+    let outcome = loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors and the like: wait, go on.
+                        eprintln!("warning: accepting a connection: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                connections.spawn(connection(stream, shared.clone(), stop_rx.clone()));
+                while connections.try_join_next().is_some() {}
+            }
+            failed = &mut load_failed, if loading => match failed {
+                Ok(message) => break Err(ServeError::Load(message)),
+                // The loader succeeded (and dropped its sender).
+                Err(_) => loading = false,
+            },
+            _ = sigterm.recv() => break Ok(()),
+            _ = sigint.recv() => break Ok(()),
+        }
+    };
+    drop(listener);
+    let _ = stop_tx.send(true);
+    let timeout = shared.config.shutdown_timeout;
+    let drained = tokio::time::timeout(timeout, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        eprintln!(
+            "warning: requests still running {} s after the shutdown signal were cut off",
+            timeout.as_secs()
+        );
+        connections.shutdown().await;
+    }
+    outcome
+}
+
+async fn connection(
+    stream: tokio::net::TcpStream,
+    shared: Arc<Shared>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let service = hyper::service::service_fn(move |req| {
+        let shared = shared.clone();
+        async move { Ok::<_, Infallible>(handle(req, &shared).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30))
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    let stopping = async move {
+        let _ = stop.wait_for(|stopping| *stopping).await;
+    };
+    tokio::select! {
+        _ = conn.as_mut() => {}
+        () = stopping => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
+/// A response body: a whole buffer, or an event stream.
+pub enum Body {
+    Full(Option<Bytes>),
+    Sse(Box<SseBody>),
+}
+
+impl hyper::body::Body for Body {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match self.get_mut() {
+            Body::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            Body::Sse(sse) => sse.poll_next(cx).map(|d| d.map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, Body::Full(None))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Body::Full(data) => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Body::Sse(_) => SizeHint::default(),
+        }
+    }
+}
+
+type Resp = Response<Body>;
+
+fn response(status: u16, content_type: &'static str, body: impl Into<Bytes>) -> Resp {
+    let mut resp = Response::new(Body::Full(Some(body.into())));
+    *resp.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+fn json_response(status: u16, value: &Value) -> Resp {
+    response(status, "application/json", value.to_string())
+}
+
+fn error_response(e: &ApiError) -> Resp {
+    let mut resp = json_response(e.status, &e.to_json());
+    if e.status == 503 {
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    if e.status == 401 {
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    resp
+}
+
+/// The routes, each with its metrics label and allowed method.
+fn route_of(path: &str) -> Option<(&'static str, Method)> {
+    Some(match path {
+        "/health" => ("/health", Method::GET),
+        "/metrics" => ("/metrics", Method::GET),
+        "/v1/models" => ("/v1/models", Method::GET),
+        "/v1/chat/completions" => ("/v1/chat/completions", Method::POST),
+        "/v1/completions" => ("/v1/completions", Method::POST),
+        p if p.starts_with("/v1/models/") => ("/v1/models/{model}", Method::GET),
+        _ => return None,
+    })
+}
+
+async fn handle(req: Request<Incoming>, shared: &Arc<Shared>) -> Resp {
+    let arrived = Instant::now();
+    let origin = allowed_origin(&shared.config, req.headers());
+    let route = route_of(req.uri().path());
+    let label = route.as_ref().map_or("other", |(label, _)| label);
+    let mut resp = match route {
+        None => error_response(
+            &ApiError::new(
+                404,
+                "invalid_request_error",
+                format!("no route {} {}", req.method(), req.uri().path()),
+            )
+            .with_code("not_found"),
+        ),
+        Some((_, allowed)) if req.method() == Method::OPTIONS => {
+            preflight(&allowed, origin.is_some(), req.headers())
+        }
+        Some((_, allowed)) if req.method() != allowed => {
+            let mut resp = error_response(
+                &ApiError::new(
+                    405,
+                    "invalid_request_error",
+                    format!(
+                        "{} does not take {}; use {allowed}",
+                        req.uri().path(),
+                        req.method()
+                    ),
+                )
+                .with_code("method_not_allowed"),
+            );
+            resp.headers_mut().insert(
+                header::ALLOW,
+                HeaderValue::from_str(allowed.as_str()).unwrap_or(HeaderValue::from_static("GET")),
+            );
+            resp
+        }
+        Some((label, _)) => match authorize(&shared.config, label, req.headers()) {
+            Err(e) => error_response(&e),
+            Ok(()) => dispatch(label, req, shared, arrived)
+                .await
+                .unwrap_or_else(|e| error_response(&e)),
+        },
+    };
+    if let Some(origin) = origin {
+        let headers = resp.headers_mut();
+        headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+        headers.append(header::VARY, HeaderValue::from_static("Origin"));
+    }
+    shared.metrics.request(label, resp.status().as_u16());
+    resp
+}
+
+async fn dispatch(
+    label: &'static str,
+    req: Request<Incoming>,
+    shared: &Arc<Shared>,
+    arrived: Instant,
+) -> Result<Resp, ApiError> {
+    match label {
+        "/health" => Ok(match shared.model.get() {
+            Some(_) => json_response(200, &json!({"status": "ok"})),
+            None => {
+                let mut resp = json_response(503, &json!({"status": "loading"}));
+                resp.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+                resp
+            }
+        }),
+        "/metrics" => {
+            let model = shared.model.get();
+            let text = shared.metrics.render(&Snapshot {
+                loaded: model.is_some(),
+                stats: model.map(|m| m.scheduler.stats()),
+                plan: model.map_or(&[], |m| &m.plan),
+                resident_bytes: metrics::resident_bytes(),
+            });
+            Ok(response(
+                200,
+                "text/plain; version=0.0.4; charset=utf-8",
+                text,
+            ))
+        }
+        "/v1/models" => Ok(json_response(
+            200,
+            &json!({"object": "list", "data": [model_object(shared)]}),
+        )),
+        "/v1/models/{model}" => {
+            let id = req.uri().path().trim_start_matches("/v1/models/");
+            if known_model(&shared.config, id) {
+                Ok(json_response(200, &model_object(shared)))
+            } else {
+                Err(unknown_model(&shared.config, id, None))
+            }
+        }
+        "/v1/chat/completions" => generate(Route::Chat, req, shared, arrived).await,
+        _ => generate(Route::Completion, req, shared, arrived).await,
+    }
+}
+
+fn model_object(shared: &Shared) -> Value {
+    json!({
+        "id": shared.config.model_id,
+        "object": "model",
+        "created": shared.started,
+        "owned_by": "fathom",
+    })
+}
+
+fn known_model(config: &ServerConfig, name: &str) -> bool {
+    name == config.model_id || config.model_aliases.iter().any(|a| a == name)
+}
+
+fn unknown_model(config: &ServerConfig, name: &str, param: Option<&str>) -> ApiError {
+    ApiError {
+        param: param.map(str::to_string),
+        ..ApiError::new(
+            404,
+            "invalid_request_error",
+            format!(
+                "the model {name:?} does not exist here; this server serves {:?}",
+                config.model_id
+            ),
+        )
+        .with_code("model_not_found")
+    }
+}
+
+/// The request's Origin when CORS is on and it is allowed.
+fn allowed_origin(config: &ServerConfig, headers: &HeaderMap) -> Option<HeaderValue> {
+    let origin = headers.get(header::ORIGIN)?;
+    let text = origin.to_str().ok()?;
+    config
+        .allowed_origins
+        .iter()
+        .any(|o| o == "*" || o == text)
+        .then(|| origin.clone())
+}
+
+fn preflight(allowed: &Method, cors: bool, headers: &HeaderMap) -> Resp {
+    let mut resp = Response::new(Body::Full(None));
+    *resp.status_mut() = StatusCode::NO_CONTENT;
+    let methods = format!("{allowed}, OPTIONS");
+    let h = resp.headers_mut();
+    h.insert(
+        header::ALLOW,
+        HeaderValue::from_str(&methods).unwrap_or(HeaderValue::from_static("OPTIONS")),
+    );
+    if cors {
+        h.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            HeaderValue::from_str(&methods).unwrap_or(HeaderValue::from_static("OPTIONS")),
+        );
+        let asked = headers
+            .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+            .cloned()
+            .unwrap_or(HeaderValue::from_static("authorization, content-type"));
+        h.insert(header::ACCESS_CONTROL_ALLOW_HEADERS, asked);
+        h.insert(
+            header::ACCESS_CONTROL_MAX_AGE,
+            HeaderValue::from_static("600"),
+        );
+    }
+    resp
+}
+
+fn authorize(config: &ServerConfig, label: &str, headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(key) = &config.api_key else {
+        return Ok(());
+    };
+    if label == "/health" {
+        return Ok(());
+    }
+    let given = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    let fail = |message: &str| {
+        Err(ApiError::new(401, "authentication_error", message).with_code("invalid_api_key"))
+    };
+    match given {
+        None => fail("an API key is required: send the header Authorization: Bearer KEY"),
+        Some(given) if constant_time_eq(given.trim_ascii(), key.as_bytes()) => Ok(()),
+        Some(_) => fail("the API key in the Authorization header is not valid"),
+    }
+}
+
+/// Compares without an early exit, so the time taken does not tell how
+/// much of the key was right.
+fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != expected.len());
+    for (i, e) in expected.iter().enumerate() {
+        diff |= e ^ given.get(i).copied().unwrap_or(!e);
+    }
+    diff == 0
+}
+
+async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            413,
+            "invalid_request_error",
+            format!("the request body is over the limit of {limit} bytes"),
+        )
+        .with_code("request_too_large")
+    };
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    match Limited::new(req.into_body(), limit).collect().await {
+        Ok(body) => Ok(body.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
+        Err(e) => Err(ApiError::new(
+            400,
+            "invalid_request_error",
+            format!("reading the request body: {e}"),
+        )),
+    }
+}
+
+fn loading() -> ApiError {
+    ApiError::new(
+        503,
+        "server_error",
+        "the model is still loading; retry shortly",
+    )
+    .with_code("model_loading")
+}
+
+async fn generate(
+    route: Route,
+    req: Request<Incoming>,
+    shared: &Arc<Shared>,
+    arrived: Instant,
+) -> Result<Resp, ApiError> {
+    let body = read_body(req, shared.config.max_body_bytes).await?;
+    let Some(model) = shared.model.get() else {
+        return Err(loading());
+    };
+    let request = api::parse(route, &body, fresh_seed(shared))?;
+    if let Some(name) = &request.model {
+        if !known_model(&shared.config, name) {
+            return Err(unknown_model(&shared.config, name, Some("model")));
+        }
+    }
+    let prompt = tokenize(model, &request.prompt)?;
+    let prompt_param = match route {
+        Route::Chat => "messages",
+        Route::Completion => "prompt",
+    };
+    let max_tokens = admit(
+        model.context,
+        prompt.len(),
+        request.max_tokens,
+        prompt_param,
+    )?;
+    let (events, receiver) = unbounded_channel();
+    let GenerationRequest {
+        sampling,
+        stop,
+        stream,
+        include_usage,
+        ..
+    } = request;
+    model
+        .scheduler
+        .submit(Job {
+            prompt,
+            max_tokens,
+            sampling,
+            stop,
+            events,
+        })
+        .map_err(|e| {
+            let code = match e {
+                SubmitError::QueueFull => "server_busy",
+                SubmitError::ShuttingDown => "shutting_down",
+            };
+            ApiError::new(503, "server_error", e.to_string()).with_code(code)
+        })?;
+    let format = Format {
+        route,
+        id: format!(
+            "{}-{}",
+            if route == Route::Chat {
+                "chatcmpl"
+            } else {
+                "cmpl"
+            },
+            random_hex(shared)
+        ),
+        created: unix_now(),
+        model: shared.config.model_id.clone(),
+        include_usage,
+    };
+    let timing = Timing {
+        arrived,
+        last: None,
+        shared: shared.clone(),
+    };
+    if stream {
+        let mut pending = VecDeque::new();
+        if route == Route::Chat {
+            pending.push_back(sse(
+                &format.chunk(json!({"role": "assistant", "content": ""}), None)
+            ));
+        }
+        let mut resp = Response::new(Body::Sse(Box::new(SseBody {
+            events: receiver,
+            format,
+            pending,
+            done: false,
+            timing,
+        })));
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        Ok(resp)
+    } else {
+        collect(receiver, &format, timing).await
+    }
+}
+
+fn tokenize(model: &LoadedModel, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+    let tokenizer = &model.tokenizer;
+    let tokens = match prompt {
+        Prompt::Chat(messages) => {
+            let Some(template) = &model.template else {
+                return Err(ApiError::new(
+                    400,
+                    "invalid_request_error",
+                    "this model has no chat template: use /v1/completions with a raw prompt",
+                ));
+            };
+            let text = template.render(messages, true).map_err(|e| {
+                ApiError::invalid(
+                    "messages",
+                    format!("the chat template refused the messages: {e}"),
+                )
+            })?;
+            tokenizer.encode(&text, false, true)
+        }
+        Prompt::Text(text) => tokenizer.encode(text, tokenizer.add_bos(), true),
+        Prompt::Tokens(ids) => {
+            let vocab = tokenizer.vocab_size();
+            if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
+                return Err(ApiError::invalid(
+                    "prompt",
+                    format!("prompt[{i}] is token {id}, but the vocabulary has {vocab} tokens (0 to {})", vocab.saturating_sub(1)),
+                ));
+            }
+            ids.clone()
+        }
+    };
+    if tokens.is_empty() {
+        let param = if matches!(prompt, Prompt::Chat(_)) {
+            "messages"
+        } else {
+            "prompt"
+        };
+        return Err(ApiError::invalid(
+            param,
+            "the prompt is empty: give at least one token",
+        ));
+    }
+    Ok(tokens)
+}
+
+/// The tokens to generate, checked against the per-slot context. `prompt_param`
+/// names the field holding the prompt (`messages` or `prompt`).
+pub fn admit(
+    context: usize,
+    prompt: usize,
+    max_tokens: Option<usize>,
+    prompt_param: &str,
+) -> Result<usize, ApiError> {
+    let exceeded = |param: &str, message: String| ApiError {
+        param: Some(param.into()),
+        ..ApiError::new(400, "invalid_request_error", message).with_code("context_length_exceeded")
+    };
+    match max_tokens {
+        Some(n) if prompt.saturating_add(n) > context => Err(exceeded(
+            "max_tokens",
+            format!(
+                "this server's context is {context} tokens per request, but the prompt has {prompt} tokens and max_tokens asks for {n} more ({} in all): shorten the prompt or lower max_tokens",
+                prompt.saturating_add(n)
+            ),
+        )),
+        Some(n) => Ok(n),
+        None if prompt >= context => Err(exceeded(
+            prompt_param,
+            format!(
+                "this server's context is {context} tokens per request, and the prompt has {prompt} tokens, leaving none to generate: shorten the prompt"
+            ),
+        )),
+        None => Ok(context - prompt),
+    }
+}
+
+/// The fixed parts of every object one response sends.
+struct Format {
+    route: Route,
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+}
+
+fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
+    json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    })
+}
+
+impl Format {
+    fn object(&self, stream: bool) -> &'static str {
+        match (self.route, stream) {
+            (Route::Chat, true) => "chat.completion.chunk",
+            (Route::Chat, false) => "chat.completion",
+            (Route::Completion, _) => "text_completion",
+        }
+    }
+
+    /// A stream chunk: `delta` is the chat delta, or `{"text": ...}` for
+    /// completions.
+    fn chunk(&self, delta: Value, finish: Option<FinishReason>) -> Value {
+        let finish = finish.map(FinishReason::as_str);
+        let choice = match self.route {
+            Route::Chat => {
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+            }
+            Route::Completion => json!({
+                "text": delta.get("content").cloned().unwrap_or(json!("")),
+                "index": 0, "logprobs": null, "finish_reason": finish,
+            }),
+        };
+        let mut v = json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        });
+        if self.include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+
+    fn usage_chunk(&self, usage: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage,
+        })
+    }
+
+    fn whole(&self, text: String, finish: FinishReason, usage: Value) -> Value {
+        let choice = match self.route {
+            Route::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": null,
+                "finish_reason": finish.as_str(),
+            }),
+            Route::Completion => json!({
+                "text": text, "index": 0, "logprobs": null, "finish_reason": finish.as_str(),
+            }),
+        };
+        json!({
+            "id": self.id,
+            "object": self.object(false),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage,
+        })
+    }
+}
+
+/// Latency measured as events arrive: time to first text, then between texts.
+struct Timing {
+    arrived: Instant,
+    last: Option<Instant>,
+    shared: Arc<Shared>,
+}
+
+impl Timing {
+    fn text(&mut self) {
+        let now = Instant::now();
+        let m = &self.shared.metrics;
+        match self.last {
+            None => m.time_to_first_token.observe(now - self.arrived),
+            Some(last) => m.inter_token_latency.observe(now - last),
+        }
+        self.last = Some(now);
+    }
+}
+
+fn engine_failed(message: &str) -> ApiError {
+    ApiError::new(500, "server_error", format!("generation failed: {message}"))
+}
+
+async fn collect(
+    mut events: UnboundedReceiver<Event>,
+    format: &Format,
+    mut timing: Timing,
+) -> Result<Resp, ApiError> {
+    let mut text = String::new();
+    loop {
+        match events.recv().await {
+            Some(Event::Text(piece)) => {
+                timing.text();
+                text.push_str(&piece);
+            }
+            Some(Event::Finished {
+                reason,
+                prompt_tokens,
+                completion_tokens,
+                cached_tokens,
+            }) => {
+                let usage = usage(prompt_tokens, completion_tokens, cached_tokens);
+                return Ok(json_response(200, &format.whole(text, reason, usage)));
+            }
+            Some(Event::Failed(message)) => return Err(engine_failed(&message)),
+            None => {
+                return Err(engine_failed(
+                    "the scheduler stopped before the request finished",
+                ))
+            }
+        }
+    }
+}
+
+fn sse(value: &Value) -> Bytes {
+    Bytes::from(format!("data: {value}\n\n"))
+}
+
+/// The body of a streamed response: one SSE event per scheduler event.
+/// Dropping it (hyper does when the client goes away) drops the receiver,
+/// which cancels the job.
+pub struct SseBody {
+    events: UnboundedReceiver<Event>,
+    format: Format,
+    pending: VecDeque<Bytes>,
+    done: bool,
+    timing: Timing,
+}
+
+impl SseBody {
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        loop {
+            if let Some(data) = self.pending.pop_front() {
+                return Poll::Ready(Some(data));
+            }
+            if self.done {
+                return Poll::Ready(None);
+            }
+            let event = ready!(self.events.poll_recv(cx));
+            let f = &self.format;
+            match event {
+                Some(Event::Text(text)) => {
+                    self.timing.text();
+                    self.pending
+                        .push_back(sse(&f.chunk(json!({"content": text}), None)));
+                }
+                Some(Event::Finished {
+                    reason,
+                    prompt_tokens,
+                    completion_tokens,
+                    cached_tokens,
+                }) => {
+                    let delta = match f.route {
+                        Route::Chat => json!({}),
+                        Route::Completion => json!({"content": ""}),
+                    };
+                    self.pending.push_back(sse(&f.chunk(delta, Some(reason))));
+                    if f.include_usage {
+                        let usage = usage(prompt_tokens, completion_tokens, cached_tokens);
+                        self.pending.push_back(sse(&f.usage_chunk(usage)));
+                    }
+                    self.pending
+                        .push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+                    self.done = true;
+                }
+                Some(Event::Failed(message)) => {
+                    self.pending
+                        .push_back(sse(&engine_failed(&message).to_json()));
+                    self.done = true;
+                }
+                None => {
+                    let e = engine_failed("the scheduler stopped before the request finished");
+                    self.pending.push_back(sse(&e.to_json()));
+                    self.done = true;
+                }
+            }
+        }
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// SplitMix64 over the clock and a counter: distinct per call.
+fn fresh_seed(shared: &Shared) -> u64 {
+    let n = shared.counter.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let mut z = nanos ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+fn random_hex(shared: &Shared) -> String {
+    format!(
+        "{:016x}{:08x}",
+        fresh_seed(shared),
+        fresh_seed(shared) as u32
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn constant_time_eq_matches_only_the_same_key() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secreT", b"secret"));
+        assert!(!constant_time_eq(b"secret2", b"secret"));
+        assert!(!constant_time_eq(b"secre", b"secret"));
+        assert!(!constant_time_eq(b"", b"secret"));
+        // A given byte equal to `!expected` must not cancel out a short key.
+        assert!(!constant_time_eq(&[!b's'], b"s"));
+    }
+
+    #[test]
+    fn admission_keeps_prompt_and_max_tokens_within_the_context() {
+        assert_eq!(admit(100, 10, Some(90), "prompt"), Ok(90));
+        assert_eq!(admit(100, 10, None, "prompt"), Ok(90));
+        let e = admit(100, 10, Some(91), "prompt").unwrap_err();
+        assert_eq!((e.status, e.code), (400, Some("context_length_exceeded")));
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        assert!(e.message.contains("101 in all"), "{}", e.message);
+        let e = admit(100, 100, None, "messages").unwrap_err();
+        assert_eq!(e.code, Some("context_length_exceeded"));
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert_eq!(
+            admit(100, 1, Some(usize::MAX), "prompt").unwrap_err().code,
+            Some("context_length_exceeded")
+        );
+    }
+
+    #[test]
+    fn routes_have_one_method_and_a_bounded_label() {
+        assert_eq!(
+            route_of("/v1/chat/completions"),
+            Some(("/v1/chat/completions", Method::POST))
+        );
+        assert_eq!(
+            route_of("/v1/models/x/y"),
+            Some(("/v1/models/{model}", Method::GET))
+        );
+        assert_eq!(route_of("/v2/anything"), None);
+    }
+}
