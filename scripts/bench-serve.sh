@@ -37,13 +37,16 @@ while True:
     try:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         c.request("GET", "/health")
-        if c.getresponse().status == 200:
+        r = c.getresponse()
+        r.read()
+        if r.status == 200:
             break
     except OSError:
         pass
     if time.time() > deadline:
         sys.exit("the server did not become healthy")
     time.sleep(0.2)
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
 c.request("GET", "/v1/models")
 model_id = json.loads(c.getresponse().read())["data"][0]["id"]
 
