@@ -381,17 +381,7 @@ fn load(dtype: KvDtype, src: &[u8], dst: &mut [f32]) {
                 *d = f32::from_le_bytes([s[0], s[1], s[2], s[3]]);
             }
         }
-        KvDtype::F16 => {
-            // Through a u16 staging row so the SIMD conversion applies.
-            const CHUNK: usize = 256;
-            let mut halves = [0u16; CHUNK];
-            for (d, s) in dst.chunks_mut(CHUNK).zip(src.chunks(CHUNK * 2)) {
-                for (h, b) in halves.iter_mut().zip(s.chunks_exact(2)) {
-                    *h = u16::from_le_bytes([b[0], b[1]]);
-                }
-                ops::f16_to_f32_row(&halves[..d.len()], d);
-            }
-        }
+        KvDtype::F16 => ops::f16_bytes_to_f32_row(src, dst),
         KvDtype::Bf16 => {
             for (d, s) in dst.iter_mut().zip(src.chunks_exact(2)) {
                 *d = ops::bf16_to_f32(u16::from_le_bytes([s[0], s[1]]));

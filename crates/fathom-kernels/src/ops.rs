@@ -334,6 +334,35 @@ pub fn f16_to_f32_row(src: &[u16], dst: &mut [f32]) {
     f16_to_f32_row_with(Isa::detected(), src, dst)
 }
 
+/// Loads an f16 row stored as little-endian bytes (the KV cache's
+/// layout) without a staging copy when the bytes are 2-aligned, as the
+/// cache's rows are.
+pub fn f16_bytes_to_f32_row(src: &[u8], dst: &mut [f32]) {
+    assert_eq!(
+        src.len(),
+        dst.len() * 2,
+        "f16_bytes_to_f32_row: {} bytes for {} values",
+        src.len(),
+        dst.len()
+    );
+    if cfg!(target_endian = "little") {
+        // SAFETY: every bit pattern is a valid u16, and `align_to` hands
+        // back only the correctly aligned middle part.
+        let (head, halves, tail) = unsafe { src.align_to::<u16>() };
+        if head.is_empty() && tail.is_empty() {
+            return f16_to_f32_row(halves, dst);
+        }
+    }
+    const CHUNK: usize = 256;
+    let mut halves = [0u16; CHUNK];
+    for (d, s) in dst.chunks_mut(CHUNK).zip(src.chunks(CHUNK * 2)) {
+        for (h, b) in halves.iter_mut().zip(s.chunks_exact(2)) {
+            *h = u16::from_le_bytes([b[0], b[1]]);
+        }
+        f16_to_f32_row(&halves[..d.len()], d);
+    }
+}
+
 pub(crate) fn f16_to_f32_row_with(isa: Isa, src: &[u16], dst: &mut [f32]) {
     assert_eq!(
         src.len(),
@@ -397,6 +426,22 @@ pub(crate) fn dequantize_q8_0_row_with(isa: Isa, src: &[u8], dst: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn f16_bytes_load_the_same_aligned_or_not() {
+        let values = data(300, 7);
+        let expected: Vec<f32> = values.iter().map(|&v| f16_to_f32(f32_to_f16(v))).collect();
+        // One spare byte in front, so both alignments can be sliced.
+        let mut bytes = vec![0u8; 1 + values.len() * 2];
+        for offset in [0, 1] {
+            for (d, &v) in bytes[offset..].chunks_exact_mut(2).zip(&values) {
+                d.copy_from_slice(&f32_to_f16(v).to_le_bytes());
+            }
+            let mut out = vec![0f32; values.len()];
+            f16_bytes_to_f32_row(&bytes[offset..offset + values.len() * 2], &mut out);
+            assert_eq!(out, expected, "byte offset {offset}");
+        }
+    }
 
     fn data(n: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
