@@ -9,7 +9,8 @@
 use fathom_kernels::{ops, Pool};
 use fathom_plan::kv::KV_BLOCK_TOKENS;
 
-use crate::kv::LayerKv;
+use crate::kv::{KvPool, LayerKv};
+use crate::model::Segment;
 
 const BLOCK: usize = KV_BLOCK_TOKENS as usize;
 /// Query heads per KV head handled on the stack; real models use up to 16.
@@ -25,16 +26,16 @@ pub struct AttentionShape {
     pub scale: f32,
 }
 
-/// One sequence's chunk within a step.
-pub struct Span<'a> {
+/// One sequence's chunk within a step, as a work item sees it.
+struct Span<'a> {
     /// Position of the chunk's first token.
-    pub start: usize,
+    start: usize,
     /// Tokens in the chunk.
-    pub tokens: usize,
+    tokens: usize,
     /// The chunk's first row in the step's q, k, v and output.
-    pub row: usize,
+    row: usize,
     /// The sequence's cached positions.
-    pub cache: Option<LayerKv<'a>>,
+    cache: Option<LayerKv<'a>>,
 }
 
 /// A pointer the workers share to write disjoint slices of one buffer.
@@ -59,7 +60,8 @@ impl SharedOut {
 const TILE: usize = 16;
 
 /// `out[t][h]` = softmax(q·K / √d) V over positions `max(0, p-w+1) ..= p`,
-/// for every span of the step in one hand-off to the pool.
+/// for every segment of the step (its cache is `layer` of `kv`) in one
+/// hand-off to the pool.
 /// `q`: rows × heads × key_dim; `k`, `v`: rows × kv_heads × dims (the step's
 /// chunks); `scratch`: per worker, `BLOCK + value_dim + BLOCK × (key_dim +
 /// value_dim)` f32.
@@ -67,7 +69,9 @@ const TILE: usize = 16;
 pub fn attend(
     pool: &Pool,
     shape: &AttentionShape,
-    spans: &[Span],
+    segments: &[Segment],
+    kv: &KvPool,
+    layer: usize,
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -78,10 +82,8 @@ pub fn attend(
     let s = shape;
     let group = s.n_heads / s.n_kv_heads;
     assert!(group <= MAX_GROUP, "{group} query heads per KV head");
-    let items: usize = spans
-        .iter()
-        .map(|sp| sp.tokens.div_ceil(TILE) * s.n_kv_heads)
-        .sum();
+    let items_of = |seg: &Segment| seg.tokens.len().div_ceil(TILE) * s.n_kv_heads;
+    let items: usize = segments.iter().map(items_of).sum();
     let out_len = out.len();
     let shared_out = SharedOut(out.as_mut_ptr());
     let shared_scratch = SharedOut(scratch.as_mut_ptr());
@@ -98,18 +100,22 @@ pub fn attend(
         };
         let (kbuf, rest) = scratch.split_at_mut(BLOCK * s.key_dim);
         let (vbuf, _) = rest.split_at_mut(BLOCK * s.value_dim);
-        let mut span_index = 0;
-        let mut span_first = 0;
+        // Items are numbered segment by segment; walk along with them.
+        let (mut index, mut first_item, mut first_row) = (0, 0, 0);
         for item in (worker..items).step_by(workers) {
-            // Items are numbered span by span; find this item's span.
-            let mut span_items = spans[span_index].tokens.div_ceil(TILE) * s.n_kv_heads;
-            while item >= span_first + span_items {
-                span_first += span_items;
-                span_index += 1;
-                span_items = spans[span_index].tokens.div_ceil(TILE) * s.n_kv_heads;
+            while item >= first_item + items_of(&segments[index]) {
+                first_item += items_of(&segments[index]);
+                first_row += segments[index].tokens.len();
+                index += 1;
             }
-            let span = &spans[span_index];
-            let local = item - span_first;
+            let seg = &segments[index];
+            let span = Span {
+                start: seg.seq.len,
+                tokens: seg.tokens.len(),
+                row: first_row,
+                cache: kv.layer(seg.seq, layer, s.key_dim, s.value_dim),
+            };
+            let local = item - first_item;
             let (tile, g) = (local / s.n_kv_heads, local % s.n_kv_heads);
             let t0 = tile * TILE;
             let t1 = (t0 + TILE).min(span.tokens);
@@ -127,7 +133,7 @@ pub fn attend(
             let rows = span.row..span.row + span.tokens;
             attend_tile(
                 s,
-                span,
+                &span,
                 &q[rows.start * s.n_heads * s.key_dim..rows.end * s.n_heads * s.key_dim],
                 &k[rows.start * s.n_kv_heads * s.key_dim..rows.end * s.n_kv_heads * s.key_dim],
                 &v[rows.start * s.n_kv_heads * s.value_dim..rows.end * s.n_kv_heads * s.value_dim],

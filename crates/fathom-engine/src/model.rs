@@ -8,7 +8,7 @@ use fathom_plan::KvDtype;
 use fathom_spec::{Attention, Family, ModelSpec};
 
 use crate::arena::Arena;
-use crate::attention::{self, AttentionShape, Span};
+use crate::attention::{self, AttentionShape};
 use crate::kv::{KvPool, SeqKv};
 
 /// Tokens to run at the next positions of one sequence.
@@ -397,24 +397,12 @@ impl Model {
             window,
             scale: self.attn_scale,
         };
-        let mut row = 0;
-        let spans: Vec<Span> = segments
-            .iter()
-            .map(|seg| {
-                let span = Span {
-                    start: seg.seq.len,
-                    tokens: seg.tokens.len(),
-                    row,
-                    cache: kv.layer(seg.seq, li, dk, dv),
-                };
-                row += seg.tokens.len();
-                span
-            })
-            .collect();
         attention::attend(
             pool,
             &shape,
-            &spans,
+            segments,
+            kv,
+            li,
             &arena.q[..t_n * qw],
             &arena.k[..t_n * kw],
             &arena.v[..t_n * vw],
@@ -422,7 +410,6 @@ impl Model {
             &mut arena.attn_scratch,
             attention::scratch_per_worker(dk, dv),
         );
-        drop(spans);
         let mut row = 0;
         for seg in segments {
             for i in 0..seg.tokens.len() {

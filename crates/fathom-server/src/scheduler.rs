@@ -157,6 +157,10 @@ struct Loop<'a> {
     queue: VecDeque<Slot>,
     waiting: &'a AtomicUsize,
     stats: &'a SchedulerStats,
+    /// Per running slot, the tokens it runs this step (reused each step).
+    chunk: Vec<usize>,
+    /// Slots that finished this step, with how (reused each step).
+    finished: Vec<(usize, Outcome)>,
 }
 
 impl<'a> Loop<'a> {
@@ -169,6 +173,8 @@ impl<'a> Loop<'a> {
         Loop {
             running: Vec::with_capacity(config.parallel),
             queue: VecDeque::with_capacity(config.queue_capacity + config.parallel),
+            chunk: Vec::with_capacity(config.parallel),
+            finished: Vec::with_capacity(config.parallel),
             engine,
             config,
             waiting,
@@ -346,28 +352,25 @@ impl<'a> Loop<'a> {
             }
             i += 1;
         }
-        let mut order: Vec<usize> = (0..self.running.len()).collect();
-        order.sort_by_key(|&i| self.running[i].pending() != 1);
+        // Tokens each running sequence runs this step: decoding ones first
+        // (one token each), so long prompts do not stall them, then prompt
+        // chunks, oldest first, up to the step's budget.
         let mut budget = self.engine.step_tokens();
-        let mut planned = Vec::with_capacity(order.len());
-        for &i in &order {
-            let n = self.running[i].pending().min(budget);
-            if n == 0 {
-                break;
+        self.chunk.clear();
+        self.chunk.resize(self.running.len(), 0);
+        for decoding in [true, false] {
+            for (i, slot) in self.running.iter().enumerate() {
+                if (slot.pending() == 1) == decoding {
+                    self.chunk[i] = slot.pending().min(budget);
+                    budget -= self.chunk[i];
+                }
             }
-            budget -= n;
-            planned.push((i, n));
         }
-        if planned.is_empty() {
-            return Ok(());
-        }
-        planned.sort_by_key(|&(i, _)| i);
-        let mut segments = Vec::with_capacity(planned.len());
-        let mut next = planned.iter().peekable();
-        for (i, slot) in self.running.iter_mut().enumerate() {
-            let Some(&(_, n)) = next.next_if(|(j, _)| *j == i) else {
+        let mut segments = Vec::with_capacity(self.running.len());
+        for (slot, &n) in self.running.iter_mut().zip(&self.chunk) {
+            if n == 0 {
                 continue;
-            };
+            }
             let kv = slot.kv.as_mut().expect("running slots hold KV");
             let start = kv.len;
             segments.push(Segment {
@@ -375,26 +378,35 @@ impl<'a> Loop<'a> {
                 tokens: &slot.tokens[start..start + n],
             });
         }
+        if segments.is_empty() {
+            return Ok(());
+        }
         self.engine.step(&mut segments).map_err(|e| e.to_string())?;
         drop(segments);
-        let mut finished = Vec::new();
-        for (row, &(i, _)) in planned.iter().enumerate() {
+        let mut row = 0;
+        for i in 0..self.running.len() {
+            if self.chunk[i] == 0 {
+                continue;
+            }
+            row += 1;
             let slot = &mut self.running[i];
             let kv = slot.kv.as_mut().expect("running slots hold KV");
             self.engine.commit(kv, &slot.tokens);
             if slot.pending() > 0 {
                 continue;
             }
-            let token = self.engine.sample(row, &mut slot.sampler, &slot.tokens);
+            let token = self.engine.sample(row - 1, &mut slot.sampler, &slot.tokens);
             let outcome = self.emit(i, token);
             if !matches!(outcome, Outcome::Running) {
-                finished.push((i, outcome));
+                self.finished.push((i, outcome));
             }
         }
-        for (i, outcome) in finished.into_iter().rev() {
+        let mut finished = std::mem::take(&mut self.finished);
+        for (i, outcome) in finished.drain(..).rev() {
             let slot = self.running.remove(i);
             self.finish(slot, outcome);
         }
+        self.finished = finished;
         Ok(())
     }
 
