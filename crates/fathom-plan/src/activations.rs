@@ -15,15 +15,102 @@ pub const ARENA_ALIGN: u64 = 64;
 
 const F32: u64 = 4;
 
+/// A buffer of the activation arena: how the engine and the backends
+/// address it (the plan's list names each one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Buf {
+    Residual,
+    Norm,
+    Q,
+    K,
+    V,
+    AttnOut,
+    BranchOut,
+    FfnGate,
+    FfnUp,
+    RouterLogits,
+    /// (expert id u32, weight f32) per token per active expert.
+    ExpertRoutes,
+    MoeIn,
+    MoeOut,
+    /// Activation rows quantized for a matmul (bytes).
+    Q8Rows,
+    Logits,
+    /// Sampling candidates (token id u32, probability f32): host side.
+    Sampler,
+    /// Each sequence's token ids (u32): host side.
+    TokenIds,
+    AttnScratch,
+}
+
+impl Buf {
+    pub const ALL: [Buf; 18] = [
+        Buf::Residual,
+        Buf::Norm,
+        Buf::Q,
+        Buf::K,
+        Buf::V,
+        Buf::AttnOut,
+        Buf::BranchOut,
+        Buf::FfnGate,
+        Buf::FfnUp,
+        Buf::RouterLogits,
+        Buf::ExpertRoutes,
+        Buf::MoeIn,
+        Buf::MoeOut,
+        Buf::Q8Rows,
+        Buf::Logits,
+        Buf::Sampler,
+        Buf::TokenIds,
+        Buf::AttnScratch,
+    ];
+
+    /// The name the plan prints.
+    pub fn name(self) -> &'static str {
+        match self {
+            Buf::Residual => "residual",
+            Buf::Norm => "norm",
+            Buf::Q => "q",
+            Buf::K => "k",
+            Buf::V => "v",
+            Buf::AttnOut => "attn_out",
+            Buf::BranchOut => "branch_out",
+            Buf::FfnGate => "ffn_gate",
+            Buf::FfnUp => "ffn_up",
+            Buf::RouterLogits => "router_logits",
+            Buf::ExpertRoutes => "expert_routes",
+            Buf::MoeIn => "moe_in",
+            Buf::MoeOut => "moe_out",
+            Buf::Q8Rows => "q8_rows",
+            Buf::Logits => "logits",
+            Buf::Sampler => "sampler",
+            Buf::TokenIds => "token_ids",
+            Buf::AttnScratch => "attn_scratch",
+        }
+    }
+
+    /// Held by the engine on the host (sampling, token history), not by
+    /// the backend's arena.
+    pub fn host_side(self) -> bool {
+        matches!(self, Buf::Sampler | Buf::TokenIds)
+    }
+}
+
 /// One named buffer of the arena.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ArenaBuffer {
+    #[serde(skip)]
+    pub id: Buf,
     pub name: &'static str,
     /// f32 elements (or bytes, for `q8_rows`), as `rows x width`.
     pub rows: u64,
     pub width: u64,
     /// Size rounded up to [`ARENA_ALIGN`].
     pub bytes: u64,
+    /// Where the buffer starts in its arena: the backend's (device) arena,
+    /// or the engine's host one for [`Buf::host_side`] buffers.
+    #[serde(skip)]
+    pub offset: u64,
 }
 
 /// The activation arena for one step.
@@ -76,46 +163,61 @@ pub fn plan(
     let ffn = spec.ffn.max(spec.expert_ffn);
     let widest_input = d.max(ffn).max(attn_width);
 
-    let mut list: Vec<(&'static str, u64, u64, u64)> = vec![
-        ("residual", t, d, F32),
-        ("norm", t, d, F32),
-        ("q", t, q_width, F32),
-        ("k", t, kv_heads.saturating_mul(key_dim), F32),
-        ("v", t, kv_heads.saturating_mul(value_dim), F32),
-        ("attn_out", t, attn_width, F32),
-        ("branch_out", t, d, F32),
-        ("ffn_gate", t, ffn, F32),
-        ("ffn_up", t, ffn, F32),
+    let mut list: Vec<(Buf, u64, u64, u64)> = vec![
+        (Buf::Residual, t, d, F32),
+        (Buf::Norm, t, d, F32),
+        (Buf::Q, t, q_width, F32),
+        (Buf::K, t, kv_heads.saturating_mul(key_dim), F32),
+        (Buf::V, t, kv_heads.saturating_mul(value_dim), F32),
+        (Buf::AttnOut, t, attn_width, F32),
+        (Buf::BranchOut, t, d, F32),
+        (Buf::FfnGate, t, ffn, F32),
+        (Buf::FfnUp, t, ffn, F32),
     ];
     if spec.n_experts > 0 {
-        list.push(("router_logits", t, spec.n_experts, F32));
+        list.push((Buf::RouterLogits, t, spec.n_experts, F32));
         // Chosen expert id (u32) and its weight (f32) per token per slot.
-        list.push(("expert_routes", t, spec.n_experts_active, 8));
+        list.push((Buf::ExpertRoutes, t, spec.n_experts_active, 8));
         // The rows routed to one expert, gathered, and that expert's output.
-        list.push(("moe_in", t, d, F32));
-        list.push(("moe_out", t, d, F32));
+        list.push((Buf::MoeIn, t, d, F32));
+        list.push((Buf::MoeOut, t, d, F32));
     }
-    list.push(("q8_rows", t, q8_row_bytes(widest_input), 1));
+    list.push((Buf::Q8Rows, t, q8_row_bytes(widest_input), 1));
     // Logits only for the last position of each sequence.
-    list.push(("logits", batch, spec.vocab, F32));
+    list.push((Buf::Logits, batch, spec.vocab, F32));
     // Sampling candidates (token id, probability) for one sequence at a time.
-    list.push(("sampler", 1, spec.vocab, 8));
+    list.push((Buf::Sampler, 1, spec.vocab, 8));
     // Each sequence's token ids, for the penalties and the prompt cache.
-    list.push(("token_ids", batch, max_tokens, 4));
+    list.push((Buf::TokenIds, batch, max_tokens, 4));
     // Online-softmax attention per worker: one KV block's scores, the output
     // accumulator, and one block of K and V dequantized to f32.
     let per_thread = KV_BLOCK_TOKENS
         .saturating_add(value_dim)
         .saturating_add(KV_BLOCK_TOKENS.saturating_mul(key_dim.saturating_add(value_dim)));
-    list.push(("attn_scratch", threads.max(1), per_thread, F32));
+    list.push((Buf::AttnScratch, threads.max(1), per_thread, F32));
 
+    // Offsets: device-side buffers one after another in the backend's
+    // arena, host-side ones likewise in the engine's.
+    let (mut device_end, mut host_end) = (0u64, 0u64);
     let buffers: Vec<ArenaBuffer> = list
         .into_iter()
-        .map(|(name, rows, width, elem)| ArenaBuffer {
-            name,
-            rows,
-            width,
-            bytes: aligned(rows.saturating_mul(width).saturating_mul(elem)),
+        .map(|(id, rows, width, elem)| {
+            let bytes = aligned(rows.saturating_mul(width).saturating_mul(elem));
+            let end = if id.host_side() {
+                &mut host_end
+            } else {
+                &mut device_end
+            };
+            let offset = *end;
+            *end = end.saturating_add(bytes);
+            ArenaBuffer {
+                id,
+                name: id.name(),
+                rows,
+                width,
+                bytes,
+                offset,
+            }
         })
         .collect();
     ActivationPlan {
@@ -126,6 +228,20 @@ pub fn plan(
 }
 
 impl ActivationPlan {
+    /// The buffer `id`, when the plan has one.
+    pub fn buffer(&self, id: Buf) -> Option<&ArenaBuffer> {
+        self.buffers.iter().find(|b| b.id == id)
+    }
+
+    /// Bytes of the backend's arena (device-side buffers) or of the
+    /// engine's host arena.
+    pub fn arena_bytes(&self, host_side: bool) -> u64 {
+        self.buffers
+            .iter()
+            .filter(|b| b.id.host_side() == host_side)
+            .fold(0u64, |s, b| s.saturating_add(b.bytes))
+    }
+
     pub fn derivation(&self, batch: u64, vocab: u64, threads: u64) -> String {
         if self.buffers.is_empty() {
             return "model dimensions unknown: no activations planned".into();

@@ -74,6 +74,23 @@ pub struct KvGroup {
     pub bytes: u64,
 }
 
+impl KvGroup {
+    /// Bytes of one block: `KV_BLOCK_TOKENS` positions of K and V for
+    /// every layer of the group.
+    pub fn block_bytes(&self) -> u64 {
+        self.layers
+            .saturating_mul(KV_BLOCK_TOKENS)
+            .saturating_mul(self.bytes_per_token_per_layer)
+    }
+
+    /// Blocks the group's bytes hold: sequences × blocks each, or a
+    /// server's shared pool. The engine's bookkeeping and the backend's
+    /// storage both count blocks with this.
+    pub fn n_blocks(&self) -> u64 {
+        self.bytes / self.block_bytes().max(1)
+    }
+}
+
 /// The KV plan for `max_tokens` of context in each of `batch` sequences.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct KvPlan {

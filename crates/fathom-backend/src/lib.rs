@@ -1,0 +1,252 @@
+//! The backend seam: one interface of device buffers and ops that the
+//! engine's forward pass is written against, and one implementation per
+//! device (`cpu` here; a GPU backend is one more module).
+//!
+//! A backend owns every byte the plan lists for its device, allocated once
+//! when it is created: the activation arena (one allocation, carved at the
+//! plan's offsets, addressed by [`Buf`] ids), the KV block storage (one
+//! allocation per layer group), and the weights it was handed. Nothing an
+//! op does allocates. The engine keeps everything device-free on the host:
+//! KV block bookkeeping (page tables, reference counts, prefix index),
+//! sampling, tokenization.
+//!
+//! Ops work on all rows of a step at once. A buffer holds rows of one
+//! width, packed (`row r` starts at element `r × width`); which width is
+//! the caller's business, as with the plan's `activation_detail`.
+
+pub mod cpu;
+mod error;
+mod host;
+
+use fathom_plan::kv::KvGroup;
+use fathom_plan::KvDtype;
+
+pub use error::BackendError;
+pub use fathom_kernels::WeightType;
+pub use fathom_plan::activations::Buf;
+pub use host::{HostBytes, HostMatrix, MatrixStorage, MatrixView};
+
+/// A weight matrix the backend holds (handed out by [`Backend::load_matrix`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatrixId(pub u32);
+
+/// A 1-D f32 weight (norm or bias) the backend holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VectorId(pub u32);
+
+/// Memory of the device a backend runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceMemory {
+    pub free: u64,
+    pub total: u64,
+}
+
+/// The gated activation of a GLU feed-forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Glu {
+    /// silu(gate) × up (SwiGLU).
+    Silu,
+    /// gelu_tanh(gate) × up (GeGLU).
+    GeluTanh,
+}
+
+/// One sequence's part of a step: `tokens` rows at positions
+/// `start .. start + tokens`, with the sequence's page tables (one per KV
+/// group, block ids in position order).
+#[derive(Debug, Clone, Copy)]
+pub struct StepSeq<'a> {
+    pub start: usize,
+    pub tokens: usize,
+    pub tables: &'a [Vec<u32>],
+}
+
+/// What every op of a step shares: its sequences, in row order.
+#[derive(Debug, Clone, Copy)]
+pub struct Step<'a> {
+    pub seqs: &'a [StepSeq<'a>],
+    /// Rows of the step: the sum of the sequences' tokens.
+    pub rows: usize,
+}
+
+impl Step<'_> {
+    /// Position of every row, in row order.
+    pub fn positions(&self) -> impl Iterator<Item = usize> + '_ {
+        self.seqs.iter().flat_map(|s| s.start..s.start + s.tokens)
+    }
+}
+
+/// Rope for one layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeParams {
+    pub theta: f32,
+    /// Rotate the two halves of a head (NeoX) rather than adjacent pairs.
+    pub neox: bool,
+    /// Per-pair frequency divisors (Llama 3), `head_dim / 2` values.
+    pub freqs: Option<VectorId>,
+}
+
+/// One layer's attention shape.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttentionShape {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    /// Sliding window, or `None` for full attention.
+    pub window: Option<usize>,
+    /// Logit scale (1/√key_dim unless the model says otherwise).
+    pub scale: f32,
+}
+
+/// Where each model layer's KV lives: the plan's groups, the KV dtype, and
+/// each layer's group (`None` for a layer without attention), as
+/// `fathom_plan::kv::layer_groups` forms them.
+#[derive(Debug, Clone)]
+pub struct KvLayout {
+    pub groups: Vec<KvGroup>,
+    pub dtype: KvDtype,
+    pub layer_groups: Vec<Option<usize>>,
+}
+
+impl KvLayout {
+    /// Each layer's (group, index within the group).
+    pub fn layer_slots(&self) -> Vec<Option<(usize, usize)>> {
+        let mut seen = vec![0usize; self.groups.len()];
+        self.layer_groups
+            .iter()
+            .map(|g| {
+                g.map(|group| {
+                    let index = seen[group];
+                    seen[group] += 1;
+                    (group, index)
+                })
+            })
+            .collect()
+    }
+}
+
+/// The device side of a forward pass.
+///
+/// Buffers are the plan's activation buffers ([`Buf`]); widths and row
+/// counts are the caller's, and an op never reads or writes past
+/// `rows × width` of a buffer. Implementations check bounds and panic on a
+/// caller's mistake (the engine sizes every call from the same plan).
+pub trait Backend: Send {
+    /// `cpu`, `cuda`, ...
+    fn name(&self) -> &'static str;
+
+    /// Free and total memory of the device.
+    fn memory(&self) -> DeviceMemory;
+
+    /// Takes a weight matrix in its stored format (on a GPU: copies it
+    /// into the device allocation).
+    fn load_matrix(&mut self, matrix: HostMatrix) -> Result<MatrixId, BackendError>;
+
+    /// Takes a 1-D f32 weight (norm, bias, rope factors).
+    fn load_vector(&mut self, values: &[f32]) -> Result<VectorId, BackendError>;
+
+    /// `out[r] = scale × table[tokens[r]]` (rows of `table.cols` values).
+    /// Token ids are below the table's rows (the engine checks).
+    fn embed(&mut self, table: MatrixId, tokens: &[u32], scale: f32, out: Buf);
+
+    /// `out = x · wᵀ` for `rows` rows of `x` (w's `cols` wide) into rows of
+    /// w's `rows` values.
+    fn matmul(&mut self, w: MatrixId, x: Buf, rows: usize, out: Buf);
+
+    /// Row-wise RMS norm: `out[r] = x[r] / rms(x[r]) × w`, `width` values
+    /// a row.
+    fn rms_norm(&mut self, x: Buf, w: VectorId, eps: f32, rows: usize, width: usize, out: Buf);
+
+    /// RMS norm of every `head_dim` values of `rows × width` in place (q/k
+    /// norms), with one weight of `head_dim` values.
+    fn head_norm(
+        &mut self,
+        x: Buf,
+        w: VectorId,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        head_dim: usize,
+    );
+
+    /// `x[r] += b` for every row (`b` is `width` values).
+    fn add_bias(&mut self, x: Buf, b: VectorId, rows: usize, width: usize);
+
+    /// `dst[r] += src[r]` (residual add), `width` values a row.
+    fn add(&mut self, dst: Buf, src: Buf, rows: usize, width: usize);
+
+    /// Copies rows `src_rows[i]` of `src` to row `i` of `dst`.
+    fn gather_rows(&mut self, src: Buf, src_rows: &[usize], width: usize, dst: Buf);
+
+    /// Rotates every head of every row by its row's position in `step`.
+    fn rope(&mut self, x: Buf, step: &Step, n_heads: usize, head_dim: usize, rope: &RopeParams);
+
+    /// `gate[r] = act(gate[r]) × up[r]`, `width` values a row.
+    fn glu(&mut self, gate: Buf, up: Buf, rows: usize, width: usize, act: Glu);
+
+    /// Causal attention of `q` (rows × heads × key_dim) over layer
+    /// `layer`'s cached positions before each sequence's `start` and the
+    /// step's own `k` and `v` rows, into `out` (rows × heads × value_dim).
+    /// May round `q`, `k` and `v` in place to the cache's precision, so the
+    /// step's rows read the same values the cache will hold.
+    fn attention(
+        &mut self,
+        layer: usize,
+        shape: &AttentionShape,
+        step: &Step,
+        q: Buf,
+        k: Buf,
+        v: Buf,
+        out: Buf,
+    );
+
+    /// Stores the step's `k` and `v` rows in layer `layer`'s cache at their
+    /// positions (after [`Backend::attention`] read them: a sliding
+    /// window's ring may overwrite positions the step's first rows still
+    /// attend to). The sequences' blocks are reserved.
+    fn kv_write(&mut self, layer: usize, step: &Step, k: Buf, v: Buf, shape: &AttentionShape);
+
+    /// MoE routing: per row, the `k` experts of highest softmax(logits)
+    /// (`n_experts` logits a row), with their probabilities (renormalized
+    /// to sum to one when `normalize`), into [`Buf::ExpertRoutes`].
+    fn route_experts(
+        &mut self,
+        logits: Buf,
+        rows: usize,
+        n_experts: usize,
+        k: usize,
+        normalize: bool,
+    );
+
+    /// Copies the rows routed to `expert` (by the last [`Backend::route_experts`])
+    /// from `src` into consecutive rows of `dst`; returns how many.
+    fn gather_expert_rows(
+        &mut self,
+        expert: usize,
+        rows: usize,
+        k: usize,
+        src: Buf,
+        width: usize,
+        dst: Buf,
+    ) -> usize;
+
+    /// Adds each of `expert`'s output rows (`src`, in gathered order),
+    /// weighted by its route probability, to its row of `dst`.
+    fn scatter_expert_rows(
+        &mut self,
+        expert: usize,
+        rows: usize,
+        k: usize,
+        src: Buf,
+        width: usize,
+        dst: Buf,
+    );
+
+    /// Sets `rows × width` values of `x` to zero.
+    fn zero(&mut self, x: Buf, rows: usize, width: usize);
+
+    /// The first `rows × width` values of [`Buf::Logits`], on the host (a
+    /// GPU copies them back into planned host memory), for the sampler to
+    /// read and modify.
+    fn logits(&mut self, rows: usize, width: usize) -> &mut [f32];
+}
