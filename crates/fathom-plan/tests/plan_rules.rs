@@ -6,6 +6,7 @@ use fathom_spec::{Attention, Family, Layer, ModelSpec, TensorEntry};
 
 fn spec(layers: Vec<Attention>, context_length: u64) -> ModelSpec {
     ModelSpec {
+        block: Default::default(),
         architecture: "test".into(),
         family: Family::Llama,
         n_layers: layers.len() as u64,

@@ -164,6 +164,7 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
     let norm_topk_prob = family == Family::Qwen3Moe;
     Ok(ModelSpec {
         architecture,
+        block: family.block_style(false),
         n_kv_heads: kv_heads.iter().copied().max().unwrap_or(0),
         family,
         n_layers,

@@ -148,6 +148,7 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
     }
     Ok(ModelSpec {
         architecture,
+        block: family.block_style(true),
         family,
         n_layers,
         hidden,

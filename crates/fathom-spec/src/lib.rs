@@ -56,6 +56,57 @@ impl Family {
     }
 }
 
+/// The gated activation of a family's FFN.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// SwiGLU: silu(gate) × up.
+    #[default]
+    Silu,
+    /// GeGLU with the tanh approximation of GELU.
+    GeluTanh,
+}
+
+/// How a family's decoder block differs from the plain Llama block, and
+/// how its checkpoint format stores it: what the engine reads instead of
+/// testing the family. Q/K/V biases (Qwen2) and per-head q/k norms (Qwen3,
+/// Gemma 3) are taken when their tensors are present.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct BlockStyle {
+    /// Norms multiply by `1 + w` and the file stores `w` (Gemma in HF
+    /// files; llama.cpp's converter stores `1 + w`).
+    pub norm_adds_one: bool,
+    /// Embeddings are scaled by √hidden (Gemma).
+    pub embed_scaled: bool,
+    /// Norms on the attention and FFN outputs before each residual add,
+    /// and a pre-FFN norm of its own (Gemma 3).
+    pub post_norms: bool,
+    pub activation: Activation,
+    /// Rope rotates the two halves of a head (NeoX) rather than adjacent
+    /// pairs: the family's layout in GGUF; HF checkpoints rotate halves
+    /// for every family (llama.cpp permutes llama's q/k rows).
+    pub rope_neox: bool,
+}
+
+impl Family {
+    /// The block of this family as stored in a GGUF (`hf` false) or a
+    /// Hugging Face checkpoint.
+    pub fn block_style(&self, hf: bool) -> BlockStyle {
+        let gemma = *self == Family::Gemma3;
+        BlockStyle {
+            norm_adds_one: gemma && hf,
+            embed_scaled: gemma,
+            post_norms: gemma,
+            activation: if gemma {
+                Activation::GeluTanh
+            } else {
+                Activation::Silu
+            },
+            rope_neox: self.rope_neox() || hf,
+        }
+    }
+}
+
 /// Which past tokens a layer's attention reads, and so how many of them its
 /// KV cache must hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -153,6 +204,9 @@ pub struct ModelSpec {
     /// The architecture as the checkpoint names it (`llama`, `Qwen3MoeForCausalLM`...).
     pub architecture: String,
     pub family: Family,
+    /// The family's block as the checkpoint stores it.
+    #[serde(skip)]
+    pub block: BlockStyle,
     pub n_layers: u64,
     pub hidden: u64,
     pub n_heads: u64,
@@ -235,6 +289,7 @@ impl ModelSpec {
     ) -> Self {
         ModelSpec {
             architecture,
+            block: BlockStyle::default(),
             family,
             n_layers: 0,
             hidden: 0,
