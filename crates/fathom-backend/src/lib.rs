@@ -98,6 +98,15 @@ pub struct AttentionShape {
     pub scale: f32,
 }
 
+/// The buffers of one attention op.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionIo {
+    pub q: Buf,
+    pub k: Buf,
+    pub v: Buf,
+    pub out: Buf,
+}
+
 /// Where each model layer's KV lives: the plan's groups, the KV dtype, and
 /// each layer's group (`None` for a layer without attention), as
 /// `fathom_plan::kv::layer_groups` forms them.
@@ -184,21 +193,13 @@ pub trait Backend: Send {
     /// `gate[r] = act(gate[r]) × up[r]`, `width` values a row.
     fn glu(&mut self, gate: Buf, up: Buf, rows: usize, width: usize, act: Glu);
 
-    /// Causal attention of `q` (rows × heads × key_dim) over layer
+    /// Causal attention of `io.q` (rows × heads × key_dim) over layer
     /// `layer`'s cached positions before each sequence's `start` and the
-    /// step's own `k` and `v` rows, into `out` (rows × heads × value_dim).
-    /// May round `q`, `k` and `v` in place to the cache's precision, so the
-    /// step's rows read the same values the cache will hold.
-    fn attention(
-        &mut self,
-        layer: usize,
-        shape: &AttentionShape,
-        step: &Step,
-        q: Buf,
-        k: Buf,
-        v: Buf,
-        out: Buf,
-    );
+    /// step's own `io.k` and `io.v` rows, into `io.out` (rows × heads ×
+    /// value_dim). May round `q`, `k` and `v` in place to the cache's
+    /// precision, so the step's rows read the same values the cache will
+    /// hold.
+    fn attention(&mut self, layer: usize, shape: &AttentionShape, step: &Step, io: AttentionIo);
 
     /// Stores the step's `k` and `v` rows in layer `layer`'s cache at their
     /// positions (after [`Backend::attention`] read them: a sliding

@@ -6,12 +6,12 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::Args;
 use fathom_checkpoint::Checkpoint;
 use fathom_engine::{Engine, GenerateStats, SamplingParams, Tokenizer};
 use fathom_plan::size::format_bytes;
-use fathom_plan::{Device, MemoryPlan};
+use fathom_plan::MemoryPlan;
 use fathom_spec::ModelSpec;
 
 use crate::render;
@@ -138,12 +138,6 @@ pub fn preflight(
 }
 
 pub fn load(opened: Opened, plan: MemoryPlan) -> Result<(Engine, Duration)> {
-    if plan.inputs.device != Device::Cpu {
-        bail!(
-            "the {} backend cannot run models yet: use --device cpu (other devices are planning targets for `fathom inspect`)",
-            plan.inputs.device.name()
-        );
-    }
     let engine = Engine::load(&opened.checkpoint, opened.spec, plan, opened.tokenizer)?;
     // Fault the weights in now, with a progress bar on a terminal once
     // loading has taken over a second (a large model on a cold disk).

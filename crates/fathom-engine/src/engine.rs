@@ -1,19 +1,21 @@
-//! A loaded model ready to generate: weights mapped, the KV pool, the
-//! activation arena and the worker pool allocated from the plan, once.
+//! A loaded model ready to generate: the backend holding the weights, the
+//! KV storage and the activation arena, and the host-side bookkeeping, all
+//! allocated from the plan, once.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fathom_backend::cpu::CpuBackend;
+use fathom_backend::{Backend, Buf, KvLayout};
 use fathom_checkpoint::Checkpoint;
-use fathom_kernels::Pool;
-use fathom_plan::MemoryPlan;
+use fathom_plan::{Device, MemoryPlan};
 use fathom_spec::ModelSpec;
 use fathom_tokenizer::Tokenizer;
 
-use crate::arena::Arena;
-use crate::kv::{BlockCounts, KvPool, SeqKv};
+use crate::kv::{BlockCounts, KvBlocks, SeqKv};
 use crate::model::{Model, Segment};
 use crate::sampler::Sampler;
+use crate::step::plan_step;
 use crate::stop::OutputText;
 use crate::EngineError;
 
@@ -22,12 +24,18 @@ pub struct Engine {
     /// Shared with whoever tokenizes requests (the server's connections).
     pub tokenizer: Arc<Tokenizer>,
     pub plan: MemoryPlan,
-    pool: Pool,
-    kv: KvPool,
-    arena: Arena,
+    backend: Box<dyn Backend>,
+    kv: KvBlocks,
+    /// Tokens one step may run: the plan's prefill chunk.
+    step_tokens: usize,
+    /// Sampling candidates (the plan's `sampler` buffer).
+    candidates: Vec<(u32, f32)>,
     /// Token ids of each sequence of a batch, sized for the plan's context
     /// (the plan's `token_ids`).
     histories: Vec<Vec<u32>>,
+    /// A step's token ids and each segment's last row (capacity: a step).
+    step_ids: Vec<u32>,
+    last_rows: Vec<usize>,
 }
 
 /// The checkpoint's tokenizer: GGUF metadata, or the HF directory's
@@ -43,10 +51,7 @@ pub fn load_tokenizer(checkpoint: &Checkpoint) -> Result<Tokenizer, EngineError>
 struct Live {
     index: usize,
     kv: SeqKv,
-    /// Prompt tokens prefilled so far.
-    done: usize,
-    /// The sampled token not yet emitted.
-    next: u32,
+    prompt: usize,
     generated: usize,
     text: OutputText,
     reason: Option<StopReason>,
@@ -72,6 +77,21 @@ pub struct GenerateStats {
     pub reason: StopReason,
 }
 
+/// The backend for the plan's device.
+fn backend_for(plan: &MemoryPlan, layout: KvLayout) -> Result<Box<dyn Backend>, EngineError> {
+    let i = &plan.inputs;
+    match i.device {
+        Device::Cpu => Ok(Box::new(CpuBackend::new(
+            i.threads as usize,
+            &plan.activation_detail,
+            layout,
+        ))),
+        other => Err(EngineError::DeviceNotBuilt {
+            device: other.name(),
+        }),
+    }
+}
+
 impl Engine {
     /// Maps the weights and allocates exactly what `plan` lists.
     pub fn load(
@@ -80,26 +100,37 @@ impl Engine {
         plan: MemoryPlan,
         tokenizer: Tokenizer,
     ) -> Result<Self, EngineError> {
-        let model = Model::load(checkpoint, spec)?;
         let i = &plan.inputs;
-        let kv = KvPool::new(&plan.kv_detail, i.kv_dtype, &model.layer_groups());
-        let step = plan
+        let layout = KvLayout {
+            groups: plan.kv_detail.clone(),
+            dtype: i.kv_dtype,
+            layer_groups: fathom_plan::kv::layer_groups(&spec),
+        };
+        let mut backend = backend_for(&plan, layout)?;
+        let model = Model::load(checkpoint, spec, backend.as_mut())?;
+        let rows = |id: Buf| {
+            plan.activation_detail
+                .iter()
+                .find(|b| b.id == id)
+                .map_or(0, |b| (b.rows * b.width) as usize)
+        };
+        let step_tokens = plan
             .activation_detail
             .iter()
-            .find(|b| b.name == "residual")
-            .map_or(1, |b| b.rows);
-        let arena = Arena::new(step, &plan.activation_detail);
-        let pool = Pool::new(i.threads as usize);
-        let histories = (0..i.batch)
-            .map(|_| Vec::with_capacity(i.max_tokens as usize))
-            .collect();
+            .find(|b| b.id == Buf::Residual)
+            .map_or(1, |b| b.rows as usize);
         Ok(Engine {
+            kv: KvBlocks::new(&plan.kv_detail),
+            candidates: vec![(0, 0.0); rows(Buf::Sampler)],
+            histories: (0..i.batch)
+                .map(|_| Vec::with_capacity(i.max_tokens as usize))
+                .collect(),
+            step_ids: Vec::with_capacity(step_tokens),
+            last_rows: Vec::with_capacity(step_tokens),
+            step_tokens,
             model,
             tokenizer: Arc::new(tokenizer),
-            pool,
-            kv,
-            arena,
-            histories,
+            backend,
             plan,
         })
     }
@@ -125,10 +156,11 @@ impl Engine {
     }
 
     /// Runs several prompts as sequences decoded together (at most the
-    /// plan's batch): prompts are prefilled in chunks of the plan's step,
-    /// then every live sequence advances one token per step. `on_text`
-    /// gets each sequence's index and text; returning false stops that
-    /// sequence. The stats add up all sequences; `reason` is the first's.
+    /// plan's batch), each step built by the one batching policy
+    /// ([`plan_step`]): decoding sequences first, then prompt chunks.
+    /// `on_text` gets each sequence's index and text; returning false
+    /// stops that sequence. The stats add up all sequences; `reason` is
+    /// the first's; `prefill` lasts until every prompt is in.
     pub fn generate_batch(
         &mut self,
         prompts: &[&[u32]],
@@ -146,57 +178,66 @@ impl Engine {
         );
         let mut live = Vec::with_capacity(prompts.len());
         for (i, prompt) in prompts.iter().enumerate() {
-            let kv = self.sequence(prompt.len(), max_new)?;
+            let kv = self.reserved_sequence(prompt.len(), max_new)?;
             self.histories[i].clear();
             self.histories[i].extend_from_slice(prompt);
             live.push(Live {
                 index: i,
                 kv,
-                done: 0,
-                next: 0,
+                prompt: prompt.len(),
                 generated: 0,
                 text: OutputText::new(stop.to_vec()),
                 reason: (max_new == 0).then_some(StopReason::Length),
             });
         }
         let started = Instant::now();
-        // Prefill, packing chunks of several prompts into one step; a
-        // sequence samples its first token as soon as its prompt is in.
-        while live.iter().any(|l| l.done < prompts[l.index].len()) {
-            let mut budget = self.arena.step_tokens;
+        let mut prefill = None;
+        let mut chunk = Vec::with_capacity(live.len());
+        loop {
+            // Prompts run even for a sequence asked for no tokens.
+            let pending = |l: &Live| {
+                let history = self.histories[l.index].len();
+                if l.reason.is_none() || l.kv.len < l.prompt {
+                    history - l.kv.len
+                } else {
+                    0
+                }
+            };
+            if prefill.is_none() && live.iter().all(|l| l.kv.len >= l.prompt) {
+                prefill = Some(started.elapsed());
+            }
+            plan_step(live.iter().map(pending), self.step_tokens, &mut chunk);
+            if chunk.iter().all(|&n| n == 0) {
+                break;
+            }
             let mut segments = Vec::with_capacity(live.len());
-            let mut rows = Vec::with_capacity(live.len());
-            for l in live.iter_mut() {
-                let prompt = prompts[l.index];
-                let n = (prompt.len() - l.done).min(budget);
+            for (l, &n) in live.iter_mut().zip(&chunk) {
+                if n > 0 {
+                    let start = l.kv.len;
+                    segments.push(Segment {
+                        seq: &mut l.kv,
+                        tokens: &self.histories[l.index][start..start + n],
+                    });
+                }
+            }
+            self.model.forward(
+                self.backend.as_mut(),
+                &mut segments,
+                &mut self.step_ids,
+                &mut self.last_rows,
+            )?;
+            drop(segments);
+            let mut row = 0;
+            for (l, &n) in live.iter_mut().zip(&chunk) {
                 if n == 0 {
                     continue;
                 }
-                budget -= n;
-                segments.push(Segment {
-                    seq: &mut l.kv,
-                    tokens: &prompt[l.done..l.done + n],
-                });
-                l.done += n;
-                rows.push((l.index, l.done == prompt.len()));
-            }
-            self.model
-                .forward(&self.pool, &mut self.arena, &mut self.kv, &mut segments)?;
-            drop(segments);
-            for (row, &(index, complete)) in rows.iter().enumerate() {
-                if complete {
-                    let l = live.iter_mut().find(|l| l.index == index).expect("live");
-                    l.next = self.sample_batch(row, &mut samplers[index], index);
+                row += 1;
+                if l.kv.len < self.histories[l.index].len() || l.reason.is_some() {
+                    continue;
                 }
-            }
-        }
-        let prefill = started.elapsed();
-        let decode_start = Instant::now();
-        loop {
-            // Emit each sequence's pending token; those that go on decode it.
-            for l in live.iter_mut().filter(|l| l.reason.is_none()) {
+                let token = self.sample_batch(row - 1, &mut samplers[l.index], l.index);
                 l.generated += 1;
-                let token = l.next;
                 if self.tokenizer.end_of_generation(token) {
                     l.reason = Some(StopReason::Stop);
                     continue;
@@ -211,27 +252,8 @@ impl Engine {
                     l.reason = Some(StopReason::Length);
                 }
             }
-            let mut segments = Vec::with_capacity(live.len());
-            let mut rows = Vec::with_capacity(live.len());
-            for l in live.iter_mut().filter(|l| l.reason.is_none()) {
-                segments.push(Segment {
-                    seq: &mut l.kv,
-                    tokens: std::slice::from_ref(&l.next),
-                });
-                rows.push(l.index);
-            }
-            if segments.is_empty() {
-                break;
-            }
-            self.model
-                .forward(&self.pool, &mut self.arena, &mut self.kv, &mut segments)?;
-            drop(segments);
-            for (row, &index) in rows.iter().enumerate() {
-                let next = self.sample_batch(row, &mut samplers[index], index);
-                let l = live.iter_mut().find(|l| l.index == index).expect("live");
-                l.next = next;
-            }
         }
+        let prefill = prefill.unwrap_or_else(|| started.elapsed());
         for l in live.iter_mut() {
             if l.reason == Some(StopReason::Length) {
                 let tail = l.text.finish();
@@ -245,7 +267,7 @@ impl Engine {
             prompt_tokens: prompts.iter().map(|p| p.len()).sum(),
             generated_tokens: live.iter().map(|l| l.generated).sum(),
             prefill,
-            decode: decode_start.elapsed(),
+            decode: started.elapsed().saturating_sub(prefill),
             reason: live[0].reason.unwrap_or(StopReason::Length),
         })
     }
@@ -264,7 +286,7 @@ impl Engine {
     /// with `history` (the sequence so far) for the penalties.
     pub fn sample(&mut self, row: usize, sampler: &mut Sampler, history: &[u32]) -> u32 {
         let vocab = self.model.spec.vocab as usize;
-        let logits = &mut self.arena.logits[row * vocab..(row + 1) * vocab];
+        let logits = &mut self.backend.logits(row + 1, vocab)[row * vocab..];
         if sampler.params.ignore_eos {
             for id in self.tokenizer.end_of_generation_ids() {
                 if let Some(l) = logits.get_mut(id as usize) {
@@ -272,25 +294,36 @@ impl Engine {
                 }
             }
         }
-        sampler.sample(logits, history, &mut self.arena.sampler)
+        sampler.sample(logits, history, &mut self.candidates)
     }
 
     /// Runs one step of several sequences (see [`Model::forward`]): at
     /// most [`Engine::step_tokens`] tokens and the plan's batch of
     /// segments, each with blocks reserved for its tokens.
     pub fn step(&mut self, segments: &mut [Segment]) -> Result<(), EngineError> {
-        self.model
-            .forward(&self.pool, &mut self.arena, &mut self.kv, segments)
+        let rows: usize = segments.iter().map(|s| s.tokens.len()).sum();
+        assert!(
+            rows <= self.step_tokens && segments.len() <= self.histories.len(),
+            "{} segments of {rows} tokens, step {}",
+            segments.len(),
+            self.step_tokens
+        );
+        self.model.forward(
+            self.backend.as_mut(),
+            segments,
+            &mut self.step_ids,
+            &mut self.last_rows,
+        )
     }
 
     /// Tokens one step may run (the plan's prefill chunk).
     pub fn step_tokens(&self) -> usize {
-        self.arena.step_tokens
+        self.step_tokens
     }
 
     /// A sequence for `tokens`, starting after the longest cached prefix.
-    pub fn start_sequence(&mut self, tokens: &[u32]) -> SeqKv {
-        self.kv.start_sequence(tokens)
+    pub fn open_sequence(&mut self, tokens: &[u32]) -> SeqKv {
+        self.kv.open(tokens)
     }
 
     /// Blocks for `seq` up to position `end`; false when the pool is out.
@@ -307,7 +340,7 @@ impl Engine {
         self.kv.release(seq)
     }
 
-    /// Turns on the prefix cache (see [`KvPool::enable_prefix_cache`]).
+    /// Turns on the prefix cache (see [`KvBlocks::enable_prefix_cache`]).
     pub fn enable_prefix_cache(&mut self, capacity_blocks: usize) -> bool {
         self.kv.enable_prefix_cache(capacity_blocks)
     }
@@ -320,27 +353,25 @@ impl Engine {
     /// step's argmax back, as llama-bench's tg test does; returns the time
     /// of the decode steps alone.
     pub fn time_decode(&mut self, first: u32, n: usize) -> Result<Duration, EngineError> {
-        let mut seq = self.sequence(n, 0)?;
+        let mut seq = self.reserved_sequence(n, 0)?;
         let vocab = self.model.spec.vocab as usize;
         let mut token = first;
         let started = Instant::now();
         for _ in 0..n {
-            self.run_one(&mut seq, &[token])?;
-            token = fathom_kernels::ops::argmax(&self.arena.logits[..vocab]) as u32;
+            self.step(&mut [Segment {
+                seq: &mut seq,
+                tokens: &[token],
+            }])?;
+            token = fathom_kernels::ops::argmax(self.backend.logits(1, vocab)) as u32;
         }
         let elapsed = started.elapsed();
         self.kv.release(&mut seq);
         Ok(elapsed)
     }
 
-    /// One step of one sequence.
-    fn run_one(&mut self, seq: &mut SeqKv, tokens: &[u32]) -> Result<(), EngineError> {
-        self.step(&mut [Segment { seq, tokens }])
-    }
-
     /// A fresh sequence with blocks for `prompt + generate` tokens, which
     /// must fit the planned context.
-    fn sequence(&mut self, prompt: usize, generate: usize) -> Result<SeqKv, EngineError> {
+    fn reserved_sequence(&mut self, prompt: usize, generate: usize) -> Result<SeqKv, EngineError> {
         let context = self.plan.inputs.max_tokens as usize;
         if prompt == 0 || prompt + generate > context {
             return Err(EngineError::ContextExceeded {
@@ -350,7 +381,7 @@ impl Engine {
                 trained: self.model.spec.context_length,
             });
         }
-        let mut seq = self.kv.new_sequence();
+        let mut seq = self.kv.open(&[]);
         let reserved = self.kv.reserve(&mut seq, prompt + generate);
         assert!(reserved, "the planned pool holds one full-context sequence");
         Ok(seq)
@@ -365,11 +396,15 @@ impl Engine {
     /// Runs `tokens` through a fresh sequence and returns the last position's
     /// logits (for checking against a reference implementation).
     pub fn logits(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {
-        let mut seq = self.sequence(tokens.len(), 0)?;
-        for chunk in tokens.chunks(self.arena.step_tokens) {
-            self.run_one(&mut seq, chunk)?;
+        let mut seq = self.reserved_sequence(tokens.len(), 0)?;
+        for chunk in tokens.chunks(self.step_tokens) {
+            self.step(&mut [Segment {
+                seq: &mut seq,
+                tokens: chunk,
+            }])?;
         }
         self.kv.release(&mut seq);
-        Ok(&self.arena.logits[..self.model.spec.vocab as usize])
+        let vocab = self.model.spec.vocab as usize;
+        Ok(self.backend.logits(1, vocab))
     }
 }

@@ -11,6 +11,8 @@ pub enum EngineError {
     Plan(#[from] fathom_plan::PlanError),
     #[error(transparent)]
     Tokenizer(#[from] fathom_tokenizer::TokenizerError),
+    #[error(transparent)]
+    Backend(#[from] fathom_backend::BackendError),
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -36,6 +38,8 @@ pub enum EngineError {
         context: usize,
         trained: u64,
     },
+    #[error("the {device} backend cannot run models yet: use --device cpu (other devices are planning targets for `fathom inspect`)")]
+    DeviceNotBuilt { device: &'static str },
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     BadToken { id: u32, vocab: usize },
 }

@@ -1,12 +1,11 @@
 //! The engine room: turns a ModelSpec and its memory plan into tokens.
 //!
-//! It allocates what the plan lists — the KV block pool, the activation
-//! arena, the sampler's candidates — once at load, reads weights in place
-//! through the mmap, and allocates nothing that grows with tokens while
-//! generating.
+//! It runs the forward pass on a backend (`fathom-backend`) that holds
+//! what the plan lists for its device — weights, KV storage, the
+//! activation arena — and keeps the host side itself: KV block
+//! bookkeeping, the step planner, sampling and the tokenizer. Everything
+//! is allocated once at load; nothing grows with tokens while generating.
 
-mod arena;
-mod attention;
 mod engine;
 mod error;
 mod kv;
@@ -14,6 +13,7 @@ mod model;
 mod names;
 mod prefix;
 mod sampler;
+mod step;
 mod stop;
 mod weights;
 
@@ -23,4 +23,5 @@ pub use fathom_tokenizer::{ChatTemplate, Message, Tokenizer};
 pub use kv::{BlockCounts, SeqKv};
 pub use model::Segment;
 pub use sampler::{Sampler, SamplingParams};
+pub use step::plan_step;
 pub use stop::OutputText;

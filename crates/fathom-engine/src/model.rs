@@ -1,97 +1,133 @@
-//! The forward pass: one decoder for the llama, qwen2, qwen3, qwen3_moe
-//! and gemma3 families, which differ only in a few optional pieces (biases,
-//! q/k norms, post norms, GeGLU, routed experts, sliding windows).
+//! The forward pass, written once against the backend for the llama,
+//! qwen2, qwen3, qwen3_moe and gemma3 families. They differ only in a few
+//! optional pieces (biases, q/k norms, post norms, GeGLU, routed experts,
+//! sliding windows), which the spec's `BlockStyle` and the tensors present
+//! decide.
 
+use fathom_backend::{
+    AttentionIo, AttentionShape, Backend, Buf, Glu, HostMatrix, MatrixId, RopeParams, Step,
+    StepSeq, VectorId,
+};
 use fathom_checkpoint::Checkpoint;
-use fathom_kernels::{matmul, ops, Pool};
-use fathom_plan::KvDtype;
-use fathom_spec::{Attention, Family, ModelSpec};
+use fathom_spec::{Activation, Attention, ModelSpec};
 
-use crate::arena::Arena;
-use crate::attention::{self, AttentionShape};
-use crate::kv::{KvPool, SeqKv};
+use crate::kv::SeqKv;
+use crate::names::{LayerNames, Naming};
+use crate::weights::WeightFiles;
+use crate::EngineError;
 
 /// Tokens to run at the next positions of one sequence.
 pub struct Segment<'a> {
     pub seq: &'a mut SeqKv,
     pub tokens: &'a [u32],
 }
-use crate::names::{LayerNames, Naming};
-use crate::weights::{Matrix, MatrixView, WeightFiles};
-use crate::EngineError;
 
-/// Largest head dimension the per-head norms handle on the stack.
+/// Largest head dimension the per-head norms handle.
 const MAX_HEAD_DIM: usize = 1024;
 
 enum Ffn {
     Dense {
-        gate: Matrix,
-        up: Matrix,
-        down: Matrix,
+        gate: MatrixId,
+        up: MatrixId,
+        down: MatrixId,
     },
     Moe {
-        router: Matrix,
-        experts: Vec<[Matrix; 3]>,
+        router: MatrixId,
+        experts: Vec<[MatrixId; 3]>,
     },
 }
 
 struct Layer {
-    attention: Attention,
-    n_kv_heads: usize,
-    key_dim: usize,
-    value_dim: usize,
-    attn_norm: Vec<f32>,
-    wq: Matrix,
-    wk: Matrix,
-    wv: Matrix,
-    wo: Matrix,
-    bias: Option<[Vec<f32>; 3]>,
-    qk_norm: Option<[Vec<f32>; 2]>,
-    post_attn_norm: Option<Vec<f32>>,
-    ffn_norm: Vec<f32>,
-    post_ffn_norm: Option<Vec<f32>>,
+    shape: AttentionShape,
+    rope: RopeParams,
+    attn_norm: VectorId,
+    wq: MatrixId,
+    wk: MatrixId,
+    wv: MatrixId,
+    wo: MatrixId,
+    bias: Option<[VectorId; 3]>,
+    qk_norm: Option<[VectorId; 2]>,
+    post_attn_norm: Option<VectorId>,
+    ffn_norm: VectorId,
+    post_ffn_norm: Option<VectorId>,
     ffn: Ffn,
 }
 
-/// A loaded model: its spec, mapped weights and the per-layer views.
+/// A loaded model: its spec and the backend's handles of its weights.
 pub struct Model {
     pub spec: ModelSpec,
-    files: WeightFiles,
-    embed: Matrix,
-    output: Matrix,
-    out_norm: Vec<f32>,
+    /// Every matrix in host memory, for faulting them in (`prefault`).
+    matrices: Vec<HostMatrix>,
+    embed: MatrixId,
+    output: MatrixId,
+    out_norm: VectorId,
     layers: Vec<Layer>,
-    rope_freqs: Option<Vec<f32>>,
-    neox: bool,
     eps: f32,
     embed_scale: f32,
-    gelu: bool,
-    attn_scale: f32,
-    theta: f32,
-    local_theta: f32,
+    glu: Glu,
     /// Bytes of 1-D tensors converted to f32 at load.
     pub converted_bytes: usize,
 }
 
-/// Loads the optional 1-D tensor `name`; Gemma's HF norms store `w` where
-/// the model multiplies by `1 + w` (GGUF stores `1 + w` already).
-fn vector(
-    files: &WeightFiles,
-    name: &str,
-    len: usize,
-    plus_one: bool,
-    converted: &mut usize,
-) -> Result<Vec<f32>, EngineError> {
-    let mut v = files.vector(name, len)?;
-    if plus_one {
-        v.iter_mut().for_each(|x| *x += 1.0);
+/// What loading hands each weight to: the backend, the files, and the
+/// running count of converted bytes.
+struct Loader<'a> {
+    backend: &'a mut dyn Backend,
+    files: &'a WeightFiles,
+    /// Norms stored as `w` for a model that multiplies by `1 + w`.
+    norm_adds_one: bool,
+    converted: usize,
+    matrices: Vec<HostMatrix>,
+}
+
+impl Loader<'_> {
+    fn matrix(&mut self, m: HostMatrix) -> Result<MatrixId, EngineError> {
+        self.matrices.push(m.clone());
+        Ok(self.backend.load_matrix(m)?)
     }
-    *converted += len * 4;
-    Ok(v)
+
+    fn named_matrix(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+    ) -> Result<MatrixId, EngineError> {
+        let m = self.files.matrix(name, rows, cols)?;
+        self.matrix(m)
+    }
+
+    /// The 1-D tensor `name`, converted to f32; norms get `1 + w` when
+    /// the file stores `w`.
+    fn vector(&mut self, name: &str, len: usize, norm: bool) -> Result<VectorId, EngineError> {
+        let mut v = self.files.vector(name, len)?;
+        if norm && self.norm_adds_one {
+            v.iter_mut().for_each(|x| *x += 1.0);
+        }
+        self.converted += len * 4;
+        Ok(self.backend.load_vector(&v)?)
+    }
+
+    fn optional_vector(
+        &mut self,
+        name: &str,
+        len: usize,
+        norm: bool,
+    ) -> Result<Option<VectorId>, EngineError> {
+        if self.files.has(name) {
+            self.vector(name, len, norm).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
 }
 
 impl Model {
-    pub fn load(checkpoint: &Checkpoint, spec: ModelSpec) -> Result<Self, EngineError> {
+    /// Reads the weights' headers and hands every weight to `backend`.
+    pub fn load(
+        checkpoint: &Checkpoint,
+        spec: ModelSpec,
+        backend: &mut dyn Backend,
+    ) -> Result<Self, EngineError> {
         if !spec.is_known_family() || spec.layers.is_empty() {
             return Err(EngineError::UnsupportedFamily {
                 architecture: spec.architecture.clone(),
@@ -110,33 +146,22 @@ impl Model {
                 }
             }
         };
-        let hf = matches!(naming, Naming::Hf { .. });
-        let gemma = spec.family == Family::Gemma3;
-        let plus_one = gemma && hf;
+        let style = spec.block;
         let (d, vocab) = (spec.hidden as usize, spec.vocab as usize);
-        let mut converted = 0usize;
-
-        let embed = files.matrix(&naming.embed(), vocab, d)?;
+        let mut loader = Loader {
+            backend,
+            files: &files,
+            norm_adds_one: style.norm_adds_one,
+            converted: 0,
+            matrices: Vec::new(),
+        };
+        let embed = loader.named_matrix(&naming.embed(), vocab, d)?;
         let output = if files.has(&naming.output()) {
-            files.matrix(&naming.output(), vocab, d)?
+            loader.named_matrix(&naming.output(), vocab, d)?
         } else {
             embed
         };
-        let out_norm = vector(&files, &naming.output_norm(), d, plus_one, &mut converted)?;
-        let mut layers = Vec::with_capacity(spec.layers.len());
-        for (i, l) in spec.layers.iter().enumerate() {
-            let n = naming.layer(&spec.family, i);
-            layers.push(load_layer(
-                &files,
-                &naming,
-                &spec,
-                i,
-                l,
-                &n,
-                plus_one,
-                &mut converted,
-            )?);
-        }
+        let out_norm = loader.vector(&naming.output_norm(), d, true)?;
         let rope = spec.rope.clone().unwrap_or(fathom_spec::Rope {
             theta: 10_000.0,
             local_theta: None,
@@ -146,65 +171,66 @@ impl Model {
             llama3: None,
         });
         let head_dim = spec.head_dim as usize;
-        let rope_freqs = if files.has("rope_freqs.weight") {
-            Some(vector(
-                &files,
-                "rope_freqs.weight",
-                head_dim / 2,
-                false,
-                &mut converted,
-            )?)
+        let freqs = if files.has("rope_freqs.weight") {
+            Some(loader.vector("rope_freqs.weight", head_dim / 2, false)?)
         } else {
-            rope.llama3
-                .as_ref()
-                .map(|l3| l3.freq_factors(rope.theta, head_dim))
-        };
-        for l in &layers {
-            if l.key_dim > MAX_HEAD_DIM || l.value_dim > MAX_HEAD_DIM || l.n_kv_heads == 0 {
-                return Err(EngineError::BadShape {
-                    tensor: "attention heads".into(),
-                    shape: vec![l.n_kv_heads as u64, l.key_dim as u64],
-                    expected: vec![MAX_HEAD_DIM as u64],
-                });
+            match rope.llama3.as_ref() {
+                Some(l3) => {
+                    let v = l3.freq_factors(rope.theta, head_dim);
+                    Some(loader.backend.load_vector(&v)?)
+                }
+                None => None,
             }
-        }
-        Ok(Model {
-            embed,
-            output,
-            out_norm,
-            layers,
-            rope_freqs,
-            // HF checkpoints rotate halves for every family; llama.cpp
-            // permutes llama's q/k rows so adjacent pairs rotate in GGUF.
-            neox: rope.neox || hf,
-            eps: spec.rms_norm_eps as f32,
-            embed_scale: if gemma { (d as f32).sqrt() } else { 1.0 },
-            gelu: gemma,
+        };
+        let globals = LayerGlobals {
             attn_scale: spec
                 .attn_scale
                 .unwrap_or(1.0 / (spec.head_dim as f64).sqrt()) as f32,
             theta: rope.theta as f32,
             local_theta: rope.local_theta.unwrap_or(rope.theta) as f32,
+            neox: style.rope_neox,
+            freqs,
+        };
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        for (i, l) in spec.layers.iter().enumerate() {
+            let n = naming.layer(style.post_norms, i);
+            layers.push(load_layer(&mut loader, &naming, &spec, &globals, i, l, &n)?);
+        }
+        for l in &layers {
+            let s = &l.shape;
+            if s.key_dim > MAX_HEAD_DIM || s.value_dim > MAX_HEAD_DIM || s.n_kv_heads == 0 {
+                return Err(EngineError::BadShape {
+                    tensor: "attention heads".into(),
+                    shape: vec![s.n_kv_heads as u64, s.key_dim as u64],
+                    expected: vec![MAX_HEAD_DIM as u64],
+                });
+            }
+        }
+        let (converted, matrices) = (loader.converted, loader.matrices);
+        Ok(Model {
+            matrices,
+            embed,
+            output,
+            out_norm,
+            layers,
+            eps: spec.rms_norm_eps as f32,
+            embed_scale: if style.embed_scaled {
+                (d as f32).sqrt()
+            } else {
+                1.0
+            },
+            glu: match style.activation {
+                Activation::Silu => Glu::Silu,
+                Activation::GeluTanh => Glu::GeluTanh,
+            },
             converted_bytes: converted,
-            files,
             spec,
         })
     }
 
     /// Brings every weight page into memory, reporting bytes done of total.
     pub fn prefault(&self, progress: &mut dyn FnMut(u64, u64)) {
-        let mut matrices = vec![self.embed, self.output];
-        for l in &self.layers {
-            matrices.extend([l.wq, l.wk, l.wv, l.wo]);
-            match &l.ffn {
-                Ffn::Dense { gate, up, down } => matrices.extend([*gate, *up, *down]),
-                Ffn::Moe { router, experts } => {
-                    matrices.push(*router);
-                    matrices.extend(experts.iter().flatten().copied());
-                }
-            }
-        }
-        self.files.prefault(&matrices, progress);
+        WeightFiles::prefault(&self.matrices, progress);
     }
 
     /// Each layer's KV group, exactly as the plan grouped them.
@@ -212,417 +238,197 @@ impl Model {
         fathom_plan::kv::layer_groups(&self.spec)
     }
 
-    /// out = x · mᵀ for `n` rows of x, with the kernel for m's storage.
-    fn mm(&self, pool: &Pool, m: &Matrix, x: &[f32], n: usize, out: &mut [f32], q8: &mut [u8]) {
-        match self.files.view(m) {
-            MatrixView::Blocks(w) => matmul(pool, &w, x, n, out, q8),
-            MatrixView::Affine(w) => fathom_kernels::affine_matmul(pool, &w, x, n, out),
-        }
-    }
-
     /// Runs every segment's tokens at the next positions of its sequence,
-    /// all rows through each matmul together, and leaves segment i's last
-    /// logits in row i of `arena.logits`. The caller has reserved KV blocks
-    /// up to `seq.len + tokens.len()` for each segment.
+    /// all rows through each op together, and leaves segment i's last
+    /// logits in row i of the backend's logits. The caller has reserved KV
+    /// blocks up to `seq.len + tokens.len()` for each segment; `tokens` is
+    /// scratch for the step's token ids (capacity: the step's rows).
     pub fn forward(
         &self,
-        pool: &Pool,
-        arena: &mut Arena,
-        kv: &mut KvPool,
+        backend: &mut dyn Backend,
         segments: &mut [Segment],
+        tokens: &mut Vec<u32>,
+        last_rows: &mut Vec<usize>,
     ) -> Result<(), EngineError> {
-        let t_n: usize = segments.iter().map(|s| s.tokens.len()).sum();
-        let s = &self.spec;
-        let (d, vocab) = (s.hidden as usize, s.vocab as usize);
-        assert!(
-            segments.iter().all(|s| !s.tokens.is_empty())
-                && t_n <= arena.step_tokens
-                && segments.len() * vocab <= arena.logits.len(),
-            "{} segments of {t_n} tokens, arena step {}",
-            segments.len(),
-            arena.step_tokens
-        );
-        let tokens = segments.iter().flat_map(|s| s.tokens.iter().copied());
-        for (t, tok) in tokens.enumerate() {
-            if tok as usize >= vocab {
-                return Err(EngineError::BadToken { id: tok, vocab });
-            }
-            let dst = &mut arena.residual[t * d..(t + 1) * d];
-            match self.files.view(&self.embed) {
-                MatrixView::Blocks(w) => {
-                    let row_bytes = w.ty.row_bytes(d);
-                    let row = &w.data[tok as usize * row_bytes..(tok as usize + 1) * row_bytes];
-                    fathom_kernels::dequantize_row(w.ty, row, dst);
-                }
-                MatrixView::Affine(w) => {
-                    fathom_kernels::affine_dequantize_row(&w, tok as usize, dst)
-                }
-            }
-            if self.embed_scale != 1.0 {
-                ops::scale(dst, self.embed_scale);
-            }
+        let vocab = self.spec.vocab as usize;
+        let d = self.spec.hidden as usize;
+        tokens.clear();
+        last_rows.clear();
+        for seg in segments.iter() {
+            assert!(!seg.tokens.is_empty(), "a segment without tokens");
+            tokens.extend_from_slice(seg.tokens);
+            last_rows.push(tokens.len() - 1);
         }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(EngineError::BadToken { id, vocab });
+        }
+        let seqs: Vec<StepSeq> = segments
+            .iter()
+            .map(|s| StepSeq {
+                start: s.seq.len,
+                tokens: s.tokens.len(),
+                tables: s.seq.tables(),
+            })
+            .collect();
+        let step = Step {
+            seqs: &seqs,
+            rows: tokens.len(),
+        };
+        backend.embed(self.embed, tokens, self.embed_scale, Buf::Residual);
         for (li, layer) in self.layers.iter().enumerate() {
-            self.attention_block(pool, arena, kv, segments, li, layer, t_n);
-            for t in 0..t_n {
-                ops::rms_norm(
-                    &arena.residual[t * d..(t + 1) * d],
-                    &layer.ffn_norm,
-                    self.eps,
-                    &mut arena.norm[t * d..(t + 1) * d],
-                );
-            }
+            self.attention_block(backend, &step, li, layer);
+            backend.rms_norm(
+                Buf::Residual,
+                layer.ffn_norm,
+                self.eps,
+                step.rows,
+                d,
+                Buf::Norm,
+            );
             match &layer.ffn {
-                Ffn::Dense { gate, up, down } => {
-                    self.dense_ffn(pool, arena, gate, up, down, t_n, d)
-                }
-                Ffn::Moe { router, experts } => self.moe_ffn(pool, arena, router, experts, t_n, d),
+                Ffn::Dense { gate, up, down } => self.ffn(
+                    backend,
+                    [*gate, *up, *down],
+                    Buf::Norm,
+                    step.rows,
+                    Buf::BranchOut,
+                ),
+                Ffn::Moe { router, experts } => self.moe_ffn(backend, *router, experts, step.rows),
             }
-            self.add_branch(arena, layer.post_ffn_norm.as_deref(), t_n, d);
+            self.add_branch(backend, layer.post_ffn_norm, step.rows);
         }
         // Logits for each segment's last position only.
-        let mut last = 0;
-        for (i, seg) in segments.iter_mut().enumerate() {
-            last += seg.tokens.len();
-            seg.seq.len += seg.tokens.len();
-            let row = (last - 1) * d;
-            ops::rms_norm(
-                &arena.residual[row..row + d],
-                &self.out_norm,
-                self.eps,
-                &mut arena.norm[i * d..(i + 1) * d],
-            );
-        }
         let n = segments.len();
-        self.mm(
-            pool,
-            &self.output,
-            &arena.norm[..n * d],
-            n,
-            &mut arena.logits[..n * vocab],
-            &mut arena.q8_rows,
-        );
+        backend.gather_rows(Buf::Residual, last_rows, d, Buf::BranchOut);
+        backend.rms_norm(Buf::BranchOut, self.out_norm, self.eps, n, d, Buf::Norm);
+        backend.matmul(self.output, Buf::Norm, n, Buf::Logits);
+        for seg in segments.iter_mut() {
+            seg.seq.len += seg.tokens.len();
+        }
         Ok(())
     }
 
-    /// One layer's attention for every segment: projections over all rows,
-    /// then rope, the cache and attention per segment, and the output
-    /// projection added to the residual.
-    #[allow(clippy::too_many_arguments)]
-    fn attention_block(
-        &self,
-        pool: &Pool,
-        arena: &mut Arena,
-        kv: &mut KvPool,
-        segments: &[Segment],
-        li: usize,
-        layer: &Layer,
-        t_n: usize,
-    ) {
+    /// One layer's attention for every row of the step: projections, rope,
+    /// attention over the cache and the step's rows, the cache write, and
+    /// the output projection added to the residual.
+    fn attention_block(&self, backend: &mut dyn Backend, step: &Step, li: usize, layer: &Layer) {
         let d = self.spec.hidden as usize;
-        let n_heads = self.spec.n_heads as usize;
-        let (dk, dv, kvh) = (layer.key_dim, layer.value_dim, layer.n_kv_heads);
-        let (qw, kw, vw) = (n_heads * dk, kvh * dk, kvh * dv);
-        for t in 0..t_n {
-            ops::rms_norm(
-                &arena.residual[t * d..(t + 1) * d],
-                &layer.attn_norm,
-                self.eps,
-                &mut arena.norm[t * d..(t + 1) * d],
-            );
-        }
-        let x = &arena.norm[..t_n * d];
-        self.mm(
-            pool,
-            &layer.wq,
-            x,
-            t_n,
-            &mut arena.q[..t_n * qw],
-            &mut arena.q8_rows,
+        let t_n = step.rows;
+        let s = &layer.shape;
+        let (qw, kw, vw) = (
+            s.n_heads * s.key_dim,
+            s.n_kv_heads * s.key_dim,
+            s.n_kv_heads * s.value_dim,
         );
-        self.mm(
-            pool,
-            &layer.wk,
-            x,
-            t_n,
-            &mut arena.k[..t_n * kw],
-            &mut arena.q8_rows,
-        );
-        self.mm(
-            pool,
-            &layer.wv,
-            x,
-            t_n,
-            &mut arena.v[..t_n * vw],
-            &mut arena.q8_rows,
-        );
-        if let Some([bq, bk, bv]) = &layer.bias {
-            for t in 0..t_n {
-                ops::add(&mut arena.q[t * qw..(t + 1) * qw], bq);
-                ops::add(&mut arena.k[t * kw..(t + 1) * kw], bk);
-                ops::add(&mut arena.v[t * vw..(t + 1) * vw], bv);
-            }
+        backend.rms_norm(Buf::Residual, layer.attn_norm, self.eps, t_n, d, Buf::Norm);
+        backend.matmul(layer.wq, Buf::Norm, t_n, Buf::Q);
+        backend.matmul(layer.wk, Buf::Norm, t_n, Buf::K);
+        backend.matmul(layer.wv, Buf::Norm, t_n, Buf::V);
+        if let Some([bq, bk, bv]) = layer.bias {
+            backend.add_bias(Buf::Q, bq, t_n, qw);
+            backend.add_bias(Buf::K, bk, t_n, kw);
+            backend.add_bias(Buf::V, bv, t_n, vw);
         }
-        if let Some([qn, kn]) = &layer.qk_norm {
-            head_norm(&mut arena.q[..t_n * qw], dk, qn, self.eps);
-            head_norm(&mut arena.k[..t_n * kw], dk, kn, self.eps);
+        if let Some([qn, kn]) = layer.qk_norm {
+            backend.head_norm(Buf::Q, qn, self.eps, t_n, qw, s.key_dim);
+            backend.head_norm(Buf::K, kn, self.eps, t_n, kw, s.key_dim);
         }
-        let (theta, window) = match layer.attention {
-            Attention::Sliding { window } => (self.local_theta, Some(window as usize)),
-            _ => (self.theta, None),
+        backend.rope(Buf::Q, step, s.n_heads, s.key_dim, &layer.rope);
+        backend.rope(Buf::K, step, s.n_kv_heads, s.key_dim, &layer.rope);
+        let io = AttentionIo {
+            q: Buf::Q,
+            k: Buf::K,
+            v: Buf::V,
+            out: Buf::AttnOut,
         };
-        let freqs = self.rope_freqs.as_deref();
-        let mut row = 0;
-        for seg in segments {
-            for i in 0..seg.tokens.len() {
-                let (t, pos) = (row + i, seg.seq.len + i);
-                let q = &mut arena.q[t * qw..(t + 1) * qw];
-                ops::rope(q, n_heads, dk, pos, theta, self.neox, freqs);
-                let k = &mut arena.k[t * kw..(t + 1) * kw];
-                ops::rope(k, kvh, dk, pos, theta, self.neox, freqs);
-            }
-            row += seg.tokens.len();
-        }
-        kv.round_to_cache(&mut arena.k[..t_n * kw], dk);
-        kv.round_to_cache(&mut arena.v[..t_n * vw], dv);
-        if kv.dtype() == KvDtype::F16 {
-            // As llama.cpp multiplies q with an f16 K cache: in f16.
-            crate::kv::round_to(KvDtype::F16, &mut arena.q[..t_n * qw], dk);
-        }
-        let shape = AttentionShape {
-            n_heads,
-            n_kv_heads: kvh,
-            key_dim: dk,
-            value_dim: dv,
-            window,
-            scale: self.attn_scale,
-        };
-        attention::attend(
-            pool,
-            &shape,
-            segments,
-            kv,
-            li,
-            &arena.q[..t_n * qw],
-            &arena.k[..t_n * kw],
-            &arena.v[..t_n * vw],
-            &mut arena.attn_out[..t_n * n_heads * dv],
-            &mut arena.attn_scratch,
-            attention::scratch_per_worker(dk, dv),
-        );
-        let mut row = 0;
-        for seg in segments {
-            for i in 0..seg.tokens.len() {
-                let t = row + i;
-                kv.write(
-                    seg.seq,
-                    li,
-                    seg.seq.len + i,
-                    &arena.k[t * kw..(t + 1) * kw],
-                    &arena.v[t * vw..(t + 1) * vw],
-                );
-            }
-            row += seg.tokens.len();
-        }
-        self.mm(
-            pool,
-            &layer.wo,
-            &arena.attn_out[..t_n * n_heads * dv],
-            t_n,
-            &mut arena.branch_out[..t_n * d],
-            &mut arena.q8_rows,
-        );
-        self.add_branch(arena, layer.post_attn_norm.as_deref(), t_n, d);
+        backend.attention(li, s, step, io);
+        backend.kv_write(li, step, Buf::K, Buf::V, s);
+        backend.matmul(layer.wo, Buf::AttnOut, t_n, Buf::BranchOut);
+        self.add_branch(backend, layer.post_attn_norm, t_n);
     }
 
     /// residual += (optionally normed) branch_out.
-    fn add_branch(&self, arena: &mut Arena, post_norm: Option<&[f32]>, t_n: usize, d: usize) {
-        for t in 0..t_n {
-            let r = t * d..(t + 1) * d;
-            match post_norm {
-                Some(w) => {
-                    ops::rms_norm(
-                        &arena.branch_out[r.clone()],
-                        w,
-                        self.eps,
-                        &mut arena.norm[r.clone()],
-                    );
-                    ops::add(&mut arena.residual[r.clone()], &arena.norm[r]);
-                }
-                None => ops::add(&mut arena.residual[r.clone()], &arena.branch_out[r]),
+    fn add_branch(&self, backend: &mut dyn Backend, post_norm: Option<VectorId>, rows: usize) {
+        let d = self.spec.hidden as usize;
+        match post_norm {
+            Some(w) => {
+                backend.rms_norm(Buf::BranchOut, w, self.eps, rows, d, Buf::Norm);
+                backend.add(Buf::Residual, Buf::Norm, rows, d);
             }
+            None => backend.add(Buf::Residual, Buf::BranchOut, rows, d),
         }
     }
 
-    fn activate(&self, gate: &mut [f32], up: &[f32]) {
-        if self.gelu {
-            ops::gelu_tanh_mul(gate, up);
-        } else {
-            ops::silu_mul(gate, up);
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn dense_ffn(
+    /// A gated FFN (`[gate, up, down]`) over `rows` rows of `x` into `out`.
+    fn ffn(
         &self,
-        pool: &Pool,
-        arena: &mut Arena,
-        gate: &Matrix,
-        up: &Matrix,
-        down: &Matrix,
-        t_n: usize,
-        d: usize,
+        backend: &mut dyn Backend,
+        [gate, up, down]: [MatrixId; 3],
+        x: Buf,
+        rows: usize,
+        out: Buf,
     ) {
-        let f = gate.rows;
-        let x = &arena.norm[..t_n * d];
-        self.mm(
-            pool,
-            gate,
-            x,
-            t_n,
-            &mut arena.ffn_gate[..t_n * f],
-            &mut arena.q8_rows,
-        );
-        self.mm(
-            pool,
-            up,
-            x,
-            t_n,
-            &mut arena.ffn_up[..t_n * f],
-            &mut arena.q8_rows,
-        );
-        self.activate(&mut arena.ffn_gate[..t_n * f], &arena.ffn_up[..t_n * f]);
-        self.mm(
-            pool,
-            down,
-            &arena.ffn_gate[..t_n * f],
-            t_n,
-            &mut arena.branch_out[..t_n * d],
-            &mut arena.q8_rows,
-        );
+        let f = if self.spec.n_experts > 0 {
+            self.spec.expert_ffn
+        } else {
+            self.spec.ffn
+        } as usize;
+        backend.matmul(gate, x, rows, Buf::FfnGate);
+        backend.matmul(up, x, rows, Buf::FfnUp);
+        backend.glu(Buf::FfnGate, Buf::FfnUp, rows, f, self.glu);
+        backend.matmul(down, Buf::FfnGate, rows, out);
     }
 
-    /// Routed experts: each token's top-k experts by router softmax; each
-    /// expert runs once over the rows routed to it.
+    /// Routed experts: each row's top-k experts by router softmax; each
+    /// expert runs once over the rows routed to it, and its output is
+    /// added to those rows of `branch_out`, weighted.
     fn moe_ffn(
         &self,
-        pool: &Pool,
-        arena: &mut Arena,
-        router: &Matrix,
-        experts: &[[Matrix; 3]],
-        t_n: usize,
-        d: usize,
+        backend: &mut dyn Backend,
+        router: MatrixId,
+        experts: &[[MatrixId; 3]],
+        rows: usize,
     ) {
-        let n_exp = experts.len();
+        let d = self.spec.hidden as usize;
         let k = self.spec.n_experts_active as usize;
-        self.mm(
-            pool,
-            router,
-            &arena.norm[..t_n * d],
-            t_n,
-            &mut arena.router_logits[..t_n * n_exp],
-            &mut arena.q8_rows,
+        backend.matmul(router, Buf::Norm, rows, Buf::RouterLogits);
+        backend.route_experts(
+            Buf::RouterLogits,
+            rows,
+            experts.len(),
+            k,
+            self.spec.norm_topk_prob,
         );
-        for t in 0..t_n {
-            let logits = &mut arena.router_logits[t * n_exp..(t + 1) * n_exp];
-            ops::softmax(logits);
-            let routes = &mut arena.expert_routes[t * k..(t + 1) * k];
-            for slot in routes.iter_mut() {
-                let (best, &p) = logits
-                    .iter()
-                    .enumerate()
-                    .max_by(|a, b| a.1.total_cmp(b.1))
-                    .expect("experts exist");
-                *slot = (best as u32, p);
-                logits[best] = f32::NEG_INFINITY;
-            }
-            if self.spec.norm_topk_prob {
-                let total: f32 = routes.iter().map(|r| r.1).sum();
-                routes.iter_mut().for_each(|r| r.1 /= total);
-            }
-        }
-        arena.branch_out[..t_n * d].fill(0.0);
-        for (e, [gate, up, down]) in experts.iter().enumerate() {
-            // Gather the rows routed to expert e.
-            let mut n = 0;
-            for t in 0..t_n {
-                if arena.expert_routes[t * k..(t + 1) * k]
-                    .iter()
-                    .any(|r| r.0 as usize == e)
-                {
-                    let (src, dst) = (t * d, n * d);
-                    let row: &[f32] = &arena.norm[src..src + d];
-                    arena.moe_in[dst..dst + d].copy_from_slice(row);
-                    n += 1;
-                }
-            }
+        backend.zero(Buf::BranchOut, rows, d);
+        for (e, expert) in experts.iter().enumerate() {
+            let n = backend.gather_expert_rows(e, rows, k, Buf::Norm, d, Buf::MoeIn);
             if n == 0 {
                 continue;
             }
-            let f = gate.rows;
-            self.mm(
-                pool,
-                gate,
-                &arena.moe_in[..n * d],
-                n,
-                &mut arena.ffn_gate[..n * f],
-                &mut arena.q8_rows,
-            );
-            self.mm(
-                pool,
-                up,
-                &arena.moe_in[..n * d],
-                n,
-                &mut arena.ffn_up[..n * f],
-                &mut arena.q8_rows,
-            );
-            self.activate(&mut arena.ffn_gate[..n * f], &arena.ffn_up[..n * f]);
-            self.mm(
-                pool,
-                down,
-                &arena.ffn_gate[..n * f],
-                n,
-                &mut arena.moe_out[..n * d],
-                &mut arena.q8_rows,
-            );
-            // Scatter back, weighted by each token's router weight for e.
-            let mut i = 0;
-            for t in 0..t_n {
-                if let Some(&(_, w)) = arena.expert_routes[t * k..(t + 1) * k]
-                    .iter()
-                    .find(|r| r.0 as usize == e)
-                {
-                    ops::axpy(
-                        &mut arena.branch_out[t * d..(t + 1) * d],
-                        w,
-                        &arena.moe_out[i * d..(i + 1) * d],
-                    );
-                    i += 1;
-                }
-            }
+            self.ffn(backend, *expert, Buf::MoeIn, n, Buf::MoeOut);
+            backend.scatter_expert_rows(e, rows, k, Buf::MoeOut, d, Buf::BranchOut);
         }
     }
 }
 
-/// RMS-normalizes each head of each row in place (Qwen3 and Gemma 3 q/k norms).
-fn head_norm(x: &mut [f32], head_dim: usize, weight: &[f32], eps: f32) {
-    let mut tmp = [0f32; MAX_HEAD_DIM];
-    for head in x.chunks_exact_mut(head_dim) {
-        tmp[..head_dim].copy_from_slice(head);
-        ops::rms_norm(&tmp[..head_dim], weight, eps, head);
-    }
+/// What every layer's attention shares.
+struct LayerGlobals {
+    attn_scale: f32,
+    theta: f32,
+    /// Base frequency of sliding-window layers.
+    local_theta: f32,
+    neox: bool,
+    freqs: Option<VectorId>,
 }
 
-#[allow(clippy::too_many_arguments)]
 fn load_layer(
-    files: &WeightFiles,
+    loader: &mut Loader,
     naming: &Naming,
     spec: &ModelSpec,
+    globals: &LayerGlobals,
     i: usize,
     l: &fathom_spec::Layer,
     n: &LayerNames,
-    plus_one: bool,
-    converted: &mut usize,
 ) -> Result<Layer, EngineError> {
     let d = spec.hidden as usize;
     let n_heads = spec.n_heads as usize;
@@ -631,92 +437,99 @@ fn load_layer(
         l.key_dim as usize,
         l.value_dim as usize,
     );
-    let opt =
-        |name: &str, len: usize, converted: &mut usize| -> Result<Option<Vec<f32>>, EngineError> {
-            if files.has(name) {
-                vector(files, name, len, plus_one, converted).map(Some)
-            } else {
-                Ok(None)
-            }
-        };
-    let bias = if files.has(&n.q_bias) {
-        let mut b = |name: &str, len| vector(files, name, len, false, converted);
+    let bias = if loader.files.has(&n.q_bias) {
         Some([
-            b(&n.q_bias, n_heads * dk)?,
-            b(&n.k_bias, kvh * dk)?,
-            b(&n.v_bias, kvh * dv)?,
+            loader.vector(&n.q_bias, n_heads * dk, false)?,
+            loader.vector(&n.k_bias, kvh * dk, false)?,
+            loader.vector(&n.v_bias, kvh * dv, false)?,
         ])
     } else {
         None
     };
     let qk_norm = match (
-        opt(&n.q_norm, dk, converted)?,
-        opt(&n.k_norm, dk, converted)?,
+        loader.optional_vector(&n.q_norm, dk, true)?,
+        loader.optional_vector(&n.k_norm, dk, true)?,
     ) {
         (Some(q), Some(k)) => Some([q, k]),
         _ => None,
     };
-    let gemma = spec.family == Family::Gemma3;
-    let post_attn_norm = if gemma {
-        Some(vector(files, &n.post_attn_norm, d, plus_one, converted)?)
+    let (post_attn_norm, post_ffn_norm) = if spec.block.post_norms {
+        (
+            Some(loader.vector(&n.post_attn_norm, d, true)?),
+            Some(loader.vector(&n.post_ffn_norm, d, true)?),
+        )
     } else {
-        None
-    };
-    let post_ffn_norm = if gemma {
-        Some(vector(files, &n.post_ffn_norm, d, plus_one, converted)?)
-    } else {
-        None
+        (None, None)
     };
     let ffn = if spec.n_experts > 0 {
         let (e_n, f) = (spec.n_experts as usize, spec.expert_ffn as usize);
-        let experts = (0..e_n)
-            .map(|e| -> Result<[Matrix; 3], EngineError> {
-                match naming {
-                    Naming::Gguf => {
-                        let [g, u, dn] = Naming::gguf_experts(i);
-                        Ok([
-                            files.stacked_matrix(&g, e, e_n, f, d)?,
-                            files.stacked_matrix(&u, e, e_n, f, d)?,
-                            files.stacked_matrix(&dn, e, e_n, d, f)?,
-                        ])
-                    }
-                    Naming::Hf { .. } => {
-                        let [g, u, dn] = naming.hf_expert(i, e);
-                        Ok([
-                            files.matrix(&g, f, d)?,
-                            files.matrix(&u, f, d)?,
-                            files.matrix(&dn, d, f)?,
-                        ])
-                    }
+        let mut experts = Vec::with_capacity(e_n);
+        for e in 0..e_n {
+            let [g, u, dn] = match naming {
+                Naming::Gguf => {
+                    let [g, u, dn] = Naming::gguf_experts(i);
+                    let files = loader.files;
+                    [
+                        files.stacked_matrix(&g, e, e_n, f, d)?,
+                        files.stacked_matrix(&u, e, e_n, f, d)?,
+                        files.stacked_matrix(&dn, e, e_n, d, f)?,
+                    ]
                 }
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+                Naming::Hf { .. } => {
+                    let [g, u, dn] = naming.hf_expert(i, e);
+                    let files = loader.files;
+                    [
+                        files.matrix(&g, f, d)?,
+                        files.matrix(&u, f, d)?,
+                        files.matrix(&dn, d, f)?,
+                    ]
+                }
+            };
+            experts.push([loader.matrix(g)?, loader.matrix(u)?, loader.matrix(dn)?]);
+        }
         Ffn::Moe {
-            router: files.matrix(&n.router, e_n, d)?,
+            router: loader.named_matrix(&n.router, e_n, d)?,
             experts,
         }
     } else {
         let f = spec.ffn as usize;
         Ffn::Dense {
-            gate: files.matrix(&n.gate, f, d)?,
-            up: files.matrix(&n.up, f, d)?,
-            down: files.matrix(&n.down, d, f)?,
+            gate: loader.named_matrix(&n.gate, f, d)?,
+            up: loader.named_matrix(&n.up, f, d)?,
+            down: loader.named_matrix(&n.down, d, f)?,
         }
     };
+    let window = match l.attention {
+        Attention::Sliding { window } => Some(window as usize),
+        _ => None,
+    };
     Ok(Layer {
-        attention: l.attention,
-        n_kv_heads: kvh,
-        key_dim: dk,
-        value_dim: dv,
-        attn_norm: vector(files, &n.attn_norm, d, plus_one, converted)?,
-        wq: files.matrix(&n.q, n_heads * dk, d)?,
-        wk: files.matrix(&n.k, kvh * dk, d)?,
-        wv: files.matrix(&n.v, kvh * dv, d)?,
-        wo: files.matrix(&n.o, d, n_heads * dv)?,
+        shape: AttentionShape {
+            n_heads,
+            n_kv_heads: kvh,
+            key_dim: dk,
+            value_dim: dv,
+            window,
+            scale: globals.attn_scale,
+        },
+        rope: RopeParams {
+            theta: if window.is_some() {
+                globals.local_theta
+            } else {
+                globals.theta
+            },
+            neox: globals.neox,
+            freqs: globals.freqs,
+        },
+        attn_norm: loader.vector(&n.attn_norm, d, true)?,
+        wq: loader.named_matrix(&n.q, n_heads * dk, d)?,
+        wk: loader.named_matrix(&n.k, kvh * dk, d)?,
+        wv: loader.named_matrix(&n.v, kvh * dv, d)?,
+        wo: loader.named_matrix(&n.o, d, n_heads * dv)?,
         bias,
         qk_norm,
         post_attn_norm,
-        ffn_norm: vector(files, &n.ffn_norm, d, plus_one, converted)?,
+        ffn_norm: loader.vector(&n.ffn_norm, d, true)?,
         post_ffn_norm,
         ffn,
     })

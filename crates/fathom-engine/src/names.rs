@@ -1,7 +1,5 @@
 //! Tensor names per format: llama.cpp's GGUF names or Hugging Face's.
 
-use fathom_spec::Family;
-
 /// The names of one layer's tensors in one checkpoint format.
 pub struct LayerNames {
     pub attn_norm: String,
@@ -58,7 +56,9 @@ impl Naming {
         }
     }
 
-    pub fn layer(&self, family: &Family, i: usize) -> LayerNames {
+    /// Layer `i`'s names; `post_norms` models (Gemma 3) name their
+    /// pre-FFN norm apart from the post-attention one.
+    pub fn layer(&self, post_norms: bool, i: usize) -> LayerNames {
         match self {
             Naming::Gguf => {
                 let b = |s: &str| format!("blk.{i}.{s}");
@@ -84,7 +84,6 @@ impl Naming {
             }
             Naming::Hf { prefix } => {
                 let b = |s: &str| format!("{prefix}layers.{i}.{s}");
-                let gemma = *family == Family::Gemma3;
                 LayerNames {
                     attn_norm: b("input_layernorm.weight"),
                     q: b("self_attn.q_proj.weight"),
@@ -100,7 +99,7 @@ impl Naming {
                     // Gemma names its pre-FFN norm apart from the
                     // post-attention one; the others use the latter as the
                     // pre-FFN norm.
-                    ffn_norm: if gemma {
+                    ffn_norm: if post_norms {
                         b("pre_feedforward_layernorm.weight")
                     } else {
                         b("post_attention_layernorm.weight")

@@ -5,9 +5,11 @@
 
 use std::fs::File;
 use std::path::Path;
+use std::sync::Arc;
 
+use fathom_backend::{HostBytes, HostMatrix, MatrixStorage};
 use fathom_checkpoint::{Checkpoint, GgufFile, HfCheckpoint, MlxQuantization, StDtype};
-use fathom_kernels::{AffineWeights, WeightType, Weights, AFFINE_BITS};
+use fathom_kernels::{WeightType, AFFINE_BITS};
 use memmap2::Mmap;
 
 use crate::EngineError;
@@ -18,36 +20,6 @@ pub struct TensorLoc {
     file: usize,
     offset: usize,
     len: usize,
-}
-
-/// How a matrix's values are stored.
-#[derive(Debug, Clone, Copy)]
-enum Storage {
-    /// ggml blocks (or plain floats).
-    Blocks(WeightType),
-    /// MLX affine: packed words here, scales and biases beside them.
-    Affine {
-        bits: u32,
-        group: usize,
-        scales: TensorLoc,
-        biases: TensorLoc,
-        bf16: bool,
-    },
-}
-
-/// A matrix in its stored format: `rows` rows of `cols` values.
-#[derive(Debug, Clone, Copy)]
-pub struct Matrix {
-    loc: TensorLoc,
-    storage: Storage,
-    pub rows: usize,
-    pub cols: usize,
-}
-
-/// A matrix's bytes, for the kernel that reads its storage.
-pub enum MatrixView<'a> {
-    Blocks(Weights<'a>),
-    Affine(AffineWeights<'a>),
 }
 
 /// A stored tensor as the loader sees it, before it is given a role.
@@ -88,12 +60,12 @@ impl StoredTensor {
 
 /// The mapped checkpoint files and their tensor table.
 pub struct WeightFiles {
-    maps: Vec<Mmap>,
+    maps: Vec<Arc<Mmap>>,
     tensors: Vec<StoredTensor>,
     mlx: Option<MlxQuantization>,
 }
 
-fn map(path: &Path) -> Result<Mmap, EngineError> {
+fn map(path: &Path) -> Result<Arc<Mmap>, EngineError> {
     let io = |source| EngineError::Io {
         path: path.to_path_buf(),
         source,
@@ -103,7 +75,7 @@ fn map(path: &Path) -> Result<Mmap, EngineError> {
     // checkpoint readers have bounded every tensor inside the file's size.
     // Another process truncating the file while it is mapped is outside
     // what any mmap-based runtime can defend against.
-    unsafe { Mmap::map(&file) }.map_err(io)
+    unsafe { Mmap::map(&file) }.map(Arc::new).map_err(io)
 }
 
 fn gguf_tensors(file: &GgufFile) -> Vec<StoredTensor> {
@@ -179,17 +151,23 @@ impl WeightFiles {
         &self.maps[loc.file][loc.offset..loc.offset + loc.len]
     }
 
+    /// The bytes at `loc`, shared with the map (readers bounded every
+    /// tensor inside its file).
+    fn host(&self, loc: TensorLoc) -> Result<HostBytes, EngineError> {
+        HostBytes::new(self.maps[loc.file].clone(), loc.offset, loc.len).map_err(EngineError::from)
+    }
+
     /// The matrix `name`, checked to be `[rows, cols]` (or, MLX-packed,
     /// `[rows, cols·bits/32]` words with `[rows, cols/group]` scales and biases).
-    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix, EngineError> {
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<HostMatrix, EngineError> {
         let t = self.tensor(name)?;
         if let (Some(q), "U32") = (self.mlx, t.dtype.as_str()) {
             return self.affine_matrix(t, q, rows, cols);
         }
         let ty = t.checked(&[rows as u64, cols as u64])?;
-        Ok(Matrix {
-            loc: t.loc,
-            storage: Storage::Blocks(ty),
+        Ok(HostMatrix {
+            data: self.host(t.loc)?,
+            storage: MatrixStorage::Blocks(ty),
             rows,
             cols,
         })
@@ -201,7 +179,7 @@ impl WeightFiles {
         q: MlxQuantization,
         rows: usize,
         cols: usize,
-    ) -> Result<Matrix, EngineError> {
+    ) -> Result<HostMatrix, EngineError> {
         let (bits, group) = (q.bits, q.group_size as usize);
         if !AFFINE_BITS.contains(&bits) || !cols.is_multiple_of(group) {
             return Err(EngineError::UnsupportedDtype {
@@ -222,46 +200,18 @@ impl WeightFiles {
             }
         };
         let (scales, biases) = (aux("scales")?, aux("biases")?);
-        Ok(Matrix {
-            loc: t.loc,
-            storage: Storage::Affine {
+        Ok(HostMatrix {
+            data: self.host(t.loc)?,
+            storage: MatrixStorage::Affine {
                 bits,
                 group,
-                scales: scales.loc,
-                biases: biases.loc,
+                scales: self.host(scales.loc)?,
+                biases: self.host(biases.loc)?,
                 bf16: scales.ty == Some(WeightType::BF16),
             },
             rows,
             cols,
         })
-    }
-
-    /// The view of a matrix for the kernels.
-    pub fn view(&self, m: &Matrix) -> MatrixView<'_> {
-        match m.storage {
-            Storage::Blocks(ty) => MatrixView::Blocks(Weights {
-                ty,
-                rows: m.rows,
-                cols: m.cols,
-                data: self.bytes(m.loc),
-            }),
-            Storage::Affine {
-                bits,
-                group,
-                scales,
-                biases,
-                bf16,
-            } => MatrixView::Affine(AffineWeights {
-                bits,
-                group,
-                rows: m.rows,
-                cols: m.cols,
-                packed: self.bytes(m.loc),
-                scales: self.bytes(scales),
-                biases: self.bytes(biases),
-                bf16,
-            }),
-        }
     }
 
     /// The 1-D tensor `name` of `len` values as f32 (converted: these are
@@ -288,24 +238,21 @@ impl WeightFiles {
     /// model uses are resident before the first token instead of faulting
     /// in during it (and nothing else of the files is touched);
     /// `progress(done, total)` follows in bytes.
-    pub fn prefault(&self, matrices: &[Matrix], progress: &mut dyn FnMut(u64, u64)) {
+    pub fn prefault(matrices: &[HostMatrix], progress: &mut dyn FnMut(u64, u64)) {
         const PAGE: usize = 4096;
-        let locs = |m: &Matrix| {
-            let aux = match m.storage {
-                Storage::Affine { scales, biases, .. } => [Some(scales), Some(biases)],
-                Storage::Blocks(_) => [None, None],
-            };
-            std::iter::once(m.loc).chain(aux.into_iter().flatten())
-        };
-        let total: u64 = matrices.iter().flat_map(locs).map(|l| l.len as u64).sum();
+        let total: u64 = matrices
+            .iter()
+            .flat_map(HostMatrix::ranges)
+            .map(|r| r.len() as u64)
+            .sum();
         let mut done = 0u64;
-        for loc in matrices.iter().flat_map(locs) {
+        for range in matrices.iter().flat_map(HostMatrix::ranges) {
             let mut sum = 0u8;
-            for page in self.bytes(loc).chunks(PAGE) {
+            for page in range.bytes().chunks(PAGE) {
                 sum = sum.wrapping_add(page[0]);
             }
             std::hint::black_box(sum);
-            done += loc.len as u64;
+            done += range.len() as u64;
             progress(done, total);
         }
     }
@@ -325,17 +272,17 @@ impl WeightFiles {
         count: usize,
         rows: usize,
         cols: usize,
-    ) -> Result<Matrix, EngineError> {
+    ) -> Result<HostMatrix, EngineError> {
         let t = self.tensor(name)?;
         let ty = t.checked(&[count as u64, rows as u64, cols as u64])?;
         let bytes = rows * ty.row_bytes(cols);
-        Ok(Matrix {
-            loc: TensorLoc {
+        Ok(HostMatrix {
+            data: self.host(TensorLoc {
                 file: t.loc.file,
                 offset: t.loc.offset + index * bytes,
                 len: bytes,
-            },
-            storage: Storage::Blocks(ty),
+            })?,
+            storage: MatrixStorage::Blocks(ty),
             rows,
             cols,
         })

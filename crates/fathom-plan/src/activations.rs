@@ -1,9 +1,10 @@
 //! The activation arena: one allocation sized for the largest step.
 //!
-//! The engine carves its working buffers out of this arena at start-up, in
-//! this order and with this alignment, so the plan and the allocation are
-//! the same list. Activations are f32; quantized matmuls also need the
-//! input rows quantized to 8 bits.
+//! The backend allocates its buffers (all but the host-side sampler
+//! candidates and token ids, which the engine holds) as one allocation at
+//! start-up and carves them at the offsets computed here, so the plan and
+//! the allocation are the same list. Activations are f32; quantized
+//! matmuls also need the input rows quantized to 8 bits.
 
 use fathom_spec::ModelSpec;
 use serde::Serialize;

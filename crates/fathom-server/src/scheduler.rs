@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
-use fathom_engine::{Engine, OutputText, Sampler, Segment, SeqKv};
+use fathom_engine::{plan_step, Engine, OutputText, Sampler, Segment, SeqKv};
 
 use crate::job::{Event, FinishReason, Job, SubmitError};
 use crate::stats::SchedulerStats;
@@ -206,7 +206,7 @@ impl<'a> Loop<'a> {
                 }
             }
             self.drop_cancelled();
-            self.admit();
+            self.fill_slots();
             if let Err(message) = self.step() {
                 for mut slot in self.running.drain(..) {
                     if let Some(mut kv) = slot.kv.take() {
@@ -241,7 +241,7 @@ impl<'a> Loop<'a> {
 
     /// Moves queued jobs into free slots while their prompts' blocks can
     /// be reserved; the queue is FIFO, so the head blocks the rest.
-    fn admit(&mut self) {
+    fn fill_slots(&mut self) {
         while self.running.len() < self.config.parallel {
             let Some(mut slot) = self.queue.pop_front() else {
                 return;
@@ -251,7 +251,7 @@ impl<'a> Loop<'a> {
                 self.finish(slot, outcome);
                 continue;
             }
-            let mut kv = self.engine.start_sequence(&slot.tokens);
+            let mut kv = self.engine.open_sequence(&slot.tokens);
             if !self.engine.reserve(&mut kv, slot.tokens.len()) {
                 self.engine.release(&mut kv);
                 if self.running.is_empty() {
@@ -352,20 +352,13 @@ impl<'a> Loop<'a> {
             }
             i += 1;
         }
-        // Tokens each running sequence runs this step: decoding ones first
-        // (one token each), so long prompts do not stall them, then prompt
-        // chunks, oldest first, up to the step's budget.
-        let mut budget = self.engine.step_tokens();
-        self.chunk.clear();
-        self.chunk.resize(self.running.len(), 0);
-        for decoding in [true, false] {
-            for (i, slot) in self.running.iter().enumerate() {
-                if (slot.pending() == 1) == decoding {
-                    self.chunk[i] = slot.pending().min(budget);
-                    budget -= self.chunk[i];
-                }
-            }
-        }
+        // Tokens each running sequence runs this step, by the engine's one
+        // batching policy: decoding ones first, then prompt chunks.
+        plan_step(
+            self.running.iter().map(Slot::pending),
+            self.engine.step_tokens(),
+            &mut self.chunk,
+        );
         let mut segments = Vec::with_capacity(self.running.len());
         for (slot, &n) in self.running.iter_mut().zip(&self.chunk) {
             if n == 0 {

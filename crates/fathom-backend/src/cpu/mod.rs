@@ -1,1 +1,342 @@
-//! The CPU backend.
+//! The CPU backend: today's kernels (AVX-512 VNNI, AVX2 or portable,
+//! chosen at run time) on the persistent worker pool, over an arena and a
+//! KV store in host memory.
+
+mod arena;
+mod attention;
+mod kv;
+
+use fathom_kernels::{ops, Pool};
+use fathom_plan::activations::ArenaBuffer;
+use fathom_plan::available::proc_kib;
+use fathom_plan::KvDtype;
+
+pub use arena::Route;
+use arena::{routes, Arena};
+use kv::KvStore;
+
+use crate::{
+    AttentionIo, AttentionShape, Backend, BackendError, Buf, DeviceMemory, Glu, HostMatrix,
+    KvLayout, MatrixId, MatrixView, RopeParams, Step, VectorId,
+};
+
+/// Largest head dimension the per-head norms handle on the stack.
+const MAX_HEAD_DIM: usize = 1024;
+
+pub struct CpuBackend {
+    pool: Pool,
+    arena: Arena,
+    kv: KvStore,
+    matrices: Vec<HostMatrix>,
+    vectors: Vec<Vec<f32>>,
+}
+
+impl CpuBackend {
+    /// A backend with `threads` workers, the plan's arena `buffers` and KV
+    /// `layout`, each allocated once, here.
+    pub fn new(threads: usize, buffers: &[ArenaBuffer], layout: KvLayout) -> Self {
+        CpuBackend {
+            pool: Pool::new(threads),
+            arena: Arena::new(buffers),
+            kv: KvStore::new(&layout),
+            matrices: Vec::new(),
+            vectors: Vec::new(),
+        }
+    }
+
+    /// Bytes of the arena and of the KV store: the plan's device-side
+    /// activations and its `kv` term.
+    pub fn allocated(&self) -> (usize, usize) {
+        (self.arena.bytes(), self.kv.bytes())
+    }
+
+    /// out = x · mᵀ for `n` rows of x, with the kernel for m's storage.
+    fn mm(pool: &Pool, m: &HostMatrix, x: &[f32], n: usize, out: &mut [f32], q8: &mut [u8]) {
+        match m.view() {
+            MatrixView::Blocks(w) => fathom_kernels::matmul(pool, &w, x, n, out, q8),
+            MatrixView::Affine(w) => fathom_kernels::affine_matmul(pool, &w, x, n, out),
+        }
+    }
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn memory(&self) -> DeviceMemory {
+        let (free, total) = host_memory();
+        DeviceMemory { free, total }
+    }
+
+    fn load_matrix(&mut self, matrix: HostMatrix) -> Result<MatrixId, BackendError> {
+        // Read in place: the matrix keeps the mapped file alive.
+        self.matrices.push(matrix);
+        Ok(MatrixId(self.matrices.len() as u32 - 1))
+    }
+
+    fn load_vector(&mut self, values: &[f32]) -> Result<VectorId, BackendError> {
+        self.vectors.push(values.to_vec());
+        Ok(VectorId(self.vectors.len() as u32 - 1))
+    }
+
+    fn embed(&mut self, table: MatrixId, tokens: &[u32], scale: f32, out: Buf) {
+        let m = &self.matrices[table.0 as usize];
+        let d = m.cols;
+        let out = self.arena.f32(out);
+        for (t, &tok) in tokens.iter().enumerate() {
+            let dst = &mut out[t * d..(t + 1) * d];
+            match m.view() {
+                MatrixView::Blocks(w) => {
+                    let row_bytes = w.ty.row_bytes(d);
+                    let row = &w.data[tok as usize * row_bytes..(tok as usize + 1) * row_bytes];
+                    fathom_kernels::dequantize_row(w.ty, row, dst);
+                }
+                MatrixView::Affine(w) => {
+                    fathom_kernels::affine_dequantize_row(&w, tok as usize, dst)
+                }
+            }
+            if scale != 1.0 {
+                ops::scale(dst, scale);
+            }
+        }
+    }
+
+    fn matmul(&mut self, w: MatrixId, x: Buf, rows: usize, out: Buf) {
+        let m = &self.matrices[w.0 as usize];
+        let [x, out, q8] = self.arena.get([x, out, Buf::Q8Rows]);
+        let (x, out) = (arena::f32s(x), arena::f32s(out));
+        Self::mm(
+            &self.pool,
+            m,
+            &x[..rows * m.cols],
+            rows,
+            &mut out[..rows * m.rows],
+            q8,
+        );
+    }
+
+    fn rms_norm(&mut self, x: Buf, w: VectorId, eps: f32, rows: usize, width: usize, out: Buf) {
+        let w = &self.vectors[w.0 as usize];
+        let [x, out] = self.arena.f32s([x, out]);
+        for t in 0..rows {
+            let r = t * width..(t + 1) * width;
+            ops::rms_norm(&x[r.clone()], w, eps, &mut out[r]);
+        }
+    }
+
+    fn head_norm(
+        &mut self,
+        x: Buf,
+        w: VectorId,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        head_dim: usize,
+    ) {
+        assert!(head_dim <= MAX_HEAD_DIM, "head dim {head_dim}");
+        let w = &self.vectors[w.0 as usize];
+        let mut tmp = [0f32; MAX_HEAD_DIM];
+        for head in self.arena.f32(x)[..rows * width].chunks_exact_mut(head_dim) {
+            tmp[..head_dim].copy_from_slice(head);
+            ops::rms_norm(&tmp[..head_dim], w, eps, head);
+        }
+    }
+
+    fn add_bias(&mut self, x: Buf, b: VectorId, rows: usize, width: usize) {
+        let b = &self.vectors[b.0 as usize];
+        for row in self.arena.f32(x)[..rows * width].chunks_exact_mut(width) {
+            ops::add(row, b);
+        }
+    }
+
+    fn add(&mut self, dst: Buf, src: Buf, rows: usize, width: usize) {
+        let [dst, src] = self.arena.f32s([dst, src]);
+        for t in 0..rows {
+            let r = t * width..(t + 1) * width;
+            ops::add(&mut dst[r.clone()], &src[r]);
+        }
+    }
+
+    fn gather_rows(&mut self, src: Buf, src_rows: &[usize], width: usize, dst: Buf) {
+        let [src, dst] = self.arena.f32s([src, dst]);
+        for (i, &r) in src_rows.iter().enumerate() {
+            dst[i * width..(i + 1) * width].copy_from_slice(&src[r * width..(r + 1) * width]);
+        }
+    }
+
+    fn rope(&mut self, x: Buf, step: &Step, n_heads: usize, head_dim: usize, rope: &RopeParams) {
+        let freqs = rope.freqs.map(|f| self.vectors[f.0 as usize].as_slice());
+        let x = self.arena.f32(x);
+        let width = n_heads * head_dim;
+        for (t, pos) in step.positions().enumerate() {
+            let row = &mut x[t * width..(t + 1) * width];
+            ops::rope(row, n_heads, head_dim, pos, rope.theta, rope.neox, freqs);
+        }
+    }
+
+    fn glu(&mut self, gate: Buf, up: Buf, rows: usize, width: usize, act: Glu) {
+        let [gate, up] = self.arena.f32s([gate, up]);
+        let (gate, up) = (&mut gate[..rows * width], &up[..rows * width]);
+        match act {
+            Glu::Silu => ops::silu_mul(gate, up),
+            Glu::GeluTanh => ops::gelu_tanh_mul(gate, up),
+        }
+    }
+
+    fn attention(&mut self, layer: usize, shape: &AttentionShape, step: &Step, io: AttentionIo) {
+        let s = shape;
+        let t_n = step.rows;
+        let (qw, kw, vw) = (
+            s.n_heads * s.key_dim,
+            s.n_kv_heads * s.key_dim,
+            s.n_kv_heads * s.value_dim,
+        );
+        let dtype = self.kv.dtype();
+        let [q, k, v, out, scratch] = self
+            .arena
+            .f32s([io.q, io.k, io.v, io.out, Buf::AttnScratch]);
+        kv::round_to(dtype, &mut k[..t_n * kw], s.key_dim);
+        kv::round_to(dtype, &mut v[..t_n * vw], s.value_dim);
+        if dtype == KvDtype::F16 {
+            // As llama.cpp multiplies q with an f16 K cache: in f16.
+            kv::round_to(KvDtype::F16, &mut q[..t_n * qw], s.key_dim);
+        }
+        attention::attend(
+            &self.pool,
+            s,
+            step,
+            &self.kv,
+            layer,
+            attention::Buffers {
+                q: &q[..t_n * qw],
+                k: &k[..t_n * kw],
+                v: &v[..t_n * vw],
+                out: &mut out[..t_n * s.n_heads * s.value_dim],
+                scratch,
+            },
+        );
+    }
+
+    fn kv_write(&mut self, layer: usize, step: &Step, k: Buf, v: Buf, shape: &AttentionShape) {
+        let (kw, vw) = (
+            shape.n_kv_heads * shape.key_dim,
+            shape.n_kv_heads * shape.value_dim,
+        );
+        let [k, v] = self.arena.f32s([k, v]);
+        let mut row = 0;
+        for seq in step.seqs {
+            for i in 0..seq.tokens {
+                let t = row + i;
+                self.kv.write(
+                    seq.tables,
+                    layer,
+                    seq.start + i,
+                    &k[t * kw..(t + 1) * kw],
+                    &v[t * vw..(t + 1) * vw],
+                );
+            }
+            row += seq.tokens;
+        }
+    }
+
+    fn route_experts(
+        &mut self,
+        logits: Buf,
+        rows: usize,
+        n_experts: usize,
+        k: usize,
+        normalize: bool,
+    ) {
+        let [logits, all] = self.arena.get([logits, Buf::ExpertRoutes]);
+        let (logits, all) = (arena::f32s(logits), routes(all));
+        for t in 0..rows {
+            let logits = &mut logits[t * n_experts..(t + 1) * n_experts];
+            ops::softmax(logits);
+            let chosen = &mut all[t * k..(t + 1) * k];
+            for slot in chosen.iter_mut() {
+                let (best, &p) = logits
+                    .iter()
+                    .enumerate()
+                    .max_by(|a, b| a.1.total_cmp(b.1))
+                    .expect("experts exist");
+                *slot = Route {
+                    expert: best as u32,
+                    weight: p,
+                };
+                logits[best] = f32::NEG_INFINITY;
+            }
+            if normalize {
+                let total: f32 = chosen.iter().map(|r| r.weight).sum();
+                chosen.iter_mut().for_each(|r| r.weight /= total);
+            }
+        }
+    }
+
+    fn gather_expert_rows(
+        &mut self,
+        expert: usize,
+        rows: usize,
+        k: usize,
+        src: Buf,
+        width: usize,
+        dst: Buf,
+    ) -> usize {
+        let [all, src, dst] = self.arena.get([Buf::ExpertRoutes, src, dst]);
+        let (all, src, dst) = (routes(all), arena::f32s(src), arena::f32s(dst));
+        let mut n = 0;
+        for t in 0..rows {
+            if all[t * k..(t + 1) * k]
+                .iter()
+                .any(|r| r.expert as usize == expert)
+            {
+                dst[n * width..(n + 1) * width].copy_from_slice(&src[t * width..(t + 1) * width]);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    fn scatter_expert_rows(
+        &mut self,
+        expert: usize,
+        rows: usize,
+        k: usize,
+        src: Buf,
+        width: usize,
+        dst: Buf,
+    ) {
+        let [all, src, dst] = self.arena.get([Buf::ExpertRoutes, src, dst]);
+        let (all, src, dst) = (routes(all), arena::f32s(src), arena::f32s(dst));
+        let mut i = 0;
+        for t in 0..rows {
+            if let Some(r) = all[t * k..(t + 1) * k]
+                .iter()
+                .find(|r| r.expert as usize == expert)
+            {
+                ops::axpy(
+                    &mut dst[t * width..(t + 1) * width],
+                    r.weight,
+                    &src[i * width..(i + 1) * width],
+                );
+                i += 1;
+            }
+        }
+    }
+
+    fn zero(&mut self, x: Buf, rows: usize, width: usize) {
+        self.arena.f32(x)[..rows * width].fill(0.0);
+    }
+
+    fn logits(&mut self, rows: usize, width: usize) -> &mut [f32] {
+        // Host memory already: the arena's own buffer.
+        &mut self.arena.f32(Buf::Logits)[..rows * width]
+    }
+}
+
+/// `MemAvailable` and `MemTotal` from /proc/meminfo (0 where unreadable).
+fn host_memory() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let bytes = |key| proc_kib(&text, key).map_or(0, |kib| kib.saturating_mul(1024));
+    (bytes("MemAvailable"), bytes("MemTotal"))
+}

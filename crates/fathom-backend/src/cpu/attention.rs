@@ -9,22 +9,12 @@
 use fathom_kernels::{ops, Pool};
 use fathom_plan::kv::KV_BLOCK_TOKENS;
 
-use crate::kv::{KvPool, LayerKv};
-use crate::model::Segment;
+use super::kv::{KvStore, LayerKv};
+use crate::{AttentionShape, Step, StepSeq};
 
 const BLOCK: usize = KV_BLOCK_TOKENS as usize;
 /// Query heads per KV head handled on the stack; real models use up to 16.
 const MAX_GROUP: usize = 64;
-
-/// Shapes of one layer's attention.
-pub struct AttentionShape {
-    pub n_heads: usize,
-    pub n_kv_heads: usize,
-    pub key_dim: usize,
-    pub value_dim: usize,
-    pub window: Option<usize>,
-    pub scale: f32,
-}
 
 /// One sequence's chunk within a step, as a work item sees it.
 struct Span<'a> {
@@ -60,30 +50,41 @@ impl SharedOut {
 const TILE: usize = 16;
 
 /// `out[t][h]` = softmax(q·K / √d) V over positions `max(0, p-w+1) ..= p`,
-/// for every segment of the step (its cache is `layer` of `kv`) in one
+/// for every sequence of the step (its cache is `layer` of `kv`) in one
 /// hand-off to the pool.
-/// `q`: rows × heads × key_dim; `k`, `v`: rows × kv_heads × dims (the step's
-/// chunks); `scratch`: per worker, `BLOCK + value_dim + BLOCK × (key_dim +
-/// value_dim)` f32.
-#[allow(clippy::too_many_arguments)]
+/// The buffers of one layer's attention: `q` rows × heads × key_dim; `k`,
+/// `v` rows × kv_heads × dims (the step's own rows); `out` rows × heads ×
+/// value_dim; `scratch` per worker, [`scratch_per_worker`] f32 each.
+pub struct Buffers<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub out: &'a mut [f32],
+    pub scratch: &'a mut [f32],
+}
+
 pub fn attend(
     pool: &Pool,
     shape: &AttentionShape,
-    segments: &[Segment],
-    kv: &KvPool,
+    step: &Step,
+    kv: &KvStore,
     layer: usize,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    out: &mut [f32],
-    scratch: &mut [f32],
-    scratch_per_worker: usize,
+    bufs: Buffers,
 ) {
+    let Buffers {
+        q,
+        k,
+        v,
+        out,
+        scratch,
+    } = bufs;
+    let scratch_per_worker = scratch_per_worker(shape.key_dim, shape.value_dim);
     let s = shape;
     let group = s.n_heads / s.n_kv_heads;
     assert!(group <= MAX_GROUP, "{group} query heads per KV head");
-    let items_of = |seg: &Segment| seg.tokens.len().div_ceil(TILE) * s.n_kv_heads;
-    let items: usize = segments.iter().map(items_of).sum();
+    let seqs = step.seqs;
+    let items_of = |seq: &StepSeq| seq.tokens.div_ceil(TILE) * s.n_kv_heads;
+    let items: usize = seqs.iter().map(items_of).sum();
     let out_len = out.len();
     let shared_out = SharedOut(out.as_mut_ptr());
     let shared_scratch = SharedOut(scratch.as_mut_ptr());
@@ -100,20 +101,20 @@ pub fn attend(
         };
         let (kbuf, rest) = scratch.split_at_mut(BLOCK * s.key_dim);
         let (vbuf, _) = rest.split_at_mut(BLOCK * s.value_dim);
-        // Items are numbered segment by segment; walk along with them.
+        // Items are numbered sequence by sequence; walk along with them.
         let (mut index, mut first_item, mut first_row) = (0, 0, 0);
         for item in (worker..items).step_by(workers) {
-            while item >= first_item + items_of(&segments[index]) {
-                first_item += items_of(&segments[index]);
-                first_row += segments[index].tokens.len();
+            while item >= first_item + items_of(&seqs[index]) {
+                first_item += items_of(&seqs[index]);
+                first_row += seqs[index].tokens;
                 index += 1;
             }
-            let seg = &segments[index];
+            let seq = &seqs[index];
             let span = Span {
-                start: seg.seq.len,
-                tokens: seg.tokens.len(),
+                start: seq.start,
+                tokens: seq.tokens,
                 row: first_row,
-                cache: kv.layer(seg.seq, layer, s.key_dim, s.value_dim),
+                cache: kv.layer(seq.tables, layer, s.key_dim, s.value_dim),
             };
             let local = item - first_item;
             let (tile, g) = (local / s.n_kv_heads, local % s.n_kv_heads);
@@ -131,20 +132,17 @@ pub fn attend(
                     unsafe { std::slice::from_raw_parts_mut(shared_out.ptr().add(row), len) };
             }
             let rows = span.row..span.row + span.tokens;
-            attend_tile(
-                s,
-                &span,
-                &q[rows.start * s.n_heads * s.key_dim..rows.end * s.n_heads * s.key_dim],
-                &k[rows.start * s.n_kv_heads * s.key_dim..rows.end * s.n_kv_heads * s.key_dim],
-                &v[rows.start * s.n_kv_heads * s.value_dim..rows.end * s.n_kv_heads * s.value_dim],
+            let tile = QueryTile {
+                q: &q[rows.start * s.n_heads * s.key_dim..rows.end * s.n_heads * s.key_dim],
+                k: &k[rows.start * s.n_kv_heads * s.key_dim..rows.end * s.n_kv_heads * s.key_dim],
+                v: &v[rows.start * s.n_kv_heads * s.value_dim
+                    ..rows.end * s.n_kv_heads * s.value_dim],
                 t0,
                 t1,
                 g,
                 group,
-                &mut acc[..t1 - t0],
-                kbuf,
-                vbuf,
-            );
+            };
+            attend_tile(s, &span, &tile, &mut acc[..t1 - t0], kbuf, vbuf);
         }
     });
 }
@@ -156,21 +154,35 @@ struct Running {
     sum: f32,
 }
 
-#[allow(clippy::too_many_arguments)]
-fn attend_tile(
-    s: &AttentionShape,
-    span: &Span,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+/// One work item: queries `t0..t1` of a sequence's chunk (`q`, `k`, `v`
+/// its rows) for the `group` query heads of KV head `g`.
+struct QueryTile<'a> {
+    q: &'a [f32],
+    k: &'a [f32],
+    v: &'a [f32],
     t0: usize,
     t1: usize,
     g: usize,
     group: usize,
+}
+
+fn attend_tile(
+    s: &AttentionShape,
+    span: &Span,
+    tile: &QueryTile,
     acc: &mut [&mut [f32]],
     kbuf: &mut [f32],
     vbuf: &mut [f32],
 ) {
+    let QueryTile {
+        q,
+        k,
+        v,
+        t0,
+        t1,
+        g,
+        group,
+    } = *tile;
     let (dk, dv) = (s.key_dim, s.value_dim);
     let start = span.start;
     let first = |t: usize| match s.window {
