@@ -69,6 +69,7 @@ fn in_process(model: &Path) -> Duration {
             threads: 2,
             headroom_factor: 1.0,
             rocm_inflight_raw: None,
+            host_available: None,
             available: Available {
                 bytes: 64 << 30,
                 source: "bench".into(),

@@ -20,6 +20,16 @@ struct Found {
 /// The memory fathom may plan for on `device`, and where that figure came from.
 pub fn available_memory(device: Device, flag: Option<&str>) -> Result<Available> {
     let env = std::env::var(available::MEMORY_LIMIT_VAR).ok();
+    resolve(device, flag, env.as_deref())
+}
+
+/// Host memory for a GPU plan's host budget: the cgroup limit, else
+/// `MemAvailable` (`--memory` and FATHOM_MEMORY_LIMIT size the device).
+pub fn host_memory() -> Result<Available> {
+    resolve(Device::Cpu, None, None)
+}
+
+fn resolve(device: Device, flag: Option<&str>, env: Option<&str>) -> Result<Available> {
     let mut found = Found::default();
     if device == Device::Cuda {
         found.device_free = cuda_free_bytes();
@@ -30,7 +40,7 @@ pub fn available_memory(device: Device, flag: Option<&str>) -> Result<Available>
     found.meminfo = std::fs::read_to_string("/proc/meminfo").ok();
     let sources = MemorySources {
         flag,
-        env: env.as_deref(),
+        env,
         cgroup_v2_max: found.cgroup_v2_max.as_deref(),
         cgroup_v1_limit: found.cgroup_v1_limit.as_deref(),
         meminfo: found.meminfo.as_deref(),

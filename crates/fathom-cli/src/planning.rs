@@ -42,6 +42,13 @@ impl PlanArgs {
             headroom_factor,
             rocm_inflight_raw: machine::env_bytes(rocm::ROCM_INFLIGHT_VAR),
             available: machine::available_memory(device, self.memory.as_deref())?,
+            // A GPU's plan has a host budget too: host memory as for cpu
+            // (the cgroup limit, else MemAvailable; --memory is the
+            // device's).
+            host_available: match device {
+                Device::Cuda => Some(machine::host_memory()?),
+                _ => None,
+            },
         })
     }
 }

@@ -28,6 +28,9 @@ fn term_label(name: &str) -> &'static str {
         "backend" => "Backend",
         "backend_inflight" => "Backend in-flight",
         "headroom" => "Headroom",
+        "cuda_libraries" => "CUDA libraries",
+        "host_buffers" => "Host buffers",
+        "weights_staging" => "Weights staging",
         _ => "Other",
     }
 }
@@ -63,6 +66,9 @@ pub fn plan_text(model: &Path, format: &str, spec: &ModelSpec, plan: &MemoryPlan
         let _ = writeln!(out, "  note: {note}");
     }
     out.push('\n');
+    if plan.host.is_some() {
+        let _ = writeln!(out, "Device memory ({}):", i.device.name());
+    }
     for term in &plan.terms {
         let label = term_label(term.name);
         if term.name == "headroom" && plan.headroom_bytes < 0 {
@@ -98,6 +104,38 @@ pub fn plan_text(model: &Path, format: &str, spec: &ModelSpec, plan: &MemoryPlan
             "DOES NOT FIT: {} over budget",
             format_bytes(plan.overflow_bytes)
         );
+    }
+    if let Some(host) = &plan.host {
+        let _ = writeln!(out, "\nHost memory:");
+        for term in &host.terms {
+            row(
+                &mut out,
+                term_label(term.name),
+                term.bytes,
+                &term.derivation,
+            );
+        }
+        row(&mut out, "Total", host.total_bytes, "sum of the host terms");
+        if host.available_source != "unchecked" {
+            row(
+                &mut out,
+                "Available",
+                host.available_bytes,
+                &host.available_source,
+            );
+        }
+        let verdict = match (host.available_source.as_str(), host.fits) {
+            ("unchecked", _) => "host memory not checked".to_string(),
+            (_, true) => format!(
+                "HOST FITS: {} of headroom",
+                format_bytes(host.available_bytes - host.total_bytes)
+            ),
+            (_, false) => format!(
+                "HOST DOES NOT FIT: {} over budget",
+                format_bytes(host.total_bytes - host.available_bytes)
+            ),
+        };
+        let _ = writeln!(out, "{verdict}");
     }
     let max_ctx = plan.max_context_that_fits;
     let why = if max_ctx == 0 {

@@ -385,7 +385,8 @@ fn rocm_inflight_reserve_is_its_own_term() {
 }
 
 #[test]
-fn cuda_adds_its_context_and_counts_no_host_runtime() {
+fn cuda_plans_its_one_allocation_and_a_host_budget() {
+    use fathom_plan::cuda;
     let v = inspect_json(&smollm2(), &["--memory", "80G", "--device", "cuda"], &[]);
     let term = |name: &str| {
         v["terms"]
@@ -397,8 +398,59 @@ fn cuda_adds_its_context_and_counts_no_host_runtime() {
             .as_u64()
             .unwrap()
     };
-    assert_eq!(term("backend"), 480 << 20);
+    // The device holds the context, the kernels, cuBLAS's handle and
+    // workspace besides the carve; the host runtime is not on the device.
+    let outside = cuda::CONTEXT_BYTES + cuda::MODULE_BYTES + cuda::BLAS_HANDLE_BYTES;
+    assert!(term("backend") >= outside + cuda::BLAS_WORKSPACE);
+    assert!(term("backend") < outside + cuda::BLAS_WORKSPACE + cuda::WEIGHT_SLACK + (1 << 20));
     assert_eq!(term("runtime"), 0);
+    let device_terms: u64 = ["weights", "converted", "kv", "activations", "backend"]
+        .into_iter()
+        .map(term)
+        .sum();
+    assert_eq!(device_terms, u(&v, "total_bytes"));
+    // The host side: sampler candidates and token ids leave the device arena.
+    let host_side: u64 = v["activation_detail"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["name"] == "sampler" || b["name"] == "token_ids")
+        .map(|b| u(b, "bytes"))
+        .sum();
+    let arena: u64 = v["activation_detail"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| u(b, "bytes"))
+        .sum();
+    assert_eq!(term("activations"), arena - host_side);
+    let host = &v["host"];
+    let names: Vec<&str> = host["terms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "runtime",
+            "cuda_libraries",
+            "host_buffers",
+            "weights_staging"
+        ]
+    );
+    let host_sum: u64 = host["terms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| u(t, "bytes"))
+        .sum();
+    assert_eq!(host_sum, u(host, "total_bytes"));
+    assert_eq!(u(&host["terms"][3], "bytes"), u(&v, "weights_bytes"));
+    // A cpu plan has no host section: its one budget is host memory.
+    let cpu = inspect_json(&smollm2(), &["--memory", "8G", "--device", "cpu"], &[]);
+    assert!(cpu.get("host").is_none());
 }
 
 #[test]

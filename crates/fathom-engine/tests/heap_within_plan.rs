@@ -60,6 +60,7 @@ fn generation_heap_stays_within_the_plan() {
         threads: 2,
         headroom_factor: 1.0,
         rocm_inflight_raw: None,
+        host_available: None,
         available: Available {
             bytes: 8 << 30,
             source: "test".into(),

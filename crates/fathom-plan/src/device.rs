@@ -2,7 +2,11 @@
 
 use serde::Serialize;
 
-use crate::{rocm, PlanError};
+use crate::activations::{ActivationPlan, Buf};
+use crate::cuda::{self, DeviceLayout};
+use crate::size::format_binary;
+use crate::{rocm, HostPlan, PlanError, PlanInputs, Term};
+use fathom_spec::ModelSpec;
 
 /// A device fathom can plan for. CPU and CUDA run; ROCm and Metal are
 /// planning targets until their backends exist.
@@ -55,11 +59,6 @@ pub const RUNTIME_BYTES_PER_VOCAB_ENTRY: u64 = 192;
 /// Per worker thread: touched stack and thread-local allocator state.
 pub const RUNTIME_BYTES_PER_THREAD: u64 = 128 << 10;
 
-/// CUDA context with lazy module loading, plus cuBLAS's recommended 32 MiB
-/// workspace on Hopper. A documented constant until the CUDA backend
-/// measures it.
-pub const CUDA_CONTEXT_BYTES: u64 = 480 << 20;
-
 /// The runtime term in bytes and its derivation.
 pub fn runtime(device: Device, vocab: u64, threads: u64) -> (u64, String) {
     if !device.counts_host_runtime() {
@@ -88,7 +87,13 @@ pub struct Backend {
     pub inflight_derivation: String,
 }
 
-pub fn backend(device: Device, rocm_inflight_raw: Option<&[u8]>) -> Backend {
+/// The backend term; `layout` is the CUDA allocation's carve and the
+/// weights it holds (cuda only).
+pub fn backend(
+    device: Device,
+    rocm_inflight_raw: Option<&[u8]>,
+    layout: Option<(&DeviceLayout, u64)>,
+) -> Backend {
     let (fixed_bytes, fixed_derivation) = match device {
         Device::Cpu => (0, "cpu: no device context".to_string()),
         Device::Metal => (0, "metal: unified memory, no separate context".to_string()),
@@ -96,10 +101,10 @@ pub fn backend(device: Device, rocm_inflight_raw: Option<&[u8]>) -> Backend {
             0,
             "rocm: context not planned; see in-flight reserve".to_string(),
         ),
-        Device::Cuda => (
-            CUDA_CONTEXT_BYTES,
-            "cuda: context + cuBLAS workspace (documented constant)".to_string(),
-        ),
+        Device::Cuda => match layout {
+            Some((l, weights)) => cuda_backend(l, weights),
+            None => (0, "cuda: no layout".to_string()),
+        },
     };
     let (inflight_bytes, inflight_derivation) = match device {
         Device::Rocm => {
@@ -124,5 +129,94 @@ pub fn backend(device: Device, rocm_inflight_raw: Option<&[u8]>) -> Backend {
         fixed_derivation,
         inflight_bytes,
         inflight_derivation,
+    }
+}
+
+/// The CUDA backend term: what the device holds besides weights, KV and
+/// the arena — the context, the kernels, cuBLAS's handle and workspace,
+/// the upload area, and the allocation's alignment padding.
+fn cuda_backend(l: &DeviceLayout, weights: u64) -> (u64, String) {
+    let kv: u64 = l.kv.iter().map(|r| r.bytes).sum();
+    let upload = l.upload.step.bytes + l.upload.index.bytes + l.upload.weights.bytes;
+    // Everything of the allocation that is not weights, arena or KV.
+    let in_allocation = l
+        .size
+        .saturating_sub(weights)
+        .saturating_sub(l.arena.bytes)
+        .saturating_sub(kv);
+    let padding = in_allocation
+        .saturating_sub(l.blas_workspace.bytes)
+        .saturating_sub(upload);
+    let bytes = DeviceLayout::outside_allocation().saturating_add(in_allocation);
+    let derivation = format!(
+        "cuda: context {} + kernels {} + cuBLAS handle {} (measured on an H200) + cuBLAS workspace {} + per-step upload {} + weight slack and alignment {}",
+        format_binary(cuda::CONTEXT_BYTES),
+        format_binary(cuda::MODULE_BYTES),
+        format_binary(cuda::BLAS_HANDLE_BYTES),
+        format_binary(l.blas_workspace.bytes),
+        format_binary(upload),
+        format_binary(padding),
+    );
+    (bytes, derivation)
+}
+
+/// A discrete GPU's host budget: the runtime, the CUDA libraries, the
+/// host side of the arena and the read-backs, and the weights' file pages
+/// mapped while they are copied to the device (released after loading).
+pub fn host_plan(spec: &ModelSpec, inputs: &PlanInputs, activations: &ActivationPlan) -> HostPlan {
+    let (runtime, runtime_derivation) = runtime(Device::Cpu, spec.vocab, inputs.threads);
+    let rows = |id: Buf| {
+        activations
+            .buffer(id)
+            .map_or(0, |b| b.rows.saturating_mul(b.width))
+    };
+    // Logits and MoE routes come back to the host; per row of a step, a
+    // token id, a row index and a weight go out.
+    let readback = rows(Buf::Logits)
+        .saturating_mul(4)
+        .saturating_add(rows(Buf::ExpertRoutes).saturating_mul(8))
+        .saturating_add(
+            activations
+                .buffer(Buf::Residual)
+                .map_or(0, |b| b.rows.saturating_mul(12)),
+        );
+    let host_arena = activations.arena_bytes(true);
+    let terms = vec![
+        Term {
+            name: "runtime",
+            bytes: runtime,
+            derivation: runtime_derivation,
+        },
+        Term {
+            name: "cuda_libraries",
+            bytes: cuda::HOST_LIBRARIES_BYTES,
+            derivation: "libcuda, cuBLAS and cuBLASLt resident once initialized (measured on an H200 host)".into(),
+        },
+        Term {
+            name: "host_buffers",
+            bytes: host_arena.saturating_add(readback),
+            derivation: format!(
+                "sampler candidates and token ids {} + logits and routes read-back and step uploads {}",
+                format_binary(host_arena),
+                format_binary(readback)
+            ),
+        },
+        Term {
+            name: "weights_staging",
+            bytes: spec.weights_bytes(),
+            derivation: "the checkpoint's pages, mapped while copied to the device and released after loading".into(),
+        },
+    ];
+    let total_bytes = terms.iter().fold(0u64, |t, x| t.saturating_add(x.bytes));
+    let (available_bytes, available_source) = match &inputs.host_available {
+        Some(a) => (a.bytes, a.source.clone()),
+        None => (0, "unchecked".to_string()),
+    };
+    HostPlan {
+        fits: inputs.host_available.is_none() || total_bytes <= available_bytes,
+        terms,
+        total_bytes,
+        available_bytes,
+        available_source,
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod activations;
 pub mod available;
+pub mod cuda;
 pub mod device;
 pub mod env;
 pub mod kv;
@@ -85,6 +86,10 @@ pub struct PlanInputs {
     /// Raw `MLX_ROCM_MAX_INFLIGHT_MB`, read only for the rocm device.
     #[serde(skip)]
     pub rocm_inflight_raw: Option<Vec<u8>>,
+    /// Host memory for a discrete GPU's host budget (`available` is then
+    /// the device's); `None` leaves the host budget unchecked.
+    #[serde(skip)]
+    pub host_available: Option<Available>,
     #[serde(skip)]
     pub available: Available,
 }
@@ -150,6 +155,20 @@ pub struct MemoryPlan {
     /// model's trained context); 0 when not even one token fits.
     pub max_context_that_fits: u64,
     pub terms: Vec<Term>,
+    /// A discrete GPU's second budget: what stays in host memory.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<HostPlan>,
+}
+
+/// What a discrete GPU's run keeps in host memory, against host memory.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct HostPlan {
+    pub terms: Vec<Term>,
+    pub total_bytes: u64,
+    /// 0 with source `unchecked` when no host figure was given.
+    pub available_bytes: u64,
+    pub available_source: String,
+    pub fits: bool,
 }
 
 /// The byte terms at one context length, before the search for the largest context.
@@ -157,6 +176,8 @@ struct Sized {
     converted: u64,
     kv: KvPlan,
     activations: ActivationPlan,
+    /// The activations on the plan's device.
+    activation_bytes: u64,
     runtime: (u64, String),
     backend: device::Backend,
     headroom_bytes: i64,
@@ -173,8 +194,22 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64) -> Sized {
         inputs.threads,
     );
     let runtime = device::runtime(inputs.device, spec.vocab, inputs.threads);
-    let backend = device::backend(inputs.device, inputs.rocm_inflight_raw.as_deref());
     let converted = converted_vector_bytes(spec);
+    let resident_weights = spec.weights_bytes().saturating_add(converted);
+    let layout = (inputs.device == Device::Cuda)
+        .then(|| cuda::DeviceLayout::new(resident_weights, &activations.buffers, &kv.groups));
+    let backend = device::backend(
+        inputs.device,
+        inputs.rocm_inflight_raw.as_deref(),
+        layout.as_ref().map(|l| (l, resident_weights)),
+    );
+    // A discrete GPU holds the device side of the arena; the host side
+    // goes to the host budget.
+    let activation_bytes = if layout.is_some() {
+        activations.arena_bytes(false)
+    } else {
+        activations.bytes
+    };
     let weights_and_kv = spec.weights_bytes().saturating_add(kv.bytes);
     let scaled = if inputs.headroom_factor == 1.0 {
         weights_and_kv
@@ -187,7 +222,7 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64) -> Sized {
     let total = [
         scaled,
         converted,
-        activations.bytes,
+        activation_bytes,
         runtime.0,
         backend.fixed_bytes,
         backend.inflight_bytes,
@@ -198,6 +233,7 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64) -> Sized {
         converted,
         kv,
         activations,
+        activation_bytes,
         runtime,
         backend,
         headroom_bytes,
@@ -233,7 +269,7 @@ impl MemoryPlan {
             },
             Term {
                 name: "activations",
-                bytes: s.activations.bytes,
+                bytes: s.activation_bytes,
                 derivation: s
                     .activations
                     .derivation(inputs.batch, spec.vocab, inputs.threads),
@@ -278,14 +314,17 @@ impl MemoryPlan {
             });
         }
         let max_context_that_fits = max_context_that_fits(spec, &inputs);
+        let host = (inputs.device == Device::Cuda)
+            .then(|| device::host_plan(spec, &inputs, &s.activations));
         Ok(MemoryPlan {
+            host,
             weights_bytes,
             weights_source: spec.source.clone(),
             kv_bytes_per_token: s.kv.bytes_per_token,
             kv_bytes: s.kv.bytes,
             kv_block_tokens: s.kv.block_tokens,
             kv_detail: s.kv.groups,
-            activation_bytes: s.activations.bytes,
+            activation_bytes: s.activation_bytes,
             activation_detail: s.activations.buffers,
             runtime_overhead_bytes: s.runtime.0,
             converted_bytes: s.converted,

@@ -57,6 +57,7 @@ fn inputs(max_tokens: u64, batch: u64, available: u64) -> PlanInputs {
         threads: 2,
         headroom_factor: 1.0,
         rocm_inflight_raw: None,
+        host_available: None,
         available: Available {
             bytes: available,
             source: "test".into(),

@@ -27,6 +27,7 @@ fn serve_plan(parallel: u64, context: u64, budget: KvBudget, step: u64) -> (Engi
         threads: 2,
         headroom_factor: 1.0,
         rocm_inflight_raw: None,
+        host_available: None,
         available: Available {
             bytes: 8 << 30,
             source: "test".into(),

@@ -34,6 +34,7 @@ pub fn inputs(max_tokens: u64, kv_dtype: KvDtype) -> PlanInputs {
         threads: 2,
         headroom_factor: 1.0,
         rocm_inflight_raw: None,
+        host_available: None,
         available: Available {
             bytes: 8 << 30,
             source: "test".into(),

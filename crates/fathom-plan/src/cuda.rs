@@ -1,0 +1,140 @@
+//! The CUDA device's memory, region by region: the one allocation the CUDA
+//! backend makes (weights, the activation arena, KV storage, cuBLAS's
+//! workspace, the per-step upload area) at the offsets computed here, and
+//! what the driver and libraries take besides it. The backend carves its
+//! allocation with [`DeviceLayout`], so the plan and the allocation are the
+//! same arithmetic.
+
+use serde::Serialize;
+
+use crate::activations::{ArenaBuffer, Buf};
+use crate::kv::KvGroup;
+
+/// Start of every carved region: enough for any vector load and for cuBLAS.
+pub const ALIGN: u64 = 256;
+/// Start of every weight tensor: 16 bytes serves float4 loads and cuBLAS.
+pub const WEIGHT_ALIGN: u64 = 16;
+/// Room for the padding `WEIGHT_ALIGN` adds between tensors (at most 15
+/// bytes each: 1 MiB covers 69,905 tensors; a 48-layer, 128-expert MoE
+/// has about 19,000).
+pub const WEIGHT_SLACK: u64 = 1 << 20;
+/// cuBLAS's workspace, handed over with `cublasSetWorkspace` so it
+/// allocates none of its own; NVIDIA recommends 32 MiB on Hopper.
+pub const BLAS_WORKSPACE: u64 = 32 << 20;
+
+/// Device memory the primary context takes on creation (`cuMemGetInfo`
+/// before and after `cuDevicePrimaryCtxRetain`, device idle before):
+/// measured on an H200, driver 580.159, CUDA 13.0 (docs/cuda.md).
+pub const CONTEXT_BYTES: u64 = 552_402_944;
+/// The embedded kernel module once loaded (measured the same way).
+pub const MODULE_BYTES: u64 = 2 << 20;
+/// A cuBLAS handle's own device memory, workspace excluded (measured the
+/// same way).
+pub const BLAS_HANDLE_BYTES: u64 = 71_303_168;
+
+/// Host memory the CUDA user-space libraries (libcuda, cuBLAS, cuBLASLt)
+/// keep resident once loaded and initialized: their code and tables
+/// (measured as the VmHWM a process gains by creating a context and a
+/// cuBLAS handle; docs/cuda.md).
+pub const HOST_LIBRARIES_BYTES: u64 = 640 << 20;
+
+fn align(v: u64, a: u64) -> u64 {
+    v.div_ceil(a).saturating_mul(a)
+}
+
+/// A region of the allocation: its offset and length in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Region {
+    pub offset: u64,
+    pub bytes: u64,
+}
+
+/// What the backend uploads each step: per row its sequence and position,
+/// per sequence its start and first row and its page tables (`u32`s), and
+/// per row an index and a weight (MoE gathers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct UploadLayout {
+    /// `2 × tokens + 2 × seqs + seqs × table_stride` u32s.
+    pub step: Region,
+    /// `tokens` u32 row indices.
+    pub index: Region,
+    /// `tokens` f32 weights.
+    pub weights: Region,
+    pub tokens: u64,
+    pub seqs: u64,
+    /// Page-table entries per sequence: the most blocks any group holds.
+    pub table_stride: u64,
+}
+
+/// The CUDA backend's one allocation, carved.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeviceLayout {
+    /// Weights in load order, each at a `WEIGHT_ALIGN` boundary.
+    pub weights: Region,
+    /// The device side of the activation arena (buffers at their plan
+    /// offsets from here).
+    pub arena: Region,
+    /// One region per KV group.
+    pub kv: Vec<Region>,
+    pub blas_workspace: Region,
+    pub upload: UploadLayout,
+    /// Bytes of the allocation.
+    pub size: u64,
+}
+
+impl DeviceLayout {
+    /// The carve for `weights_bytes` of resident weights (as stored, plus
+    /// what is converted at load), the device side of `arena` and `kv`.
+    pub fn new(weights_bytes: u64, arena: &[ArenaBuffer], kv: &[KvGroup]) -> Self {
+        let weights = Region {
+            offset: 0,
+            bytes: align(weights_bytes.saturating_add(WEIGHT_SLACK), ALIGN),
+        };
+        let arena_bytes = arena
+            .iter()
+            .filter(|b| !b.id.host_side())
+            .map(|b| b.offset.saturating_add(b.bytes))
+            .max()
+            .unwrap_or(0);
+        let mut at = weights.bytes;
+        let mut region = |bytes: u64| {
+            let r = Region { offset: at, bytes };
+            at = align(at.saturating_add(bytes), ALIGN);
+            r
+        };
+        let arena_region = region(arena_bytes);
+        let kv_regions: Vec<Region> = kv.iter().map(|g| region(g.bytes)).collect();
+        let blas_workspace = region(BLAS_WORKSPACE);
+        let rows_of = |id: Buf| arena.iter().find(|b| b.id == id).map(|b| b.rows);
+        let tokens = rows_of(Buf::Residual).unwrap_or(1).max(1);
+        // One logits row per sequence of a step.
+        let seqs = rows_of(Buf::Logits).unwrap_or(tokens).clamp(1, tokens);
+        let table_stride = kv.iter().map(|g| g.blocks_per_sequence).max().unwrap_or(0);
+        let step_words = tokens
+            .saturating_mul(2)
+            .saturating_add(seqs.saturating_mul(2))
+            .saturating_add(seqs.saturating_mul(table_stride));
+        let upload = UploadLayout {
+            step: region(step_words.saturating_mul(4)),
+            index: region(tokens.saturating_mul(4)),
+            weights: region(tokens.saturating_mul(4)),
+            tokens,
+            seqs,
+            table_stride,
+        };
+        DeviceLayout {
+            weights,
+            arena: arena_region,
+            kv: kv_regions,
+            blas_workspace,
+            upload,
+            size: at,
+        }
+    }
+
+    /// Device bytes besides the allocation: the context, the kernels and
+    /// cuBLAS's handle.
+    pub fn outside_allocation() -> u64 {
+        CONTEXT_BYTES + MODULE_BYTES + BLAS_HANDLE_BYTES
+    }
+}
