@@ -191,16 +191,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn type_table_matches_ggml() {
+    fn a_subset_of_the_ggml_table() {
         for ty in WeightType::ALL {
-            assert_eq!(WeightType::from_ggml_id(ty.ggml_id()), Some(ty));
+            assert_eq!(WeightType::from_ggml(ty.ggml()), Some(ty));
             assert_eq!(format!("{ty:?}"), ty.name());
         }
-        assert_eq!(WeightType::from_ggml_id(3), Some(WeightType::Q4_1));
-        assert_eq!(WeightType::from_ggml_id(4), None);
         assert_eq!(WeightType::from_ggml(GgmlType::Q8_K), None);
-        assert_eq!(WeightType::Q4_K.row_bytes(512), 288);
-        assert_eq!(WeightType::Q8_0.row_bytes(576), 612);
     }
 
     #[test]
