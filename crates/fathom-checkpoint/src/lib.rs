@@ -7,7 +7,6 @@
 //! Nothing here reads or maps tensor data.
 
 pub mod error;
-pub mod ggml_type;
 pub mod gguf;
 pub mod hf;
 pub mod safetensors;
@@ -15,7 +14,9 @@ pub mod safetensors;
 use std::path::Path;
 
 pub use error::{CheckpointError, ErrorKind};
-pub use ggml_type::GgmlType;
+/// The ggml type table lives in `fathom-ggml`; re-exported here because
+/// GGUF tensor headers carry it.
+pub use fathom_ggml::GgmlType;
 pub use gguf::{GgufFile, GgufTensor, MetaValue};
 pub use hf::{HfCheckpoint, MlxQuantization};
 pub use safetensors::{SafetensorsFile, StDtype, StTensor};

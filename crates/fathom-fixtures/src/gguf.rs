@@ -86,83 +86,26 @@ fn write_string(out: &mut Vec<u8>, s: &str) {
     out.extend_from_slice(s.as_bytes());
 }
 
-/// ggml tensor types this crate can size and fill.
-#[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum GgufTensorType {
-    F32,
-    F16,
-    BF16,
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q5_1,
-    Q8_0,
-    Q2_K,
-    Q3_K,
-    Q4_K,
-    Q5_K,
-    Q6_K,
-}
+/// ggml tensor types this crate can size and fill: the ones the kernels
+/// run, with their layouts from `fathom-ggml`'s table.
+pub use fathom_ggml::WeightType as GgufTensorType;
 
-impl GgufTensorType {
-    pub const ALL: [GgufTensorType; 13] = [
-        GgufTensorType::F32,
-        GgufTensorType::F16,
-        GgufTensorType::BF16,
-        GgufTensorType::Q4_0,
-        GgufTensorType::Q4_1,
-        GgufTensorType::Q5_0,
-        GgufTensorType::Q5_1,
-        GgufTensorType::Q8_0,
-        GgufTensorType::Q2_K,
-        GgufTensorType::Q3_K,
-        GgufTensorType::Q4_K,
-        GgufTensorType::Q5_K,
-        GgufTensorType::Q6_K,
-    ];
-
-    /// ggml's type id, elements per block, bytes per block, where in a
-    /// block its f16 scale fields sit (from `ggml-common.h`), and the largest
-    /// multiple of a scale a block can hold (quant × sub-block scale), which
-    /// lets random blocks dequantize to about real weights' magnitude.
-    fn layout(self) -> (u32, u64, u64, &'static [usize], f32) {
-        match self {
-            GgufTensorType::F32 => (0, 1, 4, &[], 1.0),
-            GgufTensorType::F16 => (1, 1, 2, &[], 1.0),
-            GgufTensorType::BF16 => (30, 1, 2, &[], 1.0),
-            GgufTensorType::Q4_0 => (2, 32, 18, &[0], 8.0),
-            GgufTensorType::Q4_1 => (3, 32, 20, &[0, 2], 15.0),
-            GgufTensorType::Q5_0 => (6, 32, 22, &[0], 16.0),
-            GgufTensorType::Q5_1 => (7, 32, 24, &[0, 2], 31.0),
-            GgufTensorType::Q8_0 => (8, 32, 34, &[0], 127.0),
-            GgufTensorType::Q2_K => (10, 256, 84, &[80, 82], 45.0),
-            GgufTensorType::Q3_K => (11, 256, 110, &[108], 128.0),
-            GgufTensorType::Q4_K => (12, 256, 144, &[0, 2], 945.0),
-            GgufTensorType::Q5_K => (13, 256, 176, &[0, 2], 1953.0),
-            GgufTensorType::Q6_K => (14, 256, 210, &[208], 4064.0),
-        }
-    }
-
-    pub fn id(self) -> u32 {
-        self.layout().0
-    }
-
-    pub fn from_id(id: u32) -> Option<GgufTensorType> {
-        Self::ALL.into_iter().find(|t| t.id() == id)
-    }
-
-    pub fn block_elems(self) -> u64 {
-        self.layout().1
-    }
-
-    pub fn block_bytes(self) -> u64 {
-        self.layout().2
-    }
-
-    /// Bytes of `elems` elements, which should be a whole number of blocks.
-    pub fn bytes_for(self, elems: u64) -> u64 {
-        elems / self.block_elems() * self.block_bytes()
+/// The largest multiple of a scale a block of `ty` can hold (quant ×
+/// sub-block scale), which lets random blocks dequantize to about real
+/// weights' magnitude.
+fn scale_span(ty: GgufTensorType) -> f32 {
+    match ty {
+        GgufTensorType::F32 | GgufTensorType::F16 | GgufTensorType::BF16 => 1.0,
+        GgufTensorType::Q4_0 => 8.0,
+        GgufTensorType::Q4_1 => 15.0,
+        GgufTensorType::Q5_0 => 16.0,
+        GgufTensorType::Q5_1 => 31.0,
+        GgufTensorType::Q8_0 => 127.0,
+        GgufTensorType::Q2_K => 45.0,
+        GgufTensorType::Q3_K => 128.0,
+        GgufTensorType::Q4_K => 945.0,
+        GgufTensorType::Q5_K => 1953.0,
+        GgufTensorType::Q6_K => 4064.0,
     }
 }
 
@@ -344,16 +287,15 @@ fn align_up(offset: u64, align: u64) -> u64 {
 }
 
 fn fill_tensor(out: &mut impl Write, info: &GgufTensorInfo, rng: &mut Rng) -> io::Result<()> {
-    let (fill, size) = match GgufTensorType::from_id(info.type_id) {
+    let (fill, size) = match GgufTensorType::from_ggml_id(info.type_id) {
         Some(GgufTensorType::F32) => (Fill::F32, 4),
         Some(GgufTensorType::F16) => (Fill::F16, 2),
         Some(GgufTensorType::BF16) => (Fill::BF16, 2),
         Some(t) => {
-            let (_, _, block_bytes, scales, span) = t.layout();
             let block = Block {
-                bytes: block_bytes as usize,
-                scale_offsets: scales,
-                scale_max: 0.1 / span,
+                bytes: t.block_bytes(),
+                scale_offsets: t.f16_scales(),
+                scale_max: 0.1 / scale_span(t),
             };
             return write_blocks(out, info.len, &block, rng);
         }

@@ -50,8 +50,8 @@ pub fn gguf_writer(model: &ModelDef, ggml_type: GgufTensorType) -> io::Result<Gg
         );
     for (name, dims) in tensors(model)? {
         let stored = stored_type(&name, &dims, ggml_type);
-        let len = stored.bytes_for(dims.iter().product());
-        writer = writer.tensor(name, &dims, stored.id(), len);
+        let len = stored.ggml().padded_row_bytes(dims.iter().product());
+        writer = writer.tensor(name, &dims, stored.ggml_id(), len);
     }
     Ok(writer)
 }
@@ -214,7 +214,7 @@ fn gguf_name(hf: &str, gemma: bool) -> io::Result<Option<(String, bool)>> {
 fn stored_type(name: &str, dims: &[u64], wanted: GgufTensorType) -> GgufTensorType {
     if dims.len() <= 1 || name.ends_with("ffn_gate_inp.weight") {
         GgufTensorType::F32
-    } else if dims[0].is_multiple_of(wanted.block_elems()) {
+    } else if dims[0].is_multiple_of(wanted.ggml().block_elems()) {
         wanted
     } else {
         GgufTensorType::F16

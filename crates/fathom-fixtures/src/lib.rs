@@ -8,7 +8,8 @@
 //!
 //! The formats are written here from their specifications rather than through
 //! `fathom-checkpoint`, so that a bug in the readers cannot hide behind the
-//! same bug in the writers.
+//! same bug in the writers. Block layouts come from `fathom-ggml`'s table,
+//! which checks itself against ggml's block structs at compile time.
 
 mod gguf;
 mod gguf_model;

@@ -1,6 +1,6 @@
-//! Deterministic pseudo-random tensor data and the float conversions it
-//! needs (no `half` crate: this crate depends on serde_json only).
+//! Deterministic pseudo-random tensor data.
 
+use fathom_ggml::{f32_to_bf16, f32_to_f16};
 use std::io::{self, Write};
 
 /// splitmix64: tiny, fast, and good enough for weights nobody trains.
@@ -110,75 +110,9 @@ pub(crate) fn write_blocks(
     Ok(())
 }
 
-/// IEEE binary16, round to nearest even, with subnormals.
-pub(crate) fn f32_to_f16(x: f32) -> u16 {
-    let bits = x.to_bits();
-    let sign = ((bits >> 16) & 0x8000) as u16;
-    let exp = ((bits >> 23) & 0xff) as i32;
-    let man = bits & 0x7f_ffff;
-    if exp == 0xff {
-        let nan = if man != 0 { 0x200 } else { 0 };
-        return sign | 0x7c00 | nan;
-    }
-    let e = exp - 127 + 15;
-    if e >= 0x1f {
-        return sign | 0x7c00;
-    }
-    if e <= 0 {
-        if e < -10 {
-            return sign;
-        }
-        let full = man | 0x80_0000;
-        let shift = (14 - e) as u32;
-        let half = 1u32 << (shift - 1);
-        let rem = full & ((1u32 << shift) - 1);
-        let mut m = full >> shift;
-        if rem > half || (rem == half && m & 1 == 1) {
-            m += 1;
-        }
-        return sign | m as u16;
-    }
-    let mut h = ((e as u32) << 10) | (man >> 13);
-    let rem = man & 0x1fff;
-    if rem > 0x1000 || (rem == 0x1000 && h & 1 == 1) {
-        h += 1;
-    }
-    sign | h as u16
-}
-
-/// bfloat16, round to nearest even.
-pub(crate) fn f32_to_bf16(x: f32) -> u16 {
-    let bits = x.to_bits();
-    if x.is_nan() {
-        return ((bits >> 16) | 0x40) as u16;
-    }
-    let round = 0x7fff + ((bits >> 16) & 1);
-    (bits.wrapping_add(round) >> 16) as u16
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn f16_known_values() {
-        assert_eq!(f32_to_f16(1.0), 0x3c00);
-        assert_eq!(f32_to_f16(-2.0), 0xc000);
-        assert_eq!(f32_to_f16(0.1), 0x2e66);
-        assert_eq!(f32_to_f16(65504.0), 0x7bff);
-        assert_eq!(f32_to_f16(1e6), 0x7c00);
-        assert_eq!(f32_to_f16(6.103_515_6e-5), 0x0400);
-        assert_eq!(f32_to_f16(1e-7), 0x0002);
-        assert_eq!(f32_to_f16(1e-9), 0x0000);
-        assert_eq!(f32_to_f16(f32::NAN) & 0x7c00, 0x7c00);
-    }
-
-    #[test]
-    fn bf16_known_values() {
-        assert_eq!(f32_to_bf16(1.0), 0x3f80);
-        assert_eq!(f32_to_bf16(-2.0), 0xc000);
-        assert_eq!(f32_to_bf16(0.1), 0x3dcd);
-    }
 
     #[test]
     fn weights_stay_in_range_and_repeat() {

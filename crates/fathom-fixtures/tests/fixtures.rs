@@ -468,13 +468,13 @@ fn gguf_round_trips_for_every_family_and_type() {
             for (name, dims, type_id, offset) in &g.tensors {
                 assert_eq!(offset % 32, 0, "{name}");
                 assert!(*offset >= end, "{name} overlaps");
-                let stored = GgufTensorType::from_id(*type_id).unwrap();
+                let stored = GgufTensorType::from_ggml_id(*type_id).unwrap();
                 if dims.len() == 1 || name.contains("ffn_gate_inp") {
                     assert_eq!(stored, GgufTensorType::F32, "{name}");
                 } else {
                     assert_eq!(stored, ty, "{name}");
                 }
-                let len = stored.bytes_for(dims.iter().product());
+                let len = stored.ggml().padded_row_bytes(dims.iter().product());
                 end = offset + len;
                 if stored.block_elems() > 1 {
                     // The first block's f16 scale is a small finite number.

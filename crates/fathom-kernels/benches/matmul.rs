@@ -35,14 +35,6 @@ impl Rng {
 
 /// Random blocks whose f16 scales are small normal numbers, as real ones.
 fn weights(ty: WeightType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
-    let scales: &[usize] = match ty {
-        WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 => &[0],
-        WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q4_K | WeightType::Q5_K => &[0, 2],
-        WeightType::Q2_K => &[80, 82],
-        WeightType::Q3_K => &[108],
-        WeightType::Q6_K => &[208],
-        _ => &[],
-    };
     let mut data = vec![0u8; rows * ty.row_bytes(cols)];
     for chunk in data.chunks_mut(8) {
         let v = rng.next().to_le_bytes();
@@ -58,7 +50,7 @@ fn weights(ty: WeightType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
             }
             WeightType::F32 => block.copy_from_slice(&0.01f32.to_le_bytes()),
             _ => {
-                for &at in scales {
+                for &at in ty.f16_scales() {
                     block[at] = 0x00;
                     block[at + 1] = 0x20 | (block[at + 1] & 0x83);
                 }

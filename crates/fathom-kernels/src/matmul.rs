@@ -8,35 +8,9 @@ use crate::isa::Isa;
 use crate::pool::Pool;
 use crate::quant::{self, f16_at, Q8K_BYTES, Q8S_BYTES};
 use crate::{WeightType, Weights};
+use fathom_ggml::ActFormat;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
-
-/// How a matmul against a weight type wants its activations.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum ActFormat {
-    /// [`quant`]'s `Q8S`, for the 32-value block types.
-    Q8S,
-    /// ggml's `Q8_K`, for the k-quants.
-    Q8K,
-    /// The caller's f32 rows as they are: float weights gain nothing from
-    /// quantized activations, and f16 copies would not fit the plan's
-    /// `q8_rows` reservation.
-    F32,
-}
-
-impl ActFormat {
-    pub(crate) fn of(ty: WeightType) -> ActFormat {
-        match ty {
-            WeightType::F32 | WeightType::F16 | WeightType::BF16 => ActFormat::F32,
-            WeightType::Q4_0
-            | WeightType::Q4_1
-            | WeightType::Q5_0
-            | WeightType::Q5_1
-            | WeightType::Q8_0 => ActFormat::Q8S,
-            _ => ActFormat::Q8K,
-        }
-    }
-}
 
 /// Bytes of one activation row of `cols` values quantized for a matmul
 /// against `ty`: 36 per 32 values for the 32-value block types, 292 per
@@ -44,11 +18,7 @@ impl ActFormat {
 /// Never more than `max(ceil(cols/32)*36, ceil(cols/256)*292)`, the
 /// memory plan's `q8_rows` reservation.
 pub fn activation_row_bytes(ty: WeightType, cols: usize) -> usize {
-    match ActFormat::of(ty) {
-        ActFormat::Q8S => cols.div_ceil(32) * Q8S_BYTES,
-        ActFormat::Q8K => cols.div_ceil(256) * Q8K_BYTES,
-        ActFormat::F32 => 0,
-    }
+    ty.activation().row_bytes(cols as u64) as usize
 }
 
 /// Quantizes whole rows of `x` into `dst` in `format`.
@@ -233,7 +203,7 @@ pub(crate) fn matmul_with(
         "matmul: out holds {} values, not {n_tokens} x {rows}",
         out.len()
     );
-    let format = ActFormat::of(ty);
+    let format = ty.activation();
     let act_bytes = activation_row_bytes(ty, cols);
     assert!(
         qbuf.len() >= n_tokens * act_bytes,
@@ -366,11 +336,11 @@ fn i16_at(b: &[u8], at: usize) -> i32 {
 }
 
 /// One weight row (`w`) dotted with one activation row (`a`, in
-/// `ActFormat::of(ty)`), with the SIMD kernels' integer arithmetic per
+/// `ty.activation()`), with the SIMD kernels' integer arithmetic per
 /// block and float arithmetic per block in the same order.
 pub(crate) fn dot_portable(ty: WeightType, w: &[u8], a: &[u8], cols: usize) -> f32 {
     let bb = ty.block_bytes();
-    match ActFormat::of(ty) {
+    match ty.activation() {
         ActFormat::F32 => {
             let x = a[..4 * cols]
                 .chunks_exact(4)
@@ -529,18 +499,6 @@ pub(crate) mod tests {
         }
     }
 
-    /// Where a block's f16 scales sit (`ggml-common.h`).
-    fn scale_offsets(ty: WeightType) -> &'static [usize] {
-        match ty {
-            WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 => &[0],
-            WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q4_K | WeightType::Q5_K => &[0, 2],
-            WeightType::Q2_K => &[80, 82],
-            WeightType::Q3_K => &[108],
-            WeightType::Q6_K => &[208],
-            _ => &[],
-        }
-    }
-
     /// `rows` rows of random blocks: random quant bytes, scales of either
     /// sign around 1/64, float values in [-1, 1).
     pub(crate) fn random_weights(
@@ -560,7 +518,7 @@ pub(crate) mod tests {
                     block.copy_from_slice(&((rng.unit().to_bits() >> 16) as u16).to_le_bytes())
                 }
                 _ => {
-                    for &at in scale_offsets(ty) {
+                    for &at in ty.f16_scales() {
                         let s = rng.unit() / 32.0;
                         block[at..at + 2].copy_from_slice(&f32_to_f16(s).to_le_bytes());
                     }
@@ -593,12 +551,12 @@ pub(crate) mod tests {
     ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let mut wf = vec![0.0f32; rows * cols];
         quant::dequantize_row(ty, w, &mut wf);
-        let qblock = match ActFormat::of(ty) {
+        let qblock = match ty.activation() {
             ActFormat::Q8S => 32,
             ActFormat::Q8K => 256,
             ActFormat::F32 => 0,
         };
-        let f16_scale = if ActFormat::of(ty) == ActFormat::Q8S {
+        let f16_scale = if ty.activation() == ActFormat::Q8S {
             1.0 / 2048.0
         } else {
             0.0

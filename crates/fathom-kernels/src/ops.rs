@@ -5,8 +5,10 @@
 //! path against the portable one.
 
 use crate::isa::Isa;
+use crate::quant::Q8_0_BYTES;
 #[cfg(target_arch = "x86_64")]
 use crate::x86::ops as simd;
+use fathom_ggml::blocks::QK;
 
 /// Runs `$simd` when `$isa` is a SIMD level, `$portable` otherwise.
 macro_rules! dispatch {
@@ -244,72 +246,7 @@ pub(crate) fn argmax_with(isa: Isa, x: &[f32]) -> usize {
     })
 }
 
-/// IEEE binary16 to f32, exact (subnormals, infinities and NaN payloads
-/// included).
-#[inline]
-pub fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h & 0x8000) as u32) << 16;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let man = (h & 0x3ff) as u32;
-    let bits = match exp {
-        0 if man == 0 => sign,
-        // Subnormal: man * 2^-24, exact in f32.
-        0 => sign | (man as f32 * (1.0 / 16_777_216.0)).to_bits(),
-        31 => sign | 0x7f80_0000 | (man << 13),
-        _ => sign | ((exp + 112) << 23) | (man << 13),
-    };
-    f32::from_bits(bits)
-}
-
-/// f32 to IEEE binary16, round to nearest even, as F16C's `vcvtps2ph`
-/// does (NaNs keep their sign and top payload bits and become quiet).
-#[inline]
-pub fn f32_to_f16(x: f32) -> u16 {
-    let bits = x.to_bits();
-    let sign = ((bits >> 16) & 0x8000) as u16;
-    let exp = ((bits >> 23) & 0xff) as i32;
-    let man = bits & 0x7f_ffff;
-    if exp == 0xff {
-        let nan = if man != 0 {
-            0x200 | (man >> 13) as u16
-        } else {
-            0
-        };
-        return sign | 0x7c00 | nan;
-    }
-    let e = exp - 112;
-    if e >= 31 {
-        return sign | 0x7c00;
-    }
-    if e <= 0 {
-        if e < -10 {
-            return sign;
-        }
-        let full = man | 0x80_0000;
-        let shift = (14 - e) as u32;
-        let half = 1u32 << (shift - 1);
-        let rem = full & ((1u32 << shift) - 1);
-        let mut m = full >> shift;
-        if rem > half || (rem == half && m & 1 == 1) {
-            m += 1;
-        }
-        return sign | m as u16;
-    }
-    // A carry out of the mantissa correctly bumps the exponent, up to
-    // infinity.
-    let mut h = ((e as u32) << 10) | (man >> 13);
-    let rem = man & 0x1fff;
-    if rem > 0x1000 || (rem == 0x1000 && h & 1 == 1) {
-        h += 1;
-    }
-    sign | h as u16
-}
-
-/// bfloat16 to f32 (exact: bf16 is the top half of an f32).
-#[inline]
-pub fn bf16_to_f32(h: u16) -> f32 {
-    f32::from_bits((h as u32) << 16)
-}
+pub use fathom_ggml::{bf16_to_f32, f16_to_f32, f32_to_f16};
 
 /// Stores a row as f16, for the KV cache.
 pub fn f32_to_f16_row(src: &[f32], dst: &mut [u16]) {
@@ -384,21 +321,22 @@ pub fn quantize_q8_0_row(src: &[f32], dst: &mut [u8]) {
 }
 
 fn check_q8_0(values: usize, bytes: usize) {
+    let q8_0 = crate::WeightType::Q8_0;
     assert!(
-        values.is_multiple_of(32),
+        values.is_multiple_of(q8_0.block_elems()),
         "q8_0 rows hold whole blocks of 32 values, not {values}"
     );
+    let need = q8_0.row_bytes(values);
     assert!(
-        bytes >= values / 32 * 34,
-        "{values} q8_0 values need {} bytes, got {bytes}",
-        values / 32 * 34
+        bytes >= need,
+        "{values} q8_0 values need {need} bytes, got {bytes}"
     );
 }
 
 pub(crate) fn quantize_q8_0_row_with(isa: Isa, src: &[f32], dst: &mut [u8]) {
     check_q8_0(src.len(), dst.len());
     dispatch!(isa, simd::quantize_q8_0_row(src, dst), {
-        for (x, out) in src.chunks_exact(32).zip(dst.chunks_exact_mut(34)) {
+        for (x, out) in src.chunks_exact(QK).zip(dst.chunks_exact_mut(Q8_0_BYTES)) {
             let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             let (d, id) = crate::quant::q8_scale(amax);
             out[..2].copy_from_slice(&f32_to_f16(d).to_le_bytes());

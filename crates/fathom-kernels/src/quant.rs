@@ -14,9 +14,13 @@
 
 use crate::ops::f16_to_f32;
 use crate::WeightType;
+use fathom_ggml::blocks::{BlockQ8S, BlockQ8_0, BlockQ8_K};
+use std::mem::size_of;
 
-pub(crate) const Q8S_BYTES: usize = 36;
-pub(crate) const Q8K_BYTES: usize = 292;
+pub(crate) const Q8S_BYTES: usize = size_of::<BlockQ8S>();
+pub(crate) const Q8K_BYTES: usize = size_of::<BlockQ8_K>();
+/// ggml's `block_q8_0`, the q8_0 KV cache's row format.
+pub(crate) const Q8_0_BYTES: usize = size_of::<BlockQ8_0>();
 
 /// The f16 at `b[at..at + 2]`.
 #[inline(always)]

@@ -6,6 +6,7 @@
 //! the allocation are the same list. Activations are f32; quantized
 //! matmuls also need the input rows quantized to 8 bits.
 
+use fathom_ggml::ActFormat;
 use fathom_spec::ModelSpec;
 use serde::Serialize;
 
@@ -125,13 +126,11 @@ pub struct ActivationPlan {
 }
 
 /// Bytes of one row of `n` values quantized for a matmul: the largest of
-/// Q8_0 (34 bytes per 32), Q8_1 (36 per 32, for Q4_1/Q5_1 weights) and
-/// Q8_K (292 per 256, for k-quants), since the weight type picks which one
-/// a product uses.
+/// the kernels' activation formats (`Q8S`, 36 bytes per 32 values, and
+/// `Q8_K`, 292 per 256), since the weight type picks which one a product
+/// uses.
 pub fn q8_row_bytes(n: u64) -> u64 {
-    let q8_1 = n.div_ceil(32).saturating_mul(36);
-    let q8_k = n.div_ceil(256).saturating_mul(292);
-    q8_1.max(q8_k)
+    ActFormat::max_row_bytes(n)
 }
 
 fn aligned(bytes: u64) -> u64 {

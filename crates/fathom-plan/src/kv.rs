@@ -1,5 +1,6 @@
 //! The KV cache term: a paged pool of fixed-size blocks.
 
+use fathom_ggml::GgmlType;
 use fathom_spec::{Attention, ModelSpec};
 use serde::Serialize;
 
@@ -42,14 +43,20 @@ impl KvDtype {
             })
     }
 
+    /// The ggml type a KV row is stored as.
+    pub fn ggml(self) -> GgmlType {
+        match self {
+            KvDtype::F16 => GgmlType::F16,
+            KvDtype::Bf16 => GgmlType::BF16,
+            KvDtype::F32 => GgmlType::F32,
+            KvDtype::Q8_0 => GgmlType::Q8_0,
+        }
+    }
+
     /// Bytes of one row of `n` values: q8_0 stores blocks of 32 values as
     /// 32 bytes plus an f16 scale, and a partial block costs a whole one.
     pub fn row_bytes(self, n: u64) -> u64 {
-        match self {
-            KvDtype::F16 | KvDtype::Bf16 => n.saturating_mul(2),
-            KvDtype::F32 => n.saturating_mul(4),
-            KvDtype::Q8_0 => n.div_ceil(32).saturating_mul(34),
-        }
+        self.ggml().padded_row_bytes(n)
     }
 }
 

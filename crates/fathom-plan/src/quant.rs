@@ -3,73 +3,31 @@
 //! It reads only the weights and KV figures, never the backend term, so the
 //! advice is the same on every device for the same budget.
 
+use fathom_ggml::GgmlType;
 use fathom_spec::ModelSpec;
 use serde::Serialize;
 
-/// A weight type with llama.cpp's block layout, and the type llama.cpp
-/// falls back to for a matrix whose rows are not whole blocks.
-#[derive(Debug, Clone, Copy)]
-struct QuantType {
-    name: &'static str,
-    block_elems: u64,
-    block_bytes: u64,
-    fallback: Option<&'static QuantType>,
-}
-
-const F16: QuantType = QuantType {
-    name: "F16",
-    block_elems: 1,
-    block_bytes: 2,
-    fallback: None,
-};
-const Q8_0: QuantType = QuantType {
-    name: "Q8_0",
-    block_elems: 32,
-    block_bytes: 34,
-    fallback: Some(&F16),
-};
-const Q5_1: QuantType = QuantType {
-    name: "Q5_1",
-    block_elems: 32,
-    block_bytes: 24,
-    fallback: Some(&F16),
-};
-const Q5_0: QuantType = QuantType {
-    name: "Q5_0",
-    block_elems: 32,
-    block_bytes: 22,
-    fallback: Some(&F16),
-};
-
 /// Most precise first: the advice is the first that fits.
-const CANDIDATES: [QuantType; 6] = [
-    F16,
-    Q8_0,
-    QuantType {
-        name: "Q6_K",
-        block_elems: 256,
-        block_bytes: 210,
-        fallback: Some(&Q8_0),
-    },
-    QuantType {
-        name: "Q5_K",
-        block_elems: 256,
-        block_bytes: 176,
-        fallback: Some(&Q5_1),
-    },
-    QuantType {
-        name: "Q4_K",
-        block_elems: 256,
-        block_bytes: 144,
-        fallback: Some(&Q5_0),
-    },
-    QuantType {
-        name: "Q4_0",
-        block_elems: 32,
-        block_bytes: 18,
-        fallback: Some(&F16),
-    },
+const CANDIDATES: [GgmlType; 6] = [
+    GgmlType::F16,
+    GgmlType::Q8_0,
+    GgmlType::Q6_K,
+    GgmlType::Q5_K,
+    GgmlType::Q4_K,
+    GgmlType::Q4_0,
 ];
+
+/// The type llama.cpp falls back to for a matrix whose rows are not whole
+/// blocks of `q`.
+fn fallback(q: GgmlType) -> Option<GgmlType> {
+    match q {
+        GgmlType::Q6_K => Some(GgmlType::Q8_0),
+        GgmlType::Q5_K => Some(GgmlType::Q5_1),
+        GgmlType::Q4_K => Some(GgmlType::Q5_0),
+        GgmlType::Q8_0 | GgmlType::Q5_1 | GgmlType::Q5_0 | GgmlType::Q4_0 => Some(GgmlType::F16),
+        _ => None,
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct QuantOption {
@@ -93,7 +51,7 @@ pub struct QuantAdvice {
 /// Weights bytes if the model were converted to `q` as llama.cpp converts:
 /// 1-D tensors (norms, biases) stay F32; a matrix whose rows are not whole
 /// blocks takes the fallback type (Q6_K -> Q8_0 -> F16, ...).
-fn weights_bytes(spec: &ModelSpec, q: &QuantType) -> u64 {
+fn weights_bytes(spec: &ModelSpec, q: GgmlType) -> u64 {
     spec.tensors.iter().fold(0u64, |sum, t| {
         let bytes = if t.shape.len() < 2 {
             t.params.saturating_mul(4)
@@ -104,25 +62,25 @@ fn weights_bytes(spec: &ModelSpec, q: &QuantType) -> u64 {
     })
 }
 
-fn matrix_bytes(params: u64, row_len: u64, q: &QuantType) -> u64 {
-    if row_len > 0 && row_len.is_multiple_of(q.block_elems) {
-        return (params / q.block_elems).saturating_mul(q.block_bytes);
+fn matrix_bytes(params: u64, row_len: u64, q: GgmlType) -> u64 {
+    if row_len > 0 && row_len.is_multiple_of(q.block_elems()) {
+        return (params / q.block_elems()).saturating_mul(q.block_bytes());
     }
-    match q.fallback {
+    match fallback(q) {
         Some(fallback) => matrix_bytes(params, row_len, fallback),
         // F16 has one-element blocks: every row is whole.
-        None => params.saturating_mul(q.block_bytes),
+        None => params.saturating_mul(q.block_bytes()),
     }
 }
 
 pub fn advise(spec: &ModelSpec, kv_bytes: u64, available_bytes: u64) -> QuantAdvice {
     let options: Vec<QuantOption> = CANDIDATES
-        .iter()
+        .into_iter()
         .map(|q| {
             let weights_bytes = weights_bytes(spec, q);
             let total_bytes = weights_bytes.saturating_add(kv_bytes);
             QuantOption {
-                quant: q.name,
+                quant: q.name(),
                 weights_bytes,
                 kv_bytes,
                 total_bytes,

@@ -4,7 +4,7 @@
 
 use super::{exp, hsum, hsum_i32};
 use crate::ops::{f16_to_f32, f32_to_f16, GELU_COEF, SQRT_2_OVER_PI};
-use crate::quant::{q8_scale, Q8K_BYTES, Q8S_BYTES};
+use crate::quant::{q8_scale, Q8K_BYTES, Q8S_BYTES, Q8_0_BYTES};
 use std::arch::x86_64::*;
 
 /// Replaces `x` by `f(x)` eight lanes at a time; a ragged tail goes
@@ -268,7 +268,7 @@ unsafe fn quantize32(x: *const f32, id: __m256, dst: *mut u8) -> [__m256i; 4] {
 pub(crate) unsafe fn quantize_q8_0_row(src: &[f32], dst: &mut [u8]) {
     for (b, x) in src.chunks_exact(32).enumerate() {
         let (d, id) = q8_scale(amax(x.as_ptr(), 32));
-        let out = dst.as_mut_ptr().add(34 * b);
+        let out = dst.as_mut_ptr().add(Q8_0_BYTES * b);
         (out as *mut u16).write_unaligned(f32_to_f16(d));
         quantize32(x.as_ptr(), _mm256_set1_ps(id), out.add(2));
     }
@@ -277,7 +277,7 @@ pub(crate) unsafe fn quantize_q8_0_row(src: &[f32], dst: &mut [u8]) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dequantize_q8_0_row(src: &[u8], dst: &mut [f32]) {
     for (b, out) in dst.chunks_exact_mut(32).enumerate() {
-        let p = src.as_ptr().add(34 * b);
+        let p = src.as_ptr().add(Q8_0_BYTES * b);
         let d = _mm256_set1_ps(f16_to_f32((p as *const u16).read_unaligned()));
         for k in 0..4 {
             let q = _mm_loadl_epi64(p.add(2 + 8 * k) as *const __m128i);

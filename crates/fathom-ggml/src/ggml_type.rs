@@ -111,7 +111,7 @@ impl GgmlType {
         GgmlType::Q1_0,
     ];
 
-    fn traits(self) -> Traits {
+    const fn traits(self) -> Traits {
         use GgmlType::*;
         match self {
             F32 => t(0, "F32", 1, 4),
@@ -158,19 +158,23 @@ impl GgmlType {
         GgmlType::ALL.into_iter().find(|ty| ty.id() == id)
     }
     /// The on-disk id.
-    pub fn id(self) -> u32 {
+    #[inline]
+    pub const fn id(self) -> u32 {
         self.traits().id
     }
     /// Canonical name as llama.cpp prints it, e.g. "Q4_K", "F16", "IQ2_XXS".
-    pub fn name(self) -> &'static str {
+    #[inline]
+    pub const fn name(self) -> &'static str {
         self.traits().name
     }
     /// Elements per block (1 for plain types, 32 or 256 for quantized ones).
-    pub fn block_elems(self) -> u64 {
+    #[inline]
+    pub const fn block_elems(self) -> u64 {
         self.traits().block_elems
     }
     /// Bytes per block.
-    pub fn block_bytes(self) -> u64 {
+    #[inline]
+    pub const fn block_bytes(self) -> u64 {
         self.traits().block_bytes
     }
     /// Bytes of a row of `n` elements; `None` if `n` is not a whole number
@@ -186,6 +190,12 @@ impl GgmlType {
             return None;
         }
         (n / block_elems).checked_mul(block_bytes)
+    }
+    /// Bytes of `n` elements rounded up to whole blocks (a partial block
+    /// costs a whole one), saturating at `u64::MAX`.
+    pub const fn padded_row_bytes(self, n: u64) -> u64 {
+        n.div_ceil(self.block_elems())
+            .saturating_mul(self.block_bytes())
     }
 }
 
@@ -277,6 +287,14 @@ mod tests {
             };
             assert_eq!(ty.block_elems(), expected, "{ty}");
         }
+    }
+
+    #[test]
+    fn padded_rows_round_up_and_saturate() {
+        assert_eq!(Q8_0.padded_row_bytes(64), 68);
+        assert_eq!(Q8_0.padded_row_bytes(33), 68);
+        assert_eq!(F16.padded_row_bytes(7), 14);
+        assert_eq!(F32.padded_row_bytes(u64::MAX), u64::MAX);
     }
 
     #[test]
