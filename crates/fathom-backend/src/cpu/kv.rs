@@ -158,10 +158,7 @@ fn store(dtype: KvDtype, src: &[f32], dst: &mut [u8]) {
         }
         KvDtype::Bf16 => {
             for (d, s) in dst.chunks_exact_mut(2).zip(src) {
-                // Round to nearest even, as converters do.
-                let bits = s.to_bits();
-                let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1));
-                d.copy_from_slice(&((rounded >> 16) as u16).to_le_bytes());
+                d.copy_from_slice(&fathom_ggml::f32_to_bf16(*s).to_le_bytes());
             }
         }
         KvDtype::Q8_0 => ops::quantize_q8_0_row(src, dst),
