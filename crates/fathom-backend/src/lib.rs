@@ -15,6 +15,7 @@
 //! the caller's business, as with the plan's `activation_detail`.
 
 pub mod cpu;
+pub mod cuda;
 mod error;
 mod host;
 
