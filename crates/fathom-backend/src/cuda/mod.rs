@@ -562,8 +562,7 @@ impl CudaBackend {
         n.div_ceil(block).clamp(1, 65_535) as u32
     }
 
-    /// Bump-allocates `len` bytes of the weights region and copies `bytes`
-    /// there (synchronously: the host bytes may be an mmap that goes away).
+    /// Bump-allocates room in the weights region and copies `bytes` there.
     fn place(&mut self, what: &str, bytes: &[u8]) -> Result<u64, BackendError> {
         let start = align(self.weights_next, WEIGHT_ALIGN);
         let end = start.saturating_add(bytes.len() as u64);
@@ -580,8 +579,12 @@ impl CudaBackend {
                 message: "backend failed earlier".into(),
             }));
         }
+        // On our stream, so the kernels after it see the bytes (a plain
+        // synchronous copy runs on the legacy stream, which a non-blocking
+        // stream does not wait for). From pageable memory the call returns
+        // once `bytes` has been read, so the mmap may go away after.
         // SAFETY: [start, end) lies in the weights region of the allocation.
-        unsafe { result::memcpy_htod_sync(self.base + start, bytes) }
+        unsafe { result::memcpy_htod_async(self.base + start, bytes, self.stream) }
             .map_err(|e| device_err(&format!("copying {what} to the device"), e))?;
         self.weights_next = end;
         Ok(self.base + start)
