@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh
+# nvcc for the CUDA kernels build.rs compiles (pinned PyPI wheels; fast when present).
+scripts/install-cuda-toolchain.sh
 cargo build --release --locked -p fathom-cli
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 target/release/fathom inspect "$MODEL" --max-tokens 4096 >&2

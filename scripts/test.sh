@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh
+# nvcc for the CUDA kernels build.rs compiles (pinned PyPI wheels; fast when present).
+scripts/install-cuda-toolchain.sh
 # The independent numpy reference the engine's logits are checked against.
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "numpy>=1.26" "gguf==0.19.0"
 cargo fmt --all --check

@@ -15,6 +15,7 @@
 //! the caller's business, as with the plan's `activation_detail`.
 
 pub mod cpu;
+pub mod cuda;
 mod error;
 mod host;
 
@@ -250,4 +251,13 @@ pub trait Backend: Send {
     /// GPU copies them back into planned host memory), for the sampler to
     /// read and modify.
     fn logits(&mut self, rows: usize, width: usize) -> &mut [f32];
+
+    /// The first device error since the last call, if any. Ops return
+    /// nothing (a GPU queues them), so a backend whose device can fail
+    /// records the first failure, skips the ops after it, and hands the
+    /// error out here; the engine asks after [`Backend::logits`], whose
+    /// values are not to be trusted when this returns an error.
+    fn take_error(&mut self) -> Option<BackendError> {
+        None
+    }
 }

@@ -1,0 +1,214 @@
+//! cuBLAS, loaded by hand: the few entry points the backend calls, from a
+//! library found where we say (`FATHOM_CUDA_LIB_DIR`, the CUDA toolkit's
+//! usual folders, then the loader's own search), so a missing library is a
+//! [`BackendError`] naming every place searched rather than a panic.
+
+use std::ffi::{c_int, c_void};
+use std::path::PathBuf;
+
+use libloading::Library;
+
+use crate::BackendError;
+
+pub type Handle = *mut c_void;
+type Status = c_int;
+
+/// `CUBLAS_OP_N`, `CUBLAS_OP_T`.
+pub const OP_N: c_int = 0;
+pub const OP_T: c_int = 1;
+
+type CreateFn = unsafe extern "C" fn(*mut Handle) -> Status;
+type DestroyFn = unsafe extern "C" fn(Handle) -> Status;
+type SetStreamFn = unsafe extern "C" fn(Handle, *mut c_void) -> Status;
+type SetWorkspaceFn = unsafe extern "C" fn(Handle, *mut c_void, usize) -> Status;
+#[allow(clippy::type_complexity)]
+type SgemmFn = unsafe extern "C" fn(
+    Handle,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    *const f32,
+    *const f32,
+    c_int,
+    *const f32,
+    c_int,
+    *const f32,
+    *mut f32,
+    c_int,
+) -> Status;
+
+/// The loaded library and its entry points.
+pub struct Blas {
+    create: CreateFn,
+    destroy: DestroyFn,
+    set_stream: SetStreamFn,
+    set_workspace: SetWorkspaceFn,
+    sgemm: SgemmFn,
+    /// Where it was found, for messages.
+    pub path: String,
+    // Kept last so the entry points above never outlive the libraries.
+    _libs: Vec<Library>,
+}
+
+/// The folders searched, in order.
+fn search_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(d) = std::env::var_os("FATHOM_CUDA_LIB_DIR") {
+        dirs.push(PathBuf::from(d));
+    }
+    dirs.push(PathBuf::from("/usr/local/cuda/targets/x86_64-linux/lib"));
+    dirs.push(PathBuf::from("/usr/local/cuda/lib64"));
+    dirs
+}
+
+const NAMES: [&str; 2] = ["libcublas.so.13", "libcublas.so"];
+const LT_NAMES: [&str; 2] = ["libcublasLt.so.13", "libcublasLt.so"];
+
+fn open(candidates: &[String]) -> Option<(Library, String)> {
+    candidates.iter().find_map(|c| {
+        // SAFETY: loading cuBLAS runs its initializers, which only set up
+        // the library's own state; we call nothing before resolving symbols.
+        unsafe { Library::new(c) }.ok().map(|l| (l, c.clone()))
+    })
+}
+
+impl Blas {
+    pub fn load() -> Result<Blas, BackendError> {
+        let mut tried = Vec::new();
+        let mut candidates = Vec::new();
+        for d in search_dirs() {
+            for (lt, name) in LT_NAMES.iter().zip(NAMES) {
+                candidates.push((
+                    d.join(lt).display().to_string(),
+                    d.join(name).display().to_string(),
+                ));
+            }
+        }
+        // Last, the dynamic loader's own search (LD_LIBRARY_PATH, ld.so.cache).
+        for (lt, name) in LT_NAMES.iter().zip(NAMES) {
+            candidates.push((lt.to_string(), name.to_string()));
+        }
+        for (lt, name) in candidates {
+            tried.push(name.clone());
+            // cuBLAS needs cuBLASLt: open it first from the same place so the
+            // dependency resolves to it by its soname.
+            let lt_lib = open(std::slice::from_ref(&lt));
+            let Some((lib, path)) = open(std::slice::from_ref(&name)) else {
+                continue;
+            };
+            return Self::resolve(lib, lt_lib.map(|l| l.0), path);
+        }
+        Err(BackendError::Device {
+            backend: "cuda",
+            message: format!(
+                "cuBLAS (libcublas.so.13) not found; searched {}. Set FATHOM_CUDA_LIB_DIR to the \
+                 folder holding libcublas.so.13 and libcublasLt.so.13",
+                tried.join(", ")
+            ),
+        })
+    }
+
+    fn resolve(lib: Library, lt: Option<Library>, path: String) -> Result<Blas, BackendError> {
+        fn sym<T: Copy>(lib: &Library, name: &str, path: &str) -> Result<T, BackendError> {
+            // SAFETY: each type above is the C signature cuBLAS 13 documents
+            // for the symbol of that name.
+            unsafe { lib.get::<T>(name.as_bytes()) }
+                .map(|s| *s)
+                .map_err(|e| BackendError::Device {
+                    backend: "cuda",
+                    message: format!(
+                        "{path}: symbol {name} missing ({e}); cuBLAS 12 or 13 is needed"
+                    ),
+                })
+        }
+        Ok(Blas {
+            create: sym(&lib, "cublasCreate_v2", &path)?,
+            destroy: sym(&lib, "cublasDestroy_v2", &path)?,
+            set_stream: sym(&lib, "cublasSetStream_v2", &path)?,
+            set_workspace: sym(&lib, "cublasSetWorkspace_v2", &path)?,
+            sgemm: sym(&lib, "cublasSgemm_v2", &path)?,
+            path,
+            _libs: [Some(lib), lt].into_iter().flatten().collect(),
+        })
+    }
+
+    fn check(&self, what: &str, status: Status) -> Result<(), BackendError> {
+        if status == 0 {
+            Ok(())
+        } else {
+            Err(BackendError::Device {
+                backend: "cuda",
+                message: format!("{what} failed with cuBLAS status {status}"),
+            })
+        }
+    }
+
+    /// A handle on `stream` using `workspace` (device bytes the caller owns
+    /// for as long as the handle lives) instead of allocating its own.
+    pub fn create(
+        &self,
+        stream: *mut c_void,
+        workspace: u64,
+        workspace_bytes: usize,
+    ) -> Result<Handle, BackendError> {
+        let mut h: Handle = std::ptr::null_mut();
+        // SAFETY: `h` is a valid out-pointer; the context is current on
+        // this thread (the caller bound it).
+        self.check("cublasCreate", unsafe { (self.create)(&mut h) })?;
+        // SAFETY: `h` was just created; the stream belongs to the same context.
+        self.check("cublasSetStream", unsafe { (self.set_stream)(h, stream) })?;
+        // SAFETY: the workspace is device memory of `workspace_bytes` that
+        // outlives the handle (both are dropped together by the backend).
+        self.check("cublasSetWorkspace", unsafe {
+            (self.set_workspace)(h, workspace as *mut c_void, workspace_bytes)
+        })?;
+        Ok(h)
+    }
+
+    pub fn destroy(&self, h: Handle) {
+        // SAFETY: `h` came from `create` and is destroyed once (on drop).
+        unsafe { (self.destroy)(h) };
+    }
+
+    /// Column-major SGEMM, `C = op(A)·op(B)` (α = 1, β = 0), on device pointers.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sgemm(
+        &self,
+        h: Handle,
+        (ta, tb): (c_int, c_int),
+        (m, n, k): (usize, usize, usize),
+        a: u64,
+        lda: usize,
+        b: u64,
+        ldb: usize,
+        c: u64,
+        ldc: usize,
+    ) -> Result<(), BackendError> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let dim = |v: usize| c_int::try_from(v).unwrap_or(c_int::MAX);
+        // SAFETY: a, b and c are device pointers into the backend's one
+        // allocation holding at least the op's extents (the caller checked
+        // them against the plan); α and β live across the call.
+        let status = unsafe {
+            (self.sgemm)(
+                h,
+                ta,
+                tb,
+                dim(m),
+                dim(n),
+                dim(k),
+                &alpha,
+                a as *const f32,
+                dim(lda),
+                b as *const f32,
+                dim(ldb),
+                &beta,
+                c as *mut f32,
+                dim(ldc),
+            )
+        };
+        self.check("cublasSgemm", status)
+    }
+}

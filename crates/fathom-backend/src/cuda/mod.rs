@@ -1,0 +1,1283 @@
+//! The CUDA backend: the same ops as the CPU one on an NVIDIA GPU.
+//!
+//! **One allocation.** [`CudaBackend::new`] makes a single `cuMemAlloc`
+//! and carves it, in this order: weights (a bump pointer, in load order),
+//! the activation arena (at the plan's offsets), the KV storage of every
+//! group, cuBLAS's workspace (handed to cuBLAS with `cublasSetWorkspace`
+//! so it allocates none of its own), and a small upload area for what the
+//! host sends per op (page tables, positions, token ids, row lists).
+//! Nothing is allocated afterwards: no stream-ordered pools, no per-op
+//! buffers.
+//!
+//! **Loading.** Nothing of CUDA is touched until a backend is created (or
+//! [`probe`] asks): libcuda is opened at run time by cudarc, cuBLAS by
+//! [`blas`] from `FATHOM_CUDA_LIB_DIR`, `/usr/local/cuda/...` or the
+//! loader's search. So one binary runs on machines without a GPU.
+//!
+//! **Kernels** are compiled at build time (build.rs, nvcc 13.0, sm_90 +
+//! compute_90 PTX) and embedded. Quantized weights stay in their ggml or
+//! MLX layout and are decoded inside the matmul kernels; F32 matrices go
+//! through cuBLAS SGEMM.
+//!
+//! **Errors.** Ops are queued on one stream and return nothing; the first
+//! failure is kept, later ops are skipped, and [`Backend::take_error`]
+//! hands it out. `logits()` synchronizes.
+
+mod blas;
+
+use std::ffi::{c_void, CString};
+use std::sync::Arc;
+
+use cudarc::driver::{result, sys, CudaContext, DriverError};
+use fathom_plan::activations::ArenaBuffer;
+use fathom_plan::kv::KV_BLOCK_TOKENS;
+use fathom_plan::KvDtype;
+
+use crate::{
+    AttentionIo, AttentionShape, Backend, BackendError, Buf, DeviceMemory, Glu, HostMatrix,
+    KvLayout, MatrixId, MatrixStorage, RopeParams, Step, VectorId, WeightType,
+};
+
+/// The kernel argument array: pointers to each (local, mutable) argument.
+macro_rules! args {
+    ($($a:ident),* $(,)?) => {
+        [$(std::ptr::addr_of_mut!($a) as *mut c_void),*]
+    };
+}
+
+/// The kernels, compiled by build.rs.
+static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fathom.fatbin"));
+
+/// Start of every carved region: enough for any vector load and for cuBLAS.
+const ALIGN: u64 = 256;
+/// Start of every weight tensor: 16 bytes serves float4 loads and cuBLAS.
+const WEIGHT_ALIGN: u64 = 16;
+/// Room for the padding `WEIGHT_ALIGN` adds between tensors (at most 15
+/// bytes each: 1 MiB covers 69,905 tensors; a 48-layer, 128-expert MoE has
+/// about 19,000).
+const WEIGHT_SLACK: u64 = 1 << 20;
+/// cuBLAS's workspace; NVIDIA recommends 32 MiB on Hopper.
+const BLAS_WORKSPACE: u64 = 32 << 20;
+/// Tokens a matrix-vector kernel takes at once; more go to the tiled kernel.
+const MV_MAX_TOKENS: usize = 8;
+/// Largest head dims the attention kernel holds per lane.
+const ATT_MAX_DIM: usize = 512;
+/// Largest expert count the routing kernel's chosen-set holds.
+const MAX_EXPERTS: usize = 256;
+
+/// A GPU as `--device auto` sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub free: u64,
+    pub total: u64,
+}
+
+/// The first CUDA device, or `None` when there is no driver, no device,
+/// or any call fails. Never panics. Reading free memory needs a context:
+/// this retains the device's primary context and releases it again (on the
+/// order of 0.3 s; nothing stays allocated).
+pub fn probe() -> Option<DeviceInfo> {
+    std::panic::catch_unwind(probe_device).ok().flatten()
+}
+
+fn probe_device() -> Option<DeviceInfo> {
+    // SAFETY: only tries to open libcuda by its names; runs none of it.
+    if !unsafe { sys::is_culib_present() } {
+        return None;
+    }
+    result::init().ok()?;
+    if result::device::get_count().ok()? < 1 {
+        return None;
+    }
+    let dev = result::device::get(0).ok()?;
+    let name = result::device::get_name(dev).ok()?;
+    // SAFETY: `dev` is a device handle the driver just returned.
+    let total = unsafe { result::device::total_mem(dev) }.ok()? as u64;
+    // SAFETY: retain/set-current/release pair on the device's primary
+    // context; the context is released before returning.
+    let free = unsafe {
+        let ctx = result::primary_ctx::retain(dev).ok()?;
+        let free = sys::cuCtxSetCurrent(ctx)
+            .result()
+            .and_then(|_| result::mem_get_info())
+            .map(|(f, _)| f as u64);
+        let _ = result::primary_ctx::release(dev);
+        free.ok()?
+    };
+    Some(DeviceInfo { name, free, total })
+}
+
+fn device_err(what: &str, e: DriverError) -> BackendError {
+    BackendError::Device {
+        backend: "cuda",
+        message: format!("{what}: {e}"),
+    }
+}
+
+fn align(v: u64, a: u64) -> u64 {
+    v.div_ceil(a).saturating_mul(a)
+}
+
+/// A weight matrix as the kernels take it (`struct Weights` in fathom.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct WeightsArg {
+    data: u64,
+    scales: u64,
+    biases: u64,
+    row_bytes: u64,
+    rows: i32,
+    cols: i32,
+    group: i32,
+    bf16: i32,
+}
+
+/// Per-step row and sequence tables (`struct StepDesc` in fathom.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct StepDesc {
+    row_seq: u64,
+    row_pos: u64,
+    seq_start: u64,
+    seq_row0: u64,
+    tables: u64,
+    table_stride: i32,
+    pad: i32,
+}
+
+/// One layer's cache (`struct KvDesc` in fathom.cu).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct KvDesc {
+    base: u64,
+    block_bytes: u64,
+    layer_off: u64,
+    k_row: i32,
+    v_row: i32,
+    ring: i32,
+    dtype: i32,
+}
+
+/// Kernel name suffixes by weight kind: the 13 ggml types in
+/// `WeightType::ALL` order, then MLX affine 2, 4 and 8 bits.
+const KINDS: [&str; 16] = [
+    "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k",
+    "q6_k", "a2", "a4", "a8",
+];
+
+fn kind_of_type(ty: WeightType) -> usize {
+    WeightType::ALL
+        .iter()
+        .position(|t| *t == ty)
+        .expect("every weight type is in ALL")
+}
+
+struct Kernels {
+    mv: [sys::CUfunction; 16],
+    mm: [sys::CUfunction; 16],
+    embed: [sys::CUfunction; 16],
+    rms_norm: sys::CUfunction,
+    add_bias: sys::CUfunction,
+    add: sys::CUfunction,
+    fill_zero: sys::CUfunction,
+    glu: sys::CUfunction,
+    gather_rows: sys::CUfunction,
+    scatter_rows: sys::CUfunction,
+    rope: sys::CUfunction,
+    round_to_kv: sys::CUfunction,
+    attention: sys::CUfunction,
+    kv_write: sys::CUfunction,
+    route_experts: sys::CUfunction,
+}
+
+impl Kernels {
+    fn load(module: sys::CUmodule) -> Result<Kernels, BackendError> {
+        let get = |name: &str| -> Result<sys::CUfunction, BackendError> {
+            let c = CString::new(name).expect("kernel names have no NUL");
+            // SAFETY: `module` is loaded and outlives the functions (both
+            // are released together on drop).
+            unsafe { result::module::get_function(module, c) }
+                .map_err(|e| device_err(&format!("kernel {name} missing from the fatbin"), e))
+        };
+        let table = |prefix: &str| -> Result<[sys::CUfunction; 16], BackendError> {
+            let mut out = [std::ptr::null_mut(); 16];
+            for (o, k) in out.iter_mut().zip(KINDS) {
+                *o = get(&format!("{prefix}_{k}"))?;
+            }
+            Ok(out)
+        };
+        Ok(Kernels {
+            mv: table("mv")?,
+            mm: table("mm")?,
+            embed: table("embed")?,
+            rms_norm: get("rms_norm")?,
+            add_bias: get("add_bias")?,
+            add: get("add")?,
+            fill_zero: get("fill_zero")?,
+            glu: get("glu")?,
+            gather_rows: get("gather_rows")?,
+            scatter_rows: get("scatter_rows")?,
+            rope: get("rope")?,
+            round_to_kv: get("round_to_kv")?,
+            attention: get("attention")?,
+            kv_write: get("kv_write")?,
+            route_experts: get("route_experts")?,
+        })
+    }
+}
+
+/// A matrix the backend holds.
+#[derive(Debug, Clone, Copy)]
+struct DevMatrix {
+    kind: usize,
+    arg: WeightsArg,
+}
+
+/// Where the per-op uploads go (byte offsets in the allocation), sized for
+/// `tokens` rows and `seqs` sequences of `table_stride` blocks.
+#[derive(Debug, Clone, Copy)]
+struct Upload {
+    /// row_seq, row_pos, seq_start, seq_row0, tables: one packed u32 area.
+    step: u64,
+    idx: u64,
+    weights: u64,
+    tokens: usize,
+    seqs: usize,
+    table_stride: usize,
+}
+
+/// The device memory each start-up step took (`cuMemGetInfo` deltas).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartupMemory {
+    /// `total − free` right after the context was created: the context's
+    /// own cost when the device was idle before (other processes' use
+    /// counts here too).
+    pub context: u64,
+    pub stream: u64,
+    pub module: u64,
+    pub allocation: u64,
+    pub allocation_requested: u64,
+    pub blas_handle: u64,
+    /// Carved from the allocation, so not in any delta above.
+    pub blas_workspace: u64,
+}
+
+/// The CUDA backend (see the module docs).
+pub struct CudaBackend {
+    ctx: Arc<CudaContext>,
+    stream: sys::CUstream,
+    module: sys::CUmodule,
+    k: Kernels,
+    blas: blas::Blas,
+    blas_handle: blas::Handle,
+    /// The one allocation.
+    base: u64,
+    size: u64,
+    weights_next: u64,
+    weights_end: u64,
+    /// (offset, bytes) of each arena buffer, indexed like `Buf::ALL`.
+    arena: [Option<(u64, u64)>; Buf::ALL.len()],
+    kv: KvLayout,
+    kv_base: Vec<u64>,
+    slots: Vec<Option<(usize, usize)>>,
+    upload: Upload,
+    matrices: Vec<DevMatrix>,
+    vectors: Vec<(u64, usize)>,
+    /// Host side: logits read-back, routes read-back, upload staging.
+    logits: Vec<f32>,
+    routes: Vec<u32>,
+    routes_k: usize,
+    routes_rows: usize,
+    host_u32: Vec<u32>,
+    host_f32: Vec<f32>,
+    error: Option<BackendError>,
+    startup: StartupMemory,
+}
+
+// SAFETY: the raw handles (stream, module, functions, cuBLAS handle) belong
+// to one context and are only used through `&mut self`, after binding the
+// context to the calling thread; moving the backend to another thread is
+// what CUDA's context model allows.
+unsafe impl Send for CudaBackend {}
+
+fn buf_index(b: Buf) -> usize {
+    Buf::ALL
+        .iter()
+        .position(|x| *x == b)
+        .expect("every Buf is in ALL")
+}
+
+impl CudaBackend {
+    /// Creates the context on device `ordinal`, loads the kernels and
+    /// cuBLAS, and makes the one allocation for `weights_bytes` of weights
+    /// (plus [`WEIGHT_SLACK`] for tensor alignment), the device side of
+    /// `arena`, the KV groups of `kv`, cuBLAS's workspace and the upload
+    /// area.
+    pub fn new(
+        ordinal: usize,
+        arena: &[ArenaBuffer],
+        kv: KvLayout,
+        weights_bytes: u64,
+    ) -> Result<Self, BackendError> {
+        // SAFETY: only tries to open libcuda by its names.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(BackendError::Device {
+                backend: "cuda",
+                message: format!(
+                    "the CUDA driver library is not loadable (tried {:?} through the dynamic \
+                     loader); install the NVIDIA driver or add its folder to LD_LIBRARY_PATH",
+                    cudarc::get_lib_name_candidates("cuda")
+                ),
+            });
+        }
+        let blas = blas::Blas::load()?;
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| device_err(&format!("creating a context on CUDA device {ordinal}"), e))?;
+        let info = |what: &str| result::mem_get_info().map_err(|e| device_err(what, e));
+        let (free0, total) = info("cuMemGetInfo")?;
+        let mut startup = StartupMemory {
+            context: (total - free0) as u64,
+            stream: 0,
+            module: 0,
+            allocation: 0,
+            allocation_requested: 0,
+            blas_handle: 0,
+            blas_workspace: BLAS_WORKSPACE,
+        };
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(|e| device_err("creating a stream", e))?;
+        let (free1, _) = info("cuMemGetInfo")?;
+        startup.stream = free0.saturating_sub(free1) as u64;
+
+        // The fatbin needs 8-byte alignment; include_bytes gives 1.
+        let mut image = vec![0u64; FATBIN.len().div_ceil(8) + 1];
+        // SAFETY: `image` holds at least FATBIN.len() bytes.
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(image.as_mut_ptr() as *mut u8, FATBIN.len()) };
+        bytes.copy_from_slice(FATBIN);
+        // SAFETY: `image` is a complete fatbin (build.rs made it), alive
+        // during the call; the driver copies what it keeps.
+        let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
+            .map_err(|e| device_err("loading the kernels (sm_90 / compute_90 fatbin)", e))?;
+        let k = Kernels::load(module)?;
+        let (free2, _) = info("cuMemGetInfo")?;
+        startup.module = free1.saturating_sub(free2) as u64;
+
+        // The carve.
+        let weights_len = align(weights_bytes.saturating_add(WEIGHT_SLACK), ALIGN);
+        let mut at = weights_len;
+        let mut slots = [None; Buf::ALL.len()];
+        let mut arena_len = 0u64;
+        for b in arena.iter().filter(|b| !b.id.host_side()) {
+            slots[buf_index(b.id)] = Some((b.offset, b.bytes));
+            arena_len = arena_len.max(b.offset.saturating_add(b.bytes));
+        }
+        let arena_base = at;
+        at = align(at.saturating_add(arena_len), ALIGN);
+        let mut kv_offsets = Vec::new();
+        for g in &kv.groups {
+            kv_offsets.push(at);
+            at = align(at.saturating_add(g.bytes), ALIGN);
+        }
+        let workspace = at;
+        at = at.saturating_add(BLAS_WORKSPACE);
+        // Uploads: rows of the largest step, sequences up to the logits rows
+        // (one logits row per sequence), page tables of the longest group.
+        let rows_of = |id: Buf| arena.iter().find(|b| b.id == id).map(|b| b.rows as usize);
+        let tokens = rows_of(Buf::Residual).unwrap_or(1).max(1);
+        let seqs = rows_of(Buf::Logits).unwrap_or(tokens).clamp(1, tokens);
+        let table_stride = kv
+            .groups
+            .iter()
+            .map(|g| g.blocks_per_sequence as usize)
+            .max()
+            .unwrap_or(0);
+        let step_words = 2 * tokens + 2 * seqs + seqs * table_stride;
+        let step_off = align(at, ALIGN);
+        let idx_off = align(step_off + 4 * step_words as u64, ALIGN);
+        let wts_off = align(idx_off + 4 * tokens as u64, ALIGN);
+        let size = align(wts_off + 4 * tokens as u64, ALIGN);
+
+        // SAFETY: a plain device allocation of `size` bytes, freed on drop.
+        let base = unsafe { result::malloc_sync(size as usize) }.map_err(|e| {
+            device_err(
+                &format!("allocating {size} bytes (the plan's device total)"),
+                e,
+            )
+        })?;
+        let (free3, _) = info("cuMemGetInfo")?;
+        startup.allocation = free2.saturating_sub(free3) as u64;
+        startup.allocation_requested = size;
+        let blas_handle = blas.create(
+            stream as *mut c_void,
+            base + workspace,
+            BLAS_WORKSPACE as usize,
+        )?;
+        let (free4, _) = info("cuMemGetInfo")?;
+        startup.blas_handle = free3.saturating_sub(free4) as u64;
+
+        let slots_of_layers = kv.layer_slots();
+        let mut arena_abs = [None; Buf::ALL.len()];
+        for (i, s) in slots.iter().enumerate() {
+            arena_abs[i] = s.map(|(o, b)| (base + arena_base + o, b));
+        }
+        let logits_len = arena
+            .iter()
+            .find(|b| b.id == Buf::Logits)
+            .map(|b| (b.rows * b.width) as usize)
+            .unwrap_or(0);
+        let routes_len = arena
+            .iter()
+            .find(|b| b.id == Buf::ExpertRoutes)
+            .map(|b| (b.rows * b.width * 2) as usize)
+            .unwrap_or(0);
+        Ok(CudaBackend {
+            ctx,
+            stream,
+            module,
+            k,
+            blas,
+            blas_handle,
+            base,
+            size,
+            weights_next: 0,
+            weights_end: weights_len,
+            arena: arena_abs,
+            kv_base: kv_offsets.iter().map(|o| base + o).collect(),
+            kv,
+            slots: slots_of_layers,
+            upload: Upload {
+                step: base + step_off,
+                idx: base + idx_off,
+                weights: base + wts_off,
+                tokens,
+                seqs,
+                table_stride,
+            },
+            matrices: Vec::new(),
+            vectors: Vec::new(),
+            logits: vec![0.0; logits_len],
+            routes: vec![0; routes_len],
+            routes_k: 0,
+            routes_rows: 0,
+            host_u32: Vec::with_capacity(step_words.max(tokens)),
+            host_f32: Vec::with_capacity(tokens),
+            error: None,
+            startup,
+        })
+    }
+
+    /// What each start-up step cost on the device.
+    pub fn startup_memory(&self) -> &StartupMemory {
+        &self.startup
+    }
+
+    /// Bytes of the one allocation.
+    pub fn allocation_bytes(&self) -> u64 {
+        self.size
+    }
+
+    /// Where cuBLAS was loaded from.
+    pub fn blas_path(&self) -> &str {
+        &self.blas.path
+    }
+
+    fn fail(&mut self, what: &str, e: DriverError) {
+        if self.error.is_none() {
+            self.error = Some(device_err(what, e));
+        }
+    }
+
+    fn fail_with(&mut self, e: BackendError) {
+        if self.error.is_none() {
+            self.error = Some(e);
+        }
+    }
+
+    /// Binds the context to this thread; false when the backend has failed.
+    fn ready(&mut self) -> bool {
+        if self.error.is_some() {
+            return false;
+        }
+        if let Err(e) = self.ctx.bind_to_thread() {
+            self.fail("binding the CUDA context", e);
+            return false;
+        }
+        true
+    }
+
+    /// Device address of `b`, checked to hold `bytes`.
+    fn buf(&self, b: Buf, bytes: usize) -> u64 {
+        let (addr, size) = self.arena[buf_index(b)]
+            .unwrap_or_else(|| panic!("the plan has no device buffer {}", b.name()));
+        assert!(
+            bytes as u64 <= size,
+            "{bytes} bytes of {} needed, {size} planned",
+            b.name()
+        );
+        addr
+    }
+
+    fn launch(
+        &mut self,
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &mut [*mut c_void],
+    ) {
+        if self.error.is_some() {
+            return;
+        }
+        // SAFETY: `f` is a kernel of our module whose parameter list the
+        // caller's `args` match (types and order as in fathom.cu); every
+        // pointer argument addresses the one allocation within the extents
+        // checked by the op; the argument values live until the call returns
+        // (the driver copies them).
+        let r = unsafe { result::launch_kernel(f, grid, (block, 1, 1), 0, self.stream, args) };
+        if let Err(e) = r {
+            self.fail("kernel launch", e);
+        }
+    }
+
+    fn htod<T>(&mut self, dst: u64, src: &[T]) {
+        if self.error.is_some() || src.is_empty() {
+            return;
+        }
+        // SAFETY: `dst` lies in the allocation with room for `src` (the
+        // upload area is sized for the largest step; weights are checked
+        // against the bump end). Pageable host memory: the call returns once
+        // `src` has been read.
+        let r = unsafe { result::memcpy_htod_async(dst, src, self.stream) };
+        if let Err(e) = r {
+            self.fail("host-to-device copy", e);
+        }
+    }
+
+    fn sync(&mut self) {
+        if self.error.is_some() {
+            return;
+        }
+        // SAFETY: our own stream.
+        if let Err(e) = unsafe { result::stream::synchronize(self.stream) } {
+            self.fail("stream synchronize", e);
+        }
+    }
+
+    fn grid_for(n: usize, block: usize) -> u32 {
+        n.div_ceil(block).clamp(1, 65_535) as u32
+    }
+
+    /// Bump-allocates room in the weights region and copies `bytes` there.
+    fn place(&mut self, what: &str, bytes: &[u8]) -> Result<u64, BackendError> {
+        let start = align(self.weights_next, WEIGHT_ALIGN);
+        let end = start.saturating_add(bytes.len() as u64);
+        if end > self.weights_end {
+            return Err(BackendError::OverPlan {
+                what: format!("cuda weights ({what})"),
+                needed: end,
+                available: self.weights_end,
+            });
+        }
+        if !self.ready() {
+            return Err(self.error.take().unwrap_or(BackendError::Device {
+                backend: "cuda",
+                message: "backend failed earlier".into(),
+            }));
+        }
+        // On our stream, so the kernels after it see the bytes (a plain
+        // synchronous copy runs on the legacy stream, which a non-blocking
+        // stream does not wait for). From pageable memory the call returns
+        // once `bytes` has been read, so the mmap may go away after.
+        // SAFETY: [start, end) lies in the weights region of the allocation.
+        unsafe { result::memcpy_htod_async(self.base + start, bytes, self.stream) }
+            .map_err(|e| device_err(&format!("copying {what} to the device"), e))?;
+        self.weights_next = end;
+        Ok(self.base + start)
+    }
+
+    /// Uploads the step's rows (sequence, position), sequences (start, first
+    /// row) and, for `group`, each sequence's page table.
+    fn upload_step(&mut self, step: &Step, group: Option<usize>) -> StepDesc {
+        let (t, s, stride) = (
+            self.upload.tokens,
+            self.upload.seqs,
+            self.upload.table_stride,
+        );
+        let n_seqs = step.seqs.len();
+        assert!(
+            step.rows <= t && n_seqs <= s,
+            "a step of {} rows in {n_seqs} sequences; {t} rows and {s} sequences planned",
+            step.rows
+        );
+        let mut h = std::mem::take(&mut self.host_u32);
+        h.clear();
+        h.resize(2 * t + 2 * s + n_seqs * stride, 0);
+        let mut row = 0usize;
+        for (i, seq) in step.seqs.iter().enumerate() {
+            for j in 0..seq.tokens {
+                h[row + j] = i as u32;
+                h[t + row + j] = (seq.start + j) as u32;
+            }
+            h[2 * t + i] = seq.start as u32;
+            h[2 * t + s + i] = row as u32;
+            if let Some(g) = group {
+                let table = &seq.tables[g];
+                assert!(
+                    table.len() <= stride,
+                    "a page table of {} blocks; {stride} planned per sequence",
+                    table.len()
+                );
+                let at = 2 * t + 2 * s + i * stride;
+                h[at..at + table.len()].copy_from_slice(table);
+            }
+            row += seq.tokens;
+        }
+        assert_eq!(
+            row, step.rows,
+            "the step's sequences hold {row} rows, not {}",
+            step.rows
+        );
+        let base = self.upload.step;
+        self.htod(base, &h);
+        self.host_u32 = h;
+        StepDesc {
+            row_seq: base,
+            row_pos: base + 4 * t as u64,
+            seq_start: base + 8 * t as u64,
+            seq_row0: base + 8 * t as u64 + 4 * s as u64,
+            tables: base + 8 * t as u64 + 8 * s as u64,
+            table_stride: stride as i32,
+            pad: 0,
+        }
+    }
+
+    /// Uploads row indices (and weights) for gather / scatter / embed.
+    fn upload_idx(&mut self, idx: &[u32], weights: Option<&[f32]>) -> (u64, u64) {
+        assert!(
+            idx.len() <= self.upload.tokens,
+            "{} rows; {} planned",
+            idx.len(),
+            self.upload.tokens
+        );
+        let (i, w) = (self.upload.idx, self.upload.weights);
+        self.htod(i, idx);
+        if let Some(wts) = weights {
+            self.htod(w, wts);
+        }
+        (i, w)
+    }
+
+    fn kv_desc(&self, layer: usize, shape: &AttentionShape) -> KvDesc {
+        let (group, l) =
+            self.slots[layer].unwrap_or_else(|| panic!("layer {layer} has no KV (no attention)"));
+        let g = &self.kv.groups[group];
+        assert!(
+            g.n_kv_heads as usize == shape.n_kv_heads
+                && g.key_dim as usize == shape.key_dim
+                && g.value_dim as usize == shape.value_dim,
+            "layer {layer}'s shape differs from its KV group's"
+        );
+        let dtype = self.kv.dtype;
+        let k_row = dtype.row_bytes(g.n_kv_heads * g.key_dim);
+        let v_row = dtype.row_bytes(g.n_kv_heads * g.value_dim);
+        KvDesc {
+            base: self.kv_base[group],
+            block_bytes: g.block_bytes(),
+            layer_off: l as u64 * KV_BLOCK_TOKENS * (k_row + v_row),
+            k_row: k_row as i32,
+            v_row: v_row as i32,
+            ring: if g.window.is_some() {
+                (g.blocks_per_sequence * KV_BLOCK_TOKENS) as i32
+            } else {
+                0
+            },
+            dtype: match dtype {
+                KvDtype::F16 => 0,
+                KvDtype::Bf16 => 1,
+                KvDtype::F32 => 2,
+                KvDtype::Q8_0 => 3,
+            },
+        }
+    }
+
+    fn round_to_kv(&mut self, x: u64, n: usize, dtype: i32) {
+        let (mut x, mut n, mut dtype) = (x, n as i64, dtype);
+        let f = self.k.round_to_kv;
+        let grid = Self::grid_for((n as usize).div_ceil(32), 256);
+        self.launch(f, (grid, 1, 1), 256, &mut args![x, n, dtype]);
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        // Errors here have nowhere to go; the context's release frees all.
+        let _ = self.ctx.bind_to_thread();
+        // SAFETY: each handle was created in `new` and is released once,
+        // the work on the stream first.
+        unsafe {
+            let _ = result::stream::synchronize(self.stream);
+            self.blas.destroy(self.blas_handle);
+            let _ = result::free_sync(self.base);
+            let _ = result::module::unload(self.module);
+            let _ = result::stream::destroy(self.stream);
+        }
+    }
+}
+
+impl Backend for CudaBackend {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn memory(&self) -> DeviceMemory {
+        let _ = self.ctx.bind_to_thread();
+        match result::mem_get_info() {
+            Ok((free, total)) => DeviceMemory {
+                free: free as u64,
+                total: total as u64,
+            },
+            Err(_) => DeviceMemory { free: 0, total: 0 },
+        }
+    }
+
+    fn load_matrix(&mut self, m: HostMatrix) -> Result<MatrixId, BackendError> {
+        let unsupported = |why: String| BackendError::Device {
+            backend: "cuda",
+            message: why,
+        };
+        if !m.cols.is_multiple_of(8) {
+            return Err(unsupported(format!(
+                "a {}x{} matrix: the CUDA kernels need a multiple of 8 columns",
+                m.rows, m.cols
+            )));
+        }
+        let rows = i32::try_from(m.rows).map_err(|_| unsupported(format!("{} rows", m.rows)))?;
+        let cols = i32::try_from(m.cols).map_err(|_| unsupported(format!("{} cols", m.cols)))?;
+        let dev = match &m.storage {
+            MatrixStorage::Blocks(ty) => {
+                let row_bytes = ty.row_bytes(m.cols);
+                let need = row_bytes * m.rows;
+                if m.data.len() < need || !m.cols.is_multiple_of(ty.block_elems()) {
+                    return Err(BackendError::OutOfRange {
+                        offset: 0,
+                        len: need,
+                        size: m.data.len(),
+                    });
+                }
+                let data = self.place(ty.name(), &m.data.bytes()[..need])?;
+                DevMatrix {
+                    kind: kind_of_type(*ty),
+                    arg: WeightsArg {
+                        data,
+                        scales: 0,
+                        biases: 0,
+                        row_bytes: row_bytes as u64,
+                        rows,
+                        cols,
+                        group: 0,
+                        bf16: 0,
+                    },
+                }
+            }
+            MatrixStorage::Affine {
+                bits,
+                group,
+                scales,
+                biases,
+                bf16,
+            } => {
+                let kind = match bits {
+                    2 => 13,
+                    4 => 14,
+                    8 => 15,
+                    b => {
+                        return Err(unsupported(format!(
+                            "MLX affine {b}-bit: 2, 4 or 8 are valid"
+                        )))
+                    }
+                };
+                if *group == 0 || !group.is_multiple_of(8) || !m.cols.is_multiple_of(*group) {
+                    return Err(unsupported(format!(
+                        "MLX affine group {group} for {} columns: a multiple of 8 dividing them",
+                        m.cols
+                    )));
+                }
+                let row_bytes = m.cols * *bits as usize / 8;
+                let halves = m.rows * (m.cols / group) * 2;
+                let need = row_bytes * m.rows;
+                if m.data.len() < need || scales.len() < halves || biases.len() < halves {
+                    return Err(BackendError::OutOfRange {
+                        offset: 0,
+                        len: need,
+                        size: m.data.len(),
+                    });
+                }
+                let data = self.place("affine weights", &m.data.bytes()[..need])?;
+                let s = self.place("affine scales", &scales.bytes()[..halves])?;
+                let b = self.place("affine biases", &biases.bytes()[..halves])?;
+                DevMatrix {
+                    kind,
+                    arg: WeightsArg {
+                        data,
+                        scales: s,
+                        biases: b,
+                        row_bytes: row_bytes as u64,
+                        rows,
+                        cols,
+                        group: *group as i32,
+                        bf16: *bf16 as i32,
+                    },
+                }
+            }
+        };
+        self.matrices.push(dev);
+        Ok(MatrixId(self.matrices.len() as u32 - 1))
+    }
+
+    fn load_vector(&mut self, values: &[f32]) -> Result<VectorId, BackendError> {
+        // SAFETY: f32 has no padding; the byte view covers exactly `values`.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values))
+        };
+        let at = self.place("vector", bytes)?;
+        self.vectors.push((at, values.len()));
+        Ok(VectorId(self.vectors.len() as u32 - 1))
+    }
+
+    fn embed(&mut self, table: MatrixId, tokens: &[u32], scale: f32, out: Buf) {
+        let m = self.matrices[table.0 as usize];
+        let cols = m.arg.cols as usize;
+        let mut o = self.buf(out, tokens.len() * cols * 4);
+        if tokens.is_empty() || !self.ready() {
+            return;
+        }
+        let (mut idx, _) = self.upload_idx(tokens, None);
+        let (mut w, mut scale) = (m.arg, scale);
+        let f = self.k.embed[m.kind];
+        self.launch(
+            f,
+            (tokens.len() as u32, 1, 1),
+            128,
+            &mut args![w, idx, scale, o],
+        );
+    }
+
+    fn matmul(&mut self, w: MatrixId, x: Buf, rows: usize, out: Buf) {
+        let m = self.matrices[w.0 as usize];
+        let (wr, wc) = (m.arg.rows as usize, m.arg.cols as usize);
+        let mut xp = self.buf(x, rows * wc * 4);
+        let mut op = self.buf(out, rows * wr * 4);
+        if rows == 0 || !self.ready() {
+            return;
+        }
+        if m.kind == kind_of_type(WeightType::F32) {
+            // Row-major out (rows × wr) = x (rows × wc) · Wᵀ is, column-major,
+            // out' (wr × rows) = W' (wc × wr)ᵀ · x' (wc × rows).
+            let r = self.blas.sgemm(
+                self.blas_handle,
+                (blas::OP_T, blas::OP_N),
+                (wr, rows, wc),
+                m.arg.data,
+                wc,
+                xp,
+                wc,
+                op,
+                wr,
+            );
+            if let Err(e) = r {
+                self.fail_with(e);
+            }
+            return;
+        }
+        let mut arg = m.arg;
+        if rows <= MV_MAX_TOKENS {
+            let mut n = rows as i32;
+            let f = self.k.mv[m.kind];
+            let grid = Self::grid_for(wr, 4);
+            self.launch(f, (grid, 1, 1), 128, &mut args![arg, xp, op, n]);
+        } else {
+            let f = self.k.mm[m.kind];
+            // The tiled kernel covers up to 65,535 × 64 tokens a launch.
+            let mut done = 0;
+            while done < rows {
+                let n = (rows - done).min(65_535 * 64);
+                let mut xn = xp + (done * wc * 4) as u64;
+                let mut on = op + (done * wr * 4) as u64;
+                let mut nn = n as i32;
+                let grid = (wr.div_ceil(64) as u32, n.div_ceil(64) as u32, 1);
+                self.launch(f, grid, 256, &mut args![arg, xn, on, nn]);
+                done += n;
+            }
+            let _ = &mut xp;
+            let _ = &mut op;
+        }
+    }
+
+    fn rms_norm(&mut self, x: Buf, w: VectorId, eps: f32, rows: usize, width: usize, out: Buf) {
+        let (mut wp, wl) = self.vectors[w.0 as usize];
+        assert!(wl >= width, "rms_norm: {wl} weights for {width} values");
+        let mut xp = self.buf(x, rows * width * 4);
+        let mut op = self.buf(out, rows * width * 4);
+        if rows == 0 || !self.ready() {
+            return;
+        }
+        let (mut eps, mut width) = (eps, width as i32);
+        let f = self.k.rms_norm;
+        self.launch(
+            f,
+            (rows as u32, 1, 1),
+            256,
+            &mut args![xp, wp, eps, width, op],
+        );
+    }
+
+    fn head_norm(
+        &mut self,
+        x: Buf,
+        w: VectorId,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        head_dim: usize,
+    ) {
+        let (mut wp, wl) = self.vectors[w.0 as usize];
+        assert!(wl >= head_dim && head_dim > 0 && width.is_multiple_of(head_dim));
+        let mut xp = self.buf(x, rows * width * 4);
+        let heads = rows * width / head_dim;
+        if heads == 0 || !self.ready() {
+            return;
+        }
+        let mut op = xp;
+        let (mut eps, mut hd) = (eps, head_dim as i32);
+        let f = self.k.rms_norm;
+        // Every head is a row of head_dim values; in place is allowed.
+        self.launch(f, (heads as u32, 1, 1), 64, &mut args![xp, wp, eps, hd, op]);
+    }
+
+    fn add_bias(&mut self, x: Buf, b: VectorId, rows: usize, width: usize) {
+        let (mut bp, bl) = self.vectors[b.0 as usize];
+        assert!(bl >= width, "add_bias: {bl} values for {width}");
+        let mut xp = self.buf(x, rows * width * 4);
+        let n = rows * width;
+        if n == 0 || !self.ready() {
+            return;
+        }
+        let (mut w, mut n) = (width as i32, n as i64);
+        let f = self.k.add_bias;
+        let grid = Self::grid_for(n as usize, 256).min(4096);
+        self.launch(f, (grid, 1, 1), 256, &mut args![xp, bp, w, n]);
+    }
+
+    fn add(&mut self, dst: Buf, src: Buf, rows: usize, width: usize) {
+        let mut d = self.buf(dst, rows * width * 4);
+        let mut s = self.buf(src, rows * width * 4);
+        let n = rows * width;
+        if n == 0 || !self.ready() {
+            return;
+        }
+        let mut n = n as i64;
+        let f = self.k.add;
+        let grid = Self::grid_for(n as usize, 256).min(4096);
+        self.launch(f, (grid, 1, 1), 256, &mut args![d, s, n]);
+    }
+
+    fn gather_rows(&mut self, src: Buf, src_rows: &[usize], width: usize, dst: Buf) {
+        let max = src_rows.iter().copied().max().unwrap_or(0);
+        let mut s = self.buf(src, (max + 1) * width * 4);
+        let mut d = self.buf(dst, src_rows.len() * width * 4);
+        if src_rows.is_empty() || !self.ready() {
+            return;
+        }
+        let mut h = std::mem::take(&mut self.host_u32);
+        h.clear();
+        h.extend(src_rows.iter().map(|&r| r as u32));
+        let (mut idx, _) = self.upload_idx(&h, None);
+        self.host_u32 = h;
+        let mut w = width as i32;
+        let f = self.k.gather_rows;
+        self.launch(
+            f,
+            (src_rows.len() as u32, 1, 1),
+            128,
+            &mut args![s, idx, w, d],
+        );
+    }
+
+    fn rope(&mut self, x: Buf, step: &Step, n_heads: usize, head_dim: usize, rope: &RopeParams) {
+        assert!(
+            head_dim.is_multiple_of(2),
+            "rope: head_dim {head_dim} is odd"
+        );
+        let mut xp = self.buf(x, step.rows * n_heads * head_dim * 4);
+        let mut freqs = match rope.freqs {
+            Some(v) => {
+                let (p, l) = self.vectors[v.0 as usize];
+                assert!(
+                    l >= head_dim / 2,
+                    "rope: {l} frequency factors for {} pairs",
+                    head_dim / 2
+                );
+                p
+            }
+            None => 0,
+        };
+        if step.rows == 0 || !self.ready() {
+            return;
+        }
+        let d = self.upload_step(step, None);
+        let mut pos = d.row_pos;
+        let (mut nh, mut hd, mut theta, mut neox) = (
+            n_heads as i32,
+            head_dim as i32,
+            rope.theta as f64,
+            rope.neox as i32,
+        );
+        let f = self.k.rope;
+        self.launch(
+            f,
+            (step.rows as u32, 1, 1),
+            128,
+            &mut args![xp, pos, nh, hd, theta, neox, freqs],
+        );
+    }
+
+    fn glu(&mut self, gate: Buf, up: Buf, rows: usize, width: usize, act: Glu) {
+        let mut g = self.buf(gate, rows * width * 4);
+        let mut u = self.buf(up, rows * width * 4);
+        let n = rows * width;
+        if n == 0 || !self.ready() {
+            return;
+        }
+        let (mut n, mut a) = (
+            n as i64,
+            match act {
+                Glu::Silu => 0i32,
+                Glu::GeluTanh => 1,
+            },
+        );
+        let f = self.k.glu;
+        let grid = Self::grid_for(n as usize, 256).min(4096);
+        self.launch(f, (grid, 1, 1), 256, &mut args![g, u, n, a]);
+    }
+
+    fn attention(&mut self, layer: usize, shape: &AttentionShape, step: &Step, io: AttentionIo) {
+        let AttentionIo { q, k, v, out } = io;
+        let s = *shape;
+        assert!(
+            s.key_dim <= ATT_MAX_DIM && s.value_dim <= ATT_MAX_DIM,
+            "attention: head dims {}/{} above {ATT_MAX_DIM}",
+            s.key_dim,
+            s.value_dim
+        );
+        assert!(s.n_kv_heads > 0 && s.n_heads.is_multiple_of(s.n_kv_heads));
+        let rows = step.rows;
+        let mut qp = self.buf(q, rows * s.n_heads * s.key_dim * 4);
+        let mut kp = self.buf(k, rows * s.n_kv_heads * s.key_dim * 4);
+        let mut vp = self.buf(v, rows * s.n_kv_heads * s.value_dim * 4);
+        let mut op = self.buf(out, rows * s.n_heads * s.value_dim * 4);
+        let mut kv = self.kv_desc(layer, shape);
+        if rows == 0 || !self.ready() {
+            return;
+        }
+        // The step's own rows read what the cache will hold, as on the CPU:
+        // K and V in the cache's precision, q in f16 against an f16 cache.
+        self.round_to_kv(kp, rows * s.n_kv_heads * s.key_dim, kv.dtype);
+        self.round_to_kv(vp, rows * s.n_kv_heads * s.value_dim, kv.dtype);
+        if self.kv.dtype == KvDtype::F16 {
+            self.round_to_kv(qp, rows * s.n_heads * s.key_dim, kv.dtype);
+        }
+        let group = self.slots[layer].map(|(g, _)| g);
+        let mut st = self.upload_step(step, group);
+        let (mut nh, mut nkv, mut dk, mut dv) = (
+            s.n_heads as i32,
+            s.n_kv_heads as i32,
+            s.key_dim as i32,
+            s.value_dim as i32,
+        );
+        let mut window = s.window.map(|w| w as i32).unwrap_or(0);
+        let mut scale = s.scale;
+        let f = self.k.attention;
+        self.launch(
+            f,
+            (rows as u32, s.n_heads as u32, 1),
+            32,
+            &mut args![st, kv, qp, kp, vp, op, nh, nkv, dk, dv, window, scale],
+        );
+    }
+
+    fn kv_write(&mut self, layer: usize, step: &Step, k: Buf, v: Buf, shape: &AttentionShape) {
+        let rows = step.rows;
+        let kw = shape.n_kv_heads * shape.key_dim;
+        let vw = shape.n_kv_heads * shape.value_dim;
+        let mut kp = self.buf(k, rows * kw * 4);
+        let mut vp = self.buf(v, rows * vw * 4);
+        let mut kv = self.kv_desc(layer, shape);
+        if rows == 0 || !self.ready() {
+            return;
+        }
+        let group = self.slots[layer].map(|(g, _)| g);
+        let mut st = self.upload_step(step, group);
+        let (mut kw, mut vw) = (kw as i32, vw as i32);
+        let f = self.k.kv_write;
+        self.launch(
+            f,
+            (rows as u32, 2, 1),
+            64,
+            &mut args![st, kv, kp, vp, kw, vw],
+        );
+    }
+
+    fn route_experts(
+        &mut self,
+        logits: Buf,
+        rows: usize,
+        n_experts: usize,
+        k: usize,
+        normalize: bool,
+    ) {
+        assert!(
+            n_experts <= MAX_EXPERTS && k <= n_experts,
+            "route_experts: {k} of {n_experts} experts ({MAX_EXPERTS} at most)"
+        );
+        let mut lp = self.buf(logits, rows * n_experts * 4);
+        let mut rp = self.buf(Buf::ExpertRoutes, rows * k * 8);
+        assert!(
+            rows * k * 2 <= self.routes.len(),
+            "route_experts: more routes than planned"
+        );
+        self.routes_k = k;
+        self.routes_rows = rows;
+        if rows == 0 || !self.ready() {
+            return;
+        }
+        let (mut ne, mut kk, mut norm) = (n_experts as i32, k as i32, normalize as i32);
+        let f = self.k.route_experts;
+        self.launch(f, (rows as u32, 1, 1), 32, &mut args![lp, ne, kk, norm, rp]);
+        // The host decides which rows go to which expert (the trait returns
+        // counts), so the routes come back now.
+        let n = rows * k * 2;
+        let mut host = std::mem::take(&mut self.routes);
+        if self.error.is_none() {
+            // SAFETY: `host` holds n u32; the routes buffer holds rows × k
+            // pairs (checked above); pageable memory: returns when done.
+            let r = unsafe { result::memcpy_dtoh_async(&mut host[..n], rp, self.stream) };
+            if let Err(e) = r {
+                self.fail("reading the expert routes", e);
+            }
+        }
+        self.routes = host;
+        self.sync();
+    }
+
+    fn gather_expert_rows(
+        &mut self,
+        expert: usize,
+        rows: usize,
+        k: usize,
+        src: Buf,
+        width: usize,
+        dst: Buf,
+    ) -> usize {
+        assert!(
+            k == self.routes_k && rows <= self.routes_rows,
+            "gather_expert_rows: routes are for {} rows x {}",
+            self.routes_rows,
+            self.routes_k
+        );
+        let mut list = std::mem::take(&mut self.host_u32);
+        list.clear();
+        for t in 0..rows {
+            if (0..k).any(|j| self.routes[2 * (t * k + j)] as usize == expert) {
+                list.push(t as u32);
+            }
+        }
+        let n = list.len();
+        let mut s = self.buf(src, rows * width * 4);
+        let mut d = self.buf(dst, n * width * 4);
+        if n > 0 && self.ready() {
+            let (mut idx, _) = self.upload_idx(&list, None);
+            let mut w = width as i32;
+            let f = self.k.gather_rows;
+            self.launch(f, (n as u32, 1, 1), 128, &mut args![s, idx, w, d]);
+        }
+        self.host_u32 = list;
+        n
+    }
+
+    fn scatter_expert_rows(
+        &mut self,
+        expert: usize,
+        rows: usize,
+        k: usize,
+        src: Buf,
+        width: usize,
+        dst: Buf,
+    ) {
+        assert!(
+            k == self.routes_k && rows <= self.routes_rows,
+            "scatter_expert_rows: routes are for {} rows x {}",
+            self.routes_rows,
+            self.routes_k
+        );
+        let mut list = std::mem::take(&mut self.host_u32);
+        let mut wts = std::mem::take(&mut self.host_f32);
+        list.clear();
+        wts.clear();
+        for t in 0..rows {
+            if let Some(j) = (0..k).find(|j| self.routes[2 * (t * k + j)] as usize == expert) {
+                list.push(t as u32);
+                wts.push(f32::from_bits(self.routes[2 * (t * k + j) + 1]));
+            }
+        }
+        let n = list.len();
+        let mut s = self.buf(src, n * width * 4);
+        let mut d = self.buf(dst, rows * width * 4);
+        if n > 0 && self.ready() {
+            let (mut idx, mut wp) = self.upload_idx(&list, Some(&wts));
+            let mut w = width as i32;
+            let f = self.k.scatter_rows;
+            self.launch(f, (n as u32, 1, 1), 128, &mut args![s, idx, wp, w, d]);
+        }
+        self.host_u32 = list;
+        self.host_f32 = wts;
+    }
+
+    fn zero(&mut self, x: Buf, rows: usize, width: usize) {
+        let mut xp = self.buf(x, rows * width * 4);
+        let n = rows * width;
+        if n == 0 || !self.ready() {
+            return;
+        }
+        let mut n = n as i64;
+        let f = self.k.fill_zero;
+        let grid = Self::grid_for(n as usize, 256).min(4096);
+        self.launch(f, (grid, 1, 1), 256, &mut args![xp, n]);
+    }
+
+    fn logits(&mut self, rows: usize, width: usize) -> &mut [f32] {
+        let n = rows * width;
+        assert!(
+            n <= self.logits.len(),
+            "logits: {n} values; {} planned",
+            self.logits.len()
+        );
+        let src = self.buf(Buf::Logits, n * 4);
+        if n > 0 && self.ready() {
+            let mut host = std::mem::take(&mut self.logits);
+            // SAFETY: `host` holds at least n f32 (asserted), the logits
+            // buffer n × 4 bytes (checked by `buf`).
+            let r = unsafe { result::memcpy_dtoh_async(&mut host[..n], src, self.stream) };
+            self.logits = host;
+            if let Err(e) = r {
+                self.fail("reading the logits", e);
+            }
+            self.sync();
+        }
+        &mut self.logits[..n]
+    }
+
+    fn take_error(&mut self) -> Option<BackendError> {
+        self.error.take()
+    }
+}

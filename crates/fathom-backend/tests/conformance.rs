@@ -1,0 +1,1169 @@
+//! Backend conformance, in the manner of llama.cpp's test-backend-ops:
+//! every op of the [`Backend`] trait, on every backend present, against an
+//! independent scalar reference written here (f64 accumulation; weights
+//! through `fathom_kernels::dequantize_row`, the bit-exact gguf-py port),
+//! on random inputs of real models' shapes (SmolLM2-135M, Llama-3.1-8B,
+//! Qwen3-30B-A3B experts).
+//!
+//! Only the trait is used: inputs go in through `embed` of an F32 table
+//! (an exact copy), outputs come back through `matmul` by an 8×8 identity
+//! into the logits buffer and `logits()` (exact too: one product by 1.0 and
+//! seven by 0.0 a value).
+//!
+//! A backend whose device is absent is skipped with a message naming why;
+//! `FATHOM_REQUIRE_GPU=1` turns a skipped GPU into a failure.
+//!
+//! Tolerances, as normalized mean squared error `Σ(got−ref)² / Σref²`:
+//! - matmul 5e-4: a backend may quantize activations to 8 bits (the CPU's
+//!   Q8_0 / Q8_K); that alone gives about (amax/127)²/12 relative variance,
+//!   ~2e-5 for Gaussian rows, while a wrong block decode or index is ≥1e-2.
+//!   Exact-f32 kernels land near 1e-13.
+//! - embed, rms/head norm, add, bias, zero, gather, glu, MoE scatter: 1e-10
+//!   (f32 arithmetic on exact inputs: ~1e-14).
+//! - rope 1e-9: angles in f64 then an f32 sine (~1e-6 absolute each).
+//! - attention 1e-8: K/V rounded to the cache dtype on both sides (the
+//!   reference rounds the same way), then f32 online softmax against f64.
+
+use std::sync::Arc;
+
+use fathom_backend::cuda::{self, CudaBackend};
+use fathom_backend::{
+    AttentionIo, AttentionShape, Backend, Buf, Glu, HostBytes, HostMatrix, KvLayout, MatrixId,
+    MatrixStorage, RopeParams, Step, StepSeq, WeightType,
+};
+use fathom_kernels::{affine_dequantize_row, dequantize_row, ops, AffineWeights};
+use fathom_plan::activations::ArenaBuffer;
+use fathom_plan::kv::{KvGroup, KV_BLOCK_TOKENS};
+use fathom_plan::KvDtype;
+
+/// Every test buffer holds this many rows of this many f32.
+const ROWS: u64 = 256;
+const WIDTH: u64 = 14336;
+const WEIGHTS: u64 = 1 << 30;
+/// Read-back chunk: every tested width is a multiple of 8.
+const EYE: usize = 8;
+
+/// The attention op's buffers, as the forward pass passes them.
+const IO: AttentionIo = AttentionIo {
+    q: Buf::Q,
+    k: Buf::K,
+    v: Buf::V,
+    out: Buf::AttnOut,
+};
+
+const TOL_MATMUL: f64 = 5e-4;
+const TOL_EXACT: f64 = 1e-10;
+const TOL_ROPE: f64 = 1e-9;
+const TOL_ATTN: f64 = 1e-8;
+
+// ---------------------------------------------------------------------------
+// Inputs.
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    /// Uniform in [-1, 1).
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+    fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.f()).collect()
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// One buffer of every kind, all `ROWS × WIDTH` f32 (host-side ones too:
+/// a backend ignores them).
+fn arena() -> Vec<ArenaBuffer> {
+    let mut at = 0;
+    Buf::ALL
+        .iter()
+        .map(|&id| {
+            let (rows, width) = match id {
+                Buf::AttnScratch => (8, 16 + 512 + 16 * 1024),
+                Buf::ExpertRoutes => (ROWS, 16),
+                _ => (ROWS, WIDTH),
+            };
+            let bytes = rows * width * 4;
+            let b = ArenaBuffer {
+                id,
+                name: id.name(),
+                rows,
+                width,
+                bytes,
+                offset: at,
+            };
+            at += bytes;
+            b
+        })
+        .collect()
+}
+
+fn group(
+    dtype: KvDtype,
+    n_kv_heads: u64,
+    key_dim: u64,
+    value_dim: u64,
+    layers: u64,
+    window: Option<u64>,
+    blocks: u64,
+) -> KvGroup {
+    let per_token = dtype.row_bytes(n_kv_heads * key_dim) + dtype.row_bytes(n_kv_heads * value_dim);
+    let tokens = window.unwrap_or(128);
+    let bps = tokens.div_ceil(KV_BLOCK_TOKENS);
+    KvGroup {
+        attention: if window.is_some() { "sliding" } else { "full" },
+        window,
+        layers,
+        n_kv_heads,
+        key_dim,
+        value_dim,
+        bytes_per_token_per_layer: per_token,
+        tokens,
+        blocks_per_sequence: bps,
+        bytes: blocks * layers * KV_BLOCK_TOKENS * per_token,
+    }
+}
+
+fn small_kv() -> KvLayout {
+    KvLayout {
+        groups: vec![group(KvDtype::F16, 1, 64, 64, 1, None, 2)],
+        dtype: KvDtype::F16,
+        layer_groups: vec![Some(0)],
+    }
+}
+
+fn gpu_required() -> bool {
+    std::env::var("FATHOM_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+fn skip(why: String) {
+    if gpu_required() {
+        panic!("FATHOM_REQUIRE_GPU=1 but the CUDA backend is unavailable: {why}");
+    }
+    eprintln!("conformance: skipping the CUDA backend: {why}");
+}
+
+fn cuda_backend(arena: &[ArenaBuffer], kv: &KvLayout) -> Option<CudaBackend> {
+    let Some(info) = cuda::probe() else {
+        skip("no CUDA driver or device (cuda::probe found none)".into());
+        return None;
+    };
+    match CudaBackend::new(0, arena, kv.clone(), WEIGHTS) {
+        Ok(b) => Some(b),
+        Err(e) => {
+            skip(format!("{} found, but: {e}", info.name));
+            None
+        }
+    }
+}
+
+/// Every backend present, for one KV layout.
+fn backends(kv: &KvLayout) -> Vec<Box<dyn Backend>> {
+    let arena = arena();
+    let mut out: Vec<Box<dyn Backend>> = Vec::new();
+    out.push(Box::new(fathom_backend::cpu::CpuBackend::new(
+        4,
+        &arena,
+        kv.clone(),
+    )));
+    if let Some(b) = cuda_backend(&arena, kv) {
+        out.push(Box::new(b));
+    }
+    out
+}
+
+fn host(bytes: Vec<u8>) -> HostBytes {
+    let len = bytes.len();
+    HostBytes::new(Arc::new(bytes), 0, len).expect("in range")
+}
+
+fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// A backend under test with its read-back identity.
+struct Harness {
+    b: Box<dyn Backend>,
+    eye: MatrixId,
+    failures: Vec<String>,
+}
+
+impl Harness {
+    fn new(mut b: Box<dyn Backend>) -> Harness {
+        let mut eye = vec![0f32; EYE * EYE];
+        for i in 0..EYE {
+            eye[i * EYE + i] = 1.0;
+        }
+        let eye = b
+            .load_matrix(HostMatrix {
+                data: host(f32_bytes(&eye)),
+                storage: MatrixStorage::Blocks(WeightType::F32),
+                rows: EYE,
+                cols: EYE,
+            })
+            .expect("identity loads");
+        Harness {
+            b,
+            eye,
+            failures: Vec::new(),
+        }
+    }
+
+    /// Writes `data` (rows of `width`) into `buf`.
+    fn set(&mut self, buf: Buf, data: &[f32], width: usize) {
+        let rows = data.len() / width;
+        let table = self
+            .b
+            .load_matrix(HostMatrix {
+                data: host(f32_bytes(data)),
+                storage: MatrixStorage::Blocks(WeightType::F32),
+                rows,
+                cols: width,
+            })
+            .expect("input table loads");
+        let tokens: Vec<u32> = (0..rows as u32).collect();
+        self.b.embed(table, &tokens, 1.0, buf);
+    }
+
+    /// The first `rows × width` values of `buf`.
+    fn get(&mut self, buf: Buf, rows: usize, width: usize) -> Vec<f32> {
+        let n = rows * width;
+        if buf != Buf::Logits {
+            self.b.matmul(self.eye, buf, n / EYE, Buf::Logits);
+        }
+        let out = self.b.logits(n / EYE, EYE).to_vec();
+        if let Some(e) = self.b.take_error() {
+            panic!("{}: device error: {e}", self.b.name());
+        }
+        out
+    }
+
+    fn check(&mut self, op: &str, case: &str, got: &[f32], want: &[f64], tol: f64) {
+        assert_eq!(got.len(), want.len(), "{op} {case}: lengths");
+        let (mut num, mut den, mut max_abs) = (0f64, 0f64, 0f64);
+        for (&g, &w) in got.iter().zip(want) {
+            let d = g as f64 - w;
+            num += d * d;
+            den += w * w;
+            max_abs = max_abs.max(d.abs());
+        }
+        let nmse = if den > 0.0 { num / den } else { num };
+        let ok = nmse <= tol && nmse.is_finite();
+        let line = format!(
+            "{:5} {:18} {:34} nmse {:9.2e} max_abs {:9.2e} tol {:7.0e} {}",
+            self.b.name(),
+            op,
+            case,
+            nmse,
+            max_abs,
+            tol,
+            if ok { "ok" } else { "FAIL" }
+        );
+        println!("{line}");
+        if !ok {
+            self.failures.push(line);
+        }
+    }
+
+    fn finish(self) -> Vec<String> {
+        self.failures
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Weights of every type, with sane scales (random bytes would make f16
+// scales of NaN or 1e4).
+
+fn f16_bytes(x: f32) -> [u8; 2] {
+    ops::f32_to_f16(x).to_le_bytes()
+}
+
+fn bf16_of(x: f32) -> u16 {
+    let bits = x.to_bits();
+    (bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16) as u16
+}
+
+fn random_blocks(rng: &mut Rng, ty: WeightType, rows: usize, cols: usize) -> Vec<u8> {
+    let n = rows * cols;
+    match ty {
+        WeightType::F32 => return f32_bytes(&rng.vec(n)),
+        WeightType::F16 => return rng.vec(n).iter().flat_map(|&x| f16_bytes(x)).collect(),
+        WeightType::BF16 => {
+            return rng
+                .vec(n)
+                .iter()
+                .flat_map(|&x| bf16_of(x).to_le_bytes())
+                .collect()
+        }
+        _ => {}
+    }
+    let bytes = ty.row_bytes(cols) * rows;
+    let mut data: Vec<u8> = (0..bytes).map(|_| rng.next() as u8).collect();
+    // (offset of d, offset of a min or dmin) within each block.
+    let (d, m): (usize, Option<usize>) = match ty {
+        WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 => (0, None),
+        WeightType::Q4_1 | WeightType::Q5_1 | WeightType::Q4_K | WeightType::Q5_K => (0, Some(2)),
+        WeightType::Q2_K => (80, Some(82)),
+        WeightType::Q3_K => (108, None),
+        WeightType::Q6_K => (208, None),
+        _ => unreachable!(),
+    };
+    for b in data.chunks_exact_mut(ty.block_bytes()) {
+        let scale = 0.002 + 0.01 * (rng.f() + 1.0);
+        b[d..d + 2].copy_from_slice(&f16_bytes(scale));
+        if let Some(m) = m {
+            b[m..m + 2].copy_from_slice(&f16_bytes(0.01 * rng.f()));
+        }
+    }
+    data
+}
+
+/// A random matrix of `kind` (a ggml type, or MLX affine `bits` as
+/// `Err(bits)`), with its f32 values for the reference.
+fn random_matrix(
+    rng: &mut Rng,
+    kind: Result<WeightType, u32>,
+    rows: usize,
+    cols: usize,
+) -> (HostMatrix, Vec<f32>) {
+    match kind {
+        Ok(ty) => {
+            let data = random_blocks(rng, ty, rows, cols);
+            let mut values = vec![0f32; rows * cols];
+            let rb = ty.row_bytes(cols);
+            for r in 0..rows {
+                dequantize_row(
+                    ty,
+                    &data[r * rb..(r + 1) * rb],
+                    &mut values[r * cols..(r + 1) * cols],
+                );
+            }
+            let m = HostMatrix {
+                data: host(data),
+                storage: MatrixStorage::Blocks(ty),
+                rows,
+                cols,
+            };
+            (m, values)
+        }
+        Err(bits) => {
+            let group = 64;
+            let words = rows * cols * bits as usize / 32;
+            let packed: Vec<u8> = (0..4 * words).map(|_| rng.next() as u8).collect();
+            let halves = rows * cols / group;
+            let bf16 = bits == 8;
+            let half = |x: f32| {
+                if bf16 {
+                    bf16_of(x).to_le_bytes()
+                } else {
+                    f16_bytes(x)
+                }
+            };
+            let scales: Vec<u8> = (0..halves)
+                .flat_map(|_| half(0.01 + 0.01 * rng.f()))
+                .collect();
+            let biases: Vec<u8> = (0..halves).flat_map(|_| half(0.05 * rng.f())).collect();
+            let w = AffineWeights {
+                bits,
+                group,
+                rows,
+                cols,
+                packed: &packed,
+                scales: &scales,
+                biases: &biases,
+                bf16,
+            };
+            let mut values = vec![0f32; rows * cols];
+            for r in 0..rows {
+                affine_dequantize_row(&w, r, &mut values[r * cols..(r + 1) * cols]);
+            }
+            let m = HostMatrix {
+                data: host(packed),
+                storage: MatrixStorage::Affine {
+                    bits,
+                    group,
+                    scales: host(scales),
+                    biases: host(biases),
+                    bf16,
+                },
+                rows,
+                cols,
+            };
+            (m, values)
+        }
+    }
+}
+
+fn kind_name(kind: Result<WeightType, u32>) -> String {
+    match kind {
+        Ok(t) => t.name().to_string(),
+        Err(b) => format!("MLX affine {b}-bit"),
+    }
+}
+
+fn all_kinds() -> Vec<Result<WeightType, u32>> {
+    let mut v: Vec<_> = WeightType::ALL.iter().map(|&t| Ok(t)).collect();
+    v.extend([Err(2), Err(4), Err(8)]);
+    v
+}
+
+// ---------------------------------------------------------------------------
+// The ops.
+
+fn test_embed(h: &mut Harness, rng: &mut Rng) {
+    let (vocab, d) = (64, 2048);
+    for kind in all_kinds() {
+        let (m, values) = random_matrix(rng, kind, vocab, d);
+        let id = h.b.load_matrix(m).expect("loads");
+        let tokens: Vec<u32> = (0..7).map(|_| rng.below(vocab) as u32).collect();
+        h.b.embed(id, &tokens, 1.25, Buf::Residual);
+        let got = h.get(Buf::Residual, tokens.len(), d);
+        let want: Vec<f64> = tokens
+            .iter()
+            .flat_map(|&t| {
+                values[t as usize * d..(t as usize + 1) * d]
+                    .iter()
+                    .map(|&v| v as f64 * 1.25)
+            })
+            .collect();
+        h.check(
+            "embed",
+            &format!("{} 64x2048 x7", kind_name(kind)),
+            &got,
+            &want,
+            TOL_EXACT,
+        );
+    }
+}
+
+fn reference_matmul(values: &[f32], rows: usize, cols: usize, x: &[f32], n: usize) -> Vec<f64> {
+    let mut out = vec![0f64; n * rows];
+    for t in 0..n {
+        let xr = &x[t * cols..(t + 1) * cols];
+        for r in 0..rows {
+            let w = &values[r * cols..(r + 1) * cols];
+            out[t * rows + r] = w.iter().zip(xr).map(|(&a, &b)| a as f64 * b as f64).sum();
+        }
+    }
+    out
+}
+
+fn test_matmul(h: &mut Harness, rng: &mut Rng) {
+    // (label, out rows, in cols, kinds, token counts)
+    let k_quant = |k: &Result<WeightType, u32>| matches!(k, Ok(t) if t.block_elems() == 256);
+    let all = all_kinds();
+    let cases: Vec<(&str, usize, usize, Vec<Result<WeightType, u32>>, Vec<usize>)> = vec![
+        (
+            "Qwen3-MoE expert 768x2048",
+            768,
+            2048,
+            all.clone(),
+            vec![1, 3, 8, 9, 77],
+        ),
+        (
+            "SmolLM2 ffn_up 1536x576",
+            1536,
+            576,
+            all.iter().filter(|k| !k_quant(k)).cloned().collect(),
+            vec![1, 67],
+        ),
+        (
+            "Llama-8B ffn_down 4096x14336",
+            4096,
+            14336,
+            vec![
+                Ok(WeightType::Q4_K),
+                Ok(WeightType::Q6_K),
+                Ok(WeightType::F16),
+            ],
+            vec![1, 20],
+        ),
+    ];
+    for (label, rows, cols, kinds, tokens) in cases {
+        for kind in kinds {
+            let (m, values) = random_matrix(rng, kind, rows, cols);
+            let id = h.b.load_matrix(m).expect("loads");
+            for &n in &tokens {
+                let x = rng.vec(n * cols);
+                h.set(Buf::FfnGate, &x, cols);
+                h.b.matmul(id, Buf::FfnGate, n, Buf::FfnUp);
+                let got = h.get(Buf::FfnUp, n, rows);
+                let want = reference_matmul(&values, rows, cols, &x, n);
+                h.check(
+                    "matmul",
+                    &format!("{} {label} x{n}", kind_name(kind)),
+                    &got,
+                    &want,
+                    TOL_MATMUL,
+                );
+            }
+        }
+    }
+}
+
+fn rms_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f64> {
+    let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+    let inv = 1.0 / (ss / x.len() as f64 + eps as f64).sqrt();
+    x.iter()
+        .zip(w)
+        .map(|(&v, &w)| v as f64 * inv * w as f64)
+        .collect()
+}
+
+fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
+    // rms_norm: SmolLM2 and Llama widths.
+    for (rows, width) in [(5, 576), (3, 4096)] {
+        let x = rng.vec(rows * width);
+        let w = rng.vec(width);
+        let wid = h.b.load_vector(&w).expect("loads");
+        h.set(Buf::Residual, &x, width);
+        h.b.rms_norm(Buf::Residual, wid, 1e-5, rows, width, Buf::Norm);
+        let got = h.get(Buf::Norm, rows, width);
+        let want: Vec<f64> = x.chunks(width).flat_map(|r| rms_ref(r, &w, 1e-5)).collect();
+        h.check(
+            "rms_norm",
+            &format!("{rows}x{width}"),
+            &got,
+            &want,
+            TOL_EXACT,
+        );
+    }
+    // head_norm: Qwen3 q (32 heads x 128).
+    {
+        let (rows, width, hd) = (4, 4096, 128);
+        let x = rng.vec(rows * width);
+        let w = rng.vec(hd);
+        let wid = h.b.load_vector(&w).expect("loads");
+        h.set(Buf::Q, &x, width);
+        h.b.head_norm(Buf::Q, wid, 1e-6, rows, width, hd);
+        let got = h.get(Buf::Q, rows, width);
+        let want: Vec<f64> = x.chunks(hd).flat_map(|r| rms_ref(r, &w, 1e-6)).collect();
+        h.check("head_norm", "4x(32x128)", &got, &want, TOL_EXACT);
+    }
+    let (rows, width) = (7, 1536);
+    // add_bias
+    {
+        let x = rng.vec(rows * width);
+        let b = rng.vec(width);
+        let bid = h.b.load_vector(&b).expect("loads");
+        h.set(Buf::Q, &x, width);
+        h.b.add_bias(Buf::Q, bid, rows, width);
+        let got = h.get(Buf::Q, rows, width);
+        let want: Vec<f64> = x
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| v as f64 + b[i % width] as f64)
+            .collect();
+        h.check("add_bias", "7x1536", &got, &want, TOL_EXACT);
+    }
+    // add
+    {
+        let a = rng.vec(rows * width);
+        let b = rng.vec(rows * width);
+        h.set(Buf::Residual, &a, width);
+        h.set(Buf::BranchOut, &b, width);
+        h.b.add(Buf::Residual, Buf::BranchOut, rows, width);
+        let got = h.get(Buf::Residual, rows, width);
+        let want: Vec<f64> = a
+            .iter()
+            .zip(&b)
+            .map(|(&x, &y)| x as f64 + y as f64)
+            .collect();
+        h.check("add", "7x1536", &got, &want, TOL_EXACT);
+    }
+    // glu, both activations
+    for (act, name) in [(Glu::Silu, "silu"), (Glu::GeluTanh, "gelu_tanh")] {
+        let g: Vec<f32> = rng.vec(rows * width).iter().map(|v| v * 6.0).collect();
+        let u = rng.vec(rows * width);
+        h.set(Buf::FfnGate, &g, width);
+        h.set(Buf::FfnUp, &u, width);
+        h.b.glu(Buf::FfnGate, Buf::FfnUp, rows, width, act);
+        let got = h.get(Buf::FfnGate, rows, width);
+        let want: Vec<f64> = g
+            .iter()
+            .zip(&u)
+            .map(|(&g, &u)| {
+                let (g, u) = (g as f64, u as f64);
+                let a = match act {
+                    Glu::Silu => g / (1.0 + (-g).exp()),
+                    Glu::GeluTanh => {
+                        0.5 * g
+                            * (1.0
+                                + ((2.0 / std::f64::consts::PI).sqrt()
+                                    * (g + 0.044715 * g * g * g))
+                                    .tanh())
+                    }
+                };
+                a * u
+            })
+            .collect();
+        h.check("glu", &format!("{name} 7x1536"), &got, &want, TOL_EXACT);
+    }
+    // zero
+    {
+        let x = rng.vec(rows * width);
+        h.set(Buf::BranchOut, &x, width);
+        h.b.zero(Buf::BranchOut, rows, width);
+        let got = h.get(Buf::BranchOut, rows, width);
+        h.check("zero", "7x1536", &got, &vec![0.0; rows * width], TOL_EXACT);
+    }
+    // gather_rows
+    {
+        let w = 576;
+        let x = rng.vec(10 * w);
+        let idx = [3usize, 0, 9, 3, 7];
+        h.set(Buf::Residual, &x, w);
+        h.b.gather_rows(Buf::Residual, &idx, w, Buf::Norm);
+        let got = h.get(Buf::Norm, idx.len(), w);
+        let want: Vec<f64> = idx
+            .iter()
+            .flat_map(|&r| x[r * w..(r + 1) * w].iter().map(|&v| v as f64))
+            .collect();
+        h.check("gather_rows", "5 of 10x576", &got, &want, TOL_EXACT);
+    }
+}
+
+fn rope_ref(
+    x: &[f32],
+    heads: usize,
+    hd: usize,
+    pos: usize,
+    theta: f32,
+    neox: bool,
+    freqs: Option<&[f32]>,
+) -> Vec<f64> {
+    let mut out: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let half = hd / 2;
+    for i in 0..half {
+        let mut freq = (theta as f64).powf(-2.0 * i as f64 / hd as f64);
+        if let Some(f) = freqs {
+            freq /= f[i] as f64;
+        }
+        let (s, c) = (pos as f64 * freq).sin_cos();
+        for h in 0..heads {
+            let (a, b) = if neox {
+                (i, i + half)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
+            let (x0, x1) = (x[h * hd + a] as f64, x[h * hd + b] as f64);
+            out[h * hd + a] = x0 * c - x1 * s;
+            out[h * hd + b] = x0 * s + x1 * c;
+        }
+    }
+    out
+}
+
+fn test_rope(h: &mut Harness, rng: &mut Rng) {
+    let tables: Vec<Vec<u32>> = Vec::new();
+    let seqs = [
+        StepSeq {
+            start: 0,
+            tokens: 3,
+            tables: &tables,
+        },
+        StepSeq {
+            start: 40_000,
+            tokens: 2,
+            tables: &tables,
+        },
+        StepSeq {
+            start: 17,
+            tokens: 1,
+            tables: &tables,
+        },
+    ];
+    let step = Step {
+        seqs: &seqs,
+        rows: 6,
+    };
+    let positions: Vec<usize> = step.positions().collect();
+    let factors: Vec<f32> = (0..64).map(|i| 1.0 + (i % 7) as f32).collect();
+    let fid = h.b.load_vector(&factors).expect("loads");
+    for (label, heads, hd, theta, neox, freqs) in [
+        ("SmolLM2 9x64 normal", 9, 64, 100_000.0, false, None),
+        ("Qwen 16x128 neox", 16, 128, 1_000_000.0, true, None),
+        ("Llama3 32x128 freqs", 32, 128, 500_000.0, false, Some(fid)),
+    ] {
+        let width = heads * hd;
+        let x = rng.vec(step.rows * width);
+        h.set(Buf::Q, &x, width);
+        h.b.rope(Buf::Q, &step, heads, hd, &RopeParams { theta, neox, freqs });
+        let got = h.get(Buf::Q, step.rows, width);
+        let f = freqs.map(|_| &factors[..]);
+        let want: Vec<f64> = x
+            .chunks(width)
+            .zip(&positions)
+            .flat_map(|(r, &p)| rope_ref(r, heads, hd, p, theta, neox, f))
+            .collect();
+        h.check("rope", label, &got, &want, TOL_ROPE);
+    }
+}
+
+/// `x` rounded to the cache's precision, head by head, as the CPU engine's
+/// `round_to` does (q8_0 through fathom_kernels' own quantizer).
+fn round_kv(dtype: KvDtype, x: &[f32], hd: usize) -> Vec<f32> {
+    match dtype {
+        KvDtype::F32 => x.to_vec(),
+        KvDtype::F16 => x
+            .iter()
+            .map(|&v| ops::f16_to_f32(ops::f32_to_f16(v)))
+            .collect(),
+        KvDtype::Bf16 => x.iter().map(|&v| ops::bf16_to_f32(bf16_of(v))).collect(),
+        KvDtype::Q8_0 => {
+            let mut out = vec![0f32; x.len()];
+            let mut bytes = vec![0u8; hd / 32 * 34];
+            for (src, dst) in x.chunks(hd).zip(out.chunks_mut(hd)) {
+                ops::quantize_q8_0_row(src, &mut bytes);
+                ops::dequantize_q8_0_row(&bytes, dst);
+            }
+            out
+        }
+    }
+}
+
+/// One sequence's history as the reference keeps it: rounded K and V rows.
+#[derive(Default, Clone)]
+struct History {
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn attention_ref(
+    s: &AttentionShape,
+    starts: &[(usize, usize)],
+    hist: &[History],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+) -> Vec<f64> {
+    let (nh, nkv, dk, dv) = (s.n_heads, s.n_kv_heads, s.key_dim, s.value_dim);
+    let mut out = Vec::new();
+    let mut row0 = 0;
+    for (si, &(start, tokens)) in starts.iter().enumerate() {
+        for t in 0..tokens {
+            let p = start + t;
+            let first = s.window.map(|w| (p + 1).saturating_sub(w)).unwrap_or(0);
+            let row = row0 + t;
+            for hh in 0..nh {
+                let g = hh / (nh / nkv);
+                let qr = &q[(row * nh + hh) * dk..(row * nh + hh + 1) * dk];
+                let key = |j: usize| -> (&[f32], &[f32]) {
+                    if j < start {
+                        (
+                            &hist[si].k[j][g * dk..(g + 1) * dk],
+                            &hist[si].v[j][g * dv..(g + 1) * dv],
+                        )
+                    } else {
+                        let r = row0 + j - start;
+                        (
+                            &k[(r * nkv + g) * dk..(r * nkv + g + 1) * dk],
+                            &v[(r * nkv + g) * dv..(r * nkv + g + 1) * dv],
+                        )
+                    }
+                };
+                let scores: Vec<f64> = (first..=p)
+                    .map(|j| {
+                        let (kj, _) = key(j);
+                        qr.iter()
+                            .zip(kj)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>()
+                            * s.scale as f64
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                let mut o = vec![0f64; dv];
+                for (j, w) in (first..=p).zip(&e) {
+                    let (_, vj) = key(j);
+                    for (oi, &vv) in o.iter_mut().zip(vj) {
+                        *oi += w / sum * vv as f64;
+                    }
+                }
+                out.extend(o);
+            }
+        }
+        row0 += tokens;
+    }
+    out
+}
+
+/// Three steps (prefill, chunked prefill across blocks, batched decode) of
+/// two sequences over two layers of one KV layout.
+fn test_attention(
+    h: &mut Harness,
+    rng: &mut Rng,
+    label: &str,
+    shape: AttentionShape,
+    dtype: KvDtype,
+    layers: [usize; 2],
+    tables: [Vec<Vec<u32>>; 2],
+    steps: &[[(usize, usize); 2]],
+) {
+    let (nh, nkv, dk, dv) = (
+        shape.n_heads,
+        shape.n_kv_heads,
+        shape.key_dim,
+        shape.value_dim,
+    );
+    let mut hist = vec![vec![History::default(); 2]; 2];
+    for (si, st) in steps.iter().enumerate() {
+        let seqs: Vec<StepSeq> = st
+            .iter()
+            .zip(&tables)
+            .map(|(&(start, tokens), t)| StepSeq {
+                start,
+                tokens,
+                tables: t,
+            })
+            .collect();
+        let rows: usize = st.iter().map(|s| s.1).sum();
+        let step = Step { seqs: &seqs, rows };
+        for (li, &layer) in layers.iter().enumerate() {
+            let q = rng.vec(rows * nh * dk);
+            let k = rng.vec(rows * nkv * dk);
+            let v = rng.vec(rows * nkv * dv);
+            h.set(Buf::Q, &q, nh * dk);
+            h.set(Buf::K, &k, nkv * dk);
+            h.set(Buf::V, &v, nkv * dv);
+            h.b.attention(layer, &shape, &step, IO);
+            h.b.kv_write(layer, &step, Buf::K, Buf::V, &shape);
+            let got = h.get(Buf::AttnOut, rows, nh * dv);
+            let qr = if dtype == KvDtype::F16 {
+                round_kv(dtype, &q, dk)
+            } else {
+                q.clone()
+            };
+            let kr = round_kv(dtype, &k, dk);
+            let vr = round_kv(dtype, &v, dv);
+            let want = attention_ref(&shape, st, &hist[li], &qr, &kr, &vr);
+            h.check(
+                "attention+kv_write",
+                &format!("{label} {} L{layer} step{si}", dtype.name()),
+                &got,
+                &want,
+                TOL_ATTN,
+            );
+            let mut row = 0;
+            for (seq, &(_, tokens)) in st.iter().enumerate() {
+                for t in 0..tokens {
+                    let r = row + t;
+                    hist[li][seq]
+                        .k
+                        .push(kr[r * nkv * dk..(r + 1) * nkv * dk].to_vec());
+                    hist[li][seq]
+                        .v
+                        .push(vr[r * nkv * dv..(r + 1) * nkv * dv].to_vec());
+                }
+                row += tokens;
+            }
+        }
+    }
+}
+
+fn attention_cases() -> Vec<(String, AttentionShape, KvLayout, [usize; 2])> {
+    let smol = AttentionShape {
+        n_heads: 9,
+        n_kv_heads: 3,
+        key_dim: 64,
+        value_dim: 64,
+        window: None,
+        scale: 0.125,
+    };
+    let llama = AttentionShape {
+        n_heads: 32,
+        n_kv_heads: 8,
+        key_dim: 128,
+        value_dim: 128,
+        window: None,
+        scale: 1.0 / 128f32.sqrt(),
+    };
+    let mut out = Vec::new();
+    for dtype in KvDtype::ALL {
+        out.push((
+            "SmolLM2 9/3x64".to_string(),
+            smol,
+            KvLayout {
+                groups: vec![group(dtype, 3, 64, 64, 2, None, 12)],
+                dtype,
+                layer_groups: vec![Some(0), Some(0)],
+            },
+            [0, 1],
+        ));
+    }
+    for dtype in [KvDtype::F16, KvDtype::Q8_0] {
+        out.push((
+            "Llama-8B 32/8x128".to_string(),
+            llama,
+            KvLayout {
+                groups: vec![group(dtype, 8, 128, 128, 2, None, 12)],
+                dtype,
+                layer_groups: vec![Some(0), Some(0)],
+            },
+            [0, 1],
+        ));
+        // A sliding-window layer (window 32: a ring of two blocks) beside a
+        // full one, as Gemma 3 interleaves them.
+        let sliding = AttentionShape {
+            window: Some(32),
+            ..smol
+        };
+        out.push((
+            "sliding w32 9/3x64".to_string(),
+            sliding,
+            KvLayout {
+                groups: vec![
+                    group(dtype, 3, 64, 64, 1, None, 12),
+                    group(dtype, 3, 64, 64, 2, Some(32), 6),
+                ],
+                dtype,
+                layer_groups: vec![Some(0), Some(1), Some(1)],
+            },
+            [1, 2],
+        ));
+    }
+    out
+}
+
+fn test_moe(h: &mut Harness, rng: &mut Rng) {
+    // Qwen3-30B-A3B: 128 experts, 8 active, hidden 2048.
+    let (rows, ne, k, d) = (6, 128, 8, 2048);
+    for normalize in [true, false] {
+        let logits: Vec<f32> = rng.vec(rows * ne).iter().map(|v| v * 4.0).collect();
+        h.set(Buf::RouterLogits, &logits, ne);
+        h.b.route_experts(Buf::RouterLogits, rows, ne, k, normalize);
+        // Reference routes.
+        let mut routes = Vec::new();
+        for r in 0..rows {
+            let l = &logits[r * ne..(r + 1) * ne];
+            let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let e: Vec<f64> = l.iter().map(|&x| (x as f64 - m).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            let mut idx: Vec<usize> = (0..ne).collect();
+            idx.sort_by(|&a, &b| e[b].total_cmp(&e[a]));
+            let mut chosen: Vec<(usize, f64)> = idx[..k].iter().map(|&i| (i, e[i] / sum)).collect();
+            if normalize {
+                let t: f64 = chosen.iter().map(|c| c.1).sum();
+                chosen.iter_mut().for_each(|c| c.1 /= t);
+            }
+            routes.push(chosen);
+        }
+        let x = rng.vec(rows * d);
+        h.set(Buf::Norm, &x, d);
+        h.b.zero(Buf::BranchOut, rows, d);
+        let mut want_out = vec![0f64; rows * d];
+        let mut count_fail = None;
+        for e in 0..ne {
+            let want_rows: Vec<usize> = (0..rows)
+                .filter(|&r| routes[r].iter().any(|c| c.0 == e))
+                .collect();
+            let n = h.b.gather_expert_rows(e, rows, k, Buf::Norm, d, Buf::MoeIn);
+            if n != want_rows.len() {
+                count_fail = Some(format!(
+                    "expert {e}: {n} rows gathered, {} expected",
+                    want_rows.len()
+                ));
+                break;
+            }
+            if n == 0 {
+                continue;
+            }
+            if e % 17 == 0 {
+                let got = h.get(Buf::MoeIn, n, d);
+                let want: Vec<f64> = want_rows
+                    .iter()
+                    .flat_map(|&r| x[r * d..(r + 1) * d].iter().map(|&v| v as f64))
+                    .collect();
+                h.check(
+                    "gather_expert_rows",
+                    &format!("expert {e} 6x2048 norm={normalize}"),
+                    &got,
+                    &want,
+                    TOL_EXACT,
+                );
+            }
+            // The expert's "output": its own random rows.
+            let y = rng.vec(n * d);
+            h.set(Buf::MoeOut, &y, d);
+            h.b.scatter_expert_rows(e, rows, k, Buf::MoeOut, d, Buf::BranchOut);
+            for (i, &r) in want_rows.iter().enumerate() {
+                let w = routes[r]
+                    .iter()
+                    .find(|c| c.0 == e)
+                    .map(|c| c.1)
+                    .unwrap_or(0.0);
+                for c in 0..d {
+                    want_out[r * d + c] += w * y[i * d + c] as f64;
+                }
+            }
+        }
+        if let Some(msg) = count_fail {
+            let line = format!("{:5} route_experts      {msg} FAIL", h.b.name());
+            println!("{line}");
+            h.failures.push(line);
+            continue;
+        }
+        let got = h.get(Buf::BranchOut, rows, d);
+        h.check(
+            "route+scatter",
+            &format!("128 experts top-8 norm={normalize}"),
+            &got,
+            &want_out,
+            1e-9,
+        );
+    }
+}
+
+#[test]
+fn conformance() {
+    let mut failures = Vec::new();
+    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    let mut ran = 0;
+    for b in backends(&small_kv()) {
+        let mut h = Harness::new(b);
+        test_embed(&mut h, &mut rng);
+        test_matmul(&mut h, &mut rng);
+        test_elementwise(&mut h, &mut rng);
+        test_rope(&mut h, &mut rng);
+        test_moe(&mut h, &mut rng);
+        failures.extend(h.finish());
+        ran += 1;
+    }
+    for (label, shape, kv, layers) in attention_cases() {
+        let dtype = kv.dtype;
+        let sliding = shape.window.is_some();
+        for b in backends(&kv) {
+            let mut h = Harness::new(b);
+            // Sequence 0: blocks 5, 2, 9 (4 for the ring); sequence 1: 7, 0, 3.
+            let full = [vec![vec![5u32, 2, 9, 1]], vec![vec![7u32, 0, 3, 4]]];
+            let tables = if sliding {
+                // Group 0 (full) is not used by these layers; group 1 rings.
+                [
+                    vec![vec![5u32, 2, 9, 1], vec![4u32, 1]],
+                    vec![vec![7u32, 0, 3, 4], vec![0u32, 3]],
+                ]
+            } else {
+                full
+            };
+            let steps: &[[(usize, usize); 2]] = if sliding {
+                &[
+                    [(0, 20), (0, 5)],
+                    [(20, 16), (5, 30)],
+                    [(36, 1), (35, 1)],
+                    [(37, 1), (36, 9)],
+                ]
+            } else {
+                &[[(0, 20), (0, 5)], [(20, 1), (5, 30)], [(21, 1), (35, 1)]]
+            };
+            test_attention(
+                &mut h, &mut rng, &label, shape, dtype, layers, tables, steps,
+            );
+            failures.extend(h.finish());
+        }
+    }
+    if ran == 0 {
+        println!("conformance: no backend present; nothing compared");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} checks failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Device memory of the CUDA backend's start-up steps and first launches
+/// (cuMemGetInfo deltas), for the plan's backend term. Prints only.
+#[test]
+fn cuda_startup_memory() {
+    let arena = arena();
+    let Some(mut b) = cuda_backend(&arena, &small_kv()) else {
+        return;
+    };
+    let s = b.startup_memory().clone();
+    let mib = |v: u64| v as f64 / (1 << 20) as f64;
+    println!("cuda startup memory (cuMemGetInfo deltas, bytes):");
+    println!(
+        "  context (total - free after creation) {:>12} ({:.1} MiB)",
+        s.context,
+        mib(s.context)
+    );
+    println!(
+        "  stream                                {:>12} ({:.1} MiB)",
+        s.stream,
+        mib(s.stream)
+    );
+    println!(
+        "  module load (fatbin)                  {:>12} ({:.1} MiB)",
+        s.module,
+        mib(s.module)
+    );
+    println!(
+        "  one allocation                        {:>12} ({:.1} MiB; requested {})",
+        s.allocation,
+        mib(s.allocation),
+        s.allocation_requested
+    );
+    println!(
+        "  cuBLAS handle                         {:>12} ({:.1} MiB)",
+        s.blas_handle,
+        mib(s.blas_handle)
+    );
+    println!(
+        "  cuBLAS workspace (inside the carve)   {:>12} ({:.1} MiB)",
+        s.blas_workspace,
+        mib(s.blas_workspace)
+    );
+    println!("  cuBLAS from {}", b.blas_path());
+    let before = b.memory().free;
+    // First launches: a quantized matvec, a tiled matmul, SGEMM, attention.
+    let mut rng = Rng(7);
+    let (m, _) = random_matrix(&mut rng, Ok(WeightType::Q4_K), 256, 1024);
+    let id = b.load_matrix(m).expect("loads");
+    b.matmul(id, Buf::Norm, 1, Buf::FfnUp);
+    b.matmul(id, Buf::Norm, 100, Buf::FfnUp);
+    let mut h = Harness::new(Box::new(b));
+    let got = h.get(Buf::FfnUp, 1, 8);
+    assert_eq!(got.len(), 8);
+    let tables = vec![vec![0u32]];
+    let seqs = [StepSeq {
+        start: 0,
+        tokens: 3,
+        tables: &tables,
+    }];
+    let step = Step {
+        seqs: &seqs,
+        rows: 3,
+    };
+    let shape = AttentionShape {
+        n_heads: 1,
+        n_kv_heads: 1,
+        key_dim: 64,
+        value_dim: 64,
+        window: None,
+        scale: 0.125,
+    };
+    h.b.attention(0, &shape, &step, IO);
+    h.b.kv_write(0, &step, Buf::K, Buf::V, &shape);
+    let _ = h.get(Buf::AttnOut, 1, 64);
+    let after = h.b.memory();
+    println!(
+        "  first kernel launches + SGEMM          {:>12} ({:.1} MiB)",
+        before.saturating_sub(after.free),
+        mib(before.saturating_sub(after.free))
+    );
+    println!("  device free {} of {} after all", after.free, after.total);
+}

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Builds the GPU-relevant test binaries here (the device machine has no Rust
+# toolchain) and stages them, with a runner, in a carry folder.
+#
+#   scripts/test-gpu.sh [CARRY_DIR]     (default: $FATHOM_GPU_CARRY, else .gpu-carry)
+#
+# Then, on a machine with a GPU, from the folder holding CARRY_DIR:
+#   bash CARRY_DIR/run.sh                 (logs to stdout; FATHOM_REQUIRE_GPU=1 is set)
+# With the session's device tool: make CARRY_DIR `.gpu-carry` inside the
+# checkout the tool sends (listed in its .git/info/exclude), pass
+# carry: [".gpu-carry"] and run `bash .gpu-carry/run.sh 2>&1 | tee $OUT/gpu-tests.log`.
+# FATHOM_SANITIZE=1 there runs the conformance test under compute-sanitizer too.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-cuda-toolchain.sh
+CARRY="${1:-${FATHOM_GPU_CARRY:-.gpu-carry}}"
+mkdir -p "$CARRY"
+rm -f "$CARRY"/*
+cargo test -p fathom-backend --no-run --message-format=json 2>/dev/null \
+  | python3 -c '
+import json, sys
+for line in sys.stdin:
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"]:
+        kind = m["target"]["kind"][0]
+        name = m["target"]["name"] + ("-unit" if kind == "lib" else "")
+        print(m["executable"], name)
+' | while read -r exe name; do
+  objcopy --strip-debug "$exe" "$CARRY/$name"
+  echo "staged $CARRY/$name ($(du -h "$CARRY/$name" | cut -f1))" >&2
+done
+cat >"$CARRY/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# Runs fathom's GPU tests on the device; every test must find the GPU.
+set -uo pipefail
+cd "$(dirname "$0")"
+export FATHOM_REQUIRE_GPU=1
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv || true
+rc=0
+# Start-up memory first, alone in its process, so no other context skews it.
+./conformance cuda_startup_memory --exact --nocapture --test-threads=1 || rc=1
+./conformance conformance --exact --nocapture --test-threads=1 || rc=1
+./fathom_backend-unit --test-threads=1 || rc=1
+if [[ "${FATHOM_SANITIZE:-0}" == 1 ]] && command -v compute-sanitizer >/dev/null; then
+  compute-sanitizer --tool memcheck --print-limit 20 ./conformance conformance --exact --test-threads=1 \
+    | grep -v " ok$" | tail -40 || rc=1
+fi
+echo "gpu tests: rc=$rc"
+exit $rc
+RUN
+chmod +x "$CARRY/run.sh"
+echo "run there: bash $CARRY/run.sh" >&2
