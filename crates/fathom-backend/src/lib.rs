@@ -148,6 +148,13 @@ pub trait Backend: Send {
     /// Free and total memory of the device.
     fn memory(&self) -> DeviceMemory;
 
+    /// Whether the backend reads weights in host memory while it runs
+    /// (the CPU, in place through the mmap). A GPU copies them at load, so
+    /// the engine lets the mapped pages go once the model is loaded.
+    fn reads_host_weights(&self) -> bool {
+        true
+    }
+
     /// Takes a weight matrix in its stored format (on a GPU: copies it
     /// into the device allocation).
     fn load_matrix(&mut self, matrix: HostMatrix) -> Result<MatrixId, BackendError>;

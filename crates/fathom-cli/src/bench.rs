@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 
 use crate::planning::PlanArgs;
@@ -59,11 +59,76 @@ pub enum BenchCommand {
     /// Measure the plan against the peak memory of real runs, cell by cell
     /// over a grid of models, contexts and KV types (see docs/benchmarks.md).
     Memory(crate::bench_memory::MemoryArgs),
+    /// Write a GGUF of a real model's shapes with random weights (for GPU
+    /// benchmarks and memory checks on machines without the real file).
+    Fixture(FixtureArgs),
+}
+
+#[derive(Args)]
+pub struct FixtureArgs {
+    /// The shape: smollm2-135m, llama-3.1-8b, qwen3-30b-a3b or gemma3-1b.
+    #[arg(long)]
+    pub like: String,
+    /// Weight type of the matrices (F32, F16, BF16, Q4_0 ... Q8_0, Q2_K ... Q6_K).
+    #[arg(long = "type", default_value = "F16")]
+    pub weight_type: String,
+    /// Keep only the first N layers.
+    #[arg(long)]
+    pub layers: Option<u64>,
+    /// Seed of the random weights.
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Where to write the .gguf.
+    pub out: std::path::PathBuf,
+}
+
+fn write_fixture(args: &FixtureArgs) -> Result<ExitCode> {
+    use fathom_fixtures as fx;
+    let shapes = [
+        ("smollm2-135m", fx::smollm2_135m as fn() -> fx::ModelDef),
+        ("llama-3.1-8b", fx::llama_3_1_8b),
+        ("qwen3-30b-a3b", fx::qwen3_30b_a3b),
+        ("gemma3-1b", fx::gemma3_1b),
+    ];
+    let Some((_, shape)) = shapes.iter().find(|(n, _)| *n == args.like) else {
+        anyhow::bail!(
+            "--like {:?}: expected one of {}",
+            args.like,
+            shapes.map(|(n, _)| n).join(", ")
+        );
+    };
+    let ty = fx::GgufTensorType::ALL
+        .into_iter()
+        .find(|t| t.name().eq_ignore_ascii_case(&args.weight_type))
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--type {:?}: expected one of {}",
+                args.weight_type,
+                fx::GgufTensorType::ALL.map(|t| t.name()).join(", ")
+            )
+        })?;
+    let mut model = shape();
+    if let Some(layers) = args.layers {
+        model = fx::reshaped(&model, serde_json::json!({ "num_hidden_layers": layers }));
+    }
+    let bytes =
+        fx::write_runnable_gguf(&model, ty, &args.out, fx::Data::Random { seed: args.seed })
+            .with_context(|| format!("writing {}", args.out.display()))?;
+    eprintln!(
+        "wrote {} ({} like {}, {} bytes)",
+        args.out.display(),
+        ty.name(),
+        args.like,
+        bytes
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 pub fn run(args: &BenchArgs) -> Result<ExitCode> {
-    if let Some(BenchCommand::Memory(memory)) = &args.command {
-        return crate::bench_memory::run(memory);
+    match &args.command {
+        Some(BenchCommand::Memory(memory)) => return crate::bench_memory::run(memory),
+        Some(BenchCommand::Fixture(fixture)) => return write_fixture(fixture),
+        None => {}
     }
     let Some(name) = &args.model else {
         anyhow::bail!("fathom bench needs a MODEL (or the memory subcommand)");

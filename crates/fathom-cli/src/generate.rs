@@ -59,7 +59,9 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     if let Some(code) = session::preflight(&model, &opened, &plan, &args.preflight) {
         return Ok(code);
     }
+    let watch = session::DeviceWatch::start(&plan);
     let (mut engine, load) = session::load(opened, plan)?;
+    let free_after_load = engine.device().1.free;
     let params = args.sampling.params();
     let mut samplers: Vec<Sampler> = (0..args.parallel)
         .map(|i| {
@@ -89,5 +91,9 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     )?;
     let _ = writeln!(out);
     session::report(load, &stats, &engine.plan);
+    if let Some(watch) = watch {
+        let free_at_end = engine.device().1.free;
+        session::report_device(&engine.plan, watch.finish(), free_after_load, free_at_end);
+    }
     Ok(ExitCode::SUCCESS)
 }

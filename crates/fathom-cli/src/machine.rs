@@ -3,7 +3,6 @@
 //! stays pure; this is where its inputs come from.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 use fathom_plan::{available, Available, Device, MemorySources};
@@ -44,16 +43,14 @@ fn resolve(device: Device, flag: Option<&str>, env: Option<&str>) -> Result<Avai
         cgroup_v2_max: found.cgroup_v2_max.as_deref(),
         cgroup_v1_limit: found.cgroup_v1_limit.as_deref(),
         meminfo: found.meminfo.as_deref(),
-        device_free: found
-            .device_free
-            .map(|b| (b, "free CUDA memory (nvidia-smi)")),
+        device_free: found.device_free.map(|b| (b, "free CUDA memory (NVML)")),
     };
     let found_available = available::resolve(&sources).context("reading available memory")?;
     let user_capped = [Some("--memory"), Some(available::MEMORY_LIMIT_VAR)]
         .contains(&Some(found_available.source.as_str()));
     if device == Device::Cuda && found.device_free.is_none() && !user_capped {
         bail!(
-            "could not read the free memory of a CUDA device (nvidia-smi missing or no GPU): \
+            "could not read the free memory of a CUDA device (no NVIDIA driver or no GPU): \
              pass --memory SIZE (or set {}) to plan for a GPU of that size",
             available::MEMORY_LIMIT_VAR
         );
@@ -91,20 +88,11 @@ fn cgroup_file(proc_self_cgroup: &str, version: CgroupVersion) -> Option<String>
         .find_map(|p| std::fs::read_to_string(p).ok())
 }
 
-/// Free memory of the first CUDA device as the driver reports it.
+/// Free memory of the first CUDA device as NVML reports it.
 fn cuda_free_bytes() -> Option<u64> {
-    let out = Command::new("nvidia-smi")
-        .args(["--query-gpu=memory.free", "--format=csv,noheader,nounits"])
-        .output()
-        .ok()?;
-    let mib: u64 = String::from_utf8(out.stdout)
-        .ok()?
-        .lines()
-        .next()?
-        .trim()
-        .parse()
-        .ok()?;
-    Some(mib << 20)
+    fathom_engine::cuda::nvml::Nvml::open()?
+        .memory(0)
+        .map(|g| g.free)
 }
 
 /// Worker threads when `-t` is not given: one per core.

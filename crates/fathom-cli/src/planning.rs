@@ -9,8 +9,8 @@ use crate::machine;
 
 #[derive(Args, Clone)]
 pub struct PlanArgs {
-    /// Device to plan for: cpu, cuda, rocm or metal.
-    #[arg(long, default_value = "cpu")]
+    /// Device: auto (cuda when an NVIDIA GPU is present, else cpu), cpu, cuda, or the planning targets rocm and metal.
+    #[arg(long, default_value = "auto")]
     pub device: String,
     /// Memory to plan against, e.g. 8G or 1.5GiB [default: FATHOM_MEMORY_LIMIT, else the cgroup limit, else MemAvailable; free GPU memory for cuda]
     #[arg(long)]
@@ -28,7 +28,7 @@ pub struct PlanArgs {
 
 impl PlanArgs {
     pub fn inputs(&self, max_tokens: u64, batch: u64) -> Result<PlanInputs> {
-        let device = Device::parse(&self.device)?;
+        let device = resolve_device(&self.device)?;
         let headroom_factor = fathom_plan::parse_headroom_factor(
             machine::env_text(env::HEADROOM_FACTOR_VAR)?.as_deref(),
         )?;
@@ -51,6 +51,29 @@ impl PlanArgs {
             },
         })
     }
+}
+
+/// `--device`: `auto` picks cuda when NVML finds a GPU, else cpu, and says
+/// which on stderr.
+pub fn resolve_device(text: &str) -> Result<Device> {
+    if !text.trim().eq_ignore_ascii_case("auto") {
+        return Ok(Device::parse(text)?);
+    }
+    let gpu = fathom_engine::cuda::nvml::Nvml::open().and_then(|n| n.memory(0));
+    Ok(match gpu {
+        Some(g) => {
+            eprintln!(
+                "device: cuda ({}, {} free), chosen by --device auto",
+                g.name,
+                fathom_plan::size::format_binary(g.free)
+            );
+            Device::Cuda
+        }
+        None => {
+            eprintln!("device: cpu (no NVIDIA GPU found), chosen by --device auto");
+            Device::Cpu
+        }
+    })
 }
 
 /// `--max-tokens` when not given: the trained context, at most 8192.

@@ -6,12 +6,15 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
 use anyhow::Result;
 use clap::Args;
 use fathom_checkpoint::Checkpoint;
 use fathom_engine::{Engine, GenerateStats, SamplingParams, Tokenizer};
 use fathom_plan::size::format_bytes;
-use fathom_plan::MemoryPlan;
+use fathom_plan::{Device, MemoryPlan};
 use fathom_spec::ModelSpec;
 
 use crate::render;
@@ -176,6 +179,49 @@ pub fn peak_rss() -> Option<u64> {
     fathom_plan::available::proc_kib(&status, "VmHWM")?.checked_mul(1024)
 }
 
+/// This process's device memory as NVML reports it, sampled every 10 ms
+/// from before the engine loads to the end: the device peak the report
+/// sets against the device plan.
+pub struct DeviceWatch {
+    stop: Arc<AtomicBool>,
+    peak: Arc<AtomicU64>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl DeviceWatch {
+    /// Starts sampling when the plan is for a GPU and NVML is there.
+    pub fn start(plan: &MemoryPlan) -> Option<DeviceWatch> {
+        if plan.inputs.device != Device::Cuda {
+            return None;
+        }
+        let nvml = fathom_engine::cuda::nvml::Nvml::open()?;
+        let (stop, peak) = (
+            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        let thread = {
+            let (stop, peak) = (stop.clone(), peak.clone());
+            std::thread::spawn(move || {
+                let pid = std::process::id();
+                while !stop.load(Ordering::Relaxed) {
+                    if let Some(used) = nvml.process_used(0, pid) {
+                        peak.fetch_max(used, Ordering::Relaxed);
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            })
+        };
+        Some(DeviceWatch { stop, peak, thread })
+    }
+
+    /// Stops sampling; the peak, when NVML listed this process at all.
+    pub fn finish(self) -> Option<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.thread.join();
+        Some(self.peak.load(Ordering::Relaxed)).filter(|&p| p > 0)
+    }
+}
+
 /// The stats block `generate` prints on stderr.
 pub fn report(load: Duration, stats: &GenerateStats, plan: &MemoryPlan) {
     let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
@@ -193,15 +239,44 @@ pub fn report(load: Duration, stats: &GenerateStats, plan: &MemoryPlan) {
         stats.decode.as_secs_f64() * 1e3,
         rate(stats.generated_tokens, stats.decode)
     );
+    // On a GPU the host budget is the host plan's; on the CPU, the plan's.
+    let host_plan = plan
+        .host
+        .as_ref()
+        .map_or(plan.total_bytes, |h| h.total_bytes);
     match peak_rss() {
         Some(peak) => eprintln!(
             "memory:  plan {} vs peak RSS {} ({:.3}x)",
+            format_bytes(host_plan),
+            format_bytes(peak),
+            host_plan as f64 / peak as f64
+        ),
+        None => eprintln!("memory:  plan {}", format_bytes(host_plan)),
+    }
+}
+
+/// The device lines of the report: the device plan against this process's
+/// peak device memory (NVML), and free device memory after loading and at
+/// the end (equal when nothing was allocated while generating).
+pub fn report_device(plan: &MemoryPlan, peak: Option<u64>, free_after_load: u64, free_at_end: u64) {
+    match peak {
+        Some(peak) => eprintln!(
+            "device:  plan {} vs peak {} used by this process (NVML) ({:.3}x)",
             format_bytes(plan.total_bytes),
             format_bytes(peak),
             plan.total_bytes as f64 / peak as f64
         ),
-        None => eprintln!("memory:  plan {}", format_bytes(plan.total_bytes)),
+        None => eprintln!(
+            "device:  plan {} (NVML did not list this process)",
+            format_bytes(plan.total_bytes)
+        ),
     }
+    eprintln!(
+        "device:  free {} after loading, {} at the end ({} allocated while generating)",
+        format_bytes(free_after_load),
+        format_bytes(free_at_end),
+        format_bytes(free_after_load.saturating_sub(free_at_end))
+    );
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fathom_backend::cpu::CpuBackend;
+use fathom_backend::cuda::CudaBackend;
 use fathom_backend::{Backend, Buf, KvLayout};
 use fathom_checkpoint::Checkpoint;
 use fathom_plan::{Device, MemoryPlan};
@@ -33,9 +34,31 @@ pub struct Engine {
     /// Token ids of each sequence of a batch, sized for the plan's context
     /// (the plan's `token_ids`).
     histories: Vec<Vec<u32>>,
-    /// A step's token ids and each segment's last row (capacity: a step).
-    step_ids: Vec<u32>,
+    scratch: StepScratch,
+}
+
+/// A step's token ids and each segment's last row (capacity: a step).
+struct StepScratch {
+    ids: Vec<u32>,
     last_rows: Vec<usize>,
+}
+
+/// Runs one step (see [`Model::forward`]), reads the logits back (a GPU
+/// synchronizes here), and turns any device failure of the step into an
+/// error. A function of the parts it uses, so a caller may lend the
+/// segments' tokens from the engine's histories.
+fn run_step(
+    model: &Model,
+    backend: &mut dyn Backend,
+    scratch: &mut StepScratch,
+    segments: &mut [Segment],
+) -> Result<(), EngineError> {
+    model.forward(backend, segments, &mut scratch.ids, &mut scratch.last_rows)?;
+    backend.logits(segments.len(), model.spec.vocab as usize);
+    match backend.take_error() {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
 }
 
 /// The checkpoint's tokenizer: GGUF metadata, or the HF directory's
@@ -86,6 +109,12 @@ fn backend_for(plan: &MemoryPlan, layout: KvLayout) -> Result<Box<dyn Backend>, 
             &plan.activation_detail,
             layout,
         ))),
+        Device::Cuda => Ok(Box::new(CudaBackend::new(
+            0,
+            &plan.activation_detail,
+            layout,
+            plan.weights_bytes.saturating_add(plan.converted_bytes),
+        )?)),
         other => Err(EngineError::DeviceNotBuilt {
             device: other.name(),
         }),
@@ -125,8 +154,10 @@ impl Engine {
             histories: (0..i.batch)
                 .map(|_| Vec::with_capacity(i.max_tokens as usize))
                 .collect(),
-            step_ids: Vec::with_capacity(step_tokens),
-            last_rows: Vec::with_capacity(step_tokens),
+            scratch: StepScratch {
+                ids: Vec::with_capacity(step_tokens),
+                last_rows: Vec::with_capacity(step_tokens),
+            },
             step_tokens,
             model,
             tokenizer: Arc::new(tokenizer),
@@ -220,11 +251,11 @@ impl Engine {
                     });
                 }
             }
-            self.model.forward(
+            run_step(
+                &self.model,
                 self.backend.as_mut(),
+                &mut self.scratch,
                 &mut segments,
-                &mut self.step_ids,
-                &mut self.last_rows,
             )?;
             drop(segments);
             let mut row = 0;
@@ -308,12 +339,17 @@ impl Engine {
             segments.len(),
             self.step_tokens
         );
-        self.model.forward(
+        run_step(
+            &self.model,
             self.backend.as_mut(),
+            &mut self.scratch,
             segments,
-            &mut self.step_ids,
-            &mut self.last_rows,
         )
+    }
+
+    /// The backend's name and its device's free and total memory.
+    pub fn device(&self) -> (&'static str, fathom_backend::DeviceMemory) {
+        (self.backend.name(), self.backend.memory())
     }
 
     /// Tokens one step may run (the plan's prefill chunk).

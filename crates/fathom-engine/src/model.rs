@@ -56,7 +56,8 @@ struct Layer {
 /// A loaded model: its spec and the backend's handles of its weights.
 pub struct Model {
     pub spec: ModelSpec,
-    /// Every matrix in host memory, for faulting them in (`prefault`).
+    /// Every matrix in host memory, for faulting them in (`prefault`);
+    /// empty when the backend copied them (the mapped files are let go).
     matrices: Vec<HostMatrix>,
     embed: MatrixId,
     output: MatrixId,
@@ -206,7 +207,12 @@ impl Model {
                 });
             }
         }
-        let (converted, matrices) = (loader.converted, loader.matrices);
+        let converted = loader.converted;
+        let matrices = if loader.backend.reads_host_weights() {
+            loader.matrices
+        } else {
+            Vec::new()
+        };
         Ok(Model {
             matrices,
             embed,

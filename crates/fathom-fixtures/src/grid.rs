@@ -148,12 +148,24 @@ pub fn memory_grid_models() -> Vec<GridModel> {
 /// random weights or header-only with [`Data::Sparse`]. Returns its path.
 pub fn write_grid_model(model: &GridModel, dir: &Path, data: Data) -> io::Result<PathBuf> {
     let path = dir.join(model.file);
-    gguf_writer(&model.model, model.ggml_type)?
+    write_runnable_gguf(&model.model, model.ggml_type, &path, data)?;
+    Ok(path)
+}
+
+/// Writes `model` with matrices of `ggml_type` as a GGUF fathom and
+/// llama.cpp can run: its vocabulary as a byte-level BPE without merges.
+/// Returns the bytes written.
+pub fn write_runnable_gguf(
+    model: &ModelDef,
+    ggml_type: GgufTensorType,
+    path: &Path,
+    data: Data,
+) -> io::Result<u64> {
+    gguf_writer(model, ggml_type)?
         .kv("tokenizer.ggml.pre", GgufValue::string("default"))
         .kv(
             "tokenizer.ggml.merges",
             GgufValue::strings(Vec::<String>::new()),
         )
-        .write(&path, data)?;
-    Ok(path)
+        .write(path, data)
 }

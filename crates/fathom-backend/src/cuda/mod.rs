@@ -24,6 +24,7 @@
 //! hands it out. `logits()` synchronizes.
 
 mod blas;
+pub mod nvml;
 
 use std::ffi::{c_void, CString};
 use std::sync::Arc;
@@ -739,6 +740,10 @@ impl Backend for CudaBackend {
             },
             Err(_) => DeviceMemory { free: 0, total: 0 },
         }
+    }
+
+    fn reads_host_weights(&self) -> bool {
+        false
     }
 
     fn load_matrix(&mut self, m: HostMatrix) -> Result<MatrixId, BackendError> {

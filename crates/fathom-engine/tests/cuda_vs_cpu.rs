@@ -1,0 +1,243 @@
+//! The CUDA backend end to end against the CPU backend, on the same files
+//! in the same process: last-position logits for every family and weight
+//! format, and greedy tokens where the CPU's choice is clear. Runs where a
+//! GPU is present; elsewhere it says so and passes, unless
+//! `FATHOM_REQUIRE_GPU=1` (then it fails). scripts/test-gpu.sh runs it on
+//! the GPU machine.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::compare;
+use fathom_checkpoint::Checkpoint;
+use fathom_engine::{Engine, Sampler, SamplingParams, Tokenizer};
+use fathom_fixtures::{self as fx, Data, GgufTensorType as T, ModelDef};
+use fathom_plan::{Available, Device, KvDtype, MemoryPlan, PlanInputs};
+use fathom_spec::ModelSpec;
+use serde_json::json;
+
+/// Largest |cuda − cpu| over the largest |cpu logit|. Float weights: both
+/// backends multiply f32 activations and differ by summation order only
+/// (the CPU matched numpy within 2.2e-4 on these shapes); 2e-3 leaves room
+/// for a GPU's reduction trees. Quantized weights: the CPU rounds
+/// activations to 8 bits (as llama.cpp does) and a GPU kernel need not,
+/// which the CPU alone shows as 2.6–3.1% of the largest logit against the
+/// unrounded numpy reference on SmolLM2; a wrong block decode, rope or
+/// norm moves logits by tens of percent.
+const TOL_FLOAT: f32 = 2e-3;
+const TOL_QUANT: f32 = 5e-2;
+
+/// Whether a GPU is there; a skip message (or a failure when required)
+/// when not.
+fn gpu() -> bool {
+    let found = fathom_engine::cuda::nvml::Nvml::open().and_then(|n| n.memory(0));
+    if found.is_none() {
+        assert!(
+            std::env::var("FATHOM_REQUIRE_GPU").as_deref() != Ok("1"),
+            "FATHOM_REQUIRE_GPU=1 but NVML finds no GPU"
+        );
+        eprintln!("cuda_vs_cpu: skipped: no NVIDIA GPU (NVML found none)");
+    }
+    found.is_some()
+}
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("fathom-cuda-vs-cpu-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn engine(path: &Path, device: Device, context: u64, tokenizer: Tokenizer) -> Engine {
+    let checkpoint = Checkpoint::open(path).unwrap();
+    let spec = ModelSpec::from_checkpoint(&checkpoint).unwrap();
+    let inputs = PlanInputs {
+        max_tokens: context,
+        batch: 1,
+        device,
+        kv_dtype: KvDtype::F16,
+        max_tokens_per_step: 512,
+        threads: 4,
+        headroom_factor: 1.0,
+        rocm_inflight_raw: None,
+        host_available: None,
+        available: Available {
+            bytes: 64 << 30,
+            source: "test".into(),
+        },
+    };
+    let plan = MemoryPlan::new(&spec, inputs).unwrap();
+    Engine::load(&checkpoint, spec, plan, tokenizer)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// A tokenizer for fixtures without one of their own (ids are fed
+/// directly; it only decodes).
+fn tokenizer(dir: &Path) -> Tokenizer {
+    let path = dir.join("vocab.gguf");
+    fx::write_runnable_gguf(&fx::tiny_llama(), T::F32, &path, Data::Sparse).unwrap();
+    fathom_engine::load_tokenizer(&Checkpoint::open(&path).unwrap()).unwrap()
+}
+
+/// Attention shapes of real models; FFN and vocabulary stay small.
+fn shaped(model: ModelDef, hidden: u64, heads: u64, kv_heads: u64, head_dim: u64) -> ModelDef {
+    fx::reshaped(
+        &model,
+        json!({
+            "hidden_size": hidden,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "head_dim": head_dim,
+            "intermediate_size": 512,
+            "num_hidden_layers": 2,
+        }),
+    )
+}
+
+fn families() -> Vec<(&'static str, ModelDef)> {
+    vec![
+        ("llama", shaped(fx::tiny_llama(), 576, 9, 3, 64)),
+        ("qwen2", shaped(fx::tiny_qwen2(), 896, 14, 2, 64)),
+        ("qwen3", shaped(fx::tiny_qwen3(), 512, 32, 8, 128)),
+        ("qwen3_moe", shaped(fx::tiny_qwen3_moe(), 512, 32, 4, 128)),
+        ("gemma3", shaped(fx::tiny_gemma3(), 1152, 4, 1, 256)),
+    ]
+}
+
+/// Logits of `tokens` on the CPU and on CUDA, and how they differ.
+fn both(path: &Path, d: &Path, tokens: &[u32]) -> common::Agreement {
+    let cpu = engine(path, Device::Cpu, 64, tokenizer(d))
+        .logits(tokens)
+        .unwrap()
+        .to_vec();
+    let mut cuda = engine(path, Device::Cuda, 64, tokenizer(d));
+    let gpu = cuda.logits(tokens).unwrap().to_vec();
+    compare(&gpu, &cpu)
+}
+
+#[test]
+fn logits_match_the_cpu_for_every_family_and_weight_format() {
+    if !gpu() {
+        return;
+    }
+    let d = dir("logits");
+    // Longer than tiny-gemma3's window of 16, so local layers slide.
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 1000).collect();
+    let mut failures = Vec::new();
+    let mut check = |label: String, path: &Path, tol: f32| {
+        let a = both(path, &d, &tokens);
+        println!(
+            "{label:<28} max_rel {:.2e}  rms_rel {:.2e}",
+            a.max_rel, a.rms_rel
+        );
+        if !(a.max_rel < tol) {
+            failures.push(format!("{label}: {a:?} (tolerance {tol})"));
+        }
+    };
+    for (family, model) in families() {
+        // k-quants need rows of whole 256-value blocks: the 512-wide shapes.
+        let k_quants = model.text_config()["hidden_size"] == 512;
+        for ty in T::ALL {
+            let is_k = ty.block_elems() == 256;
+            if is_k && !k_quants {
+                continue;
+            }
+            let path = d.join(format!("{family}-{}.gguf", ty.name()));
+            fx::write_runnable_gguf(&model, ty, &path, Data::Random { seed: 7 }).unwrap();
+            let float = matches!(ty, T::F32 | T::F16 | T::BF16);
+            check(
+                format!("{family} {}", ty.name()),
+                &path,
+                if float { TOL_FLOAT } else { TOL_QUANT },
+            );
+        }
+    }
+    // Safetensors F16 and BF16, and MLX affine 4- and 8-bit, on llama.
+    let (_, llama) = &families()[0];
+    for (label, model) in [
+        ("llama safetensors F32", llama.clone()),
+        ("llama mlx 4-bit", fx::mlx_quantize(llama, 4, 64)),
+        ("llama mlx 8-bit", fx::mlx_quantize(llama, 8, 64)),
+    ] {
+        let hf = d.join(label.replace(' ', "-"));
+        fx::write_hf_dir(&model, &hf, 1, Data::Random { seed: 3 }).unwrap();
+        let tol = if label.contains("mlx") {
+            TOL_QUANT
+        } else {
+            TOL_FLOAT
+        };
+        check(label.to_string(), &hf, tol);
+    }
+    let _ = std::fs::remove_dir_all(&d);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The CPU's greedy continuation of `prompt` and the smallest top-1/top-2
+/// logit margin along it.
+fn cpu_greedy(cpu: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>, f32) {
+    let mut seq = prompt.to_vec();
+    let mut margin = f32::INFINITY;
+    for _ in 0..n {
+        let logits = cpu.logits(&seq).unwrap();
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        margin = margin.min(logits[order[0]] - logits[order[1]]);
+        seq.push(order[0] as u32);
+    }
+    (seq[prompt.len()..].to_vec(), margin)
+}
+
+#[test]
+fn greedy_tokens_match_the_cpu_where_its_margin_is_clear() {
+    if !gpu() {
+        return;
+    }
+    const TOKENS: usize = 32;
+    let d = dir("greedy");
+    let path = d.join("smollm2-shape-q4_1.gguf");
+    fx::write_runnable_gguf(
+        &fx::smollm2_135m(),
+        T::Q4_1,
+        &path,
+        Data::Random { seed: 11 },
+    )
+    .unwrap();
+    let load = |device| {
+        let tok = fathom_engine::load_tokenizer(&Checkpoint::open(&path).unwrap()).unwrap();
+        engine(&path, device, 256, tok)
+    };
+    let (mut cpu, mut cuda) = (load(Device::Cpu), load(Device::Cuda));
+    let vocab = cpu.model.spec.vocab as u32;
+    let mut clear = 0;
+    for candidate in 0..24u32 {
+        let prompt: Vec<u32> = (0..8)
+            .map(|i| (candidate * 7919 + i * 104_729) % vocab)
+            .collect();
+        let (want, margin) = cpu_greedy(&mut cpu, &prompt, TOKENS);
+        if margin < 0.5 {
+            continue;
+        }
+        let mut sampler = Sampler::new(SamplingParams {
+            temperature: 0.0,
+            ignore_eos: true,
+            ..SamplingParams::default()
+        });
+        cuda.generate(&prompt, TOKENS, &mut sampler, &[], &mut |_| true)
+            .unwrap();
+        let got = cuda.tokens()[prompt.len()..].to_vec();
+        println!(
+            "prompt {candidate}: CPU margin ≥ {margin:.2}, {TOKENS} tokens equal: {}",
+            got == want
+        );
+        assert_eq!(got, want, "prompt {candidate} (CPU margin ≥ {margin})");
+        clear += 1;
+        if clear == 4 {
+            break;
+        }
+    }
+    let _ = std::fs::remove_dir_all(&d);
+    assert_eq!(
+        clear, 4,
+        "fewer than 4 of 24 prompts had a CPU margin ≥ 0.5 throughout"
+    );
+}
