@@ -429,6 +429,52 @@ impl Engine {
         &self.histories[0]
     }
 
+    /// Runs `tokens` through a fresh sequence and hands the logits of every
+    /// position from `first` on to `on_logits(position, logits)`, in order:
+    /// the logits at position p predict token p + 1 (perplexity, KL
+    /// divergence). They are projected in groups of the plan's logits rows
+    /// (its batch), so scoring needs no memory beyond the plan.
+    pub fn score(
+        &mut self,
+        tokens: &[u32],
+        first: usize,
+        on_logits: &mut dyn FnMut(usize, &[f32]),
+    ) -> Result<(), EngineError> {
+        let mut seq = self.reserved_sequence(tokens.len(), 0)?;
+        let vocab = self.model.spec.vocab as usize;
+        let group = self.histories.len().max(1);
+        let mut start = 0;
+        for chunk in tokens.chunks(self.step_tokens) {
+            let segments = [Segment {
+                seq: &mut seq,
+                tokens: chunk,
+            }];
+            self.model
+                .run_layers(self.backend.as_mut(), &segments, &mut self.scratch.ids)?;
+            let from = first.saturating_sub(start).min(chunk.len());
+            for lo in (from..chunk.len()).step_by(group) {
+                let rows = &mut self.scratch.last_rows;
+                rows.clear();
+                rows.extend(lo..(lo + group).min(chunk.len()));
+                self.model.project(self.backend.as_mut(), rows);
+                let n = rows.len();
+                self.backend.logits(n, vocab);
+                if let Some(e) = self.backend.take_error() {
+                    self.kv.release(&mut seq);
+                    return Err(e.into());
+                }
+                let logits = self.backend.logits(n, vocab);
+                for (i, row) in logits.chunks_exact(vocab).enumerate() {
+                    on_logits(start + lo + i, row);
+                }
+            }
+            seq.len += chunk.len();
+            start += chunk.len();
+        }
+        self.kv.release(&mut seq);
+        Ok(())
+    }
+
     /// Runs `tokens` through a fresh sequence and returns the last position's
     /// logits (for checking against a reference implementation).
     pub fn logits(&mut self, tokens: &[u32]) -> Result<&[f32], EngineError> {

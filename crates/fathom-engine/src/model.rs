@@ -247,8 +247,8 @@ impl Model {
     /// Runs every segment's tokens at the next positions of its sequence,
     /// all rows through each op together, and leaves segment i's last
     /// logits in row i of the backend's logits. The caller has reserved KV
-    /// blocks up to `seq.len + tokens.len()` for each segment; `tokens` is
-    /// scratch for the step's token ids (capacity: the step's rows).
+    /// blocks up to `seq.len + tokens.len()` for each segment; `tokens` and
+    /// `last_rows` are scratch (capacity: the step's rows).
     pub fn forward(
         &self,
         backend: &mut dyn Backend,
@@ -256,14 +256,42 @@ impl Model {
         tokens: &mut Vec<u32>,
         last_rows: &mut Vec<usize>,
     ) -> Result<(), EngineError> {
+        self.run_layers(backend, segments, tokens)?;
+        last_rows.clear();
+        let mut end = 0;
+        for seg in segments.iter_mut() {
+            end += seg.tokens.len();
+            last_rows.push(end - 1);
+            seg.seq.len += seg.tokens.len();
+        }
+        self.project(backend, last_rows);
+        Ok(())
+    }
+
+    /// Logits of `rows` of the last step into rows `0..rows.len()` of the
+    /// backend's logits (at most the plan's logits rows).
+    pub fn project(&self, backend: &mut dyn Backend, rows: &[usize]) {
+        let d = self.spec.hidden as usize;
+        let n = rows.len();
+        backend.gather_rows(Buf::Residual, rows, d, Buf::BranchOut);
+        backend.rms_norm(Buf::BranchOut, self.out_norm, self.eps, n, d, Buf::Norm);
+        backend.matmul(self.output, Buf::Norm, n, Buf::Logits);
+    }
+
+    /// The step's layers, leaving every row's final hidden state in the
+    /// residual; sequence lengths are the caller's to advance.
+    pub fn run_layers(
+        &self,
+        backend: &mut dyn Backend,
+        segments: &[Segment],
+        tokens: &mut Vec<u32>,
+    ) -> Result<(), EngineError> {
         let vocab = self.spec.vocab as usize;
         let d = self.spec.hidden as usize;
         tokens.clear();
-        last_rows.clear();
-        for seg in segments.iter() {
+        for seg in segments {
             assert!(!seg.tokens.is_empty(), "a segment without tokens");
             tokens.extend_from_slice(seg.tokens);
-            last_rows.push(tokens.len() - 1);
         }
         if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
             return Err(EngineError::BadToken { id, vocab });
@@ -302,14 +330,6 @@ impl Model {
                 Ffn::Moe { router, experts } => self.moe_ffn(backend, *router, experts, step.rows),
             }
             self.add_branch(backend, layer.post_ffn_norm, step.rows);
-        }
-        // Logits for each segment's last position only.
-        let n = segments.len();
-        backend.gather_rows(Buf::Residual, last_rows, d, Buf::BranchOut);
-        backend.rms_norm(Buf::BranchOut, self.out_norm, self.eps, n, d, Buf::Norm);
-        backend.matmul(self.output, Buf::Norm, n, Buf::Logits);
-        for seg in segments.iter_mut() {
-            seg.seq.len += seg.tokens.len();
         }
         Ok(())
     }
