@@ -27,6 +27,15 @@ pub use fathom_kernels::WeightType;
 pub use fathom_plan::activations::Buf;
 pub use host::{HostBytes, HostMatrix, MatrixStorage, MatrixView};
 
+/// The variables the backends and their build read, with their defaults
+/// (docs/environment-variables.md has the rules).
+pub const ENV_VARS: &[(&str, &str)] = &[
+    ("FATHOM_CUDA_LIB_DIR", "unset"),
+    ("FATHOM_NVCC", "unset"),
+    ("FATHOM_CUDA_TOOLCHAIN", "~/.cache/fathom/cuda-toolchain-13.0"),
+    ("FATHOM_REQUIRE_GPU", "unset"),
+];
+
 /// A weight matrix the backend holds (handed out by [`Backend::load_matrix`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatrixId(pub u32);

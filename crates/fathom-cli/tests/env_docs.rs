@@ -11,6 +11,7 @@ fn registry() -> Vec<(&'static str, &'static str)> {
         .map(|v| (v.name, v.default));
     plan.chain(fathom_hub::ENV_VARS.iter().copied())
         .chain(fathom_server::ENV_VARS.iter().copied())
+        .chain(fathom_backend::ENV_VARS.iter().copied())
         .collect()
 }
 
@@ -76,7 +77,7 @@ fn every_variable_in_the_code_is_in_the_registry() {
         for name in variables_named_in(&text) {
             assert!(
                 registry().iter().any(|(v, _)| *v == name),
-                "{} names {name}, which none of fathom_plan::env::ENV_VARS, fathom_hub::ENV_VARS and fathom_server::ENV_VARS lists",
+                "{} names {name}, which none of fathom_plan::env::ENV_VARS, fathom_hub::ENV_VARS, fathom_server::ENV_VARS and fathom_backend::ENV_VARS lists",
                 path.display()
             );
         }
