@@ -190,6 +190,7 @@ pub trait Backend: Send {
     /// step's own `k` and `v` rows, into `out` (rows × heads × value_dim).
     /// May round `q`, `k` and `v` in place to the cache's precision, so the
     /// step's rows read the same values the cache will hold.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &mut self,
         layer: usize,
