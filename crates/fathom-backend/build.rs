@@ -39,7 +39,8 @@ fn main() {
             )
         }),
     };
-    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("fathom.fatbin");
+    let out =
+        PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("fathom.fatbin");
     let output = Command::new(&nvcc)
         .args([
             "-fatbin",

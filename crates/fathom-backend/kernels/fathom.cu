@@ -616,9 +616,11 @@ extern "C" __global__ void kv_write(StepDesc st, KvDesc kv, const float* k, cons
       float d, id;
       q8_scale(amax, &d, &id);
       uint8_t* o = dst + b * 34;
-      const unsigned short dh = __half_as_ushort(__float2half_rn(d));
-      o[0] = dh & 0xff;
-      o[1] = dh >> 8;
+      // One 16-bit store (every q8_0 block starts on an even byte: block,
+      // layer and row sizes are all even). Two byte stores of the f16 bits
+      // were compiled into a value conversion of the low byte (f16 -> u8,
+      // i.e. 0), seen on sm_90 with nvcc 13.0.
+      *(unsigned short*)o = __half_as_ushort(__float2half_rn(d));
       for (int i = 0; i < 32; i++) o[2 + i] = (uint8_t)(int8_t)(int)rintf(x[i] * id);
     } else if (kv.dtype == KV_F16) {
       for (int i = 0; i < m; i++) ((__half*)dst)[b * 32 + i] = __float2half_rn(x[i]);

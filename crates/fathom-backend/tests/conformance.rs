@@ -181,14 +181,14 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 /// A backend under test with its read-back identity.
-struct Harness {
-    b: Box<dyn Backend>,
+struct Harness<B: Backend + ?Sized = dyn Backend> {
+    b: Box<B>,
     eye: MatrixId,
     failures: Vec<String>,
 }
 
-impl Harness {
-    fn new(mut b: Box<dyn Backend>) -> Harness {
+impl<B: Backend + ?Sized> Harness<B> {
+    fn new(mut b: Box<B>) -> Harness<B> {
         let mut eye = vec![0f32; EYE * EYE];
         for i in 0..EYE {
             eye[i * EYE + i] = 1.0;
@@ -331,7 +331,11 @@ fn random_matrix(
             let mut values = vec![0f32; rows * cols];
             let rb = ty.row_bytes(cols);
             for r in 0..rows {
-                dequantize_row(ty, &data[r * rb..(r + 1) * rb], &mut values[r * cols..(r + 1) * cols]);
+                dequantize_row(
+                    ty,
+                    &data[r * rb..(r + 1) * rb],
+                    &mut values[r * cols..(r + 1) * cols],
+                );
             }
             let m = HostMatrix {
                 data: host(data),
@@ -415,9 +419,19 @@ fn test_embed(h: &mut Harness, rng: &mut Rng) {
         let got = h.get(Buf::Residual, tokens.len(), d);
         let want: Vec<f64> = tokens
             .iter()
-            .flat_map(|&t| values[t as usize * d..(t as usize + 1) * d].iter().map(|&v| v as f64 * 1.25))
+            .flat_map(|&t| {
+                values[t as usize * d..(t as usize + 1) * d]
+                    .iter()
+                    .map(|&v| v as f64 * 1.25)
+            })
             .collect();
-        h.check("embed", &format!("{} 64x2048 x7", kind_name(kind)), &got, &want, TOL_EXACT);
+        h.check(
+            "embed",
+            &format!("{} 64x2048 x7", kind_name(kind)),
+            &got,
+            &want,
+            TOL_EXACT,
+        );
     }
 }
 
@@ -437,8 +451,21 @@ fn test_matmul(h: &mut Harness, rng: &mut Rng) {
     // (label, out rows, in cols, kinds, token counts)
     let k_quant = |k: &Result<WeightType, u32>| matches!(k, Ok(t) if t.block_elems() == 256);
     let all = all_kinds();
-    let cases: Vec<(&str, usize, usize, Vec<Result<WeightType, u32>>, Vec<usize>)> = vec![
-        ("Qwen3-MoE expert 768x2048", 768, 2048, all.clone(), vec![1, 3, 8, 9, 77]),
+    type Case = (
+        &'static str,
+        usize,
+        usize,
+        Vec<Result<WeightType, u32>>,
+        Vec<usize>,
+    );
+    let cases: Vec<Case> = vec![
+        (
+            "Qwen3-MoE expert 768x2048",
+            768,
+            2048,
+            all.clone(),
+            vec![1, 3, 8, 9, 77],
+        ),
         (
             "SmolLM2 ffn_up 1536x576",
             1536,
@@ -450,7 +477,11 @@ fn test_matmul(h: &mut Harness, rng: &mut Rng) {
             "Llama-8B ffn_down 4096x14336",
             4096,
             14336,
-            vec![Ok(WeightType::Q4_K), Ok(WeightType::Q6_K), Ok(WeightType::F16)],
+            vec![
+                Ok(WeightType::Q4_K),
+                Ok(WeightType::Q6_K),
+                Ok(WeightType::F16),
+            ],
             vec![1, 20],
         ),
     ];
@@ -464,7 +495,13 @@ fn test_matmul(h: &mut Harness, rng: &mut Rng) {
                 h.b.matmul(id, Buf::FfnGate, n, Buf::FfnUp);
                 let got = h.get(Buf::FfnUp, n, rows);
                 let want = reference_matmul(&values, rows, cols, &x, n);
-                h.check("matmul", &format!("{} {label} x{n}", kind_name(kind)), &got, &want, TOL_MATMUL);
+                h.check(
+                    "matmul",
+                    &format!("{} {label} x{n}", kind_name(kind)),
+                    &got,
+                    &want,
+                    TOL_MATMUL,
+                );
             }
         }
     }
@@ -473,7 +510,10 @@ fn test_matmul(h: &mut Harness, rng: &mut Rng) {
 fn rms_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f64> {
     let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
     let inv = 1.0 / (ss / x.len() as f64 + eps as f64).sqrt();
-    x.iter().zip(w).map(|(&v, &w)| v as f64 * inv * w as f64).collect()
+    x.iter()
+        .zip(w)
+        .map(|(&v, &w)| v as f64 * inv * w as f64)
+        .collect()
 }
 
 fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
@@ -486,7 +526,13 @@ fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
         h.b.rms_norm(Buf::Residual, wid, 1e-5, rows, width, Buf::Norm);
         let got = h.get(Buf::Norm, rows, width);
         let want: Vec<f64> = x.chunks(width).flat_map(|r| rms_ref(r, &w, 1e-5)).collect();
-        h.check("rms_norm", &format!("{rows}x{width}"), &got, &want, TOL_EXACT);
+        h.check(
+            "rms_norm",
+            &format!("{rows}x{width}"),
+            &got,
+            &want,
+            TOL_EXACT,
+        );
     }
     // head_norm: Qwen3 q (32 heads x 128).
     {
@@ -524,7 +570,11 @@ fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
         h.set(Buf::BranchOut, &b, width);
         h.b.add(Buf::Residual, Buf::BranchOut, rows, width);
         let got = h.get(Buf::Residual, rows, width);
-        let want: Vec<f64> = a.iter().zip(&b).map(|(&x, &y)| x as f64 + y as f64).collect();
+        let want: Vec<f64> = a
+            .iter()
+            .zip(&b)
+            .map(|(&x, &y)| x as f64 + y as f64)
+            .collect();
         h.check("add", "7x1536", &got, &want, TOL_EXACT);
     }
     // glu, both activations
@@ -543,7 +593,11 @@ fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
                 let a = match act {
                     Glu::Silu => g / (1.0 + (-g).exp()),
                     Glu::GeluTanh => {
-                        0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+                        0.5 * g
+                            * (1.0
+                                + ((2.0 / std::f64::consts::PI).sqrt()
+                                    * (g + 0.044715 * g * g * g))
+                                    .tanh())
                     }
                 };
                 a * u
@@ -575,7 +629,15 @@ fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
     }
 }
 
-fn rope_ref(x: &[f32], heads: usize, hd: usize, pos: usize, theta: f32, neox: bool, freqs: Option<&[f32]>) -> Vec<f64> {
+fn rope_ref(
+    x: &[f32],
+    heads: usize,
+    hd: usize,
+    pos: usize,
+    theta: f32,
+    neox: bool,
+    freqs: Option<&[f32]>,
+) -> Vec<f64> {
     let mut out: Vec<f64> = x.iter().map(|&v| v as f64).collect();
     let half = hd / 2;
     for i in 0..half {
@@ -585,7 +647,11 @@ fn rope_ref(x: &[f32], heads: usize, hd: usize, pos: usize, theta: f32, neox: bo
         }
         let (s, c) = (pos as f64 * freq).sin_cos();
         for h in 0..heads {
-            let (a, b) = if neox { (i, i + half) } else { (2 * i, 2 * i + 1) };
+            let (a, b) = if neox {
+                (i, i + half)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
             let (x0, x1) = (x[h * hd + a] as f64, x[h * hd + b] as f64);
             out[h * hd + a] = x0 * c - x1 * s;
             out[h * hd + b] = x0 * s + x1 * c;
@@ -597,11 +663,26 @@ fn rope_ref(x: &[f32], heads: usize, hd: usize, pos: usize, theta: f32, neox: bo
 fn test_rope(h: &mut Harness, rng: &mut Rng) {
     let tables: Vec<Vec<u32>> = Vec::new();
     let seqs = [
-        StepSeq { start: 0, tokens: 3, tables: &tables },
-        StepSeq { start: 40_000, tokens: 2, tables: &tables },
-        StepSeq { start: 17, tokens: 1, tables: &tables },
+        StepSeq {
+            start: 0,
+            tokens: 3,
+            tables: &tables,
+        },
+        StepSeq {
+            start: 40_000,
+            tokens: 2,
+            tables: &tables,
+        },
+        StepSeq {
+            start: 17,
+            tokens: 1,
+            tables: &tables,
+        },
     ];
-    let step = Step { seqs: &seqs, rows: 6 };
+    let step = Step {
+        seqs: &seqs,
+        rows: 6,
+    };
     let positions: Vec<usize> = step.positions().collect();
     let factors: Vec<f32> = (0..64).map(|i| 1.0 + (i % 7) as f32).collect();
     let fid = h.b.load_vector(&factors).expect("loads");
@@ -630,7 +711,10 @@ fn test_rope(h: &mut Harness, rng: &mut Rng) {
 fn round_kv(dtype: KvDtype, x: &[f32], hd: usize) -> Vec<f32> {
     match dtype {
         KvDtype::F32 => x.to_vec(),
-        KvDtype::F16 => x.iter().map(|&v| ops::f16_to_f32(ops::f32_to_f16(v))).collect(),
+        KvDtype::F16 => x
+            .iter()
+            .map(|&v| ops::f16_to_f32(ops::f32_to_f16(v)))
+            .collect(),
         KvDtype::Bf16 => x.iter().map(|&v| ops::bf16_to_f32(bf16_of(v))).collect(),
         KvDtype::Q8_0 => {
             let mut out = vec![0f32; x.len()];
@@ -651,7 +735,6 @@ struct History {
     v: Vec<Vec<f32>>,
 }
 
-#[allow(clippy::too_many_arguments)]
 fn attention_ref(
     s: &AttentionShape,
     starts: &[(usize, usize)],
@@ -673,7 +756,10 @@ fn attention_ref(
                 let qr = &q[(row * nh + hh) * dk..(row * nh + hh + 1) * dk];
                 let key = |j: usize| -> (&[f32], &[f32]) {
                     if j < start {
-                        (&hist[si].k[j][g * dk..(g + 1) * dk], &hist[si].v[j][g * dv..(g + 1) * dv])
+                        (
+                            &hist[si].k[j][g * dk..(g + 1) * dk],
+                            &hist[si].v[j][g * dv..(g + 1) * dv],
+                        )
                     } else {
                         let r = row0 + j - start;
                         (
@@ -685,7 +771,11 @@ fn attention_ref(
                 let scores: Vec<f64> = (first..=p)
                     .map(|j| {
                         let (kj, _) = key(j);
-                        qr.iter().zip(kj).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() * s.scale as f64
+                        qr.iter()
+                            .zip(kj)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>()
+                            * s.scale as f64
                     })
                     .collect();
                 let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -708,6 +798,7 @@ fn attention_ref(
 
 /// Three steps (prefill, chunked prefill across blocks, batched decode) of
 /// two sequences over two layers of one KV layout.
+#[allow(clippy::too_many_arguments)]
 fn test_attention(
     h: &mut Harness,
     rng: &mut Rng,
@@ -718,13 +809,22 @@ fn test_attention(
     tables: [Vec<Vec<u32>>; 2],
     steps: &[[(usize, usize); 2]],
 ) {
-    let (nh, nkv, dk, dv) = (shape.n_heads, shape.n_kv_heads, shape.key_dim, shape.value_dim);
+    let (nh, nkv, dk, dv) = (
+        shape.n_heads,
+        shape.n_kv_heads,
+        shape.key_dim,
+        shape.value_dim,
+    );
     let mut hist = vec![vec![History::default(); 2]; 2];
     for (si, st) in steps.iter().enumerate() {
         let seqs: Vec<StepSeq> = st
             .iter()
             .zip(&tables)
-            .map(|(&(start, tokens), t)| StepSeq { start, tokens, tables: t })
+            .map(|(&(start, tokens), t)| StepSeq {
+                start,
+                tokens,
+                tables: t,
+            })
             .collect();
         let rows: usize = st.iter().map(|s| s.1).sum();
         let step = Step { seqs: &seqs, rows };
@@ -738,7 +838,11 @@ fn test_attention(
             h.b.attention(layer, &shape, &step, Buf::Q, Buf::K, Buf::V, Buf::AttnOut);
             h.b.kv_write(layer, &step, Buf::K, Buf::V, &shape);
             let got = h.get(Buf::AttnOut, rows, nh * dv);
-            let qr = if dtype == KvDtype::F16 { round_kv(dtype, &q, dk) } else { q.clone() };
+            let qr = if dtype == KvDtype::F16 {
+                round_kv(dtype, &q, dk)
+            } else {
+                q.clone()
+            };
             let kr = round_kv(dtype, &k, dk);
             let vr = round_kv(dtype, &v, dv);
             let want = attention_ref(&shape, st, &hist[li], &qr, &kr, &vr);
@@ -753,8 +857,12 @@ fn test_attention(
             for (seq, &(_, tokens)) in st.iter().enumerate() {
                 for t in 0..tokens {
                     let r = row + t;
-                    hist[li][seq].k.push(kr[r * nkv * dk..(r + 1) * nkv * dk].to_vec());
-                    hist[li][seq].v.push(vr[r * nkv * dv..(r + 1) * nkv * dv].to_vec());
+                    hist[li][seq]
+                        .k
+                        .push(kr[r * nkv * dk..(r + 1) * nkv * dk].to_vec());
+                    hist[li][seq]
+                        .v
+                        .push(vr[r * nkv * dv..(r + 1) * nkv * dv].to_vec());
                 }
                 row += tokens;
             }
@@ -815,7 +923,7 @@ fn attention_cases() -> Vec<(String, AttentionShape, KvLayout, [usize; 2])> {
             KvLayout {
                 groups: vec![
                     group(dtype, 3, 64, 64, 1, None, 12),
-                    group(dtype, 3, 64, 64, 1, Some(32), 6),
+                    group(dtype, 3, 64, 64, 2, Some(32), 6),
                 ],
                 dtype,
                 layer_groups: vec![Some(0), Some(1), Some(1)],
@@ -855,10 +963,15 @@ fn test_moe(h: &mut Harness, rng: &mut Rng) {
         let mut want_out = vec![0f64; rows * d];
         let mut count_fail = None;
         for e in 0..ne {
-            let want_rows: Vec<usize> = (0..rows).filter(|&r| routes[r].iter().any(|c| c.0 == e)).collect();
+            let want_rows: Vec<usize> = (0..rows)
+                .filter(|&r| routes[r].iter().any(|c| c.0 == e))
+                .collect();
             let n = h.b.gather_expert_rows(e, rows, k, Buf::Norm, d, Buf::MoeIn);
             if n != want_rows.len() {
-                count_fail = Some(format!("expert {e}: {n} rows gathered, {} expected", want_rows.len()));
+                count_fail = Some(format!(
+                    "expert {e}: {n} rows gathered, {} expected",
+                    want_rows.len()
+                ));
                 break;
             }
             if n == 0 {
@@ -870,14 +983,24 @@ fn test_moe(h: &mut Harness, rng: &mut Rng) {
                     .iter()
                     .flat_map(|&r| x[r * d..(r + 1) * d].iter().map(|&v| v as f64))
                     .collect();
-                h.check("gather_expert_rows", &format!("expert {e} 6x2048 norm={normalize}"), &got, &want, TOL_EXACT);
+                h.check(
+                    "gather_expert_rows",
+                    &format!("expert {e} 6x2048 norm={normalize}"),
+                    &got,
+                    &want,
+                    TOL_EXACT,
+                );
             }
             // The expert's "output": its own random rows.
             let y = rng.vec(n * d);
             h.set(Buf::MoeOut, &y, d);
             h.b.scatter_expert_rows(e, rows, k, Buf::MoeOut, d, Buf::BranchOut);
             for (i, &r) in want_rows.iter().enumerate() {
-                let w = routes[r].iter().find(|c| c.0 == e).map(|c| c.1).unwrap_or(0.0);
+                let w = routes[r]
+                    .iter()
+                    .find(|c| c.0 == e)
+                    .map(|c| c.1)
+                    .unwrap_or(0.0);
                 for c in 0..d {
                     want_out[r * d + c] += w * y[i * d + c] as f64;
                 }
@@ -932,18 +1055,30 @@ fn conformance() {
                 full
             };
             let steps: &[[(usize, usize); 2]] = if sliding {
-                &[[(0, 20), (0, 5)], [(20, 16), (5, 30)], [(36, 1), (35, 1)], [(37, 1), (36, 9)]]
+                &[
+                    [(0, 20), (0, 5)],
+                    [(20, 16), (5, 30)],
+                    [(36, 1), (35, 1)],
+                    [(37, 1), (36, 9)],
+                ]
             } else {
                 &[[(0, 20), (0, 5)], [(20, 1), (5, 30)], [(21, 1), (35, 1)]]
             };
-            test_attention(&mut h, &mut rng, &label, shape, dtype, layers, tables, steps);
+            test_attention(
+                &mut h, &mut rng, &label, shape, dtype, layers, tables, steps,
+            );
             failures.extend(h.finish());
         }
     }
     if ran == 0 {
         println!("conformance: no backend present; nothing compared");
     }
-    assert!(failures.is_empty(), "{} checks failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} checks failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 /// Device memory of the CUDA backend's start-up steps and first launches
@@ -957,17 +1092,37 @@ fn cuda_startup_memory() {
     let s = b.startup_memory().clone();
     let mib = |v: u64| v as f64 / (1 << 20) as f64;
     println!("cuda startup memory (cuMemGetInfo deltas, bytes):");
-    println!("  context (total - free after creation) {:>12} ({:.1} MiB)", s.context, mib(s.context));
-    println!("  stream                                {:>12} ({:.1} MiB)", s.stream, mib(s.stream));
-    println!("  module load (fatbin)                  {:>12} ({:.1} MiB)", s.module, mib(s.module));
+    println!(
+        "  context (total - free after creation) {:>12} ({:.1} MiB)",
+        s.context,
+        mib(s.context)
+    );
+    println!(
+        "  stream                                {:>12} ({:.1} MiB)",
+        s.stream,
+        mib(s.stream)
+    );
+    println!(
+        "  module load (fatbin)                  {:>12} ({:.1} MiB)",
+        s.module,
+        mib(s.module)
+    );
     println!(
         "  one allocation                        {:>12} ({:.1} MiB; requested {})",
         s.allocation,
         mib(s.allocation),
         s.allocation_requested
     );
-    println!("  cuBLAS handle                         {:>12} ({:.1} MiB)", s.blas_handle, mib(s.blas_handle));
-    println!("  cuBLAS workspace (inside the carve)   {:>12} ({:.1} MiB)", s.blas_workspace, mib(s.blas_workspace));
+    println!(
+        "  cuBLAS handle                         {:>12} ({:.1} MiB)",
+        s.blas_handle,
+        mib(s.blas_handle)
+    );
+    println!(
+        "  cuBLAS workspace (inside the carve)   {:>12} ({:.1} MiB)",
+        s.blas_workspace,
+        mib(s.blas_workspace)
+    );
     println!("  cuBLAS from {}", b.blas_path());
     let before = b.memory().free;
     // First launches: a quantized matvec, a tiled matmul, SGEMM, attention.
@@ -980,8 +1135,15 @@ fn cuda_startup_memory() {
     let got = h.get(Buf::FfnUp, 1, 8);
     assert_eq!(got.len(), 8);
     let tables = vec![vec![0u32]];
-    let seqs = [StepSeq { start: 0, tokens: 3, tables: &tables }];
-    let step = Step { seqs: &seqs, rows: 3 };
+    let seqs = [StepSeq {
+        start: 0,
+        tokens: 3,
+        tables: &tables,
+    }];
+    let step = Step {
+        seqs: &seqs,
+        rows: 3,
+    };
     let shape = AttentionShape {
         n_heads: 1,
         n_kv_heads: 1,
@@ -1000,4 +1162,163 @@ fn cuda_startup_memory() {
         mib(before.saturating_sub(after.free))
     );
     println!("  device free {} of {} after all", after.free, after.total);
+}
+
+/// The cache's bytes after one step, against the layout the CPU engine
+/// uses (block b, layer l, slot s: K at b·block + l·16·(k_row+v_row) +
+/// s·k_row, V 16·k_row further), for every KV dtype. Diagnostic detail on
+/// a mismatch: which row, which byte.
+#[test]
+fn cuda_kv_bytes() {
+    let arena = arena();
+    for dtype in KvDtype::ALL {
+        let kv = KvLayout {
+            groups: vec![group(dtype, 3, 64, 64, 2, None, 12)],
+            dtype,
+            layer_groups: vec![Some(0), Some(0)],
+        };
+        let Some(b) = cuda_backend(&arena, &kv) else {
+            return;
+        };
+        let shape = AttentionShape {
+            n_heads: 9,
+            n_kv_heads: 3,
+            key_dim: 64,
+            value_dim: 64,
+            window: None,
+            scale: 0.125,
+        };
+        let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
+        let mut rng = Rng(99);
+        let tables = [vec![vec![5u32, 2, 9, 1]], vec![vec![7u32, 0, 3, 4]]];
+        let seqs = [
+            StepSeq {
+                start: 0,
+                tokens: 20,
+                tables: &tables[0],
+            },
+            StepSeq {
+                start: 0,
+                tokens: 5,
+                tables: &tables[1],
+            },
+        ];
+        let step = Step {
+            seqs: &seqs,
+            rows: 25,
+        };
+        let (q, k, v) = (rng.vec(25 * 576), rng.vec(25 * 192), rng.vec(25 * 192));
+        h.set(Buf::Q, &q, 576);
+        h.set(Buf::K, &k, 192);
+        h.set(Buf::V, &v, 192);
+        h.b.attention(1, &shape, &step, Buf::Q, Buf::K, Buf::V, Buf::AttnOut);
+        let kg = h.get(Buf::K, 25, 192);
+        let kr = round_kv(dtype, &k, 64);
+        let diff = kg.iter().zip(&kr).filter(|(a, b)| a != b).count();
+        println!(
+            "kv {}: in-place rounded K differs from the reference in {diff} of {}",
+            dtype.name(),
+            kr.len()
+        );
+        h.b.kv_write(1, &step, Buf::K, Buf::V, &shape);
+        let _ = h.get(Buf::AttnOut, 1, 8);
+        // Expected bytes of each written row.
+        let row_bytes = dtype.row_bytes(192) as usize;
+        let store = |x: &[f32]| -> Vec<u8> {
+            match dtype {
+                KvDtype::F32 => f32_bytes(x),
+                KvDtype::F16 => x.iter().flat_map(|&v| f16_bytes(v)).collect(),
+                KvDtype::Bf16 => x.iter().flat_map(|&v| bf16_of(v).to_le_bytes()).collect(),
+                KvDtype::Q8_0 => {
+                    let mut o = vec![0u8; row_bytes];
+                    ops::quantize_q8_0_row(x, &mut o);
+                    o
+                }
+            }
+        };
+        let g = &kv.groups[0];
+        let block = g.block_bytes() as usize;
+        let layer_off = 16 * 2 * row_bytes;
+        let bytes = h.b.kv_bytes(0).expect("kv bytes");
+        let mut bad = 0;
+        let mut first = None;
+        let mut row = 0;
+        for (si, seq) in seqs.iter().enumerate() {
+            for t in 0..seq.tokens {
+                let p = seq.start + t;
+                let blk = tables[si][0][p / 16] as usize;
+                let base = blk * block + layer_off;
+                let slot = p % 16;
+                for (which, src, off) in [
+                    ("K", &k, base + slot * row_bytes),
+                    ("V", &v, base + 16 * row_bytes + slot * row_bytes),
+                ] {
+                    let want = store(&src[row * 192..(row + 1) * 192]);
+                    let got = &bytes[off..off + row_bytes];
+                    if got != &want[..] {
+                        bad += 1;
+                        if first.is_none() {
+                            let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                            first = Some(format!(
+                                "{which} row {row} (seq {si} pos {p}) byte {i}: want {:?} got {:?}",
+                                &want[i..(i + 8).min(row_bytes)],
+                                &got[i..(i + 8).min(row_bytes)]
+                            ));
+                        }
+                    }
+                }
+                row += 1;
+            }
+        }
+        println!(
+            "kv {}: {bad} of 50 cache rows differ; first: {:?}",
+            dtype.name(),
+            first
+        );
+    }
+}
+
+/// Rough speed of the matmul kernels on Llama-3.1-8B's ffn_gate shape
+/// (14336×4096): decode (1 token, weight bytes / time against the HBM
+/// bandwidth) and a 512-token prefill chunk. Prints only; a first look,
+/// not a benchmark (host-side timing around queued launches, then a sync).
+#[test]
+fn cuda_speed() {
+    let arena = arena();
+    let Some(b) = cuda_backend(&arena, &small_kv()) else {
+        return;
+    };
+    let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
+    let mut rng = Rng(3);
+    let (rows, cols) = (14336, 4096);
+    let x = rng.vec(256 * cols);
+    h.set(Buf::Norm, &x, cols);
+    for kind in [
+        Ok(WeightType::Q4_K),
+        Ok(WeightType::Q8_0),
+        Ok(WeightType::F16),
+        Ok(WeightType::F32),
+        Err(4),
+    ] {
+        let (m, _) = random_matrix(&mut rng, kind, rows, cols);
+        let bytes = m.data.len() as f64;
+        let id = h.b.load_matrix(m).expect("loads");
+        for (tokens, reps) in [(1usize, 200), (8, 100), (256, 10)] {
+            h.b.matmul(id, Buf::Norm, tokens, Buf::FfnUp);
+            let _ = h.get(Buf::Logits, 1, 8);
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                h.b.matmul(id, Buf::Norm, tokens, Buf::FfnUp);
+            }
+            let _ = h.get(Buf::Logits, 1, 8);
+            let s = t.elapsed().as_secs_f64() / reps as f64;
+            println!(
+                "speed {:16} {rows}x{cols} x{tokens:3}: {:8.1} us  {:7.0} GB/s weights  {:6.1} TFLOP/s",
+                kind_name(kind),
+                s * 1e6,
+                bytes / s / 1e9,
+                2.0 * (rows * cols * tokens) as f64 / s / 1e12
+            );
+        }
+    }
 }

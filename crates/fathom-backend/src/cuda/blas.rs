@@ -80,7 +80,10 @@ impl Blas {
         let mut candidates = Vec::new();
         for d in search_dirs() {
             for (lt, name) in LT_NAMES.iter().zip(NAMES) {
-                candidates.push((d.join(lt).display().to_string(), d.join(name).display().to_string()));
+                candidates.push((
+                    d.join(lt).display().to_string(),
+                    d.join(name).display().to_string(),
+                ));
             }
         }
         // Last, the dynamic loader's own search (LD_LIBRARY_PATH, ld.so.cache).
@@ -115,7 +118,9 @@ impl Blas {
                 .map(|s| *s)
                 .map_err(|e| BackendError::Device {
                     backend: "cuda",
-                    message: format!("{path}: symbol {name} missing ({e}); cuBLAS 12 or 13 is needed"),
+                    message: format!(
+                        "{path}: symbol {name} missing ({e}); cuBLAS 12 or 13 is needed"
+                    ),
                 })
         }
         Ok(Blas {

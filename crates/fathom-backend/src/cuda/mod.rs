@@ -34,8 +34,8 @@ use fathom_plan::kv::KV_BLOCK_TOKENS;
 use fathom_plan::KvDtype;
 
 use crate::{
-    AttentionShape, Backend, BackendError, Buf, DeviceMemory, Glu, HostMatrix, KvLayout,
-    MatrixId, MatrixStorage, RopeParams, Step, VectorId, WeightType,
+    AttentionShape, Backend, BackendError, Buf, DeviceMemory, Glu, HostMatrix, KvLayout, MatrixId,
+    MatrixStorage, RopeParams, Step, VectorId, WeightType,
 };
 
 /// The kernel argument array: pointers to each (local, mutable) argument.
@@ -353,9 +353,8 @@ impl CudaBackend {
         // The fatbin needs 8-byte alignment; include_bytes gives 1.
         let mut image = vec![0u64; FATBIN.len().div_ceil(8) + 1];
         // SAFETY: `image` holds at least FATBIN.len() bytes.
-        let bytes = unsafe {
-            std::slice::from_raw_parts_mut(image.as_mut_ptr() as *mut u8, FATBIN.len())
-        };
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(image.as_mut_ptr() as *mut u8, FATBIN.len()) };
         bytes.copy_from_slice(FATBIN);
         // SAFETY: `image` is a complete fatbin (build.rs made it), alive
         // during the call; the driver copies what it keeps.
@@ -402,12 +401,19 @@ impl CudaBackend {
 
         // SAFETY: a plain device allocation of `size` bytes, freed on drop.
         let base = unsafe { result::malloc_sync(size as usize) }.map_err(|e| {
-            device_err(&format!("allocating {size} bytes (the plan's device total)"), e)
+            device_err(
+                &format!("allocating {size} bytes (the plan's device total)"),
+                e,
+            )
         })?;
         let (free3, _) = info("cuMemGetInfo")?;
         startup.allocation = free2.saturating_sub(free3) as u64;
         startup.allocation_requested = size;
-        let blas_handle = blas.create(stream as *mut c_void, base + workspace, BLAS_WORKSPACE as usize)?;
+        let blas_handle = blas.create(
+            stream as *mut c_void,
+            base + workspace,
+            BLAS_WORKSPACE as usize,
+        )?;
         let (free4, _) = info("cuMemGetInfo")?;
         startup.blas_handle = free3.saturating_sub(free4) as u64;
 
@@ -470,6 +476,27 @@ impl CudaBackend {
     /// Bytes of the one allocation.
     pub fn allocation_bytes(&self) -> u64 {
         self.size
+    }
+
+    /// The bytes of KV group `group`, for tests that check the cache
+    /// layout byte for byte (synchronizes).
+    #[doc(hidden)]
+    pub fn kv_bytes(&mut self, group: usize) -> Result<Vec<u8>, BackendError> {
+        let len = self.kv.groups[group].bytes as usize;
+        let mut out = vec![0u8; len];
+        if self.ready() {
+            // SAFETY: the group's storage holds `len` bytes at kv_base[group].
+            let r =
+                unsafe { result::memcpy_dtoh_async(&mut out, self.kv_base[group], self.stream) };
+            if let Err(e) = r {
+                self.fail("reading the KV cache", e);
+            }
+            self.sync();
+        }
+        match self.error.take() {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
     }
 
     /// Where cuBLAS was loaded from.
@@ -593,7 +620,11 @@ impl CudaBackend {
     /// Uploads the step's rows (sequence, position), sequences (start, first
     /// row) and, for `group`, each sequence's page table.
     fn upload_step(&mut self, step: &Step, group: Option<usize>) -> StepDesc {
-        let (t, s, stride) = (self.upload.tokens, self.upload.seqs, self.upload.table_stride);
+        let (t, s, stride) = (
+            self.upload.tokens,
+            self.upload.seqs,
+            self.upload.table_stride,
+        );
         let n_seqs = step.seqs.len();
         assert!(
             step.rows <= t && n_seqs <= s,
@@ -623,7 +654,11 @@ impl CudaBackend {
             }
             row += seq.tokens;
         }
-        assert_eq!(row, step.rows, "the step's sequences hold {row} rows, not {}", step.rows);
+        assert_eq!(
+            row, step.rows,
+            "the step's sequences hold {row} rows, not {}",
+            step.rows
+        );
         let base = self.upload.step;
         self.htod(base, &h);
         self.host_u32 = h;
@@ -655,8 +690,8 @@ impl CudaBackend {
     }
 
     fn kv_desc(&self, layer: usize, shape: &AttentionShape) -> KvDesc {
-        let (group, l) = self.slots[layer]
-            .unwrap_or_else(|| panic!("layer {layer} has no KV (no attention)"));
+        let (group, l) =
+            self.slots[layer].unwrap_or_else(|| panic!("layer {layer} has no KV (no attention)"));
         let g = &self.kv.groups[group];
         assert!(
             g.n_kv_heads as usize == shape.n_kv_heads
@@ -694,7 +729,6 @@ impl CudaBackend {
         self.launch(f, (grid, 1, 1), 256, &mut args![x, n, dtype]);
     }
 }
-
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
@@ -778,7 +812,11 @@ impl Backend for CudaBackend {
                     2 => 13,
                     4 => 14,
                     8 => 15,
-                    b => return Err(unsupported(format!("MLX affine {b}-bit: 2, 4 or 8 are valid"))),
+                    b => {
+                        return Err(unsupported(format!(
+                            "MLX affine {b}-bit: 2, 4 or 8 are valid"
+                        )))
+                    }
                 };
                 if *group == 0 || !group.is_multiple_of(8) || !m.cols.is_multiple_of(*group) {
                     return Err(unsupported(format!(
@@ -838,7 +876,12 @@ impl Backend for CudaBackend {
         let (mut idx, _) = self.upload_idx(tokens, None);
         let (mut w, mut scale) = (m.arg, scale);
         let f = self.k.embed[m.kind];
-        self.launch(f, (tokens.len() as u32, 1, 1), 128, &mut args![w, idx, scale, o]);
+        self.launch(
+            f,
+            (tokens.len() as u32, 1, 1),
+            128,
+            &mut args![w, idx, scale, o],
+        );
     }
 
     fn matmul(&mut self, w: MatrixId, x: Buf, rows: usize, out: Buf) {
@@ -902,10 +945,23 @@ impl Backend for CudaBackend {
         }
         let (mut eps, mut width) = (eps, width as i32);
         let f = self.k.rms_norm;
-        self.launch(f, (rows as u32, 1, 1), 256, &mut args![xp, wp, eps, width, op]);
+        self.launch(
+            f,
+            (rows as u32, 1, 1),
+            256,
+            &mut args![xp, wp, eps, width, op],
+        );
     }
 
-    fn head_norm(&mut self, x: Buf, w: VectorId, eps: f32, rows: usize, width: usize, head_dim: usize) {
+    fn head_norm(
+        &mut self,
+        x: Buf,
+        w: VectorId,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        head_dim: usize,
+    ) {
         let (mut wp, wl) = self.vectors[w.0 as usize];
         assert!(wl >= head_dim && head_dim > 0 && width.is_multiple_of(head_dim));
         let mut xp = self.buf(x, rows * width * 4);
@@ -961,16 +1017,28 @@ impl Backend for CudaBackend {
         self.host_u32 = h;
         let mut w = width as i32;
         let f = self.k.gather_rows;
-        self.launch(f, (src_rows.len() as u32, 1, 1), 128, &mut args![s, idx, w, d]);
+        self.launch(
+            f,
+            (src_rows.len() as u32, 1, 1),
+            128,
+            &mut args![s, idx, w, d],
+        );
     }
 
     fn rope(&mut self, x: Buf, step: &Step, n_heads: usize, head_dim: usize, rope: &RopeParams) {
-        assert!(head_dim.is_multiple_of(2), "rope: head_dim {head_dim} is odd");
+        assert!(
+            head_dim.is_multiple_of(2),
+            "rope: head_dim {head_dim} is odd"
+        );
         let mut xp = self.buf(x, step.rows * n_heads * head_dim * 4);
         let mut freqs = match rope.freqs {
             Some(v) => {
                 let (p, l) = self.vectors[v.0 as usize];
-                assert!(l >= head_dim / 2, "rope: {l} frequency factors for {} pairs", head_dim / 2);
+                assert!(
+                    l >= head_dim / 2,
+                    "rope: {l} frequency factors for {} pairs",
+                    head_dim / 2
+                );
                 p
             }
             None => 0,
@@ -980,8 +1048,12 @@ impl Backend for CudaBackend {
         }
         let d = self.upload_step(step, None);
         let mut pos = d.row_pos;
-        let (mut nh, mut hd, mut theta, mut neox) =
-            (n_heads as i32, head_dim as i32, rope.theta as f64, rope.neox as i32);
+        let (mut nh, mut hd, mut theta, mut neox) = (
+            n_heads as i32,
+            head_dim as i32,
+            rope.theta as f64,
+            rope.neox as i32,
+        );
         let f = self.k.rope;
         self.launch(
             f,
@@ -1077,17 +1149,32 @@ impl Backend for CudaBackend {
         let mut st = self.upload_step(step, group);
         let (mut kw, mut vw) = (kw as i32, vw as i32);
         let f = self.k.kv_write;
-        self.launch(f, (rows as u32, 2, 1), 64, &mut args![st, kv, kp, vp, kw, vw]);
+        self.launch(
+            f,
+            (rows as u32, 2, 1),
+            64,
+            &mut args![st, kv, kp, vp, kw, vw],
+        );
     }
 
-    fn route_experts(&mut self, logits: Buf, rows: usize, n_experts: usize, k: usize, normalize: bool) {
+    fn route_experts(
+        &mut self,
+        logits: Buf,
+        rows: usize,
+        n_experts: usize,
+        k: usize,
+        normalize: bool,
+    ) {
         assert!(
             n_experts <= MAX_EXPERTS && k <= n_experts,
             "route_experts: {k} of {n_experts} experts ({MAX_EXPERTS} at most)"
         );
         let mut lp = self.buf(logits, rows * n_experts * 4);
         let mut rp = self.buf(Buf::ExpertRoutes, rows * k * 8);
-        assert!(rows * k * 2 <= self.routes.len(), "route_experts: more routes than planned");
+        assert!(
+            rows * k * 2 <= self.routes.len(),
+            "route_experts: more routes than planned"
+        );
         self.routes_k = k;
         self.routes_rows = rows;
         if rows == 0 || !self.ready() {
@@ -1199,7 +1286,11 @@ impl Backend for CudaBackend {
 
     fn logits(&mut self, rows: usize, width: usize) -> &mut [f32] {
         let n = rows * width;
-        assert!(n <= self.logits.len(), "logits: {n} values; {} planned", self.logits.len());
+        assert!(
+            n <= self.logits.len(),
+            "logits: {n} values; {} planned",
+            self.logits.len()
+        );
         let src = self.buf(Buf::Logits, n * 4);
         if n > 0 && self.ready() {
             let mut host = std::mem::take(&mut self.logits);
