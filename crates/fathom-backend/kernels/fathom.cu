@@ -310,6 +310,20 @@ __device__ void embed_rows(const Weights w, const unsigned int* __restrict__ tok
   }
 }
 
+// Rows row0 .. row0 + gridDim.x of w as f16, packed, for a tensor-core GEMM
+// (prefill): one block a row.
+template <int T>
+__device__ void dequant_rows(const Weights w, int row0, __half* __restrict__ out) {
+  const int r = row0 + blockIdx.x;
+  __half* o = out + (size_t)blockIdx.x * w.cols;
+  for (int c = threadIdx.x; c < w.cols / 8; c += blockDim.x) {
+    float v[8];
+    load8<T>(w, r, c, v);
+#pragma unroll
+    for (int k = 0; k < 8; k += 2) *(__half2*)(o + 8 * c + k) = __floats2half2_rn(v[k], v[k + 1]);
+  }
+}
+
 #define FATHOM_WEIGHT_KERNELS(NAME, T)                                                         \
   extern "C" __global__ void __launch_bounds__(128) mv_##NAME(const Weights w, const float* x, \
                                                               float* out, int ntok) {          \
@@ -322,6 +336,10 @@ __device__ void embed_rows(const Weights w, const unsigned int* __restrict__ tok
   extern "C" __global__ void __launch_bounds__(256) embed_##NAME(                              \
       const Weights w, const unsigned int* tokens, float scale, float* out) {                  \
     embed_rows<T>(w, tokens, scale, out);                                                      \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(128) dequant_##NAME(const Weights w, int row0,  \
+                                                                   __half* out) {              \
+    dequant_rows<T>(w, row0, out);                                                             \
   }
 
 FATHOM_WEIGHT_KERNELS(f32, T_F32)
@@ -340,6 +358,13 @@ FATHOM_WEIGHT_KERNELS(q6_k, T_Q6_K)
 FATHOM_WEIGHT_KERNELS(a2, T_A2)
 FATHOM_WEIGHT_KERNELS(a4, T_A4)
 FATHOM_WEIGHT_KERNELS(a8, T_A8)
+
+// x (f32) to f16 (bf16 = 0) or bf16 (1), n values, round to nearest even.
+extern "C" __global__ void to_half(const float* x, long long n, int bf16, unsigned short* out) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    out[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x[i])) : __half_as_ushort(__float2half_rn(x[i]));
+}
 
 // ---------------------------------------------------------------------------
 // Row-wise RMS norm, one block (256 threads) a row; in place is allowed

@@ -447,7 +447,7 @@ fn reference_matmul(values: &[f32], rows: usize, cols: usize, x: &[f32], n: usiz
     out
 }
 
-fn test_matmul(h: &mut Harness, rng: &mut Rng) {
+fn test_matmul<B: Backend + ?Sized>(h: &mut Harness<B>, rng: &mut Rng, only_prefill: bool) {
     // (label, out rows, in cols, kinds, token counts)
     let k_quant = |k: &Result<WeightType, u32>| matches!(k, Ok(t) if t.block_elems() == 256);
     let all = all_kinds();
@@ -489,7 +489,7 @@ fn test_matmul(h: &mut Harness, rng: &mut Rng) {
         for kind in kinds {
             let (m, values) = random_matrix(rng, kind, rows, cols);
             let id = h.b.load_matrix(m).expect("loads");
-            for &n in &tokens {
+            for &n in tokens.iter().filter(|&&n| !only_prefill || n > 8) {
                 let x = rng.vec(n * cols);
                 h.set(Buf::FfnGate, &x, cols);
                 h.b.matmul(id, Buf::FfnGate, n, Buf::FfnUp);
@@ -1031,7 +1031,7 @@ fn conformance() {
     for b in backends(&small_kv()) {
         let mut h = Harness::new(b);
         test_embed(&mut h, &mut rng);
-        test_matmul(&mut h, &mut rng);
+        test_matmul(&mut h, &mut rng, false);
         test_elementwise(&mut h, &mut rng);
         test_rope(&mut h, &mut rng);
         test_moe(&mut h, &mut rng);
@@ -1073,6 +1073,27 @@ fn conformance() {
     if ran == 0 {
         println!("conformance: no backend present; nothing compared");
     }
+    assert!(
+        failures.is_empty(),
+        "{} checks failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// The CUDA backend's other prefill path (the tiled f32 kernel, which the
+/// default cuBLAS-on-f16 path falls back to), on the same cases.
+#[test]
+fn cuda_tiled_prefill() {
+    let arena = arena();
+    let Some(mut b) = cuda_backend(&arena, &small_kv()) else {
+        return;
+    };
+    b.use_tiled_prefill(true);
+    let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
+    let mut rng = Rng(0x7135);
+    test_matmul(&mut h, &mut rng, true);
+    let failures = h.finish();
     assert!(
         failures.is_empty(),
         "{} checks failed:\n{}",
@@ -1123,13 +1144,21 @@ fn cuda_startup_memory() {
         s.blas_workspace,
         mib(s.blas_workspace)
     );
+    println!(
+        "  prefill staging (inside the carve)    {:>12} ({:.1} MiB)",
+        s.gemm_staging,
+        mib(s.gemm_staging)
+    );
     println!("  cuBLAS from {}", b.blas_path());
     let before = b.memory().free;
-    // First launches: a quantized matvec, a tiled matmul, SGEMM, attention.
+    // First launches: a quantized matvec, a cuBLAS f16 GEMM and the tiled
+    // kernel for prefill, SGEMM (the read-back), attention.
     let mut rng = Rng(7);
     let (m, _) = random_matrix(&mut rng, Ok(WeightType::Q4_K), 256, 1024);
     let id = b.load_matrix(m).expect("loads");
     b.matmul(id, Buf::Norm, 1, Buf::FfnUp);
+    b.matmul(id, Buf::Norm, 100, Buf::FfnUp);
+    b.use_tiled_prefill(true);
     b.matmul(id, Buf::Norm, 100, Buf::FfnUp);
     let mut h = Harness::new(Box::new(b));
     let got = h.get(Buf::FfnUp, 1, 8);
@@ -1303,7 +1332,13 @@ fn cuda_speed() {
         let (m, _) = random_matrix(&mut rng, kind, rows, cols);
         let bytes = m.data.len() as f64;
         let id = h.b.load_matrix(m).expect("loads");
-        for (tokens, reps) in [(1usize, 200), (8, 100), (256, 10)] {
+        for (tokens, reps, tiled) in [
+            (1usize, 200, false),
+            (8, 100, false),
+            (256, 10, true),
+            (256, 10, false),
+        ] {
+            h.b.use_tiled_prefill(tiled);
             h.b.matmul(id, Buf::Norm, tokens, Buf::FfnUp);
             let _ = h.get(Buf::Logits, 1, 8);
             let t = std::time::Instant::now();
@@ -1312,8 +1347,15 @@ fn cuda_speed() {
             }
             let _ = h.get(Buf::Logits, 1, 8);
             let s = t.elapsed().as_secs_f64() / reps as f64;
+            let path = if tokens <= 8 {
+                "matvec"
+            } else if tiled {
+                "tiled"
+            } else {
+                "cuBLAS"
+            };
             println!(
-                "speed {:16} {rows}x{cols} x{tokens:3}: {:8.1} us  {:7.0} GB/s weights  {:6.1} TFLOP/s",
+                "speed {:16} {path:6} {rows}x{cols} x{tokens:3}: {:8.1} us  {:7.0} GB/s weights  {:6.1} TFLOP/s",
                 kind_name(kind),
                 s * 1e6,
                 bytes / s / 1e9,
