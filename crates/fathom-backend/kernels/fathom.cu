@@ -542,27 +542,32 @@ __device__ __forceinline__ unsigned long long kv_block(const KvDesc& kv, const S
   return (unsigned long long)blk * kv.block_bytes + kv.layer_off;
 }
 
-// Causal attention, one warp per (row, query head): 32 key positions at a
-// time, one a lane (its full dot product with q from shared memory), then
-// an online-softmax update of the output that lanes split by value dims.
+// Causal attention, one block of ATT_WARPS warps per (row, query head).
+// Each warp takes every ATT_WARPS-th run of 32 key positions: one position
+// a lane (its full dot product with q from shared memory), then an
+// online-softmax update of its own output, lanes split by value dims. The
+// warps' (max, sum, output) states are merged at the end.
 #define ATT_MAX_DIM 512
-extern "C" __global__ void __launch_bounds__(32)
+#define ATT_WARPS 4
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 attention(StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out,
           int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale) {
   __shared__ float qs[ATT_MAX_DIM];
-  const int row = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+  __shared__ float part_acc[ATT_WARPS][ATT_MAX_DIM];
+  __shared__ float part_m[ATT_WARPS], part_l[ATT_WARPS];
+  const int row = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
   const int g = h / (n_heads / n_kv_heads);
   const int seq = st.row_seq[row], pos = st.row_pos[row];
   const int start = st.seq_start[seq], row0 = st.seq_row0[seq];
-  for (int i = lane; i < key_dim; i += WARP) qs[i] = q[((size_t)row * n_heads + h) * key_dim + i];
-  __syncwarp();
+  for (int i = threadIdx.x; i < key_dim; i += blockDim.x) qs[i] = q[((size_t)row * n_heads + h) * key_dim + i];
+  __syncthreads();
   const int kh = kv_head_bytes(kv.dtype, key_dim), vh = kv_head_bytes(kv.dtype, value_dim);
   const int first = window > 0 ? max(0, pos + 1 - window) : 0;
   float m = -INFINITY, l = 0.0f;
   float acc[ATT_MAX_DIM / WARP];
 #pragma unroll
   for (int j = 0; j < ATT_MAX_DIM / WARP; j++) acc[j] = 0.0f;
-  for (int p0 = first; p0 <= pos; p0 += WARP) {
+  for (int p0 = first + warp * WARP; p0 <= pos; p0 += ATT_WARPS * WARP) {
     const int p = p0 + lane;
     float s = -INFINITY;
     if (p <= pos) {
@@ -610,12 +615,33 @@ attention(StepDesc st, KvDesc kv, const float* q, const float* k, const float* v
     }
     m = mn;
   }
-  const float inv = 1.0f / l;
-  float* o = out + ((size_t)row * n_heads + h) * value_dim;
+  // Merge the warps: a warp that saw no position has m = -inf, l = 0.
+  if (lane == 0) {
+    part_m[warp] = m;
+    part_l[warp] = l;
+  }
 #pragma unroll
   for (int j = 0; j < ATT_MAX_DIM / WARP; j++) {
     const int i = lane + j * WARP;
-    if (i < value_dim) o[i] = acc[j] * inv;
+    if (i < value_dim) part_acc[warp][i] = acc[j];
+  }
+  __syncthreads();
+  float mt = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < ATT_WARPS; w++) mt = fmaxf(mt, part_m[w]);
+  float f[ATT_WARPS], lt = 0.0f;
+#pragma unroll
+  for (int w = 0; w < ATT_WARPS; w++) {
+    f[w] = part_l[w] > 0.0f ? expf(part_m[w] - mt) : 0.0f;
+    lt += part_l[w] * f[w];
+  }
+  const float inv = 1.0f / lt;
+  float* o = out + ((size_t)row * n_heads + h) * value_dim;
+  for (int i = threadIdx.x; i < value_dim; i += blockDim.x) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) sum += part_acc[w][i] * f[w];
+    o[i] = sum * inv;
   }
 }
 

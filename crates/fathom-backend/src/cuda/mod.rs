@@ -65,6 +65,9 @@ const W16_STAGING: u64 = 32 << 20;
 const MV_MAX_TOKENS: usize = 8;
 /// Largest head dims the attention kernel holds per lane.
 const ATT_MAX_DIM: usize = 512;
+/// Threads of an attention block: `ATT_WARPS` (fathom.cu) warps that split
+/// the key positions of one (row, head).
+const ATT_THREADS: u32 = 4 * 32;
 /// Largest expert count the routing kernel's chosen-set holds.
 const MAX_EXPERTS: usize = 256;
 
@@ -1230,7 +1233,7 @@ impl Backend for CudaBackend {
         self.launch(
             f,
             (rows as u32, s.n_heads as u32, 1),
-            32,
+            ATT_THREADS,
             &mut args![st, kv, qp, kp, vp, op, nh, nkv, dk, dv, window, scale],
         );
     }
