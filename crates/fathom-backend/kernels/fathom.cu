@@ -668,9 +668,11 @@ extern "C" __global__ void kv_write(StepDesc st, KvDesc kv, const float* k, cons
       q8_scale(amax, &d, &id);
       uint8_t* o = dst + b * 34;
       // One 16-bit store (every q8_0 block starts on an even byte: block,
-      // layer and row sizes are all even). Two byte stores of the f16 bits
-      // were compiled into a value conversion of the low byte (f16 -> u8,
-      // i.e. 0), seen on sm_90 with nvcc 13.0.
+      // layer and row sizes are all even). With two byte stores of the f16
+      // bits (`st.global.u8` of the .b16 register, then of it shifted) the
+      // low byte read back as 0 on the H200 (nvcc 13.0, sm_90); the SASS was
+      // not inspected, the 16-bit store was checked byte for byte
+      // (tests/conformance.rs, cuda_kv_bytes).
       *(unsigned short*)o = __half_as_ushort(__float2half_rn(d));
       for (int i = 0; i < 32; i++) o[2 + i] = (uint8_t)(int8_t)(int)rintf(x[i] * id);
     } else if (kv.dtype == KV_F16) {
