@@ -310,6 +310,20 @@ __device__ void embed_rows(const Weights w, const unsigned int* __restrict__ tok
   }
 }
 
+// Rows row0 .. row0 + gridDim.x of w as f16, packed, for a tensor-core GEMM
+// (prefill): one block a row.
+template <int T>
+__device__ void dequant_rows(const Weights w, int row0, __half* __restrict__ out) {
+  const int r = row0 + blockIdx.x;
+  __half* o = out + (size_t)blockIdx.x * w.cols;
+  for (int c = threadIdx.x; c < w.cols / 8; c += blockDim.x) {
+    float v[8];
+    load8<T>(w, r, c, v);
+#pragma unroll
+    for (int k = 0; k < 8; k += 2) *(__half2*)(o + 8 * c + k) = __floats2half2_rn(v[k], v[k + 1]);
+  }
+}
+
 #define FATHOM_WEIGHT_KERNELS(NAME, T)                                                         \
   extern "C" __global__ void __launch_bounds__(128) mv_##NAME(const Weights w, const float* x, \
                                                               float* out, int ntok) {          \
@@ -322,6 +336,10 @@ __device__ void embed_rows(const Weights w, const unsigned int* __restrict__ tok
   extern "C" __global__ void __launch_bounds__(256) embed_##NAME(                              \
       const Weights w, const unsigned int* tokens, float scale, float* out) {                  \
     embed_rows<T>(w, tokens, scale, out);                                                      \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(128) dequant_##NAME(const Weights w, int row0,  \
+                                                                   __half* out) {              \
+    dequant_rows<T>(w, row0, out);                                                             \
   }
 
 FATHOM_WEIGHT_KERNELS(f32, T_F32)
@@ -340,6 +358,13 @@ FATHOM_WEIGHT_KERNELS(q6_k, T_Q6_K)
 FATHOM_WEIGHT_KERNELS(a2, T_A2)
 FATHOM_WEIGHT_KERNELS(a4, T_A4)
 FATHOM_WEIGHT_KERNELS(a8, T_A8)
+
+// x (f32) to f16 (bf16 = 0) or bf16 (1), n values, round to nearest even.
+extern "C" __global__ void to_half(const float* x, long long n, int bf16, unsigned short* out) {
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    out[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x[i])) : __half_as_ushort(__float2half_rn(x[i]));
+}
 
 // ---------------------------------------------------------------------------
 // Row-wise RMS norm, one block (256 threads) a row; in place is allowed
@@ -517,27 +542,32 @@ __device__ __forceinline__ unsigned long long kv_block(const KvDesc& kv, const S
   return (unsigned long long)blk * kv.block_bytes + kv.layer_off;
 }
 
-// Causal attention, one warp per (row, query head): 32 key positions at a
-// time, one a lane (its full dot product with q from shared memory), then
-// an online-softmax update of the output that lanes split by value dims.
+// Causal attention, one block of ATT_WARPS warps per (row, query head).
+// Each warp takes every ATT_WARPS-th run of 32 key positions: one position
+// a lane (its full dot product with q from shared memory), then an
+// online-softmax update of its own output, lanes split by value dims. The
+// warps' (max, sum, output) states are merged at the end.
 #define ATT_MAX_DIM 512
-extern "C" __global__ void __launch_bounds__(32)
+#define ATT_WARPS 4
+extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 attention(StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out,
           int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale) {
   __shared__ float qs[ATT_MAX_DIM];
-  const int row = blockIdx.x, h = blockIdx.y, lane = threadIdx.x;
+  __shared__ float part_acc[ATT_WARPS][ATT_MAX_DIM];
+  __shared__ float part_m[ATT_WARPS], part_l[ATT_WARPS];
+  const int row = blockIdx.x, h = blockIdx.y, lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
   const int g = h / (n_heads / n_kv_heads);
   const int seq = st.row_seq[row], pos = st.row_pos[row];
   const int start = st.seq_start[seq], row0 = st.seq_row0[seq];
-  for (int i = lane; i < key_dim; i += WARP) qs[i] = q[((size_t)row * n_heads + h) * key_dim + i];
-  __syncwarp();
+  for (int i = threadIdx.x; i < key_dim; i += blockDim.x) qs[i] = q[((size_t)row * n_heads + h) * key_dim + i];
+  __syncthreads();
   const int kh = kv_head_bytes(kv.dtype, key_dim), vh = kv_head_bytes(kv.dtype, value_dim);
   const int first = window > 0 ? max(0, pos + 1 - window) : 0;
   float m = -INFINITY, l = 0.0f;
   float acc[ATT_MAX_DIM / WARP];
 #pragma unroll
   for (int j = 0; j < ATT_MAX_DIM / WARP; j++) acc[j] = 0.0f;
-  for (int p0 = first; p0 <= pos; p0 += WARP) {
+  for (int p0 = first + warp * WARP; p0 <= pos; p0 += ATT_WARPS * WARP) {
     const int p = p0 + lane;
     float s = -INFINITY;
     if (p <= pos) {
@@ -585,12 +615,33 @@ attention(StepDesc st, KvDesc kv, const float* q, const float* k, const float* v
     }
     m = mn;
   }
-  const float inv = 1.0f / l;
-  float* o = out + ((size_t)row * n_heads + h) * value_dim;
+  // Merge the warps: a warp that saw no position has m = -inf, l = 0.
+  if (lane == 0) {
+    part_m[warp] = m;
+    part_l[warp] = l;
+  }
 #pragma unroll
   for (int j = 0; j < ATT_MAX_DIM / WARP; j++) {
     const int i = lane + j * WARP;
-    if (i < value_dim) o[i] = acc[j] * inv;
+    if (i < value_dim) part_acc[warp][i] = acc[j];
+  }
+  __syncthreads();
+  float mt = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < ATT_WARPS; w++) mt = fmaxf(mt, part_m[w]);
+  float f[ATT_WARPS], lt = 0.0f;
+#pragma unroll
+  for (int w = 0; w < ATT_WARPS; w++) {
+    f[w] = part_l[w] > 0.0f ? expf(part_m[w] - mt) : 0.0f;
+    lt += part_l[w] * f[w];
+  }
+  const float inv = 1.0f / lt;
+  float* o = out + ((size_t)row * n_heads + h) * value_dim;
+  for (int i = threadIdx.x; i < value_dim; i += blockDim.x) {
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATT_WARPS; w++) sum += part_acc[w][i] * f[w];
+    o[i] = sum * inv;
   }
 }
 
@@ -616,9 +667,13 @@ extern "C" __global__ void kv_write(StepDesc st, KvDesc kv, const float* k, cons
       float d, id;
       q8_scale(amax, &d, &id);
       uint8_t* o = dst + b * 34;
-      const unsigned short dh = __half_as_ushort(__float2half_rn(d));
-      o[0] = dh & 0xff;
-      o[1] = dh >> 8;
+      // One 16-bit store (every q8_0 block starts on an even byte: block,
+      // layer and row sizes are all even). With two byte stores of the f16
+      // bits (`st.global.u8` of the .b16 register, then of it shifted) the
+      // low byte read back as 0 on the H200 (nvcc 13.0, sm_90); the SASS was
+      // not inspected, the 16-bit store was checked byte for byte
+      // (tests/conformance.rs, cuda_kv_bytes).
+      *(unsigned short*)o = __half_as_ushort(__float2half_rn(d));
       for (int i = 0; i < 32; i++) o[2 + i] = (uint8_t)(int8_t)(int)rintf(x[i] * id);
     } else if (kv.dtype == KV_F16) {
       for (int i = 0; i < m; i++) ((__half*)dst)[b * 32 + i] = __float2half_rn(x[i]);

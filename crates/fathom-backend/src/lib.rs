@@ -32,7 +32,10 @@ pub use host::{HostBytes, HostMatrix, MatrixStorage, MatrixView};
 pub const ENV_VARS: &[(&str, &str)] = &[
     ("FATHOM_CUDA_LIB_DIR", "unset"),
     ("FATHOM_NVCC", "unset"),
-    ("FATHOM_CUDA_TOOLCHAIN", "~/.cache/fathom/cuda-toolchain-13.0"),
+    (
+        "FATHOM_CUDA_TOOLCHAIN",
+        "~/.cache/fathom/cuda-toolchain-13.0",
+    ),
     ("FATHOM_REQUIRE_GPU", "unset"),
 ];
 

@@ -192,14 +192,14 @@ fn f32_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 /// A backend under test with its read-back identity.
-struct Harness {
-    b: Box<dyn Backend>,
+struct Harness<B: Backend + ?Sized = dyn Backend> {
+    b: Box<B>,
     eye: MatrixId,
     failures: Vec<String>,
 }
 
-impl Harness {
-    fn new(mut b: Box<dyn Backend>) -> Harness {
+impl<B: Backend + ?Sized> Harness<B> {
+    fn new(mut b: Box<B>) -> Harness<B> {
         let mut eye = vec![0f32; EYE * EYE];
         for i in 0..EYE {
             eye[i * EYE + i] = 1.0;
@@ -458,11 +458,18 @@ fn reference_matmul(values: &[f32], rows: usize, cols: usize, x: &[f32], n: usiz
     out
 }
 
-fn test_matmul(h: &mut Harness, rng: &mut Rng) {
+fn test_matmul<B: Backend + ?Sized>(h: &mut Harness<B>, rng: &mut Rng, only_prefill: bool) {
     // (label, out rows, in cols, kinds, token counts)
     let k_quant = |k: &Result<WeightType, u32>| matches!(k, Ok(t) if t.block_elems() == 256);
     let all = all_kinds();
-    let cases: Vec<(&str, usize, usize, Vec<Result<WeightType, u32>>, Vec<usize>)> = vec![
+    type Case = (
+        &'static str,
+        usize,
+        usize,
+        Vec<Result<WeightType, u32>>,
+        Vec<usize>,
+    );
+    let cases: Vec<Case> = vec![
         (
             "Qwen3-MoE expert 768x2048",
             768,
@@ -493,7 +500,7 @@ fn test_matmul(h: &mut Harness, rng: &mut Rng) {
         for kind in kinds {
             let (m, values) = random_matrix(rng, kind, rows, cols);
             let id = h.b.load_matrix(m).expect("loads");
-            for &n in &tokens {
+            for &n in tokens.iter().filter(|&&n| !only_prefill || n > 8) {
                 let x = rng.vec(n * cols);
                 h.set(Buf::FfnGate, &x, cols);
                 h.b.matmul(id, Buf::FfnGate, n, Buf::FfnUp);
@@ -739,7 +746,6 @@ struct History {
     v: Vec<Vec<f32>>,
 }
 
-#[allow(clippy::too_many_arguments)]
 fn attention_ref(
     s: &AttentionShape,
     starts: &[(usize, usize)],
@@ -803,6 +809,7 @@ fn attention_ref(
 
 /// Three steps (prefill, chunked prefill across blocks, batched decode) of
 /// two sequences over two layers of one KV layout.
+#[allow(clippy::too_many_arguments)]
 fn test_attention(
     h: &mut Harness,
     rng: &mut Rng,
@@ -1035,7 +1042,7 @@ fn conformance() {
     for b in backends(&small_kv()) {
         let mut h = Harness::new(b);
         test_embed(&mut h, &mut rng);
-        test_matmul(&mut h, &mut rng);
+        test_matmul(&mut h, &mut rng, false);
         test_elementwise(&mut h, &mut rng);
         test_rope(&mut h, &mut rng);
         test_moe(&mut h, &mut rng);
@@ -1077,6 +1084,98 @@ fn conformance() {
     if ran == 0 {
         println!("conformance: no backend present; nothing compared");
     }
+    assert!(
+        failures.is_empty(),
+        "{} checks failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// Rough speed of attention over a 4,096-position f16 cache (Llama-3.1-8B
+/// heads: 32 query, 8 KV, 128 dims), one layer: a decode row and a
+/// 256-token prefill chunk at the end of the context. Prints only.
+#[test]
+fn cuda_attention_speed() {
+    let arena = arena();
+    let ctx = 4096usize;
+    let blocks = (ctx / 16) as u64;
+    let mut g = group(KvDtype::F16, 8, 128, 128, 1, None, blocks);
+    g.tokens = ctx as u64;
+    g.blocks_per_sequence = blocks;
+    let kv = KvLayout {
+        groups: vec![g],
+        dtype: KvDtype::F16,
+        layer_groups: vec![Some(0)],
+    };
+    let Some(b) = cuda_backend(&arena, &kv) else {
+        return;
+    };
+    let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
+    let shape = AttentionShape {
+        n_heads: 32,
+        n_kv_heads: 8,
+        key_dim: 128,
+        value_dim: 128,
+        window: None,
+        scale: 1.0 / 128f32.sqrt(),
+    };
+    let tables = vec![(0..blocks as u32).collect::<Vec<u32>>()];
+    let mut rng = Rng(11);
+    // Fill the cache with values (else it holds whatever the allocation had).
+    for chunk in 0..ctx / 256 {
+        let seqs = [StepSeq {
+            start: chunk * 256,
+            tokens: 256,
+            tables: &tables,
+        }];
+        let step = Step {
+            seqs: &seqs,
+            rows: 256,
+        };
+        h.set(Buf::K, &rng.vec(256 * 1024), 1024);
+        h.set(Buf::V, &rng.vec(256 * 1024), 1024);
+        h.b.kv_write(0, &step, Buf::K, Buf::V, &shape);
+    }
+    h.set(Buf::Q, &rng.vec(256 * 4096), 4096);
+    for (tokens, reps) in [(1usize, 50), (256, 5)] {
+        let seqs = [StepSeq {
+            start: ctx - tokens,
+            tokens,
+            tables: &tables,
+        }];
+        let step = Step {
+            seqs: &seqs,
+            rows: tokens,
+        };
+        h.b.attention(0, &shape, &step, IO);
+        let _ = h.get(Buf::Logits, 1, 8);
+        let t = std::time::Instant::now();
+        for _ in 0..reps {
+            h.b.attention(0, &shape, &step, IO);
+        }
+        let _ = h.get(Buf::Logits, 1, 8);
+        let s = t.elapsed().as_secs_f64() / reps as f64;
+        println!(
+            "speed attention f16 32/8x128 ctx {ctx} x{tokens:3}: {:9.1} us a layer",
+            s * 1e6
+        );
+    }
+}
+
+/// The CUDA backend's other prefill path (the tiled f32 kernel, which the
+/// default cuBLAS-on-f16 path falls back to), on the same cases.
+#[test]
+fn cuda_tiled_prefill() {
+    let arena = arena();
+    let Some(mut b) = cuda_backend(&arena, &small_kv()) else {
+        return;
+    };
+    b.use_tiled_prefill(true);
+    let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
+    let mut rng = Rng(0x7135);
+    test_matmul(&mut h, &mut rng, true);
+    let failures = h.finish();
     assert!(
         failures.is_empty(),
         "{} checks failed:\n{}",
@@ -1127,13 +1226,21 @@ fn cuda_startup_memory() {
         s.blas_workspace,
         mib(s.blas_workspace)
     );
+    println!(
+        "  prefill staging (inside the carve)    {:>12} ({:.1} MiB)",
+        s.gemm_staging,
+        mib(s.gemm_staging)
+    );
     println!("  cuBLAS from {}", b.blas_path());
     let before = b.memory().free;
-    // First launches: a quantized matvec, a tiled matmul, SGEMM, attention.
+    // First launches: a quantized matvec, a cuBLAS f16 GEMM and the tiled
+    // kernel for prefill, SGEMM (the read-back), attention.
     let mut rng = Rng(7);
     let (m, _) = random_matrix(&mut rng, Ok(WeightType::Q4_K), 256, 1024);
     let id = b.load_matrix(m).expect("loads");
     b.matmul(id, Buf::Norm, 1, Buf::FfnUp);
+    b.matmul(id, Buf::Norm, 100, Buf::FfnUp);
+    b.use_tiled_prefill(true);
     b.matmul(id, Buf::Norm, 100, Buf::FfnUp);
     let mut h = Harness::new(Box::new(b));
     let got = h.get(Buf::FfnUp, 1, 8);
@@ -1166,4 +1273,176 @@ fn cuda_startup_memory() {
         mib(before.saturating_sub(after.free))
     );
     println!("  device free {} of {} after all", after.free, after.total);
+}
+
+/// The cache's bytes after one step, against the layout the CPU engine
+/// uses (block b, layer l, slot s: K at b·block + l·16·(k_row+v_row) +
+/// s·k_row, V 16·k_row further), for every KV dtype. Diagnostic detail on
+/// a mismatch: which row, which byte.
+#[test]
+fn cuda_kv_bytes() {
+    let arena = arena();
+    for dtype in KvDtype::ALL {
+        let kv = KvLayout {
+            groups: vec![group(dtype, 3, 64, 64, 2, None, 12)],
+            dtype,
+            layer_groups: vec![Some(0), Some(0)],
+        };
+        let Some(b) = cuda_backend(&arena, &kv) else {
+            return;
+        };
+        let shape = AttentionShape {
+            n_heads: 9,
+            n_kv_heads: 3,
+            key_dim: 64,
+            value_dim: 64,
+            window: None,
+            scale: 0.125,
+        };
+        let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
+        let mut rng = Rng(99);
+        let tables = [vec![vec![5u32, 2, 9, 1]], vec![vec![7u32, 0, 3, 4]]];
+        let seqs = [
+            StepSeq {
+                start: 0,
+                tokens: 20,
+                tables: &tables[0],
+            },
+            StepSeq {
+                start: 0,
+                tokens: 5,
+                tables: &tables[1],
+            },
+        ];
+        let step = Step {
+            seqs: &seqs,
+            rows: 25,
+        };
+        let (q, k, v) = (rng.vec(25 * 576), rng.vec(25 * 192), rng.vec(25 * 192));
+        h.set(Buf::Q, &q, 576);
+        h.set(Buf::K, &k, 192);
+        h.set(Buf::V, &v, 192);
+        h.b.attention(1, &shape, &step, IO);
+        let kg = h.get(Buf::K, 25, 192);
+        let kr = round_kv(dtype, &k, 64);
+        let diff = kg.iter().zip(&kr).filter(|(a, b)| a != b).count();
+        println!(
+            "kv {}: in-place rounded K differs from the reference in {diff} of {}",
+            dtype.name(),
+            kr.len()
+        );
+        h.b.kv_write(1, &step, Buf::K, Buf::V, &shape);
+        let _ = h.get(Buf::AttnOut, 1, 8);
+        // Expected bytes of each written row.
+        let row_bytes = dtype.row_bytes(192) as usize;
+        let store = |x: &[f32]| -> Vec<u8> {
+            match dtype {
+                KvDtype::F32 => f32_bytes(x),
+                KvDtype::F16 => x.iter().flat_map(|&v| f16_bytes(v)).collect(),
+                KvDtype::Bf16 => x.iter().flat_map(|&v| bf16_of(v).to_le_bytes()).collect(),
+                KvDtype::Q8_0 => {
+                    let mut o = vec![0u8; row_bytes];
+                    ops::quantize_q8_0_row(x, &mut o);
+                    o
+                }
+            }
+        };
+        let g = &kv.groups[0];
+        let block = g.block_bytes() as usize;
+        let layer_off = 16 * 2 * row_bytes;
+        let bytes = h.b.kv_bytes(0).expect("kv bytes");
+        let mut bad = 0;
+        let mut first = None;
+        let mut row = 0;
+        for (si, seq) in seqs.iter().enumerate() {
+            for t in 0..seq.tokens {
+                let p = seq.start + t;
+                let blk = tables[si][0][p / 16] as usize;
+                let base = blk * block + layer_off;
+                let slot = p % 16;
+                for (which, src, off) in [
+                    ("K", &k, base + slot * row_bytes),
+                    ("V", &v, base + 16 * row_bytes + slot * row_bytes),
+                ] {
+                    let want = store(&src[row * 192..(row + 1) * 192]);
+                    let got = &bytes[off..off + row_bytes];
+                    if got != &want[..] {
+                        bad += 1;
+                        if first.is_none() {
+                            let i = got.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                            first = Some(format!(
+                                "{which} row {row} (seq {si} pos {p}) byte {i}: want {:?} got {:?}",
+                                &want[i..(i + 8).min(row_bytes)],
+                                &got[i..(i + 8).min(row_bytes)]
+                            ));
+                        }
+                    }
+                }
+                row += 1;
+            }
+        }
+        println!(
+            "kv {}: {bad} of 50 cache rows differ; first: {:?}",
+            dtype.name(),
+            first
+        );
+    }
+}
+
+/// Rough speed of the matmul kernels on Llama-3.1-8B's ffn_gate shape
+/// (14336×4096): decode (1 token, weight bytes / time against the HBM
+/// bandwidth) and a 512-token prefill chunk. Prints only; a first look,
+/// not a benchmark (host-side timing around queued launches, then a sync).
+#[test]
+fn cuda_speed() {
+    let arena = arena();
+    let Some(b) = cuda_backend(&arena, &small_kv()) else {
+        return;
+    };
+    let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
+    let mut rng = Rng(3);
+    let (rows, cols) = (14336, 4096);
+    let x = rng.vec(256 * cols);
+    h.set(Buf::Norm, &x, cols);
+    for kind in [
+        Ok(WeightType::Q4_K),
+        Ok(WeightType::Q8_0),
+        Ok(WeightType::F16),
+        Ok(WeightType::F32),
+        Err(4),
+    ] {
+        let (m, _) = random_matrix(&mut rng, kind, rows, cols);
+        let bytes = m.data.len() as f64;
+        let id = h.b.load_matrix(m).expect("loads");
+        for (tokens, reps, tiled) in [
+            (1usize, 200, false),
+            (8, 100, false),
+            (256, 10, true),
+            (256, 10, false),
+        ] {
+            h.b.use_tiled_prefill(tiled);
+            h.b.matmul(id, Buf::Norm, tokens, Buf::FfnUp);
+            let _ = h.get(Buf::Logits, 1, 8);
+            let t = std::time::Instant::now();
+            for _ in 0..reps {
+                h.b.matmul(id, Buf::Norm, tokens, Buf::FfnUp);
+            }
+            let _ = h.get(Buf::Logits, 1, 8);
+            let s = t.elapsed().as_secs_f64() / reps as f64;
+            let path = if tokens <= 8 {
+                "matvec"
+            } else if tiled {
+                "tiled"
+            } else {
+                "cuBLAS"
+            };
+            println!(
+                "speed {:16} {path:6} {rows}x{cols} x{tokens:3}: {:8.1} us  {:7.0} GB/s weights  {:6.1} TFLOP/s",
+                kind_name(kind),
+                s * 1e6,
+                bytes / s / 1e9,
+                2.0 * (rows * cols * tokens) as f64 / s / 1e12
+            );
+        }
+    }
 }

@@ -39,6 +39,37 @@ type SgemmFn = unsafe extern "C" fn(
     c_int,
 ) -> Status;
 
+#[allow(clippy::type_complexity)]
+type GemmExFn = unsafe extern "C" fn(
+    Handle,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    *const c_void,
+    *const c_void,
+    c_int,
+    c_int,
+    *const c_void,
+    c_int,
+    c_int,
+    *const c_void,
+    *mut c_void,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+) -> Status;
+
+/// `cudaDataType` values.
+pub const R_32F: c_int = 0;
+pub const R_16F: c_int = 2;
+pub const R_16BF: c_int = 14;
+/// `CUBLAS_COMPUTE_32F`, `CUBLAS_GEMM_DEFAULT`.
+const COMPUTE_32F: c_int = 68;
+const GEMM_DEFAULT: c_int = -1;
+
 /// The loaded library and its entry points.
 pub struct Blas {
     create: CreateFn,
@@ -46,6 +77,7 @@ pub struct Blas {
     set_stream: SetStreamFn,
     set_workspace: SetWorkspaceFn,
     sgemm: SgemmFn,
+    gemm_ex: GemmExFn,
     /// Where it was found, for messages.
     pub path: String,
     // Kept last so the entry points above never outlive the libraries.
@@ -129,6 +161,7 @@ impl Blas {
             set_stream: sym(&lib, "cublasSetStream_v2", &path)?,
             set_workspace: sym(&lib, "cublasSetWorkspace_v2", &path)?,
             sgemm: sym(&lib, "cublasSgemm_v2", &path)?,
+            gemm_ex: sym(&lib, "cublasGemmEx", &path)?,
             path,
             _libs: [Some(lib), lt].into_iter().flatten().collect(),
         })
@@ -210,5 +243,51 @@ impl Blas {
             )
         };
         self.check("cublasSgemm", status)
+    }
+
+    /// Column-major `C (f32) = op(A)·op(B)` with A and B both of
+    /// `ab_type` (f16 or bf16), accumulated in f32 (tensor cores).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_ex(
+        &self,
+        h: Handle,
+        (ta, tb): (c_int, c_int),
+        (m, n, k): (usize, usize, usize),
+        ab_type: c_int,
+        a: u64,
+        lda: usize,
+        b: u64,
+        ldb: usize,
+        c: u64,
+        ldc: usize,
+    ) -> Result<(), BackendError> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let dim = |v: usize| c_int::try_from(v).unwrap_or(c_int::MAX);
+        // SAFETY: as for `sgemm`; α and β are f32 because the compute type
+        // is 32F, and live across the call.
+        let status = unsafe {
+            (self.gemm_ex)(
+                h,
+                ta,
+                tb,
+                dim(m),
+                dim(n),
+                dim(k),
+                &alpha as *const f32 as *const c_void,
+                a as *const c_void,
+                ab_type,
+                dim(lda),
+                b as *const c_void,
+                ab_type,
+                dim(ldb),
+                &beta as *const f32 as *const c_void,
+                c as *mut c_void,
+                R_32F,
+                dim(ldc),
+                COMPUTE_32F,
+                GEMM_DEFAULT,
+            )
+        };
+        self.check("cublasGemmEx", status)
     }
 }

@@ -59,10 +59,16 @@ const WEIGHT_ALIGN: u64 = 16;
 const WEIGHT_SLACK: u64 = 1 << 20;
 /// cuBLAS's workspace; NVIDIA recommends 32 MiB on Hopper.
 const BLAS_WORKSPACE: u64 = 32 << 20;
+/// Prefill of a quantized matrix dequantizes this many bytes of f16 rows
+/// at a time for a tensor-core GEMM (a 14336-column matrix: 1,152 rows).
+const W16_STAGING: u64 = 32 << 20;
 /// Tokens a matrix-vector kernel takes at once; more go to the tiled kernel.
 const MV_MAX_TOKENS: usize = 8;
 /// Largest head dims the attention kernel holds per lane.
 const ATT_MAX_DIM: usize = 512;
+/// Threads of an attention block: `ATT_WARPS` (fathom.cu) warps that split
+/// the key positions of one (row, head).
+const ATT_THREADS: u32 = 4 * 32;
 /// Largest expert count the routing kernel's chosen-set holds.
 const MAX_EXPERTS: usize = 256;
 
@@ -178,6 +184,8 @@ struct Kernels {
     mv: [sys::CUfunction; 16],
     mm: [sys::CUfunction; 16],
     embed: [sys::CUfunction; 16],
+    dequant: [sys::CUfunction; 16],
+    to_half: sys::CUfunction,
     rms_norm: sys::CUfunction,
     add_bias: sys::CUfunction,
     add: sys::CUfunction,
@@ -212,6 +220,8 @@ impl Kernels {
             mv: table("mv")?,
             mm: table("mm")?,
             embed: table("embed")?,
+            dequant: table("dequant")?,
+            to_half: get("to_half")?,
             rms_norm: get("rms_norm")?,
             add_bias: get("add_bias")?,
             add: get("add")?,
@@ -246,6 +256,11 @@ struct Upload {
     tokens: usize,
     seqs: usize,
     table_stride: usize,
+    /// Activations as f16/bf16 for a GEMM: `tokens × x16_cols`.
+    x16: u64,
+    x16_cols: usize,
+    /// Dequantized weight rows (f16), `W16_STAGING` bytes.
+    w16: u64,
 }
 
 /// The device memory each start-up step took (`cuMemGetInfo` deltas).
@@ -262,6 +277,9 @@ pub struct StartupMemory {
     pub blas_handle: u64,
     /// Carved from the allocation, so not in any delta above.
     pub blas_workspace: u64,
+    /// Prefill staging carved from the allocation (f16 activations and
+    /// dequantized weight rows): a term the plan does not list yet.
+    pub gemm_staging: u64,
 }
 
 /// The CUDA backend (see the module docs).
@@ -294,6 +312,8 @@ pub struct CudaBackend {
     host_f32: Vec<f32>,
     error: Option<BackendError>,
     startup: StartupMemory,
+    /// Prefill through the tiled f32 kernel instead of cuBLAS (tests).
+    tiled_prefill: bool,
 }
 
 // SAFETY: the raw handles (stream, module, functions, cuBLAS handle) belong
@@ -345,6 +365,7 @@ impl CudaBackend {
             allocation_requested: 0,
             blas_handle: 0,
             blas_workspace: BLAS_WORKSPACE,
+            gemm_staging: 0,
         };
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(|e| device_err("creating a stream", e))?;
@@ -398,7 +419,23 @@ impl CudaBackend {
         let step_off = align(at, ALIGN);
         let idx_off = align(step_off + 4 * step_words as u64, ALIGN);
         let wts_off = align(idx_off + 4 * tokens as u64, ALIGN);
-        let size = align(wts_off + 4 * tokens as u64, ALIGN);
+        // Prefill staging: the widest matmul input of the step as f16, and
+        // W16_STAGING of dequantized weight rows.
+        let x16_cols = arena
+            .iter()
+            .filter(|b| {
+                matches!(
+                    b.id,
+                    Buf::Residual | Buf::Norm | Buf::Q | Buf::AttnOut | Buf::FfnGate | Buf::MoeIn
+                )
+            })
+            .map(|b| b.width as usize)
+            .max()
+            .unwrap_or(0);
+        let x16_off = align(wts_off + 4 * tokens as u64, ALIGN);
+        let w16_off = align(x16_off + 2 * (tokens * x16_cols) as u64, ALIGN);
+        let size = align(w16_off + W16_STAGING, ALIGN);
+        startup.gemm_staging = size - x16_off;
 
         // SAFETY: a plain device allocation of `size` bytes, freed on drop.
         let base = unsafe { result::malloc_sync(size as usize) }.map_err(|e| {
@@ -455,6 +492,9 @@ impl CudaBackend {
                 tokens,
                 seqs,
                 table_stride,
+                x16: base + x16_off,
+                x16_cols,
+                w16: base + w16_off,
             },
             matrices: Vec::new(),
             vectors: Vec::new(),
@@ -466,6 +506,7 @@ impl CudaBackend {
             host_f32: Vec::with_capacity(tokens),
             error: None,
             startup,
+            tiled_prefill: false,
         })
     }
 
@@ -477,6 +518,35 @@ impl CudaBackend {
     /// Bytes of the one allocation.
     pub fn allocation_bytes(&self) -> u64 {
         self.size
+    }
+
+    /// The bytes of KV group `group`, for tests that check the cache
+    /// layout byte for byte (synchronizes).
+    #[doc(hidden)]
+    pub fn kv_bytes(&mut self, group: usize) -> Result<Vec<u8>, BackendError> {
+        let len = self.kv.groups[group].bytes as usize;
+        let mut out = vec![0u8; len];
+        if self.ready() {
+            // SAFETY: the group's storage holds `len` bytes at kv_base[group].
+            let r =
+                unsafe { result::memcpy_dtoh_async(&mut out, self.kv_base[group], self.stream) };
+            if let Err(e) = r {
+                self.fail("reading the KV cache", e);
+            }
+            self.sync();
+        }
+        match self.error.take() {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// Prefill (more than 8 rows) of non-F32 matrices through the tiled
+    /// f32 kernel (`true`) or cuBLAS on f16/bf16 (`false`, the default), so
+    /// tests can check both.
+    #[doc(hidden)]
+    pub fn use_tiled_prefill(&mut self, on: bool) {
+        self.tiled_prefill = on;
     }
 
     /// Where cuBLAS was loaded from.
@@ -702,6 +772,56 @@ impl CudaBackend {
         }
     }
 
+    /// Prefill matmul on tensor cores: x to f16 (bf16 for BF16 weights),
+    /// then cuBLAS GemmEx with f32 accumulation, straight on F16/BF16
+    /// weights, on W16_STAGING-sized chunks of dequantized rows otherwise.
+    fn gemm_prefill(&mut self, m: DevMatrix, x: u64, rows: usize, out: u64) {
+        let (wr, wc) = (m.arg.rows as usize, m.arg.cols as usize);
+        let bf16 = m.kind == kind_of_type(WeightType::BF16);
+        let ty = if bf16 { blas::R_16BF } else { blas::R_16F };
+        let (mut xp, mut n, mut bf, mut x16) =
+            (x, (rows * wc) as i64, bf16 as i32, self.upload.x16);
+        let f = self.k.to_half;
+        let grid = Self::grid_for(n as usize, 256).min(4096);
+        self.launch(f, (grid, 1, 1), 256, &mut args![xp, n, bf, x16]);
+        let gemm = |s: &mut Self, a: u64, m_rows: usize, c: u64| {
+            if s.error.is_some() {
+                return;
+            }
+            // Column-major: out' (wr × rows, ldc wr) = W' (wc × m)ᵀ · x' (wc × rows).
+            let r = s.blas.gemm_ex(
+                s.blas_handle,
+                (blas::OP_T, blas::OP_N),
+                (m_rows, rows, wc),
+                ty,
+                a,
+                wc,
+                s.upload.x16,
+                wc,
+                c,
+                wr,
+            );
+            if let Err(e) = r {
+                s.fail_with(e);
+            }
+        };
+        if bf16 || m.kind == kind_of_type(WeightType::F16) {
+            gemm(self, m.arg.data, wr, out);
+            return;
+        }
+        let chunk =
+            ((W16_STAGING as usize / (2 * wc)) / 64 * 64).clamp(64, wr.next_multiple_of(64));
+        let f = self.k.dequant[m.kind];
+        let mut r0 = 0;
+        while r0 < wr {
+            let nr = chunk.min(wr - r0);
+            let (mut arg, mut row0, mut w16) = (m.arg, r0 as i32, self.upload.w16);
+            self.launch(f, (nr as u32, 1, 1), 128, &mut args![arg, row0, w16]);
+            gemm(self, self.upload.w16, nr, out + 4 * r0 as u64);
+            r0 += nr;
+        }
+    }
+
     fn round_to_kv(&mut self, x: u64, n: usize, dtype: i32) {
         let (mut x, mut n, mut dtype) = (x, n as i64, dtype);
         let f = self.k.round_to_kv;
@@ -901,7 +1021,11 @@ impl Backend for CudaBackend {
             let f = self.k.mv[m.kind];
             let grid = Self::grid_for(wr, 4);
             self.launch(f, (grid, 1, 1), 128, &mut args![arg, xp, op, n]);
-        } else {
+        } else if self.tiled_prefill
+            || wc > self.upload.x16_cols
+            || rows > self.upload.tokens
+            || 64 * 2 * wc > W16_STAGING as usize
+        {
             let f = self.k.mm[m.kind];
             // The tiled kernel covers up to 65,535 × 64 tokens a launch.
             let mut done = 0;
@@ -914,8 +1038,8 @@ impl Backend for CudaBackend {
                 self.launch(f, grid, 256, &mut args![arg, xn, on, nn]);
                 done += n;
             }
-            let _ = &mut xp;
-            let _ = &mut op;
+        } else {
+            self.gemm_prefill(m, xp, rows, op);
         }
     }
 
@@ -1106,7 +1230,7 @@ impl Backend for CudaBackend {
         self.launch(
             f,
             (rows as u32, s.n_heads as u32, 1),
-            32,
+            ATT_THREADS,
             &mut args![st, kv, qp, kp, vp, op, nh, nkv, dk, dv, window, scale],
         );
     }
