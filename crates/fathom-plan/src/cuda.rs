@@ -21,6 +21,9 @@ pub const WEIGHT_SLACK: u64 = 1 << 20;
 /// cuBLAS's workspace, handed over with `cublasSetWorkspace` so it
 /// allocates none of its own; NVIDIA recommends 32 MiB on Hopper.
 pub const BLAS_WORKSPACE: u64 = 32 << 20;
+/// Prefill dequantizes quantized weight rows to f16 for cuBLAS through
+/// this much staging, a slice of rows at a time.
+pub const WEIGHT_STAGING: u64 = 32 << 20;
 
 /// Device memory the primary context takes on creation (`cuMemGetInfo`
 /// before and after `cuDevicePrimaryCtxRetain`, device idle before):
@@ -78,6 +81,11 @@ pub struct DeviceLayout {
     pub kv: Vec<Region>,
     pub blas_workspace: Region,
     pub upload: UploadLayout,
+    /// Prefill's f16 (or bf16) copy of a matmul's input rows: the step's
+    /// rows × the widest matmul input × 2 bytes.
+    pub activation_staging: Region,
+    /// Prefill's dequantized weight rows ([`WEIGHT_STAGING`]).
+    pub weight_staging: Region,
     /// Bytes of the allocation.
     pub size: u64,
 }
@@ -122,12 +130,28 @@ impl DeviceLayout {
             seqs,
             table_stride,
         };
+        // The widest input a matmul of the step reads.
+        let widest_input = arena
+            .iter()
+            .filter(|b| {
+                matches!(
+                    b.id,
+                    Buf::Residual | Buf::Norm | Buf::Q | Buf::AttnOut | Buf::FfnGate | Buf::MoeIn
+                )
+            })
+            .map(|b| b.width)
+            .max()
+            .unwrap_or(0);
+        let activation_staging = region(tokens.saturating_mul(widest_input).saturating_mul(2));
+        let weight_staging = region(WEIGHT_STAGING);
         DeviceLayout {
             weights,
             arena: arena_region,
             kv: kv_regions,
             blas_workspace,
             upload,
+            activation_staging,
+            weight_staging,
             size: at,
         }
     }

@@ -144,17 +144,20 @@ fn cuda_backend(l: &DeviceLayout, weights: u64) -> (u64, String) {
         .saturating_sub(weights)
         .saturating_sub(l.arena.bytes)
         .saturating_sub(kv);
+    let staging = l.activation_staging.bytes + l.weight_staging.bytes;
     let padding = in_allocation
         .saturating_sub(l.blas_workspace.bytes)
-        .saturating_sub(upload);
+        .saturating_sub(upload)
+        .saturating_sub(staging);
     let bytes = DeviceLayout::outside_allocation().saturating_add(in_allocation);
     let derivation = format!(
-        "cuda: context {} + kernels {} + cuBLAS handle {} (measured on an H200) + cuBLAS workspace {} + per-step upload {} + weight slack and alignment {}",
+        "cuda: context {} + kernels {} + cuBLAS handle {} (measured on an H200) + cuBLAS workspace {} + per-step upload {} + prefill staging {} + weight slack and alignment {}",
         format_binary(cuda::CONTEXT_BYTES),
         format_binary(cuda::MODULE_BYTES),
         format_binary(cuda::BLAS_HANDLE_BYTES),
         format_binary(l.blas_workspace.bytes),
         format_binary(upload),
+        format_binary(staging),
         format_binary(padding),
     );
     (bytes, derivation)

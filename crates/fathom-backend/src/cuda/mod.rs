@@ -49,19 +49,10 @@ macro_rules! args {
 /// The kernels, compiled by build.rs.
 static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fathom.fatbin"));
 
-/// Start of every carved region: enough for any vector load and for cuBLAS.
-const ALIGN: u64 = 256;
-/// Start of every weight tensor: 16 bytes serves float4 loads and cuBLAS.
-const WEIGHT_ALIGN: u64 = 16;
-/// Room for the padding `WEIGHT_ALIGN` adds between tensors (at most 15
-/// bytes each: 1 MiB covers 69,905 tensors; a 48-layer, 128-expert MoE has
-/// about 19,000).
-const WEIGHT_SLACK: u64 = 1 << 20;
-/// cuBLAS's workspace; NVIDIA recommends 32 MiB on Hopper.
-const BLAS_WORKSPACE: u64 = 32 << 20;
-/// Prefill of a quantized matrix dequantizes this many bytes of f16 rows
-/// at a time for a tensor-core GEMM (a 14336-column matrix: 1,152 rows).
-const W16_STAGING: u64 = 32 << 20;
+/// The sizes of the carve's regions are the plan's (fathom_plan::cuda).
+use fathom_plan::cuda::{
+    DeviceLayout, BLAS_WORKSPACE, WEIGHT_ALIGN, WEIGHT_STAGING as W16_STAGING,
+};
 /// Tokens a matrix-vector kernel takes at once; more go to the tiled kernel.
 const MV_MAX_TOKENS: usize = 8;
 /// Largest head dims the attention kernel holds per lane.
@@ -305,6 +296,9 @@ pub struct CudaBackend {
     vectors: Vec<(u64, usize)>,
     /// Host side: logits read-back, routes read-back, upload staging.
     logits: Vec<f32>,
+    /// Values of `logits` read back since the last op (the engine reads
+    /// them once after a step, then the sampler reads them again).
+    logits_held: usize,
     routes: Vec<u32>,
     routes_k: usize,
     routes_rows: usize,
@@ -386,56 +380,30 @@ impl CudaBackend {
         let (free2, _) = info("cuMemGetInfo")?;
         startup.module = free1.saturating_sub(free2) as u64;
 
-        // The carve.
-        let weights_len = align(weights_bytes.saturating_add(WEIGHT_SLACK), ALIGN);
-        let mut at = weights_len;
+        // The carve: the plan's own arithmetic, so the allocation is the
+        // plan's device total less what the driver and libraries take.
+        let layout = DeviceLayout::new(weights_bytes, arena, &kv.groups);
         let mut slots = [None; Buf::ALL.len()];
-        let mut arena_len = 0u64;
         for b in arena.iter().filter(|b| !b.id.host_side()) {
             slots[buf_index(b.id)] = Some((b.offset, b.bytes));
-            arena_len = arena_len.max(b.offset.saturating_add(b.bytes));
         }
-        let arena_base = at;
-        at = align(at.saturating_add(arena_len), ALIGN);
-        let mut kv_offsets = Vec::new();
-        for g in &kv.groups {
-            kv_offsets.push(at);
-            at = align(at.saturating_add(g.bytes), ALIGN);
-        }
-        let workspace = at;
-        at = at.saturating_add(BLAS_WORKSPACE);
-        // Uploads: rows of the largest step, sequences up to the logits rows
-        // (one logits row per sequence), page tables of the longest group.
-        let rows_of = |id: Buf| arena.iter().find(|b| b.id == id).map(|b| b.rows as usize);
-        let tokens = rows_of(Buf::Residual).unwrap_or(1).max(1);
-        let seqs = rows_of(Buf::Logits).unwrap_or(tokens).clamp(1, tokens);
-        let table_stride = kv
-            .groups
-            .iter()
-            .map(|g| g.blocks_per_sequence as usize)
-            .max()
-            .unwrap_or(0);
+        let arena_base = layout.arena.offset;
+        let kv_offsets: Vec<u64> = layout.kv.iter().map(|r| r.offset).collect();
+        let workspace = layout.blas_workspace.offset;
+        let up = &layout.upload;
+        let (tokens, seqs, table_stride) = (
+            up.tokens as usize,
+            up.seqs as usize,
+            up.table_stride as usize,
+        );
         let step_words = 2 * tokens + 2 * seqs + seqs * table_stride;
-        let step_off = align(at, ALIGN);
-        let idx_off = align(step_off + 4 * step_words as u64, ALIGN);
-        let wts_off = align(idx_off + 4 * tokens as u64, ALIGN);
-        // Prefill staging: the widest matmul input of the step as f16, and
-        // W16_STAGING of dequantized weight rows.
-        let x16_cols = arena
-            .iter()
-            .filter(|b| {
-                matches!(
-                    b.id,
-                    Buf::Residual | Buf::Norm | Buf::Q | Buf::AttnOut | Buf::FfnGate | Buf::MoeIn
-                )
-            })
-            .map(|b| b.width as usize)
-            .max()
-            .unwrap_or(0);
-        let x16_off = align(wts_off + 4 * tokens as u64, ALIGN);
-        let w16_off = align(x16_off + 2 * (tokens * x16_cols) as u64, ALIGN);
-        let size = align(w16_off + W16_STAGING, ALIGN);
-        startup.gemm_staging = size - x16_off;
+        let (step_off, idx_off, wts_off) = (up.step.offset, up.index.offset, up.weights.offset);
+        let (x16_off, w16_off) = (
+            layout.activation_staging.offset,
+            layout.weight_staging.offset,
+        );
+        let size = layout.size;
+        startup.gemm_staging = layout.activation_staging.bytes + layout.weight_staging.bytes;
 
         // SAFETY: a plain device allocation of `size` bytes, freed on drop.
         let base = unsafe { result::malloc_sync(size as usize) }.map_err(|e| {
@@ -480,7 +448,7 @@ impl CudaBackend {
             base,
             size,
             weights_next: 0,
-            weights_end: weights_len,
+            weights_end: layout.weights.bytes,
             arena: arena_abs,
             kv_base: kv_offsets.iter().map(|o| base + o).collect(),
             kv,
@@ -493,12 +461,13 @@ impl CudaBackend {
                 seqs,
                 table_stride,
                 x16: base + x16_off,
-                x16_cols,
+                x16_cols: (layout.activation_staging.bytes / 2 / up.tokens.max(1)) as usize,
                 w16: base + w16_off,
             },
             matrices: Vec::new(),
             vectors: Vec::new(),
             logits: vec![0.0; logits_len],
+            logits_held: 0,
             routes: vec![0; routes_len],
             routes_k: 0,
             routes_rows: 0,
@@ -568,6 +537,8 @@ impl CudaBackend {
 
     /// Binds the context to this thread; false when the backend has failed.
     fn ready(&mut self) -> bool {
+        // An op is about to run: the host's copy of the logits is stale.
+        self.logits_held = 0;
         if self.error.is_some() {
             return false;
         }
@@ -1391,6 +1362,10 @@ impl Backend for CudaBackend {
             "logits: {n} values; {} planned",
             self.logits.len()
         );
+        if n <= self.logits_held {
+            // Read back already, and no op has run since.
+            return &mut self.logits[..n];
+        }
         let src = self.buf(Buf::Logits, n * 4);
         if n > 0 && self.ready() {
             let mut host = std::mem::take(&mut self.logits);
@@ -1402,6 +1377,7 @@ impl Backend for CudaBackend {
                 self.fail("reading the logits", e);
             }
             self.sync();
+            self.logits_held = n;
         }
         &mut self.logits[..n]
     }
