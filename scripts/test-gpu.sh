@@ -16,7 +16,9 @@ scripts/install-cuda-toolchain.sh
 CARRY="${1:-${FATHOM_GPU_CARRY:-.gpu-carry}}"
 mkdir -p "$CARRY"
 rm -f "$CARRY"/*
-cargo test -p fathom-backend --no-run --message-format=json 2>/dev/null \
+# Release: the CPU side of the CUDA-vs-CPU checks runs the CPU kernels too.
+cargo test --release -p fathom-backend -p fathom-engine --test conformance --test cuda_vs_cpu --lib \
+  --no-run --message-format=json 2>/dev/null \
   | python3 -c '
 import json, sys
 for line in sys.stdin:
@@ -45,6 +47,7 @@ rc=0
 ./conformance --skip cuda_startup_memory --skip speed --nocapture --test-threads=1 || rc=1
 ./conformance speed --nocapture --test-threads=1 || rc=1
 ./fathom_backend-unit --test-threads=1 || rc=1
+./cuda_vs_cpu --nocapture --test-threads=1 || rc=1
 if [[ "${FATHOM_SANITIZE:-0}" == 1 ]] && command -v compute-sanitizer >/dev/null; then
   echo "compute-sanitizer memcheck (at most ${FATHOM_SANITIZE_S:-240} s):"
   timeout "${FATHOM_SANITIZE_S:-240}" compute-sanitizer --tool memcheck --print-limit 20 \
