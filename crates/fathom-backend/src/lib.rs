@@ -27,8 +27,8 @@ pub use fathom_kernels::WeightType;
 pub use fathom_plan::activations::Buf;
 pub use host::{HostBytes, HostMatrix, MatrixStorage, MatrixView};
 
-/// The variables the backends and their build read, with their defaults
-/// (docs/environment-variables.md has the rules).
+/// The variables the backends, their build and their GPU test scripts
+/// read, with their defaults (docs/environment-variables.md has the rules).
 pub const ENV_VARS: &[(&str, &str)] = &[
     ("FATHOM_CUDA_LIB_DIR", "unset"),
     ("FATHOM_NVCC", "unset"),
@@ -37,6 +37,9 @@ pub const ENV_VARS: &[(&str, &str)] = &[
         "~/.cache/fathom/cuda-toolchain-13.0",
     ),
     ("FATHOM_REQUIRE_GPU", "unset"),
+    ("FATHOM_GPU_CARRY", ".gpu-carry"),
+    ("FATHOM_SANITIZE", "unset"),
+    ("FATHOM_SANITIZE_S", "240"),
 ];
 
 /// A weight matrix the backend holds (handed out by [`Backend::load_matrix`]).
