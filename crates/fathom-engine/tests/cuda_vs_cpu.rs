@@ -9,13 +9,12 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::compare;
+use common::{attention_shape, compare};
 use fathom_checkpoint::Checkpoint;
 use fathom_engine::{Engine, Sampler, SamplingParams, Tokenizer};
 use fathom_fixtures::{self as fx, Data, GgufTensorType as T, ModelDef};
 use fathom_plan::{Available, Device, KvDtype, MemoryPlan, PlanInputs};
 use fathom_spec::ModelSpec;
-use serde_json::json;
 
 /// Largest |cuda − cpu| over the largest |cpu logit|, by weight format.
 /// F32: both backends multiply f32 values and differ by summation order
@@ -89,19 +88,9 @@ fn tokenizer(dir: &Path) -> Tokenizer {
     fathom_engine::load_tokenizer(&Checkpoint::open(&path).unwrap()).unwrap()
 }
 
-/// Attention shapes of real models; FFN and vocabulary stay small.
+/// A fixture with a real model's attention shapes (small FFN, 2 layers).
 fn shaped(model: ModelDef, hidden: u64, heads: u64, kv_heads: u64, head_dim: u64) -> ModelDef {
-    fx::reshaped(
-        &model,
-        json!({
-            "hidden_size": hidden,
-            "num_attention_heads": heads,
-            "num_key_value_heads": kv_heads,
-            "head_dim": head_dim,
-            "intermediate_size": 512,
-            "num_hidden_layers": 2,
-        }),
-    )
+    fx::reshaped(&model, attention_shape(hidden, heads, kv_heads, head_dim))
 }
 
 fn families() -> Vec<(&'static str, ModelDef)> {

@@ -6,11 +6,10 @@
 
 mod common;
 
-use common::{compare, engine, inputs, numpy_logits, smollm2};
+use common::{attention_shape as shape, compare, engine, inputs, numpy_logits, smollm2};
 use fathom_checkpoint::Checkpoint;
 use fathom_fixtures::{self as fx, Data, GgufTensorType, ModelDef};
 use fathom_plan::KvDtype;
-use serde_json::json;
 
 /// F32 weights leave the engine's f32 math against numpy's: the differences
 /// are summation order and the f16 KV cache, so logits agree far more
@@ -36,18 +35,6 @@ fn check(name: &str, model: ModelDef) {
     println!("{name}: {a:?}");
     let _ = std::fs::remove_dir_all(&dir);
     assert!(a.max_rel < TOLERANCE && a.same_argmax, "{name}: {a:?}");
-}
-
-/// Attention shapes of real models; FFN and vocabulary stay small.
-fn shape(hidden: u64, heads: u64, kv_heads: u64, head_dim: u64) -> serde_json::Value {
-    json!({
-        "hidden_size": hidden,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "intermediate_size": 512,
-        "num_hidden_layers": 2,
-    })
 }
 
 #[test]

@@ -316,13 +316,6 @@ pub struct CudaBackend {
 // what CUDA's context model allows.
 unsafe impl Send for CudaBackend {}
 
-fn buf_index(b: Buf) -> usize {
-    Buf::ALL
-        .iter()
-        .position(|x| *x == b)
-        .expect("every Buf is in ALL")
-}
-
 impl CudaBackend {
     /// Creates the context on device `ordinal`, loads the kernels and
     /// cuBLAS, and makes the one allocation for `weights_bytes` of weights
@@ -385,7 +378,7 @@ impl CudaBackend {
         let layout = DeviceLayout::new(weights_bytes, arena, &kv.groups);
         let mut slots = [None; Buf::ALL.len()];
         for b in arena.iter().filter(|b| !b.id.host_side()) {
-            slots[buf_index(b.id)] = Some((b.offset, b.bytes));
+            slots[b.id as usize] = Some((b.offset, b.bytes));
         }
         let arena_base = layout.arena.offset;
         let kv_offsets: Vec<u64> = layout.kv.iter().map(|r| r.offset).collect();
@@ -551,7 +544,7 @@ impl CudaBackend {
 
     /// Device address of `b`, checked to hold `bytes`.
     fn buf(&self, b: Buf, bytes: usize) -> u64 {
-        let (addr, size) = self.arena[buf_index(b)]
+        let (addr, size) = self.arena[b as usize]
             .unwrap_or_else(|| panic!("the plan has no device buffer {}", b.name()));
         assert!(
             bytes as u64 <= size,
