@@ -1092,6 +1092,60 @@ fn conformance() {
     );
 }
 
+/// The CUDA backend's split attention (key ranges cut into pieces, then
+/// merged) on the conformance cases, which are too short for the backend to
+/// split on its own: forced to 2 and to 5 pieces (empty pieces included).
+#[test]
+fn cuda_attention_splits() {
+    let mut failures = Vec::new();
+    for splits in [2usize, 5] {
+        for (label, shape, mut kv, layers) in attention_cases() {
+            // Plan partials as for a long context: the conformance groups'
+            // 128 tokens would not be split.
+            for g in &mut kv.groups {
+                g.tokens = 4096;
+            }
+            let sliding = shape.window.is_some();
+            let Some(mut b) = cuda_backend(&arena(), &kv) else {
+                return;
+            };
+            b.force_attention_splits(Some(splits));
+            let mut h: Harness = Harness::new(Box::new(b));
+            let mut rng = Rng(0x5b17 ^ splits as u64);
+            let full = [vec![vec![5u32, 2, 9, 1]], vec![vec![7u32, 0, 3, 4]]];
+            let tables = if sliding {
+                [
+                    vec![vec![5u32, 2, 9, 1], vec![4u32, 1]],
+                    vec![vec![7u32, 0, 3, 4], vec![0u32, 3]],
+                ]
+            } else {
+                full
+            };
+            let steps: &[[(usize, usize); 2]] = if sliding {
+                &[
+                    [(0, 20), (0, 5)],
+                    [(20, 16), (5, 30)],
+                    [(36, 1), (35, 1)],
+                    [(37, 1), (36, 9)],
+                ]
+            } else {
+                &[[(0, 20), (0, 5)], [(20, 1), (5, 30)], [(21, 1), (35, 1)]]
+            };
+            let label = format!("{label} /{splits}");
+            test_attention(
+                &mut h, &mut rng, &label, shape, kv.dtype, layers, tables, steps,
+            );
+            failures.extend(h.finish());
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} checks failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
 /// Rough speed of attention over a 4,096-position f16 cache (Llama-3.1-8B
 /// heads: 32 query, 8 KV, 128 dims), one layer: a decode row and a
 /// 256-token prefill chunk at the end of the context. Prints only.
@@ -1138,7 +1192,7 @@ fn cuda_attention_speed() {
         h.b.kv_write(0, &step, Buf::K, Buf::V, &shape);
     }
     h.set(Buf::Q, &rng.vec(256 * 4096), 4096);
-    for (tokens, reps) in [(1usize, 50), (256, 5)] {
+    for (tokens, reps) in [(1usize, 50), (16, 20), (256, 5)] {
         let seqs = [StepSeq {
             start: ctx - tokens,
             tokens,

@@ -27,6 +27,19 @@ pub const BLAS_WORKSPACE: u64 = 32 << 20;
 /// Prefill dequantizes quantized weight rows to f16 for cuBLAS through
 /// this much staging, a slice of rows at a time.
 pub const WEIGHT_STAGING: u64 = 32 << 20;
+/// Most pieces attention cuts one (row, query head)'s key range into
+/// (flash-decoding): each piece is one block of the split kernel, and
+/// writes its (max, sum, unnormalized output) to
+/// [`DeviceLayout::attention_partials`] for a merge kernel.
+pub const ATTENTION_MAX_SPLITS: u64 = 32;
+/// Fewest keys a piece takes (one pass of the split kernel's four warps,
+/// 32 keys each): a cache of `tokens` positions is cut into at most
+/// `ceil(tokens / ATTENTION_SPLIT_KEYS)` pieces.
+pub const ATTENTION_SPLIT_KEYS: u64 = 128;
+/// Rows of a step whose every piece the partials hold: decode steps
+/// (1..16 rows) split fully; a larger step splits its key ranges into
+/// proportionally fewer pieces (its rows already give the GPU work).
+pub const ATTENTION_SPLIT_ROWS: u64 = 16;
 
 /// Device memory the primary context takes on creation (`cuMemGetInfo`
 /// before and after `cuDevicePrimaryCtxRetain`, device idle before):
@@ -47,6 +60,30 @@ pub const HOST_LIBRARIES_BYTES: u64 = 288 << 20;
 
 fn align(v: u64, a: u64) -> u64 {
     v.div_ceil(a).saturating_mul(a)
+}
+
+/// Bytes of [`DeviceLayout::attention_partials`] for a step of `tokens`
+/// rows (see there).
+fn attention_partials_bytes(arena: &[ArenaBuffer], kv: &[KvGroup], tokens: u64) -> u64 {
+    let Some(width) = arena.iter().find(|b| b.id == Buf::AttnOut).map(|b| b.width) else {
+        return 0;
+    };
+    let keys = kv.iter().map(|g| g.tokens).max().unwrap_or(0);
+    let splits = keys
+        .div_ceil(ATTENTION_SPLIT_KEYS)
+        .min(ATTENTION_MAX_SPLITS);
+    let Some(min_dim) = kv.iter().map(|g| g.value_dim).filter(|&d| d > 0).min() else {
+        return 0;
+    };
+    if splits <= 1 {
+        return 0;
+    }
+    let n_heads = width / min_dim;
+    tokens
+        .min(ATTENTION_SPLIT_ROWS)
+        .saturating_mul(splits)
+        .saturating_mul(width.saturating_add(n_heads.saturating_mul(2)))
+        .saturating_mul(4)
 }
 
 /// A region of the allocation: its offset and length in bytes.
@@ -90,6 +127,14 @@ pub struct DeviceLayout {
     pub activation_staging: Region,
     /// Prefill's dequantized weight rows ([`WEIGHT_STAGING`]).
     pub weight_staging: Region,
+    /// Split attention's partial results: per (row, query head, piece) a
+    /// max, a sum and `value_dim` output values, f32. Sized for
+    /// `min(rows, ATTENTION_SPLIT_ROWS) × splits × (attn_out width +
+    /// 2 × n_heads)` values, where splits = `min(ATTENTION_MAX_SPLITS,
+    /// ceil(largest KV group tokens / ATTENTION_SPLIT_KEYS))` and n_heads =
+    /// attn_out width / the smallest value dim of a KV group; empty when
+    /// splits ≤ 1 (nothing to merge).
+    pub attention_partials: Region,
     /// Bytes of the allocation.
     pub size: u64,
 }
@@ -148,6 +193,7 @@ impl DeviceLayout {
             .unwrap_or(0);
         let activation_staging = region(tokens.saturating_mul(widest_input).saturating_mul(2));
         let weight_staging = region(WEIGHT_STAGING);
+        let attention_partials = region(attention_partials_bytes(arena, kv, tokens));
         DeviceLayout {
             weights,
             arena: arena_region,
@@ -156,6 +202,7 @@ impl DeviceLayout {
             upload,
             activation_staging,
             weight_staging,
+            attention_partials,
             size: align(at, ALLOCATION_GRANULE),
         }
     }

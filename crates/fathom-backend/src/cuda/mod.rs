@@ -51,7 +51,8 @@ static FATBIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/fathom.fatbin")
 
 /// The sizes of the carve's regions are the plan's (fathom_plan::cuda).
 use fathom_plan::cuda::{
-    DeviceLayout, BLAS_WORKSPACE, WEIGHT_ALIGN, WEIGHT_STAGING as W16_STAGING,
+    DeviceLayout, ATTENTION_MAX_SPLITS, ATTENTION_SPLIT_KEYS, BLAS_WORKSPACE, WEIGHT_ALIGN,
+    WEIGHT_STAGING as W16_STAGING,
 };
 /// Tokens a matrix-vector kernel takes at once; more go to the tiled kernel.
 const MV_MAX_TOKENS: usize = 8;
@@ -60,6 +61,14 @@ const ATT_MAX_DIM: usize = 512;
 /// Threads of an attention block: `ATT_WARPS` (fathom.cu) warps that split
 /// the key positions of one (row, head).
 const ATT_THREADS: u32 = 4 * 32;
+/// KV dtypes of the split attention kernels, in their `KV_*` order (fathom.cu).
+const ATT_DTYPES: [&str; 4] = ["f16", "bf16", "f32", "q8_0"];
+/// Value dims a lane of the split attention kernels holds: value dims up
+/// to 32 × each.
+const ATT_VPL: [usize; 4] = [2, 4, 8, 16];
+/// Query heads a block of the split attention kernels takes at once; at
+/// 16 value dims a lane only the first two are compiled (more spill).
+const ATT_HEADS: [usize; 4] = [1, 2, 4, 8];
 /// Largest expert count the routing kernel's chosen-set holds.
 const MAX_EXPERTS: usize = 256;
 
@@ -187,6 +196,10 @@ struct Kernels {
     rope: sys::CUfunction,
     round_to_kv: sys::CUfunction,
     attention: sys::CUfunction,
+    /// `attention_split_<dtype>_<vpl>_<heads>`, indexed by
+    /// (dtype, ATT_VPL index, ATT_HEADS index); null where not compiled.
+    attention_split: [[[sys::CUfunction; 4]; 4]; 4],
+    attention_merge: sys::CUfunction,
     kv_write: sys::CUfunction,
     route_experts: sys::CUfunction,
 }
@@ -223,6 +236,20 @@ impl Kernels {
             rope: get("rope")?,
             round_to_kv: get("round_to_kv")?,
             attention: get("attention")?,
+            attention_split: {
+                let mut t = [[[std::ptr::null_mut(); 4]; 4]; 4];
+                for (d, dt) in ATT_DTYPES.iter().enumerate() {
+                    for (v, vpl) in ATT_VPL.iter().enumerate() {
+                        for (h, heads) in ATT_HEADS.iter().enumerate() {
+                            if *vpl < 16 || *heads <= 2 {
+                                t[d][v][h] = get(&format!("attention_split_{dt}_{vpl}_{heads}"))?;
+                            }
+                        }
+                    }
+                }
+                t
+            },
+            attention_merge: get("attention_merge")?,
             kv_write: get("kv_write")?,
             route_experts: get("route_experts")?,
         })
@@ -308,6 +335,13 @@ pub struct CudaBackend {
     startup: StartupMemory,
     /// Prefill through the tiled f32 kernel instead of cuBLAS (tests).
     tiled_prefill: bool,
+    /// Split attention's partials (address, bytes): the plan's
+    /// `attention_partials`.
+    partials: (u64, u64),
+    /// Multiprocessors of the device: split attention aims for 4 blocks each.
+    sm_count: usize,
+    /// Pieces attention cuts key ranges into, when a test sets it.
+    forced_splits: Option<usize>,
 }
 
 // SAFETY: the raw handles (stream, module, functions, cuBLAS handle) belong
@@ -344,6 +378,10 @@ impl CudaBackend {
             .map_err(|e| device_err(&format!("creating a context on CUDA device {ordinal}"), e))?;
         let info = |what: &str| result::mem_get_info().map_err(|e| device_err(what, e));
         let (free0, total) = info("cuMemGetInfo")?;
+        let sm_count = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| device_err("reading the multiprocessor count", e))?
+            .max(1) as usize;
         let mut startup = StartupMemory {
             context: (total - free0) as u64,
             stream: 0,
@@ -469,6 +507,12 @@ impl CudaBackend {
             error: None,
             startup,
             tiled_prefill: false,
+            partials: (
+                base + layout.attention_partials.offset,
+                layout.attention_partials.bytes,
+            ),
+            sm_count,
+            forced_splits: None,
         })
     }
 
@@ -509,6 +553,15 @@ impl CudaBackend {
     #[doc(hidden)]
     pub fn use_tiled_prefill(&mut self, on: bool) {
         self.tiled_prefill = on;
+    }
+
+    /// Cuts attention's key ranges into `n` pieces (as far as the planned
+    /// partials hold them) instead of the backend's choice, so tests can
+    /// check the split and merge kernels at small contexts; `None` restores
+    /// the choice.
+    #[doc(hidden)]
+    pub fn force_attention_splits(&mut self, n: Option<usize>) {
+        self.forced_splits = n;
     }
 
     /// Where cuBLAS was loaded from.
@@ -1190,13 +1243,69 @@ impl Backend for CudaBackend {
         );
         let mut window = s.window.map(|w| w as i32).unwrap_or(0);
         let mut scale = s.scale;
-        let f = self.k.attention;
+        // The split kernels read 8 key values and 2..16 value dims at a
+        // time (aligned vector loads); other head dims take the one-block
+        // kernel.
+        let vpl = ATT_VPL.iter().position(|&n| 32 * n >= s.value_dim);
+        let split_path = s.key_dim.is_multiple_of(8)
+            && s.value_dim.is_multiple_of(8)
+            && vpl.is_some_and(|i| s.value_dim.is_multiple_of(ATT_VPL[i]));
+        let Some(vpl) = vpl.filter(|_| split_path) else {
+            let f = self.k.attention;
+            self.launch(
+                f,
+                (rows as u32, s.n_heads as u32, 1),
+                ATT_THREADS,
+                &mut args![st, kv, qp, kp, vp, op, nh, nkv, dk, dv, window, scale],
+            );
+            return;
+        };
+        // Query heads a block: the GQA group, in chunks of a power of two.
+        let group = s.n_heads / s.n_kv_heads;
+        let most = if ATT_VPL[vpl] == 16 { 2 } else { 8 };
+        let heads = group.next_power_of_two().min(most);
+        let hi = ATT_HEADS
+            .iter()
+            .position(|&h| h == heads)
+            .expect("a power of two up to 8");
+        let chunks = group.div_ceil(heads);
+        let blocks = rows * s.n_kv_heads * chunks;
+        // Pieces of the key range: enough blocks for 4 a multiprocessor,
+        // at least ATTENTION_SPLIT_KEYS keys each, as many as the partials
+        // hold.
+        let keys = step
+            .seqs
+            .iter()
+            .map(|q| q.start + q.tokens)
+            .max()
+            .unwrap_or(0);
+        let keys = s.window.map_or(keys, |w| keys.min(w));
+        let want = self.forced_splits.unwrap_or_else(|| {
+            (4 * self.sm_count)
+                .div_ceil(blocks)
+                .min(keys.div_ceil(ATTENTION_SPLIT_KEYS as usize))
+        });
+        let per_split = rows * s.n_heads * (s.value_dim + 2) * 4;
+        let fit = (self.partials.1 / per_split as u64) as usize;
+        let splits = want.min(ATTENTION_MAX_SPLITS as usize).min(fit).max(1);
+        let mut part = self.partials.0;
+        let f = self.k.attention_split[kv.dtype as usize][vpl][hi];
         self.launch(
             f,
-            (rows as u32, s.n_heads as u32, 1),
+            (rows as u32, (s.n_kv_heads * chunks) as u32, splits as u32),
             ATT_THREADS,
-            &mut args![st, kv, qp, kp, vp, op, nh, nkv, dk, dv, window, scale],
+            &mut args![st, kv, qp, kp, vp, op, part, nh, nkv, dk, dv, window, scale],
         );
+        if splits > 1 {
+            let mut n = splits as i32;
+            let f = self.k.attention_merge;
+            self.launch(
+                f,
+                (rows as u32, s.n_heads as u32, 1),
+                128,
+                &mut args![part, n, nh, dv, op],
+            );
+        }
     }
 
     fn kv_write(&mut self, layer: usize, step: &Step, k: Buf, v: Buf, shape: &AttentionShape) {
