@@ -69,6 +69,60 @@ pub fn parse_prompt_cache(text: &str) -> Result<PromptCache, PlanError> {
     }
 }
 
+/// Request bodies held at once, and what each may take while it is read,
+/// parsed and tokenized: the serve plan's `requests` term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RequestBuffers {
+    /// Bodies held at once (the server gives `--parallel` turns).
+    pub slots: u64,
+    /// The largest body (`--max-body-size`).
+    pub max_body_bytes: u64,
+    /// The most input bytes one token stands for (the tokenizer's longest
+    /// token): tokenizing stops after context x this many bytes.
+    pub max_token_bytes: u64,
+}
+
+/// Bytes per parsed JSON value (a 32-byte value, its slot in a growing
+/// array or map, and a key), times the values a body may hold.
+pub const JSON_VALUE_BYTES: u64 = 128;
+/// JSON values a body may hold beyond a prompt's token ids (the server's
+/// `api::STRUCTURE_VALUES`).
+pub const STRUCTURE_VALUES: u64 = 16_384;
+/// Copies of the body alive at the peak: the body, the parsed messages,
+/// the rendered prompt and its check against the template's placeholders.
+pub const BODY_COPIES: u64 = 4;
+/// Bytes of tokenizer work per input byte: the pre-tokenizer's code
+/// points (16), word ranges (16) and the merge symbols of a word (16).
+pub const TOKENIZER_BYTES_PER_BYTE: u64 = 48;
+
+impl RequestBuffers {
+    /// No request buffers (plans that serve no HTTP).
+    pub const NONE: RequestBuffers = RequestBuffers {
+        slots: 0,
+        max_body_bytes: 0,
+        max_token_bytes: 0,
+    };
+
+    /// What one request may hold at a context of `context` tokens.
+    pub fn per_request(&self, context: u64) -> u64 {
+        let body = self.max_body_bytes.saturating_mul(BODY_COPIES);
+        let values = context
+            .saturating_add(STRUCTURE_VALUES)
+            .saturating_mul(JSON_VALUE_BYTES);
+        let tokenizer = context
+            .saturating_mul(self.max_token_bytes)
+            .saturating_mul(TOKENIZER_BYTES_PER_BYTE);
+        let tokens = context.saturating_mul(4);
+        body.saturating_add(values)
+            .saturating_add(tokenizer)
+            .saturating_add(tokens)
+    }
+
+    pub fn bytes(&self, context: u64) -> u64 {
+        self.slots.saturating_mul(self.per_request(context))
+    }
+}
+
 /// The plan a server runs with.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ServePlan {
@@ -92,6 +146,8 @@ pub struct ServePlan {
     pub prompt_cache_blocks: u64,
     /// KV of one full-context sequence: the unit of the prompt cache.
     pub prompt_cache_entry_bytes: u64,
+    /// The request buffers counted in the `requests` term.
+    pub requests: RequestBuffers,
 }
 
 fn full_block_bytes(groups: &[KvGroup]) -> u64 {
@@ -130,6 +186,19 @@ impl ServePlan {
         kv_budget: KvBudget,
         prompt_cache: PromptCache,
     ) -> Result<ServePlan, PlanError> {
+        ServePlan::with_requests(spec, inputs, kv_budget, prompt_cache, RequestBuffers::NONE)
+    }
+
+    /// [`ServePlan::new`] with a `requests` term for the HTTP side's
+    /// request buffers (when `requests.slots` > 0), counted before the
+    /// `auto` KV pool takes what memory leaves.
+    pub fn with_requests(
+        spec: &ModelSpec,
+        inputs: PlanInputs,
+        kv_budget: KvBudget,
+        prompt_cache: PromptCache,
+        requests: RequestBuffers,
+    ) -> Result<ServePlan, PlanError> {
         let batch1 = MemoryPlan::new(
             spec,
             PlanInputs {
@@ -137,7 +206,23 @@ impl ServePlan {
                 ..inputs.clone()
             },
         )?;
-        let base = MemoryPlan::new(spec, inputs)?;
+        let mut base = MemoryPlan::new(spec, inputs)?;
+        if requests.slots > 0 {
+            let context = base.inputs.max_tokens;
+            base.add_term(Term {
+                name: "requests",
+                bytes: requests.bytes(context),
+                derivation: format!(
+                    "{} bodies at once x {} each ({BODY_COPIES} x the {} body limit, {} JSON values, tokenizing {} tokens of up to {} bytes)",
+                    requests.slots,
+                    format_binary(requests.per_request(context)),
+                    format_binary(requests.max_body_bytes),
+                    context.saturating_add(STRUCTURE_VALUES),
+                    context,
+                    requests.max_token_bytes
+                ),
+            });
+        }
         let block_bytes = full_block_bytes(&base.kv_detail);
         let sliding_bytes = base
             .kv_detail
@@ -200,6 +285,7 @@ impl ServePlan {
             prompt_cache_bytes,
             prompt_cache_blocks,
             prompt_cache_entry_bytes: entry,
+            requests,
         })
     }
 }
@@ -214,6 +300,15 @@ pub(crate) fn scaled(bytes: u64, factor: f64) -> u64 {
 }
 
 impl MemoryPlan {
+    /// Adds a term outside weights and KV, and recomputes the totals.
+    fn add_term(&mut self, term: Term) {
+        self.total_bytes = self.total_bytes.saturating_add(term.bytes);
+        self.fits = self.total_bytes <= self.available_bytes;
+        self.slack_bytes = self.available_bytes.saturating_sub(self.total_bytes);
+        self.overflow_bytes = self.total_bytes.saturating_sub(self.available_bytes);
+        self.terms.push(term);
+    }
+
     /// This plan with its full-attention KV groups holding `blocks` blocks
     /// each (sliding groups keep one ring per sequence), and every total
     /// recomputed.
