@@ -5,11 +5,12 @@
 # 1800, at most 7200). Passes when no request is lost (each gets its answer
 # or a 503), resident memory after the soak equals resident memory after
 # the first minute within 8 MiB, and the peak stays within the printed plan.
-# The test suite runs the same test for 40 s (crates/fathom-cli/tests/soak.rs).
+# The test suite runs the same test for 40 s (crates/fathom-cli/tests/soak.rs);
+# both use the test profile (dependencies at opt-level 3, fathom at 1).
 #
 # usage: scripts/soak.sh [SECONDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh
 seconds="${1:-1800}"
-SOAK_SECONDS="$seconds" cargo test --release --locked -p fathom-cli --test soak -- --nocapture
+SOAK_SECONDS="$seconds" cargo test --locked -p fathom-cli --test soak -- --nocapture

@@ -89,7 +89,9 @@ fn huge_prompts_are_refused_within_the_plan_and_health_keeps_answering() {
     for i in 0..8 {
         let body = json!({"prompt": format!("{i} {}", "cache me ".repeat(40)), "max_tokens": 2});
         assert_eq!(
-            server.post("/v1/completions", &body.to_string(), &[]).status,
+            server
+                .post("/v1/completions", &body.to_string(), &[])
+                .status,
             200
         );
     }
@@ -179,7 +181,8 @@ fn control_token_texts_in_content_stay_text() {
 fn logit_bias_is_honoured_and_function_calling_is_refused() {
     let server = Server::start(&[], &[]);
     let complete = |extra: Value| {
-        let mut body = json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0});
+        let mut body =
+            json!({"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0});
         for (k, v) in extra.as_object().unwrap() {
             body[k] = v.clone();
         }
@@ -284,20 +287,25 @@ fn slow_bodies_time_out_with_408() {
     assert_eq!(server.get("/health", &[]).status, 200);
 }
 
-/// A streamed request sent raw; returns the socket once the response head
-/// and the first event have arrived.
-fn open_raw_stream(server: &Server, body: &Value) -> TcpStream {
-    let body = body.to_string();
-    let mut socket = TcpStream::connect(addr(server)).unwrap();
+/// A POST of `body` to `path` sent raw, with a 30 s read timeout.
+fn send_raw(addr: &str, path: &str, body: &str) -> TcpStream {
+    let mut socket = TcpStream::connect(addr).unwrap();
     socket
         .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
     write!(
         socket,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
+    socket
+}
+
+/// A streamed request sent raw; returns the socket once the response head
+/// and the first event have arrived.
+fn open_raw_stream(server: &Server, body: &Value) -> TcpStream {
+    let mut socket = send_raw(&addr(server), "/v1/chat/completions", &body.to_string());
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"data: ") {
@@ -344,10 +352,7 @@ fn dechunk(raw: &[u8]) -> Result<String, String> {
 /// end of the chunked body.
 #[test]
 fn shutdown_fails_queued_requests_at_once_and_ends_cut_streams_properly() {
-    let server = Server::start(
-        &["-np", "1", "-c", "2048", "--shutdown-timeout", "3"],
-        &[],
-    );
+    let server = Server::start(&["-np", "1", "-c", "2048", "--shutdown-timeout", "3"], &[]);
     let long = json!({
         "messages": [{"role": "user", "content": "Count to a thousand."}],
         "max_tokens": 2000, "ignore_eos": true, "temperature": 0, "stream": true,
@@ -361,19 +366,8 @@ fn shutdown_fails_queued_requests_at_once_and_ends_cut_streams_properly() {
     let queued_whole = std::thread::spawn({
         let addr = addr(&server);
         move || {
-            let mut socket = TcpStream::connect(addr).unwrap();
-            socket
-                .set_read_timeout(Some(Duration::from_secs(20)))
-                .unwrap();
-            write!(
-                socket,
-                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{whole}",
-                whole.len()
-            )
-            .unwrap();
-            let started = Instant::now();
-            let raw = read_to_close(&mut socket, Duration::from_secs(20));
-            (raw, started)
+            let mut socket = send_raw(&addr, "/v1/chat/completions", &whole);
+            read_to_close(&mut socket, Duration::from_secs(20))
         }
     });
     std::thread::sleep(Duration::from_millis(500));
@@ -395,7 +389,7 @@ fn shutdown_fails_queued_requests_at_once_and_ends_cut_streams_properly() {
         "shutting_down",
         "{body}"
     );
-    let (raw, _) = queued_whole.join().unwrap();
+    let raw = queued_whole.join().unwrap();
     let v = assert_openai_error(&raw, 503);
     assert_eq!(v["error"]["code"], "shutting_down");
 
@@ -408,7 +402,8 @@ fn shutdown_fails_queued_requests_at_once_and_ends_cut_streams_properly() {
         "{cut_took:?}"
     );
     let (_, chunked) = split_first_chunk(&raw);
-    let body = dechunk(&chunked).unwrap_or_else(|e| panic!("{e}: {:?}", &raw[raw.len().saturating_sub(300)..]));
+    let body = dechunk(&chunked)
+        .unwrap_or_else(|e| panic!("{e}: {:?}", &raw[raw.len().saturating_sub(300)..]));
     let (events, done) = sse_events(&body);
     assert!(!done);
     assert!(events.len() > 2, "it ran before the cut");

@@ -67,7 +67,12 @@ fn count(c: &AtomicU64) {
 }
 
 /// One request of a random kind; counts how it ended.
-fn one_request(server: &Server, rng: &mut Rng, counts: &Counts, log: &std::sync::Mutex<Vec<String>>) {
+fn one_request(
+    server: &Server,
+    rng: &mut Rng,
+    counts: &Counts,
+    log: &std::sync::Mutex<Vec<String>>,
+) {
     let topic = TOPICS[rng.below(TOPICS.len() as u64) as usize];
     // A shared system prompt (prefix cache hits) and a varying tail.
     let system = "You are a helpful assistant who answers in one or two short sentences.";
@@ -119,7 +124,11 @@ fn one_request(server: &Server, rng: &mut Rng, counts: &Counts, log: &std::sync:
         count(&counts.lost);
         let mut log = log.lock().unwrap();
         if log.len() < 10 {
-            log.push(format!("{path} {} {}", r.status, &r.body[..r.body.len().min(300)]));
+            log.push(format!(
+                "{path} {} {}",
+                r.status,
+                &r.body[..r.body.len().min(300)]
+            ));
         }
     }
 }
@@ -189,7 +198,12 @@ fn mixed_load_keeps_memory_flat_and_answers_every_request() {
                 for i in 0..6 {
                     let prompt = format!("{t}-{i}: {}", "many words to fill the cache ".repeat(70));
                     let body = json!({"prompt": prompt, "max_tokens": 16, "ignore_eos": true});
-                    assert_eq!(server.post("/v1/completions", &body.to_string(), &[]).status, 200);
+                    assert_eq!(
+                        server
+                            .post("/v1/completions", &body.to_string(), &[])
+                            .status,
+                        200
+                    );
                 }
             });
         }
@@ -245,7 +259,10 @@ fn mixed_load_keeps_memory_flat_and_answers_every_request() {
     while server.metric("fathom_kv_blocks_used") != Some(0.0)
         || server.metric("fathom_running_sequences") != Some(0.0)
     {
-        assert!(Instant::now() < deadline, "blocks still held after the load");
+        assert!(
+            Instant::now() < deadline,
+            "blocks still held after the load"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     let (after, peak) = memory(server.pid());

@@ -426,7 +426,10 @@ fn unsupported(route: Route, obj: &Map<String, Value>) -> Result<(), ApiError> {
     // "none" asks for no calls, which is what this server does.
     for field in ["tool_choice", "function_call"] {
         if matches!(present(obj, field), Some(v) if v != "none") {
-            return refuse(field, &format!("{field} other than \"none\" (function calling)"));
+            return refuse(
+                field,
+                &format!("{field} other than \"none\" (function calling)"),
+            );
         }
     }
     if let Some(format) = present(obj, "response_format") {
@@ -757,8 +760,10 @@ mod tests {
 
     #[test]
     fn logit_bias_parses_and_bad_entries_name_the_field() {
-        let r = chat(r#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"15":-100,"7":2.5}}"#)
-            .unwrap();
+        let r = chat(
+            r#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"15":-100,"7":2.5}}"#,
+        )
+        .unwrap();
         let mut bias = r.sampling.logit_bias;
         bias.sort_by_key(|b| b.0);
         assert_eq!(bias, [(7, 2.5), (15, -100.0)]);
@@ -773,7 +778,11 @@ mod tests {
         ] {
             let body = format!(r#"{{"messages":[{{"role":"user","content":"x"}}],{bad}}}"#);
             let e = chat(&body).unwrap_err();
-            assert_eq!((e.status, e.param.as_deref()), (400, Some("logit_bias")), "{bad}");
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (400, Some("logit_bias")),
+                "{bad}"
+            );
         }
     }
 
@@ -789,7 +798,11 @@ mod tests {
         ] {
             let body = format!(r#"{{"messages":[{{"role":"user","content":"x"}}],{field}}}"#);
             let e = chat(&body).unwrap_err();
-            assert_eq!((e.status, e.code), (400, Some("unsupported_parameter")), "{field}");
+            assert_eq!(
+                (e.status, e.code),
+                (400, Some("unsupported_parameter")),
+                "{field}"
+            );
         }
         // Asking for no calls is honoured.
         chat(r#"{"messages":[{"role":"user","content":"x"}],"tool_choice":"none","function_call":"none","tools":[],"functions":[]}"#)
@@ -806,18 +819,25 @@ mod tests {
         let e = chat(r#"{"messages":[{"role":"user","content":"x"}],"parse_special":true}"#)
             .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("parse_special"));
-        assert!(completion(r#"{"prompt":"x","parse_special":true}"#).unwrap().parse_special);
+        assert!(
+            completion(r#"{"prompt":"x","parse_special":true}"#)
+                .unwrap()
+                .parse_special
+        );
         assert!(!completion(r#"{"prompt":"x"}"#).unwrap().parse_special);
     }
 
     #[test]
     fn whole_floats_are_integers() {
-        let r = chat(r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":4.0,"top_k":2e1}"#)
-            .unwrap();
+        let r =
+            chat(r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":4.0,"top_k":2e1}"#)
+                .unwrap();
         assert_eq!((r.max_tokens, r.sampling.top_k), (Some(4), 20));
-        let e = chat(r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":4.5}"#).unwrap_err();
+        let e =
+            chat(r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":4.5}"#).unwrap_err();
         assert!(e.message.contains("whole number"), "{}", e.message);
-        let e = chat(r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-4.0}"#).unwrap_err();
+        let e =
+            chat(r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-4.0}"#).unwrap_err();
         assert!(e.message.contains("from 1"), "{}", e.message);
     }
 

@@ -725,7 +725,9 @@ async fn generate(
         let shared = shared.clone();
         tokio::task::spawn_blocking(move || prepare(route, body, seed, &shared, permit))
             .await
-            .map_err(|e| ApiError::new(500, "server_error", format!("preparing the request: {e}")))??
+            .map_err(|e| {
+                ApiError::new(500, "server_error", format!("preparing the request: {e}"))
+            })??
     };
     let model = shared.model.get().ok_or_else(loading)?;
     let Prepared {
@@ -859,12 +861,9 @@ fn prepare(
         .saturating_sub(request.max_tokens.unwrap_or(1).max(1));
     let prompt = tokenize(model, &request, limit).map_err(|e| match e {
         Tokenized::Err(e) => e,
-        Tokenized::TooMany => exceeded_while_tokenizing(
-            model.context,
-            limit,
-            request.max_tokens,
-            prompt_param,
-        ),
+        Tokenized::TooMany => {
+            exceeded_while_tokenizing(model.context, limit, request.max_tokens, prompt_param)
+        }
     })?;
     let max_tokens = admit(
         model.context,
@@ -984,7 +983,9 @@ fn tokenize(
         } else {
             "prompt"
         };
-        return Err(ApiError::invalid(param, "the prompt is empty: give at least one token").into());
+        return Err(
+            ApiError::invalid(param, "the prompt is empty: give at least one token").into(),
+        );
     }
     Ok(tokens)
 }

@@ -82,8 +82,8 @@ impl Scheduler {
             return Err(SubmitError::QueueFull);
         }
         let sender = self.sender.lock().expect("scheduler lock");
-        match sender.as_ref().map(|s| s.send(job)) {
-            Some(Ok(())) => Ok(()),
+        match sender.as_ref().map(|s| s.send(job).is_ok()) {
+            Some(true) => Ok(()),
             _ => {
                 self.waiting.fetch_sub(1, Ordering::SeqCst);
                 Err(SubmitError::ShuttingDown)

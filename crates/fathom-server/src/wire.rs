@@ -101,7 +101,8 @@ impl<T: AsyncWrite + Unpin> ErrorBodies<T> {
     /// Writes what is pending; ready once nothing is.
     fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.written < self.pending.len() {
-            let n = ready!(Pin::new(&mut self.inner).poll_write(cx, &self.pending[self.written..]))?;
+            let n =
+                ready!(Pin::new(&mut self.inner).poll_write(cx, &self.pending[self.written..]))?;
             if n == 0 {
                 return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
             }

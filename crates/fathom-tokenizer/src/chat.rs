@@ -7,7 +7,7 @@ use std::ops::Range;
 use minijinja::syntax::SyntaxConfig;
 use minijinja::{context, Environment, Error, ErrorKind, Value};
 
-use crate::{Special, TokenizerError, Tokenizer, TooManyTokens};
+use crate::{Special, Tokenizer, TokenizerError, TooManyTokens};
 
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -15,6 +15,9 @@ pub struct Message {
     pub role: String,
     pub content: String,
 }
+
+/// Byte ranges of a rendered prompt that hold message contents.
+pub type ContentRanges = Vec<Range<usize>>;
 
 /// A compiled chat template.
 pub struct ChatTemplate {
@@ -80,7 +83,7 @@ impl ChatTemplate {
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
-    ) -> Result<(String, Option<Vec<Range<usize>>>), TokenizerError> {
+    ) -> Result<(String, Option<ContentRanges>), TokenizerError> {
         let text = self.render(messages, add_generation_prompt)?;
         // A private-use character that neither the contents nor the
         // rendered text hold marks each placeholder: MARK index MARK.

@@ -16,7 +16,7 @@ mod unicode;
 
 pub use chat::{encode_chat, ChatEncodeError, ChatTemplate, Message};
 pub use stream::StreamDecoder;
-pub use tokenizer::{Special, TooManyTokens, Tokenizer};
+pub use tokenizer::{Special, Tokenizer, TooManyTokens};
 
 /// An error loading a tokenizer or rendering a chat template; names the file
 /// and field, and what was wrong with the value.

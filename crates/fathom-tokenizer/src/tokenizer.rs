@@ -655,7 +655,10 @@ impl Tokenizer {
                 let mut from = start;
                 while let Some(at) = text[from..end].find(needle) {
                     let at = from + at;
-                    if plain.iter().any(|r| at < r.end && r.start < at + needle.len()) {
+                    if plain
+                        .iter()
+                        .any(|r| at < r.end && r.start < at + needle.len())
+                    {
                         // Skip past this occurrence's first character.
                         from = at + text[at..].chars().next().map_or(1, char::len_utf8);
                         continue;
