@@ -7,7 +7,7 @@ pub mod job;
 pub mod metrics;
 pub mod scheduler;
 pub mod stats;
-mod wire;
+pub mod wire;
 
 pub use job::{Event, FinishReason, Job, SubmitError};
 pub use scheduler::{Scheduler, SchedulerConfig};
