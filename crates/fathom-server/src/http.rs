@@ -538,11 +538,38 @@ struct ReadBody {
 /// they hold at most the plan's bytes): a declared `Content-Length` all
 /// at once before reading, a chunked body as it arrives. The permits go
 /// with the body.
+///
+/// By `deadline` the body must be in (else 408 `request_timeout`), and
+/// its share of the budget taken (else 503 `server_busy`: the budget was
+/// held by other bodies, no fault of this client).
 async fn read_body(
     req: Request<Incoming>,
     limit: usize,
     budget: &Arc<Semaphore>,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
 ) -> Result<ReadBody, ApiError> {
+    let take = |kib: usize| {
+        let budget = budget.clone();
+        async move {
+            let n = u32::try_from(kib).unwrap_or(u32::MAX);
+            match tokio::time::timeout_at(deadline, budget.acquire_many_owned(n)).await {
+                Ok(Ok(permit)) => Ok(permit),
+                Ok(Err(_)) | Err(_) => Err(busy()),
+            }
+        }
+    };
+    let timed_out = || {
+        ApiError::new(
+            408,
+            "invalid_request_error",
+            format!(
+                "the request body did not arrive within {} s (--body-timeout)",
+                timeout.as_secs_f64()
+            ),
+        )
+        .with_code("request_timeout")
+    };
     let too_large = || {
         ApiError::new(
             413,
@@ -568,16 +595,15 @@ async fn read_body(
     // each other until they time out.
     if let Some(n) = declared.filter(|&n| n > 0) {
         let kib = usize::try_from(n).unwrap_or(usize::MAX).div_ceil(1024);
-        held = Some(
-            budget
-                .clone()
-                .acquire_many_owned(u32::try_from(kib).unwrap_or(u32::MAX))
-                .await
-                .map_err(|_| busy())?,
-        );
+        held = Some(take(kib).await?);
         held_kib = kib;
     }
-    while let Some(frame) = body.frame().await {
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(_) => return Err(timed_out()),
+        };
         let frame = frame.map_err(|e| {
             ApiError::new(
                 400,
@@ -595,11 +621,7 @@ async fn read_body(
         }
         let kib = len.div_ceil(1024);
         if kib > held_kib {
-            let more = budget
-                .clone()
-                .acquire_many_owned(u32::try_from(kib - held_kib).unwrap_or(u32::MAX))
-                .await
-                .map_err(|_| busy())?;
+            let more = take(kib - held_kib).await?;
             match &mut held {
                 Some(permit) => permit.merge(more),
                 None => held = Some(more),
@@ -682,25 +704,14 @@ async fn generate(
 ) -> Result<Resp, ApiError> {
     // The body's time runs from the end of the headers.
     let deadline = tokio::time::Instant::from_std(arrived) + shared.config.body_timeout;
-    let body = match tokio::time::timeout_at(
+    let body = read_body(
+        req,
+        shared.config.max_body_bytes,
+        &shared.body_budget,
         deadline,
-        read_body(req, shared.config.max_body_bytes, &shared.body_budget),
+        shared.config.body_timeout,
     )
-    .await
-    {
-        Ok(body) => body?,
-        Err(_) => {
-            return Err(ApiError::new(
-                408,
-                "invalid_request_error",
-                format!(
-                    "the request body did not arrive within {} s (--body-timeout)",
-                    shared.config.body_timeout.as_secs_f64()
-                ),
-            )
-            .with_code("request_timeout"))
-        }
-    };
+    .await?;
     // Parsing and tokenizing multiply a body's bytes for a moment: at most
     // `body_slots` bodies are processed at once. Waiting for a turn is
     // short (the work is bounded by the context), but bounded too.
