@@ -14,7 +14,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use fathom_engine::ChatTemplate;
-use fathom_plan::serve::{parse_kv_budget, parse_prompt_cache, RequestBuffers, ServePlan};
+use fathom_plan::serve::{
+    parse_kv_budget, parse_prompt_cache, RequestBuffers, ServePlan, PROCESSING_SLOTS,
+};
 use fathom_plan::size::{format_binary, format_bytes, parse_size};
 use fathom_server::http::{LoadedModel, ServerConfig};
 use fathom_server::{Scheduler, SchedulerConfig};
@@ -121,9 +123,11 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     if args.body_timeout == 0 {
         bail!("--body-timeout is 0: give the seconds a request body may take, e.g. 30");
     }
-    // One request body is read, parsed and tokenized per slot at a time.
+    // Bodies held at once share --parallel x the body limit; at most
+    // PROCESSING_SLOTS of them are parsed and tokenized at once.
     let requests = RequestBuffers {
         slots: args.parallel,
+        processors: args.parallel.min(PROCESSING_SLOTS),
         max_body_bytes: max_body,
         max_token_bytes: opened.tokenizer.max_token_bytes() as u64,
     };
@@ -165,7 +169,8 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
             .filter(|o| !o.is_empty())
             .collect(),
         max_body_bytes: usize::try_from(max_body).unwrap_or(usize::MAX),
-        body_slots: usize::try_from(args.parallel).unwrap_or(usize::MAX),
+        body_slots: usize::try_from(requests.slots).unwrap_or(usize::MAX),
+        processing_slots: usize::try_from(requests.processors).unwrap_or(1),
         body_timeout: Duration::from_secs(args.body_timeout),
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
     };

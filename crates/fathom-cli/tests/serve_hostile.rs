@@ -370,8 +370,15 @@ fn shutdown_fails_queued_requests_at_once_and_ends_cut_streams_properly() {
             read_to_close(&mut socket, Duration::from_secs(20))
         }
     });
-    std::thread::sleep(Duration::from_millis(500));
-    assert_eq!(server.metric("fathom_queue_depth"), Some(2.0));
+    // Both wait behind the running one (polled: a loaded machine may
+    // take a while to get there).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.metric("fathom_queue_depth") != Some(2.0)
+        || server.metric("fathom_running_sequences") != Some(1.0)
+    {
+        assert!(Instant::now() < deadline, "the requests never queued");
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let signalled = Instant::now();
     // SAFETY: kill(2) with our child's pid and a valid signal.
     assert_eq!(unsafe { libc::kill(server.pid() as i32, libc::SIGTERM) }, 0);

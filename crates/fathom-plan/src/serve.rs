@@ -73,8 +73,11 @@ pub fn parse_prompt_cache(text: &str) -> Result<PromptCache, PlanError> {
 /// parsed and tokenized: the serve plan's `requests` term.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct RequestBuffers {
-    /// Bodies held at once (the server gives `--parallel` turns).
+    /// Bodies that may be held at once, read or being processed (the
+    /// server gives `--parallel`): they share `slots` x the body limit.
     pub slots: u64,
+    /// Bodies parsed and tokenized at once (at most [`PROCESSING_SLOTS`]).
+    pub processors: u64,
     /// The largest body (`--max-body-size`).
     pub max_body_bytes: u64,
     /// The most input bytes one token stands for (the tokenizer's longest
@@ -82,30 +85,43 @@ pub struct RequestBuffers {
     pub max_token_bytes: u64,
 }
 
+/// Bodies parsed and tokenized at once: the work is CPU-bound and bounded
+/// by the context, so more at once would only hold more memory.
+pub const PROCESSING_SLOTS: u64 = 2;
 /// Bytes per parsed JSON value (a 32-byte value, its slot in a growing
 /// array or map, and a key), times the values a body may hold.
 pub const JSON_VALUE_BYTES: u64 = 128;
 /// JSON values a body may hold beyond a prompt's token ids (the server's
 /// `api::STRUCTURE_VALUES`).
 pub const STRUCTURE_VALUES: u64 = 16_384;
-/// Copies of the body alive at the peak: the body, the parsed messages,
-/// the rendered prompt and its check against the template's placeholders.
-pub const BODY_COPIES: u64 = 4;
-/// Bytes of tokenizer work per input byte: the pre-tokenizer's code
-/// points (16), word ranges (16) and the merge symbols of a word (16).
-pub const TOKENIZER_BYTES_PER_BYTE: u64 = 48;
+/// Copies of a body, beyond the body itself, alive while it is processed:
+/// the parsed message texts, the rendered prompt and its check against
+/// the template's placeholders.
+pub const BODY_COPIES: u64 = 3;
+/// Bytes of tokenizer work per input byte, at most: measured 105 for one
+/// word as long as the limit allows (the pre-tokenizer's code points, the
+/// word's merge symbols and their queue), 28 to 66 for text, digits and
+/// UTF-8 (SmolLM2, `-c 512`).
+pub const TOKENIZER_BYTES_PER_BYTE: u64 = 128;
 
 impl RequestBuffers {
     /// No request buffers (plans that serve no HTTP).
     pub const NONE: RequestBuffers = RequestBuffers {
         slots: 0,
+        processors: 0,
         max_body_bytes: 0,
         max_token_bytes: 0,
     };
 
-    /// What one request may hold at a context of `context` tokens.
-    pub fn per_request(&self, context: u64) -> u64 {
-        let body = self.max_body_bytes.saturating_mul(BODY_COPIES);
+    /// Bodies as they arrive: `slots` x the body limit.
+    pub fn body_bytes(&self) -> u64 {
+        self.slots.saturating_mul(self.max_body_bytes)
+    }
+
+    /// What processing one body may hold beyond the body, at a context of
+    /// `context` tokens.
+    pub fn per_processor(&self, context: u64) -> u64 {
+        let copies = self.max_body_bytes.saturating_mul(BODY_COPIES);
         let values = context
             .saturating_add(STRUCTURE_VALUES)
             .saturating_mul(JSON_VALUE_BYTES);
@@ -113,13 +129,15 @@ impl RequestBuffers {
             .saturating_mul(self.max_token_bytes)
             .saturating_mul(TOKENIZER_BYTES_PER_BYTE);
         let tokens = context.saturating_mul(4);
-        body.saturating_add(values)
+        copies
+            .saturating_add(values)
             .saturating_add(tokenizer)
             .saturating_add(tokens)
     }
 
     pub fn bytes(&self, context: u64) -> u64 {
-        self.slots.saturating_mul(self.per_request(context))
+        self.body_bytes()
+            .saturating_add(self.processors.saturating_mul(self.per_processor(context)))
     }
 }
 
@@ -213,10 +231,11 @@ impl ServePlan {
                 name: "requests",
                 bytes: requests.bytes(context),
                 derivation: format!(
-                    "{} bodies at once x {} each ({BODY_COPIES} x the {} body limit, {} JSON values, tokenizing {} tokens of up to {} bytes)",
+                    "{} bodies of up to {} + {} parsed and tokenized at once x {} ({BODY_COPIES} copies, {} JSON values, {} tokens of up to {} bytes)",
                     requests.slots,
-                    format_binary(requests.per_request(context)),
                     format_binary(requests.max_body_bytes),
+                    requests.processors,
+                    format_binary(requests.per_processor(context)),
                     context.saturating_add(STRUCTURE_VALUES),
                     context,
                     requests.max_token_bytes

@@ -42,10 +42,12 @@ pub struct ServerConfig {
     pub allowed_origins: Vec<String>,
     /// Largest request body accepted (413 above).
     pub max_body_bytes: usize,
-    /// Request bodies processed (parsed and tokenized) at once; bodies
-    /// being read share a budget of this many times `max_body_bytes`. The
-    /// plan counts this many request buffers.
+    /// Bodies being read or processed share a budget of this many times
+    /// `max_body_bytes`.
     pub body_slots: usize,
+    /// Bodies processed (parsed and tokenized) at once. The plan's
+    /// `requests` term counts both.
+    pub processing_slots: usize,
     /// How long a request's body may take to arrive, from the end of its
     /// headers (408 after).
     pub body_timeout: Duration,
@@ -84,7 +86,7 @@ struct Shared {
     started: u64,
     counter: AtomicU64,
     /// One permit per request body processed (parsed and tokenized) at
-    /// once ([`ServerConfig::body_slots`]).
+    /// once ([`ServerConfig::processing_slots`]).
     bodies: Arc<Semaphore>,
     /// One permit per KiB of request bodies held at once, read or being
     /// processed: `body_slots` x the body limit.
@@ -109,8 +111,10 @@ pub fn serve(
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
-    let config_slots = config.body_slots.max(1);
-    let budget_kib = config_slots
+    let processing_slots = config.processing_slots.max(1);
+    let budget_kib = config
+        .body_slots
+        .max(1)
         .saturating_mul(config.max_body_bytes.div_ceil(1024))
         .min(Semaphore::MAX_PERMITS);
     let shared = Arc::new(Shared {
@@ -119,7 +123,7 @@ pub fn serve(
         metrics: Metrics::default(),
         started: unix_now(),
         counter: AtomicU64::new(0),
-        bodies: Arc::new(Semaphore::new(config_slots)),
+        bodies: Arc::new(Semaphore::new(processing_slots)),
         body_budget: Arc::new(Semaphore::new(budget_kib)),
         cut: watch::Sender::new(false),
     });
@@ -713,7 +717,7 @@ async fn generate(
     )
     .await?;
     // Parsing and tokenizing multiply a body's bytes for a moment: at most
-    // `body_slots` bodies are processed at once. Waiting for a turn is
+    // `processing_slots` bodies are processed at once. Waiting for a turn is
     // short (the work is bounded by the context), but bounded too.
     let permit = match tokio::time::timeout(
         shared.config.body_timeout,
@@ -729,7 +733,7 @@ async fn generate(
     }
     // Parsing and tokenizing take CPU in proportion to the body: they run
     // on the blocking pool, never on the threads that answer /health, and
-    // the permit goes with them, so at most `body_slots` run at once even
+    // the permit goes with them, so at most `processing_slots` run at once even
     // when their clients have gone.
     let seed = fresh_seed(shared);
     let prepared = {
@@ -830,7 +834,7 @@ fn cut_signal(shared: &Shared) -> Pin<Box<dyn Future<Output = ()> + Send>> {
 }
 
 /// Parses, checks and tokenizes a body; runs on the blocking pool holding
-/// one of the `body_slots` permits.
+/// one of the `processing_slots` permits.
 fn prepare(
     route: Route,
     body: ReadBody,

@@ -230,8 +230,8 @@ pub struct Tokenizer {
     add_bos: bool,
     eog: BTreeSet<u32>,
     chat_template: Option<String>,
-    /// The most input bytes one token can stand for (its text or its piece,
-    /// whichever is longer): n bytes of text are at least n / this tokens.
+    /// The most input bytes one token can stand for (its piece for BPE, its
+    /// text for SentencePiece): n bytes of text are at least n / this tokens.
     max_token_bytes: usize,
 }
 
@@ -460,17 +460,22 @@ impl Tokenizer {
                 })
             }
         };
-        let max_token_bytes = texts
-            .iter()
-            .map(String::len)
-            .chain(piece_ends.iter().scan(0, |start, &end| {
-                let len = end - *start;
-                *start = end;
-                Some(len)
-            }))
-            .max()
-            .unwrap_or(1)
-            .max(1);
+        // BPE reads the input's bytes (a token stands for its piece);
+        // SentencePiece reads it with spaces as `▁` (a token stands for
+        // its text).
+        let max_token_bytes = match &model {
+            Model::Bpe(_) => piece_ends
+                .iter()
+                .scan(0, |start, &end| {
+                    let len = end - *start;
+                    *start = end;
+                    Some(len)
+                })
+                .max(),
+            Model::Spm(_) => texts.iter().map(String::len).max(),
+        }
+        .unwrap_or(1)
+        .max(1);
         Ok(Tokenizer {
             texts,
             attrs,
