@@ -591,7 +591,10 @@ async fn read_body(
         return Err(too_large());
     }
     let mut body = req.into_body();
-    let mut frames: Vec<Bytes> = Vec::new();
+    // Each frame is copied in as it comes and dropped, so a body with a
+    // declared length is held once (plus one frame), never twice.
+    let capacity = declared.map_or(0, |n| usize::try_from(n).unwrap_or(limit).min(limit));
+    let mut whole: Vec<u8> = Vec::with_capacity(capacity);
     let (mut len, mut held_kib) = (0usize, 0usize);
     let mut held: Option<OwnedSemaphorePermit> = None;
     // A declared length takes its whole share at once: bodies that each
@@ -632,21 +635,10 @@ async fn read_body(
             }
             held_kib = kib;
         }
-        frames.push(data);
+        whole.extend_from_slice(&data);
     }
-    let bytes = match frames.len() {
-        0 => Bytes::new(),
-        1 => frames.pop().unwrap_or_default(),
-        _ => {
-            let mut whole = Vec::with_capacity(len);
-            for frame in frames.drain(..) {
-                whole.extend_from_slice(&frame);
-            }
-            Bytes::from(whole)
-        }
-    };
     Ok(ReadBody {
-        bytes,
+        bytes: Bytes::from(whole),
         _budget: held,
     })
 }
