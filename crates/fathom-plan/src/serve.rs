@@ -91,8 +91,8 @@ pub const PROCESSING_SLOTS: u64 = 2;
 /// Bytes per parsed JSON value (a 32-byte value, its slot in a growing
 /// array or map, and a key), times the values a body may hold.
 pub const JSON_VALUE_BYTES: u64 = 128;
-/// JSON values a body may hold beyond a prompt's token ids (the server's
-/// `api::STRUCTURE_VALUES`).
+/// JSON values a body may hold beyond a prompt's token ids (the server
+/// refuses bodies with more before parsing them).
 pub const STRUCTURE_VALUES: u64 = 16_384;
 /// Copies of a body, beyond the body itself, alive while it is processed:
 /// the parsed message texts, the rendered prompt and its check against

@@ -104,8 +104,9 @@ pub const MAX_MESSAGES: usize = 4096;
 /// JSON values (counted from the structure: brackets, braces, commas and
 /// colons) a body may hold beyond a prompt's token ids: room for
 /// [`MAX_MESSAGES`] messages with a few fields and parts each, the stop
-/// strings and a [`MAX_LOGIT_BIAS`] map.
-pub const STRUCTURE_VALUES: usize = 16_384;
+/// strings and a [`MAX_LOGIT_BIAS`] map. The plan's `requests` term counts
+/// the same number.
+pub const STRUCTURE_VALUES: usize = fathom_plan::serve::STRUCTURE_VALUES as usize;
 
 /// Parses a request body for `route`, with room for prompts of up to
 /// 2^20 token ids. `seed` is used when the request gives none (a fresh
