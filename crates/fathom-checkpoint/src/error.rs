@@ -81,4 +81,6 @@ pub enum ErrorKind {
     MissingShard { shard: String },
     #[error("invalid JSON in {field}: {message}")]
     Json { field: String, message: String },
+    #[error("is {what}, not a regular file: give a .gguf file or a model directory")]
+    NotAFile { what: &'static str },
 }

@@ -8,7 +8,6 @@
 //! hostile header cannot make the reader allocate more than the file holds.
 
 use std::collections::HashSet;
-use std::fs::File;
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
@@ -118,7 +117,7 @@ pub struct GgufFile {
 impl GgufFile {
     /// Reads the header of the GGUF file at `path` without touching tensor data.
     pub fn open(path: &Path) -> Result<Self, CheckpointError> {
-        let file = File::open(path).map_err(|e| CheckpointError::io(path, e))?;
+        let file = crate::open_regular(path)?;
         let file_size = file
             .metadata()
             .map_err(|e| CheckpointError::io(path, e))?

@@ -4,7 +4,6 @@
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::fs::File;
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
@@ -130,8 +129,7 @@ impl HfCheckpoint {
 fn read_json_text(path: &Path) -> Result<String, CheckpointError> {
     let io = |e| CheckpointError::io(path, e);
     let mut bytes = Vec::new();
-    File::open(path)
-        .map_err(io)?
+    crate::open_regular(path)?
         .take(MAX_JSON_BYTES.saturating_add(1))
         .read_to_end(&mut bytes)
         .map_err(io)?;

@@ -51,3 +51,35 @@ impl Checkpoint {
         }
     }
 }
+
+/// Opens `path` for reading if it is a regular file (symlinks followed).
+/// A FIFO, socket or device is refused before `open`, which would block
+/// on a FIFO until a writer appears.
+pub fn open_regular(path: &Path) -> Result<std::fs::File, CheckpointError> {
+    let meta = std::fs::metadata(path).map_err(|e| CheckpointError::io(path, e))?;
+    let kind = file_kind(&meta.file_type());
+    if let Some(what) = kind {
+        return Err(CheckpointError::new(path, ErrorKind::NotAFile { what }));
+    }
+    std::fs::File::open(path).map_err(|e| CheckpointError::io(path, e))
+}
+
+/// What a non-regular file is, in words; `None` for a regular file.
+fn file_kind(t: &std::fs::FileType) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    if t.is_file() {
+        None
+    } else if t.is_dir() {
+        Some("a directory")
+    } else if t.is_fifo() {
+        Some("a FIFO (named pipe)")
+    } else if t.is_socket() {
+        Some("a socket")
+    } else if t.is_char_device() {
+        Some("a character device")
+    } else if t.is_block_device() {
+        Some("a block device")
+    } else {
+        Some("neither a file nor a directory")
+    }
+}

@@ -14,7 +14,6 @@
 
 use std::collections::{btree_map, BTreeMap, HashSet};
 use std::fmt;
-use std::fs::File;
 use std::io::Read;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
@@ -153,7 +152,7 @@ impl SafetensorsFile {
     /// 8 + N bytes are read).
     pub fn open(path: &Path) -> Result<Self, CheckpointError> {
         let io = |e| CheckpointError::io(path, e);
-        let mut file = File::open(path).map_err(io)?;
+        let mut file = crate::open_regular(path)?;
         let file_size = file.metadata().map_err(io)?.len();
         let mut prefix = Vec::new();
         (&mut file)

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use fathom_engine::{ChatTemplate, Message, Sampler};
+use fathom_tokenizer::encode_chat;
 
 use crate::planning::{self, PlanArgs};
 use crate::session::{self, PreflightArgs, SamplingArgs};
@@ -103,8 +104,8 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             role: "user".into(),
             content: user,
         });
-        let text = template.render(&history, true)?;
-        let prompt = engine.tokenizer.encode(&text, false, true);
+        // Typed text is text: only the template's markers are special tokens.
+        let prompt = encode_chat(&engine.tokenizer, &template, &history, true, usize::MAX)?;
         let room = (engine.plan.inputs.max_tokens as usize).saturating_sub(prompt.len());
         if room == 0 {
             bail!("the conversation fills the context of {} tokens: start a new one or raise --ctx-size", engine.plan.inputs.max_tokens);

@@ -14,7 +14,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use fathom_engine::ChatTemplate;
-use fathom_plan::serve::{parse_kv_budget, parse_prompt_cache, ServePlan};
+use fathom_plan::serve::{
+    parse_kv_budget, parse_prompt_cache, RequestBuffers, ServePlan, PROCESSING_SLOTS,
+};
 use fathom_plan::size::{format_binary, format_bytes, parse_size};
 use fathom_server::http::{LoadedModel, ServerConfig};
 use fathom_server::{Scheduler, SchedulerConfig};
@@ -59,6 +61,9 @@ pub struct ServeArgs {
     /// Largest request body, e.g. 4M (413 above).
     #[arg(long, default_value = "4M")]
     pub max_body_size: String,
+    /// Seconds a request body may take to arrive after its headers (408 after).
+    #[arg(long, env = "FATHOM_BODY_TIMEOUT", default_value_t = 30)]
+    pub body_timeout: u64,
     /// Seconds in-flight requests may run after SIGINT/SIGTERM.
     #[arg(long, env = "FATHOM_SHUTDOWN_TIMEOUT", default_value_t = 30)]
     pub shutdown_timeout: u64,
@@ -115,11 +120,23 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
     let context = args
         .ctx_size
         .unwrap_or_else(|| planning::default_context(&opened.spec));
-    let served = ServePlan::new(
+    if args.body_timeout == 0 {
+        bail!("--body-timeout is 0: give the seconds a request body may take, e.g. 30");
+    }
+    // Bodies held at once share --parallel x the body limit; at most
+    // PROCESSING_SLOTS of them are parsed and tokenized at once.
+    let requests = RequestBuffers {
+        slots: args.parallel,
+        processors: args.parallel.min(PROCESSING_SLOTS),
+        max_body_bytes: max_body,
+        max_token_bytes: opened.tokenizer.max_token_bytes() as u64,
+    };
+    let served = ServePlan::with_requests(
         &opened.spec,
         args.plan.inputs(context, args.parallel)?,
         kv_budget,
         prompt_cache,
+        requests,
     )
     .context("computing the serve plan")?;
     if let Some(code) = session::preflight(&model, &opened, &served.plan, &args.preflight) {
@@ -152,6 +169,9 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
             .filter(|o| !o.is_empty())
             .collect(),
         max_body_bytes: usize::try_from(max_body).unwrap_or(usize::MAX),
+        body_slots: usize::try_from(requests.slots).unwrap_or(usize::MAX),
+        processing_slots: usize::try_from(requests.processors).unwrap_or(1),
+        body_timeout: Duration::from_secs(args.body_timeout),
         shutdown_timeout: Duration::from_secs(args.shutdown_timeout),
     };
     let scheduler_config = SchedulerConfig {
@@ -235,6 +255,7 @@ fn serve_plan_text(model: &Path, served: &ServePlan) -> String {
     for (name, label) in [
         ("activations", "Activations"),
         ("runtime", "Runtime overhead"),
+        ("requests", "Request buffers"),
     ] {
         if let Some(t) = term(name) {
             row(&mut out, label, t.bytes, &t.derivation);

@@ -68,7 +68,7 @@ impl SamplingArgs {
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
             seed,
-            ignore_eos: false,
+            ..SamplingParams::default()
         }
     }
 }

@@ -233,3 +233,48 @@ fn unrunnable_checkpoints_are_clear_errors() {
         assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
     }
 }
+
+#[test]
+fn a_fifo_or_device_as_model_is_refused_at_once() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let dir = common::TempDir::new("fifo");
+    let fifo = dir.0.join("model.gguf");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let fifo = fifo.to_str().unwrap();
+    for (args, what) in [
+        (vec!["inspect", fifo], "FIFO"),
+        (vec!["generate", fifo, "-p", "hi", "-n", "2"], "FIFO"),
+        (vec!["inspect", "/dev/null"], "character device"),
+    ] {
+        // Bounded: opening a FIFO with no writer blocks forever, so the
+        // child is killed if it has not exited within 20 s.
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fathom"))
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("fathom {args:?} still running after 20 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(status.code(), Some(1), "{args:?}: {err}");
+        assert!(
+            err.contains(args[1]) && err.contains(what) && err.contains("not a regular file"),
+            "{args:?}: {err}"
+        );
+    }
+}

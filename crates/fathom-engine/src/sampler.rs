@@ -1,6 +1,6 @@
 //! Choosing the next token from the logits, in llama.cpp's order:
-//! penalties, top-k, top-p, min-p, temperature, then a seeded draw.
-//! Greedy (temperature 0) is the argmax after penalties.
+//! logit bias, penalties, top-k, top-p, min-p, temperature, then a seeded
+//! draw. Greedy (temperature 0) is the argmax after bias and penalties.
 
 /// Sampling settings; the defaults are llama.cpp's.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,6 +23,11 @@ pub struct SamplingParams {
     /// Never pick an end-of-generation token (llama.cpp's `--ignore-eos`);
     /// the engine, which knows those tokens, masks them before sampling.
     pub ignore_eos: bool,
+    /// `(token id, bias)` pairs added to those tokens' logits before
+    /// anything else (OpenAI's `logit_bias`: -100 all but bans a token,
+    /// 100 all but forces it). Ids outside the logits are skipped; callers
+    /// check them against the vocabulary first.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -38,6 +43,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             seed: 0x5eed,
             ignore_eos: false,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -73,6 +79,11 @@ impl Sampler {
         history: &[u32],
         candidates: &mut [(u32, f32)],
     ) -> u32 {
+        for &(id, bias) in &self.params.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
         self.apply_penalties(logits, history);
         let p = &self.params;
         if p.temperature <= 0.0 {
@@ -236,6 +247,29 @@ mod tests {
             let tok = s.sample(&mut [3.0, 3.0, 0.0, 0.0], &[], &mut c);
             assert!(tok < 2, "min-p 0.5 keeps only the two top tokens");
         }
+    }
+
+    #[test]
+    fn logit_bias_is_added_before_choosing() {
+        let mut c = vec![(0, 0.0); 4];
+        let biased = |bias: Vec<(u32, f32)>, temperature: f32| {
+            Sampler::new(SamplingParams {
+                temperature,
+                logit_bias: bias,
+                ..SamplingParams::default()
+            })
+        };
+        // -100 bans the argmax, +100 forces a tail token; ids past the
+        // logits are skipped.
+        let mut s = biased(vec![(1, -100.0), (9, 100.0)], 0.0);
+        assert_eq!(s.sample(&mut [0.1, 3.0, -1.0, 2.9], &[], &mut c), 3);
+        let mut s = biased(vec![(2, 100.0)], 1.0);
+        for _ in 0..50 {
+            assert_eq!(s.sample(&mut [0.1, 3.0, -1.0, 2.9], &[], &mut c), 2);
+        }
+        // The same bias on every token changes nothing.
+        let mut s = biased((0..4).map(|i| (i, -100.0)).collect(), 0.0);
+        assert_eq!(s.sample(&mut [0.1, 3.0, -1.0, 2.9], &[], &mut c), 1);
     }
 
     #[test]

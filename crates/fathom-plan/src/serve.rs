@@ -69,6 +69,78 @@ pub fn parse_prompt_cache(text: &str) -> Result<PromptCache, PlanError> {
     }
 }
 
+/// Request bodies held at once, and what each may take while it is read,
+/// parsed and tokenized: the serve plan's `requests` term.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RequestBuffers {
+    /// Bodies that may be held at once, read or being processed (the
+    /// server gives `--parallel`): they share `slots` x the body limit.
+    pub slots: u64,
+    /// Bodies parsed and tokenized at once (at most [`PROCESSING_SLOTS`]).
+    pub processors: u64,
+    /// The largest body (`--max-body-size`).
+    pub max_body_bytes: u64,
+    /// The most input bytes one token stands for (the tokenizer's longest
+    /// token): tokenizing stops after context x this many bytes.
+    pub max_token_bytes: u64,
+}
+
+/// Bodies parsed and tokenized at once: the work is CPU-bound and bounded
+/// by the context, so more at once would only hold more memory.
+pub const PROCESSING_SLOTS: u64 = 2;
+/// Bytes per parsed JSON value (a 32-byte value, its slot in a growing
+/// array or map, and a key), times the values a body may hold.
+pub const JSON_VALUE_BYTES: u64 = 128;
+/// JSON values a body may hold beyond a prompt's token ids (the server
+/// refuses bodies with more before parsing them).
+pub const STRUCTURE_VALUES: u64 = 16_384;
+/// Copies of a body, beyond the body itself, alive while it is processed:
+/// the parsed message texts, the rendered prompt and its check against
+/// the template's placeholders.
+pub const BODY_COPIES: u64 = 3;
+/// Bytes of tokenizer work per input byte, at most: measured 105 for one
+/// word as long as the limit allows (the pre-tokenizer's code points, the
+/// word's merge symbols and their queue), 28 to 66 for text, digits and
+/// UTF-8 (SmolLM2, `-c 512`).
+pub const TOKENIZER_BYTES_PER_BYTE: u64 = 128;
+
+impl RequestBuffers {
+    /// No request buffers (plans that serve no HTTP).
+    pub const NONE: RequestBuffers = RequestBuffers {
+        slots: 0,
+        processors: 0,
+        max_body_bytes: 0,
+        max_token_bytes: 0,
+    };
+
+    /// Bodies as they arrive: `slots` x the body limit.
+    pub fn body_bytes(&self) -> u64 {
+        self.slots.saturating_mul(self.max_body_bytes)
+    }
+
+    /// What processing one body may hold beyond the body, at a context of
+    /// `context` tokens.
+    pub fn per_processor(&self, context: u64) -> u64 {
+        let copies = self.max_body_bytes.saturating_mul(BODY_COPIES);
+        let values = context
+            .saturating_add(STRUCTURE_VALUES)
+            .saturating_mul(JSON_VALUE_BYTES);
+        let tokenizer = context
+            .saturating_mul(self.max_token_bytes)
+            .saturating_mul(TOKENIZER_BYTES_PER_BYTE);
+        let tokens = context.saturating_mul(4);
+        copies
+            .saturating_add(values)
+            .saturating_add(tokenizer)
+            .saturating_add(tokens)
+    }
+
+    pub fn bytes(&self, context: u64) -> u64 {
+        self.body_bytes()
+            .saturating_add(self.processors.saturating_mul(self.per_processor(context)))
+    }
+}
+
 /// The plan a server runs with.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ServePlan {
@@ -92,6 +164,8 @@ pub struct ServePlan {
     pub prompt_cache_blocks: u64,
     /// KV of one full-context sequence: the unit of the prompt cache.
     pub prompt_cache_entry_bytes: u64,
+    /// The request buffers counted in the `requests` term.
+    pub requests: RequestBuffers,
 }
 
 fn full_block_bytes(groups: &[KvGroup]) -> u64 {
@@ -130,6 +204,19 @@ impl ServePlan {
         kv_budget: KvBudget,
         prompt_cache: PromptCache,
     ) -> Result<ServePlan, PlanError> {
+        ServePlan::with_requests(spec, inputs, kv_budget, prompt_cache, RequestBuffers::NONE)
+    }
+
+    /// [`ServePlan::new`] with a `requests` term for the HTTP side's
+    /// request buffers (when `requests.slots` > 0), counted before the
+    /// `auto` KV pool takes what memory leaves.
+    pub fn with_requests(
+        spec: &ModelSpec,
+        inputs: PlanInputs,
+        kv_budget: KvBudget,
+        prompt_cache: PromptCache,
+        requests: RequestBuffers,
+    ) -> Result<ServePlan, PlanError> {
         let batch1 = MemoryPlan::new(
             spec,
             PlanInputs {
@@ -137,7 +224,24 @@ impl ServePlan {
                 ..inputs.clone()
             },
         )?;
-        let base = MemoryPlan::new(spec, inputs)?;
+        let mut base = MemoryPlan::new(spec, inputs)?;
+        if requests.slots > 0 {
+            let context = base.inputs.max_tokens;
+            base.add_term(Term {
+                name: "requests",
+                bytes: requests.bytes(context),
+                derivation: format!(
+                    "{} bodies of up to {} + {} parsed and tokenized at once x {} ({BODY_COPIES} copies, {} JSON values, {} tokens of up to {} bytes)",
+                    requests.slots,
+                    format_binary(requests.max_body_bytes),
+                    requests.processors,
+                    format_binary(requests.per_processor(context)),
+                    context.saturating_add(STRUCTURE_VALUES),
+                    context,
+                    requests.max_token_bytes
+                ),
+            });
+        }
         let block_bytes = full_block_bytes(&base.kv_detail);
         let sliding_bytes = base
             .kv_detail
@@ -200,6 +304,7 @@ impl ServePlan {
             prompt_cache_bytes,
             prompt_cache_blocks,
             prompt_cache_entry_bytes: entry,
+            requests,
         })
     }
 }
@@ -214,6 +319,15 @@ pub(crate) fn scaled(bytes: u64, factor: f64) -> u64 {
 }
 
 impl MemoryPlan {
+    /// Adds a term outside weights and KV, and recomputes the totals.
+    fn add_term(&mut self, term: Term) {
+        self.total_bytes = self.total_bytes.saturating_add(term.bytes);
+        self.fits = self.total_bytes <= self.available_bytes;
+        self.slack_bytes = self.available_bytes.saturating_sub(self.total_bytes);
+        self.overflow_bytes = self.total_bytes.saturating_sub(self.available_bytes);
+        self.terms.push(term);
+    }
+
     /// This plan with its full-attention KV groups holding `blocks` blocks
     /// each (sliding groups keep one ring per sequence), and every total
     /// recomputed.

@@ -84,6 +84,10 @@ pub struct GenerationRequest {
     pub stream: bool,
     /// `stream_options.include_usage`.
     pub include_usage: bool,
+    /// Completions only (`parse_special`, an extension): control-token
+    /// texts in the prompt become those tokens. Off by default: a prompt
+    /// is text.
+    pub parse_special: bool,
 }
 
 /// Defaults when a request leaves a sampling field out: llama-server's
@@ -97,9 +101,64 @@ pub const MAX_STOP: usize = 16;
 /// Most messages one chat request may hold.
 pub const MAX_MESSAGES: usize = 4096;
 
-/// Parses a request body for `route`. `seed` is used when the request
-/// gives none (a fresh one per request keeps sampling varied).
+/// JSON values (counted from the structure: brackets, braces, commas and
+/// colons) a body may hold beyond a prompt's token ids: room for
+/// [`MAX_MESSAGES`] messages with a few fields and parts each, the stop
+/// strings and a [`MAX_LOGIT_BIAS`] map. The plan's `requests` term counts
+/// the same number.
+pub const STRUCTURE_VALUES: usize = fathom_plan::serve::STRUCTURE_VALUES as usize;
+
+/// Parses a request body for `route`, with room for prompts of up to
+/// 2^20 token ids. `seed` is used when the request gives none (a fresh
+/// one per request keeps sampling varied).
 pub fn parse(route: Route, body: &[u8], seed: u64) -> Result<GenerationRequest, ApiError> {
+    parse_bounded(route, body, seed, STRUCTURE_VALUES + (1 << 20))
+}
+
+/// Upper bound on the JSON values in `body` (one per `[`, `{`, `,` and
+/// `:` outside strings, plus one), found in one pass with no allocation.
+pub fn json_values(body: &[u8]) -> usize {
+    let (mut count, mut in_string, mut escaped) = (1usize, false, false);
+    for &b in body {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+        } else {
+            match b {
+                b'"' => in_string = true,
+                b'[' | b'{' | b',' | b':' => count += 1,
+                _ => {}
+            }
+        }
+    }
+    count
+}
+
+/// [`parse`] for a body that may hold at most `max_values` JSON values
+/// (see [`json_values`]): checked before the body is parsed, so the parsed
+/// tree stays proportional to the bytes, not up to 30 times them (a
+/// `[0,0,...]` array is 2 bytes per 32-byte value).
+pub fn parse_bounded(
+    route: Route,
+    body: &[u8],
+    seed: u64,
+    max_values: usize,
+) -> Result<GenerationRequest, ApiError> {
+    let values = json_values(body);
+    if values > max_values {
+        return Err(ApiError::new(
+            400,
+            "invalid_request_error",
+            format!(
+                "the request body holds about {values} JSON values; this server takes at most {max_values} (a prompt of token ids as long as the context, plus {STRUCTURE_VALUES} for everything else)"
+            ),
+        )
+        .with_code("request_too_large"));
+    }
     let value: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::new(
             400,
@@ -160,6 +219,7 @@ pub fn parse(route: Route, body: &[u8], seed: u64) -> Result<GenerationRequest, 
         frequency_penalty: number(&obj, "frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0),
         seed,
         ignore_eos: boolean(&obj, "ignore_eos")?.unwrap_or(false),
+        logit_bias: logit_bias(&obj)?,
     };
     let stream = boolean(&obj, "stream")?.unwrap_or(false);
     let include_usage = match present(&obj, "stream_options") {
@@ -172,6 +232,14 @@ pub fn parse(route: Route, body: &[u8], seed: u64) -> Result<GenerationRequest, 
             .unwrap_or(false),
         Some(other) => return Err(wrong_type("stream_options", "an object", other)),
     };
+    let parse_special = boolean(&obj, "parse_special")?.unwrap_or(false);
+    if parse_special && route == Route::Chat {
+        return Err(ApiError::invalid(
+            "parse_special",
+            "parse_special is for /v1/completions: chat message content is always text, and only the chat template's own markers are special tokens",
+        )
+        .with_code("unsupported_parameter"));
+    }
     Ok(GenerationRequest {
         model,
         prompt,
@@ -180,6 +248,7 @@ pub fn parse(route: Route, body: &[u8], seed: u64) -> Result<GenerationRequest, 
         stop: stop(&obj)?,
         stream,
         include_usage,
+        parse_special,
     })
 }
 
@@ -247,11 +316,69 @@ fn integer(
             Err(out_of_range())
         };
     }
-    match v {
-        // Whole floats (`16.0`) are integers to JSON; negatives are out of range.
-        Value::Number(x) if x.as_f64().is_some_and(|f| f.fract() == 0.0) => Err(out_of_range()),
-        _ => Err(wrong_type(name, "an integer", v)),
+    match v.as_f64() {
+        // Whole floats (`16.0`) are integers, as OpenAI's server takes them.
+        Some(f) if f.fract() == 0.0 && f >= min as f64 && f <= max as f64 => Ok(Some(f as u64)),
+        Some(f) if f.fract() == 0.0 => Err(out_of_range()),
+        Some(_) => Err(ApiError::invalid(
+            name,
+            format!("{name} is {v}, but must be a whole number from {min} to {max}"),
+        )),
+        None => Err(wrong_type(name, "an integer", v)),
     }
+}
+
+/// Most `logit_bias` entries one request may give (OpenAI takes 300).
+pub const MAX_LOGIT_BIAS: usize = 1024;
+
+/// OpenAI's `logit_bias`: `{"token id": bias}` with biases from -100 to
+/// 100. Ids are checked against the vocabulary by the caller, which knows it.
+fn logit_bias(obj: &Map<String, Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let map = match present(obj, "logit_bias") {
+        None => return Ok(Vec::new()),
+        Some(Value::Object(map)) => map,
+        Some(other) => {
+            return Err(wrong_type(
+                "logit_bias",
+                "an object of {\"token id\": bias}",
+                other,
+            ))
+        }
+    };
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!(
+                "logit_bias has {} entries; at most {MAX_LOGIT_BIAS} are accepted",
+                map.len()
+            ),
+        ));
+    }
+    map.iter()
+        .map(|(key, value)| {
+            let id = key.parse::<u32>().map_err(|_| {
+                ApiError::invalid(
+                    "logit_bias",
+                    format!(
+                        "logit_bias has the key {key:?}; keys are token ids, integers from 0 to {}",
+                        u32::MAX
+                    ),
+                )
+            })?;
+            let bias = value
+                .as_f64()
+                .filter(|b| (-100.0..=100.0).contains(b))
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "logit_bias",
+                        format!(
+                            "logit_bias[{key:?}] is {value}, but a bias must be a number from -100 to 100"
+                        ),
+                    )
+                })?;
+            Ok((id, bias as f32))
+        })
+        .collect()
 }
 
 fn boolean(obj: &Map<String, Value>, name: &str) -> Result<Option<bool>, ApiError> {
@@ -293,6 +420,18 @@ fn unsupported(route: Route, obj: &Map<String, Value>) -> Result<(), ApiError> {
     }
     if matches!(present(obj, "tools"), Some(Value::Array(a)) if !a.is_empty()) {
         return refuse("tools", "tools (function calling)");
+    }
+    if matches!(present(obj, "functions"), Some(v) if v != &Value::Array(Vec::new())) {
+        return refuse("functions", "functions (function calling)");
+    }
+    // "none" asks for no calls, which is what this server does.
+    for field in ["tool_choice", "function_call"] {
+        if matches!(present(obj, field), Some(v) if v != "none") {
+            return refuse(
+                field,
+                &format!("{field} other than \"none\" (function calling)"),
+            );
+        }
     }
     if let Some(format) = present(obj, "response_format") {
         let kind = format.get("type").and_then(Value::as_str);
@@ -618,6 +757,89 @@ mod tests {
         assert_eq!((e.status, e.code), (400, Some("invalid_json")));
         let e = chat("[1]").unwrap_err();
         assert_eq!((e.status, e.code), (400, Some("invalid_json")));
+    }
+
+    #[test]
+    fn logit_bias_parses_and_bad_entries_name_the_field() {
+        let r = chat(
+            r#"{"messages":[{"role":"user","content":"x"}],"logit_bias":{"15":-100,"7":2.5}}"#,
+        )
+        .unwrap();
+        let mut bias = r.sampling.logit_bias;
+        bias.sort_by_key(|b| b.0);
+        assert_eq!(bias, [(7, 2.5), (15, -100.0)]);
+        for bad in [
+            r#""logit_bias":{"x":1}"#,
+            r#""logit_bias":{"-1":1}"#,
+            r#""logit_bias":{"1.5":1}"#,
+            r#""logit_bias":{"1":101}"#,
+            r#""logit_bias":{"1":-100.5}"#,
+            r#""logit_bias":{"1":"1"}"#,
+            r#""logit_bias":[1]"#,
+        ] {
+            let body = format!(r#"{{"messages":[{{"role":"user","content":"x"}}],{bad}}}"#);
+            let e = chat(&body).unwrap_err();
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (400, Some("logit_bias")),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn function_calling_fields_are_refused_not_ignored() {
+        for field in [
+            r#""functions":[{"name":"f","parameters":{}}]"#,
+            r#""function_call":"auto""#,
+            r#""function_call":{"name":"f"}"#,
+            r#""tool_choice":"auto""#,
+            r#""tool_choice":"required""#,
+            r#""tools":[{"type":"function","function":{"name":"f"}}]"#,
+        ] {
+            let body = format!(r#"{{"messages":[{{"role":"user","content":"x"}}],{field}}}"#);
+            let e = chat(&body).unwrap_err();
+            assert_eq!(
+                (e.status, e.code),
+                (400, Some("unsupported_parameter")),
+                "{field}"
+            );
+        }
+        // Asking for no calls is honoured.
+        chat(r#"{"messages":[{"role":"user","content":"x"}],"tool_choice":"none","function_call":"none","tools":[],"functions":[]}"#)
+            .unwrap();
+    }
+
+    #[test]
+    fn the_json_value_count_bounds_the_parsed_tree() {
+        assert_eq!(json_values(br#"{"a":[1,2,3],"b":"[,{:\"]"}"#), 8);
+        let tokens = format!(r#"{{"prompt":[{}0]}}"#, "0,".repeat(100));
+        assert!(parse_bounded(Route::Completion, tokens.as_bytes(), 1, 110).is_ok());
+        let e = parse_bounded(Route::Completion, tokens.as_bytes(), 1, 100).unwrap_err();
+        assert_eq!((e.status, e.code), (400, Some("request_too_large")));
+        let e = chat(r#"{"messages":[{"role":"user","content":"x"}],"parse_special":true}"#)
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("parse_special"));
+        assert!(
+            completion(r#"{"prompt":"x","parse_special":true}"#)
+                .unwrap()
+                .parse_special
+        );
+        assert!(!completion(r#"{"prompt":"x"}"#).unwrap().parse_special);
+    }
+
+    #[test]
+    fn whole_floats_are_integers() {
+        let r =
+            chat(r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":4.0,"top_k":2e1}"#)
+                .unwrap();
+        assert_eq!((r.max_tokens, r.sampling.top_k), (Some(4), 20));
+        let e =
+            chat(r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":4.5}"#).unwrap_err();
+        assert!(e.message.contains("whole number"), "{}", e.message);
+        let e =
+            chat(r#"{"messages":[{"role":"user","content":"x"}],"max_tokens":-4.0}"#).unwrap_err();
+        assert!(e.message.contains("from 1"), "{}", e.message);
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -14,13 +15,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use fathom_engine::{ChatTemplate, Tokenizer};
-use http_body_util::{BodyExt, Limited};
+use fathom_tokenizer::{encode_chat, ChatEncodeError, Special, TooManyTokens};
+use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::api::{self, ApiError, GenerationRequest, Prompt, Route};
 use crate::metrics::{self, Metrics, Snapshot};
@@ -39,6 +42,15 @@ pub struct ServerConfig {
     pub allowed_origins: Vec<String>,
     /// Largest request body accepted (413 above).
     pub max_body_bytes: usize,
+    /// Bodies being read or processed share a budget of this many times
+    /// `max_body_bytes`.
+    pub body_slots: usize,
+    /// Bodies processed (parsed and tokenized) at once. The plan's
+    /// `requests` term counts both.
+    pub processing_slots: usize,
+    /// How long a request's body may take to arrive, from the end of its
+    /// headers (408 after).
+    pub body_timeout: Duration,
     /// How long in-flight requests may run after SIGINT/SIGTERM.
     pub shutdown_timeout: Duration,
 }
@@ -73,6 +85,14 @@ struct Shared {
     metrics: Metrics,
     started: u64,
     counter: AtomicU64,
+    /// One permit per request body processed (parsed and tokenized) at
+    /// once ([`ServerConfig::processing_slots`]).
+    bodies: Arc<Semaphore>,
+    /// One permit per KiB of request bodies held at once, read or being
+    /// processed: `body_slots` x the body limit.
+    body_budget: Arc<Semaphore>,
+    /// Becomes true when the shutdown timeout cuts off what still runs.
+    cut: watch::Sender<bool>,
 }
 
 /// Serves on `listener` until SIGINT or SIGTERM. `load` runs on its own
@@ -91,12 +111,21 @@ pub fn serve(
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
+    let processing_slots = config.processing_slots.max(1);
+    let budget_kib = config
+        .body_slots
+        .max(1)
+        .saturating_mul(config.max_body_bytes.div_ceil(1024))
+        .min(Semaphore::MAX_PERMITS);
     let shared = Arc::new(Shared {
         config,
         model: OnceLock::new(),
         metrics: Metrics::default(),
         started: unix_now(),
         counter: AtomicU64::new(0),
+        bodies: Arc::new(Semaphore::new(processing_slots)),
+        body_budget: Arc::new(Semaphore::new(budget_kib)),
+        cut: watch::Sender::new(false),
     });
     let result = runtime.block_on(run(listener, shared.clone(), load, on_ready));
     if let Some(model) = shared.model.get() {
@@ -167,6 +196,11 @@ async fn run(
     };
     drop(listener);
     let _ = stop_tx.send(true);
+    // Requests still waiting for a slot will not run: they fail now (503)
+    // rather than wait out the timeout.
+    if let Some(model) = shared.model.get() {
+        model.scheduler.begin_shutdown();
+    }
     let timeout = shared.config.shutdown_timeout;
     let drained = tokio::time::timeout(timeout, async {
         while connections.join_next().await.is_some() {}
@@ -177,10 +211,24 @@ async fn run(
             "warning: requests still running {} s after the shutdown signal were cut off",
             timeout.as_secs()
         );
-        connections.shutdown().await;
+        // Each cut stream sends an error event and ends its chunked body
+        // properly; each waiting whole request gets a 503. Then the
+        // connections have a moment to send that before they are dropped.
+        let _ = shared.cut.send(true);
+        let flushed = tokio::time::timeout(CUT_GRACE, async {
+            while connections.join_next().await.is_some() {}
+        })
+        .await;
+        if flushed.is_err() {
+            connections.shutdown().await;
+        }
     }
     outcome
 }
+
+/// How long cut-off responses have to reach their clients after the
+/// shutdown timeout, before their connections are dropped.
+const CUT_GRACE: Duration = Duration::from_secs(2);
 
 async fn connection(
     stream: tokio::net::TcpStream,
@@ -194,7 +242,7 @@ async fn connection(
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_secs(30))
-        .serve_connection(TokioIo::new(stream), service);
+        .serve_connection(TokioIo::new(crate::wire::ErrorBodies::new(stream)), service);
     tokio::pin!(conn);
     let stopping = async move {
         let _ = stop.wait_for(|stopping| *stopping).await;
@@ -259,6 +307,12 @@ fn error_response(e: &ApiError) -> Resp {
     if e.status == 503 {
         resp.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    if e.status == 408 {
+        // The rest of the body may still be on its way: the connection
+        // cannot be reused.
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
     }
     if e.status == 401 {
         resp.headers_mut()
@@ -452,9 +506,11 @@ fn authorize(config: &ServerConfig, label: &str, headers: &HeaderMap) -> Result<
     if label == "/health" {
         return Ok(());
     }
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "));
+    // The scheme is case-insensitive (RFC 7235 section 2.1).
+    let given = headers.get(header::AUTHORIZATION).and_then(|v| {
+        let v = v.as_bytes();
+        (v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ")).then(|| &v[7..])
+    });
     let fail = |message: &str| {
         Err(ApiError::new(401, "authentication_error", message).with_code("invalid_api_key"))
     };
@@ -475,7 +531,49 @@ fn constant_time_eq(given: &[u8], expected: &[u8]) -> bool {
     diff == 0
 }
 
-async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiError> {
+/// A body read within the shared byte budget, with the budget it holds.
+struct ReadBody {
+    bytes: Bytes,
+    _budget: Option<OwnedSemaphorePermit>,
+}
+
+/// Reads a body of at most `limit` bytes. Every KiB takes a permit of
+/// `budget` (all bodies being read or processed share it, so together
+/// they hold at most the plan's bytes): a declared `Content-Length` all
+/// at once before reading, a chunked body as it arrives. The permits go
+/// with the body.
+///
+/// By `deadline` the body must be in (else 408 `request_timeout`), and
+/// its share of the budget taken (else 503 `server_busy`: the budget was
+/// held by other bodies, no fault of this client).
+async fn read_body(
+    req: Request<Incoming>,
+    limit: usize,
+    budget: &Arc<Semaphore>,
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+) -> Result<ReadBody, ApiError> {
+    let take = |kib: usize| {
+        let budget = budget.clone();
+        async move {
+            let n = u32::try_from(kib).unwrap_or(u32::MAX);
+            match tokio::time::timeout_at(deadline, budget.acquire_many_owned(n)).await {
+                Ok(Ok(permit)) => Ok(permit),
+                Ok(Err(_)) | Err(_) => Err(busy()),
+            }
+        }
+    };
+    let timed_out = || {
+        ApiError::new(
+            408,
+            "invalid_request_error",
+            format!(
+                "the request body did not arrive within {} s (--body-timeout)",
+                timeout.as_secs_f64()
+            ),
+        )
+        .with_code("request_timeout")
+    };
     let too_large = || {
         ApiError::new(
             413,
@@ -492,15 +590,66 @@ async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, ApiErr
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(too_large());
     }
-    match Limited::new(req.into_body(), limit).collect().await {
-        Ok(body) => Ok(body.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(too_large()),
-        Err(e) => Err(ApiError::new(
-            400,
-            "invalid_request_error",
-            format!("reading the request body: {e}"),
-        )),
+    let mut body = req.into_body();
+    // Each frame is copied in as it comes and dropped, so a body with a
+    // declared length is held once (plus one frame), never twice.
+    let capacity = declared.map_or(0, |n| usize::try_from(n).unwrap_or(limit).min(limit));
+    let mut whole: Vec<u8> = Vec::with_capacity(capacity);
+    let (mut len, mut held_kib) = (0usize, 0usize);
+    let mut held: Option<OwnedSemaphorePermit> = None;
+    // A declared length takes its whole share at once: bodies that each
+    // hold part of the budget while waiting for the rest could wait on
+    // each other until they time out.
+    if let Some(n) = declared.filter(|&n| n > 0) {
+        let kib = usize::try_from(n).unwrap_or(usize::MAX).div_ceil(1024);
+        held = Some(take(kib).await?);
+        held_kib = kib;
     }
+    loop {
+        let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(_) => return Err(timed_out()),
+        };
+        let frame = frame.map_err(|e| {
+            ApiError::new(
+                400,
+                "invalid_request_error",
+                format!("reading the request body: {e}"),
+            )
+            .with_code("invalid_body")
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers
+        };
+        len = len.saturating_add(data.len());
+        if len > limit {
+            return Err(too_large());
+        }
+        let kib = len.div_ceil(1024);
+        if kib > held_kib {
+            let more = take(kib - held_kib).await?;
+            match &mut held {
+                Some(permit) => permit.merge(more),
+                None => held = Some(more),
+            }
+            held_kib = kib;
+        }
+        whole.extend_from_slice(&data);
+    }
+    Ok(ReadBody {
+        bytes: Bytes::from(whole),
+        _budget: held,
+    })
+}
+
+fn busy() -> ApiError {
+    ApiError::new(
+        503,
+        "server_error",
+        "the server is busy: the request-body budget stayed taken; retry shortly",
+    )
+    .with_code("server_busy")
 }
 
 fn loading() -> ApiError {
@@ -512,33 +661,87 @@ fn loading() -> ApiError {
     .with_code("model_loading")
 }
 
+/// JSON values a body may hold when the context is `context` tokens: a
+/// prompt of token ids as long as the context, plus the rest of a request.
+fn max_json_values(context: usize) -> usize {
+    context.saturating_add(api::STRUCTURE_VALUES)
+}
+
+fn cut_off() -> ApiError {
+    ApiError::new(
+        503,
+        "server_error",
+        "the server is shutting down: this request was cut off at --shutdown-timeout",
+    )
+    .with_code("shutting_down")
+}
+
+fn refused_at_shutdown() -> ApiError {
+    ApiError::new(
+        503,
+        "server_error",
+        "the server is shutting down: this request was still waiting for a slot and did not run",
+    )
+    .with_code("shutting_down")
+}
+
+/// A request read, parsed, checked and tokenized: what a job needs.
+struct Prepared {
+    request: GenerationRequest,
+    prompt: Vec<u32>,
+    max_tokens: usize,
+}
+
 async fn generate(
     route: Route,
     req: Request<Incoming>,
     shared: &Arc<Shared>,
     arrived: Instant,
 ) -> Result<Resp, ApiError> {
-    let body = read_body(req, shared.config.max_body_bytes).await?;
-    let Some(model) = shared.model.get() else {
+    // The body's time runs from the end of the headers.
+    let deadline = tokio::time::Instant::from_std(arrived) + shared.config.body_timeout;
+    let body = read_body(
+        req,
+        shared.config.max_body_bytes,
+        &shared.body_budget,
+        deadline,
+        shared.config.body_timeout,
+    )
+    .await?;
+    // Parsing and tokenizing multiply a body's bytes for a moment: at most
+    // `processing_slots` bodies are processed at once. Waiting for a turn is
+    // short (the work is bounded by the context), but bounded too.
+    let permit = match tokio::time::timeout(
+        shared.config.body_timeout,
+        shared.bodies.clone().acquire_owned(),
+    )
+    .await
+    {
+        Ok(Ok(permit)) => permit,
+        Ok(Err(_)) | Err(_) => return Err(busy()),
+    };
+    if shared.model.get().is_none() {
         return Err(loading());
-    };
-    let request = api::parse(route, &body, fresh_seed(shared))?;
-    if let Some(name) = &request.model {
-        if !known_model(&shared.config, name) {
-            return Err(unknown_model(&shared.config, name, Some("model")));
-        }
     }
-    let prompt = tokenize(model, &request.prompt)?;
-    let prompt_param = match route {
-        Route::Chat => "messages",
-        Route::Completion => "prompt",
+    // Parsing and tokenizing take CPU in proportion to the body: they run
+    // on the blocking pool, never on the threads that answer /health, and
+    // the permit goes with them, so at most `processing_slots` run at once even
+    // when their clients have gone.
+    let seed = fresh_seed(shared);
+    let prepared = {
+        let shared = shared.clone();
+        tokio::task::spawn_blocking(move || prepare(route, body, seed, &shared, permit))
+            .await
+            .map_err(|e| {
+                ApiError::new(500, "server_error", format!("preparing the request: {e}"))
+            })??
     };
-    let max_tokens = admit(
-        model.context,
-        prompt.len(),
-        request.max_tokens,
-        prompt_param,
-    )?;
+    let model = shared.model.get().ok_or_else(loading)?;
+    let Prepared {
+        request,
+        prompt,
+        max_tokens,
+    } = prepared;
     let (events, receiver) = unbounded_channel();
     let GenerationRequest {
         sampling,
@@ -583,6 +786,7 @@ async fn generate(
         last: None,
         shared: shared.clone(),
     };
+    let cut = cut_signal(shared);
     if stream {
         let mut pending = VecDeque::new();
         if route == Route::Chat {
@@ -596,6 +800,7 @@ async fn generate(
             pending,
             done: false,
             timing,
+            cut,
         })));
         let h = resp.headers_mut();
         h.insert(
@@ -605,51 +810,189 @@ async fn generate(
         h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
         Ok(resp)
     } else {
-        collect(receiver, &format, timing).await
+        tokio::select! {
+            whole = collect(receiver, &format, timing) => whole,
+            () = cut => Err(cut_off()),
+        }
     }
 }
 
-fn tokenize(model: &LoadedModel, prompt: &Prompt) -> Result<Vec<u32>, ApiError> {
+/// Resolves once the shutdown timeout cuts requests off.
+fn cut_signal(shared: &Shared) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+    let mut cut = shared.cut.subscribe();
+    Box::pin(async move {
+        let _ = cut.wait_for(|cut| *cut).await;
+    })
+}
+
+/// Parses, checks and tokenizes a body; runs on the blocking pool holding
+/// one of the `processing_slots` permits.
+fn prepare(
+    route: Route,
+    body: ReadBody,
+    seed: u64,
+    shared: &Shared,
+    _permit: OwnedSemaphorePermit,
+) -> Result<Prepared, ApiError> {
+    let model = shared.model.get().ok_or_else(loading)?;
+    let request = api::parse_bounded(route, &body.bytes, seed, max_json_values(model.context))?;
+    drop(body);
+    if let Some(name) = &request.model {
+        if !known_model(&shared.config, name) {
+            return Err(unknown_model(&shared.config, name, Some("model")));
+        }
+    }
+    let vocab = model.tokenizer.vocab_size();
+    if let Some((id, _)) = request
+        .sampling
+        .logit_bias
+        .iter()
+        .find(|(id, _)| *id as usize >= vocab)
+    {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            format!(
+                "logit_bias names token {id}, but the vocabulary has {vocab} tokens (0 to {})",
+                vocab.saturating_sub(1)
+            ),
+        ));
+    }
+    let prompt_param = match route {
+        Route::Chat => "messages",
+        Route::Completion => "prompt",
+    };
+    // The prompt may have at most this many tokens and still leave room
+    // for what is asked: tokenizing stops past it.
+    let limit = model
+        .context
+        .saturating_sub(request.max_tokens.unwrap_or(1).max(1));
+    let prompt = tokenize(model, &request, limit).map_err(|e| match e {
+        Tokenized::Err(e) => e,
+        Tokenized::TooMany => {
+            exceeded_while_tokenizing(model.context, limit, request.max_tokens, prompt_param)
+        }
+    })?;
+    let max_tokens = admit(
+        model.context,
+        prompt.len(),
+        request.max_tokens,
+        prompt_param,
+    )?;
+    Ok(Prepared {
+        request,
+        prompt,
+        max_tokens,
+    })
+}
+
+fn exceeded_while_tokenizing(
+    context: usize,
+    limit: usize,
+    max_tokens: Option<usize>,
+    prompt_param: &str,
+) -> ApiError {
+    let (param, message) = match max_tokens {
+        Some(n) => (
+            "max_tokens",
+            format!(
+                "this server's context is {context} tokens per request, and max_tokens asks for {n}, leaving {limit} for the prompt, but the prompt has more than {limit} tokens: shorten the prompt or lower max_tokens"
+            ),
+        ),
+        None => (
+            prompt_param,
+            format!(
+                "this server's context is {context} tokens per request, and the prompt has more than {limit} tokens, leaving none to generate: shorten the prompt"
+            ),
+        ),
+    };
+    ApiError {
+        param: Some(param.into()),
+        ..ApiError::new(400, "invalid_request_error", message).with_code("context_length_exceeded")
+    }
+}
+
+enum Tokenized {
+    Err(ApiError),
+    /// More tokens than the limit.
+    TooMany,
+}
+
+impl From<ApiError> for Tokenized {
+    fn from(e: ApiError) -> Self {
+        Tokenized::Err(e)
+    }
+}
+
+impl From<TooManyTokens> for Tokenized {
+    fn from(_: TooManyTokens) -> Self {
+        Tokenized::TooMany
+    }
+}
+
+/// The prompt's tokens, at most `limit` of them. Message content and
+/// completion prompts are text: control-token texts in them stay text
+/// (unless a completion asks for `parse_special`); only the chat
+/// template's own markers become special tokens.
+fn tokenize(
+    model: &LoadedModel,
+    request: &GenerationRequest,
+    limit: usize,
+) -> Result<Vec<u32>, Tokenized> {
     let tokenizer = &model.tokenizer;
-    let tokens = match prompt {
+    let tokens = match &request.prompt {
         Prompt::Chat(messages) => {
             let Some(template) = &model.template else {
                 return Err(ApiError::new(
                     400,
                     "invalid_request_error",
                     "this model has no chat template: use /v1/completions with a raw prompt",
-                ));
+                )
+                .into());
             };
-            let text = template.render(messages, true).map_err(|e| {
-                ApiError::invalid(
+            encode_chat(tokenizer, template, messages, true, limit).map_err(|e| match e {
+                ChatEncodeError::Template(e) => Tokenized::Err(ApiError::invalid(
                     "messages",
                     format!("the chat template refused the messages: {e}"),
-                )
-            })?;
-            tokenizer.encode(&text, false, true)
+                )),
+                ChatEncodeError::ControlText { message, .. } => Tokenized::Err(ApiError::invalid(
+                    &format!("messages[{message}].content"),
+                    e.to_string(),
+                )),
+                ChatEncodeError::TooMany(_) => Tokenized::TooMany,
+            })?
         }
-        Prompt::Text(text) => tokenizer.encode(text, tokenizer.add_bos(), true),
+        Prompt::Text(text) => {
+            let special = if request.parse_special {
+                Special::Parse
+            } else {
+                Special::Plain
+            };
+            tokenizer.encode_bounded(text, tokenizer.add_bos(), special, limit)?
+        }
         Prompt::Tokens(ids) => {
             let vocab = tokenizer.vocab_size();
             if let Some((i, id)) = ids.iter().enumerate().find(|(_, &id)| id as usize >= vocab) {
                 return Err(ApiError::invalid(
                     "prompt",
                     format!("prompt[{i}] is token {id}, but the vocabulary has {vocab} tokens (0 to {})", vocab.saturating_sub(1)),
-                ));
+                )
+                .into());
+            }
+            if ids.len() > limit {
+                return Err(Tokenized::TooMany);
             }
             ids.clone()
         }
     };
     if tokens.is_empty() {
-        let param = if matches!(prompt, Prompt::Chat(_)) {
+        let param = if matches!(request.prompt, Prompt::Chat(_)) {
             "messages"
         } else {
             "prompt"
         };
-        return Err(ApiError::invalid(
-            param,
-            "the prompt is empty: give at least one token",
-        ));
+        return Err(
+            ApiError::invalid(param, "the prompt is empty: give at least one token").into(),
+        );
     }
     Ok(tokens)
 }
@@ -817,6 +1160,7 @@ async fn collect(
                 return Ok(json_response(200, &format.whole(text, reason, usage)));
             }
             Some(Event::Failed(message)) => return Err(engine_failed(&message)),
+            Some(Event::ShuttingDown) => return Err(refused_at_shutdown()),
             None => {
                 return Err(engine_failed(
                     "the scheduler stopped before the request finished",
@@ -839,6 +1183,8 @@ pub struct SseBody {
     pending: VecDeque<Bytes>,
     done: bool,
     timing: Timing,
+    /// Resolves when the shutdown timeout cuts the stream off.
+    cut: Pin<Box<dyn Future<Output = ()> + Send>>,
 }
 
 impl SseBody {
@@ -849,6 +1195,13 @@ impl SseBody {
             }
             if self.done {
                 return Poll::Ready(None);
+            }
+            if self.cut.as_mut().poll(cx).is_ready() {
+                // The last event says why; ending the body then sends the
+                // chunked encoding's terminating chunk.
+                self.pending.push_back(sse(&cut_off().to_json()));
+                self.done = true;
+                continue;
             }
             let event = ready!(self.events.poll_recv(cx));
             let f = &self.format;
@@ -880,6 +1233,11 @@ impl SseBody {
                 Some(Event::Failed(message)) => {
                     self.pending
                         .push_back(sse(&engine_failed(&message).to_json()));
+                    self.done = true;
+                }
+                Some(Event::ShuttingDown) => {
+                    self.pending
+                        .push_back(sse(&refused_at_shutdown().to_json()));
                     self.done = true;
                 }
                 None => {

@@ -52,6 +52,9 @@ pub enum Event {
     },
     /// The engine failed on this job (a message for a 500 response).
     Failed(String),
+    /// The server began shutting down while the job waited for a slot:
+    /// it never ran (a 503 response).
+    ShuttingDown,
 }
 
 /// Why the scheduler did not take a job.

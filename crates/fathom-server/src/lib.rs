@@ -7,6 +7,7 @@ pub mod job;
 pub mod metrics;
 pub mod scheduler;
 pub mod stats;
+pub mod wire;
 
 pub use job::{Event, FinishReason, Job, SubmitError};
 pub use scheduler::{Scheduler, SchedulerConfig};
@@ -28,4 +29,5 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FATHOM_API_KEY", "unset"),
     ("FATHOM_ALLOWED_ORIGINS", "unset"),
     ("FATHOM_SHUTDOWN_TIMEOUT", "30"),
+    ("FATHOM_BODY_TIMEOUT", "30"),
 ];

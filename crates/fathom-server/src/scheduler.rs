@@ -35,6 +35,9 @@ pub struct Scheduler {
     /// Jobs submitted and not yet running (in the channel or the queue).
     waiting: Arc<AtomicUsize>,
     stopping: AtomicBool,
+    /// Set when shutdown begins: jobs still waiting for a slot are failed
+    /// with [`Event::ShuttingDown`] at the next step.
+    refuse_queued: Arc<AtomicBool>,
     stats: Arc<SchedulerStats>,
     capacity: usize,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -47,18 +50,22 @@ impl Scheduler {
         let waiting = Arc::new(AtomicUsize::new(0));
         let stats = Arc::new(SchedulerStats::default());
         engine.enable_prefix_cache(config.prompt_cache_blocks);
+        // The pool's size is known now: /metrics shows it before the first step.
+        SchedulerStats::set(&stats.kv_blocks_total, engine.block_counts().total as u64);
         let capacity = config.queue_capacity;
+        let refuse_queued = Arc::new(AtomicBool::new(false));
         let thread = {
-            let (waiting, stats) = (waiting.clone(), stats.clone());
+            let (waiting, stats, refuse) = (waiting.clone(), stats.clone(), refuse_queued.clone());
             std::thread::Builder::new()
                 .name("fathom-scheduler".into())
-                .spawn(move || Loop::new(engine, config, &waiting, &stats).run(&receiver))
+                .spawn(move || Loop::new(engine, config, &waiting, &stats, &refuse).run(&receiver))
                 .expect("spawning the scheduler thread")
         };
         Scheduler {
             sender: Mutex::new(Some(sender)),
             waiting,
             stopping: AtomicBool::new(false),
+            refuse_queued,
             stats,
             capacity,
             thread: Mutex::new(Some(thread)),
@@ -75,8 +82,8 @@ impl Scheduler {
             return Err(SubmitError::QueueFull);
         }
         let sender = self.sender.lock().expect("scheduler lock");
-        match sender.as_ref().map(|s| s.send(job)) {
-            Some(Ok(())) => Ok(()),
+        match sender.as_ref().map(|s| s.send(job).is_ok()) {
+            Some(true) => Ok(()),
             _ => {
                 self.waiting.fetch_sub(1, Ordering::SeqCst);
                 Err(SubmitError::ShuttingDown)
@@ -86,6 +93,15 @@ impl Scheduler {
 
     pub fn stats(&self) -> &SchedulerStats {
         &self.stats
+    }
+
+    /// Shutdown has begun: refuses new jobs, and fails the jobs waiting
+    /// for a slot with [`Event::ShuttingDown`] at once; running ones go on.
+    pub fn begin_shutdown(&self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.refuse_queued.store(true, Ordering::SeqCst);
+        // Wakes an idle loop (it then finds nothing to refuse).
+        self.sender.lock().expect("scheduler lock").take();
     }
 
     /// Refuses new jobs, lets the queued and running ones finish, and joins
@@ -157,6 +173,7 @@ struct Loop<'a> {
     queue: VecDeque<Slot>,
     waiting: &'a AtomicUsize,
     stats: &'a SchedulerStats,
+    refuse_queued: &'a AtomicBool,
     /// Per running slot, the tokens it runs this step (reused each step).
     chunk: Vec<usize>,
     /// Slots that finished this step, with how (reused each step).
@@ -169,6 +186,7 @@ impl<'a> Loop<'a> {
         config: SchedulerConfig,
         waiting: &'a AtomicUsize,
         stats: &'a SchedulerStats,
+        refuse_queued: &'a AtomicBool,
     ) -> Self {
         Loop {
             running: Vec::with_capacity(config.parallel),
@@ -179,6 +197,7 @@ impl<'a> Loop<'a> {
             config,
             waiting,
             stats,
+            refuse_queued,
         }
     }
 
@@ -206,6 +225,9 @@ impl<'a> Loop<'a> {
                 }
             }
             self.drop_cancelled();
+            if self.refuse_queued.load(Ordering::SeqCst) {
+                self.refuse_new();
+            }
             self.fill_slots();
             if let Err(message) = self.step() {
                 for mut slot in self.running.drain(..) {
@@ -237,6 +259,21 @@ impl<'a> Loop<'a> {
             !gone
         });
         self.waiting.fetch_sub(gone_new, Ordering::SeqCst);
+    }
+
+    /// Fails every queued job that has not run yet (preempted ones, which
+    /// have sent text already, stay queued and finish).
+    fn refuse_new(&mut self) {
+        let mut refused = 0;
+        self.queue.retain(|slot| {
+            if slot.counted {
+                return true;
+            }
+            let _ = slot.job.events.send(Event::ShuttingDown);
+            refused += 1;
+            false
+        });
+        self.waiting.fetch_sub(refused, Ordering::SeqCst);
     }
 
     /// Moves queued jobs into free slots while their prompts' blocks can

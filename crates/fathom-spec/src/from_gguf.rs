@@ -3,8 +3,8 @@
 use fathom_checkpoint::{GgufFile, MetaValue};
 
 use crate::{
-    gemma_layer_is_sliding, limits, Attention, Family, Layer, ModelSpec, Rope, SpecError,
-    TensorEntry,
+    gemma_layer_is_sliding, limits, positive, Attention, Family, Layer, ModelSpec, Rope, SpecError,
+    TensorEntry, POSITIVE,
 };
 
 /// llama.cpp hard-codes Gemma 3's layer pattern and local rope base rather
@@ -140,14 +140,16 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
         .collect();
 
     let rope = Rope {
-        theta: meta.f64(&key("rope.freq_base"))?.unwrap_or(10_000.0),
+        theta: meta
+            .f64_where(&key("rope.freq_base"), positive, POSITIVE)?
+            .unwrap_or(10_000.0),
         local_theta: (family == Family::Gemma3).then_some(GEMMA3_LOCAL_ROPE_THETA),
         neox: family.rope_neox(),
         scaling: meta
             .str(&key("rope.scaling.type"))?
             .filter(|s| *s != "none")
             .map(str::to_string),
-        scaling_factor: meta.f64(&key("rope.scaling.factor"))?,
+        scaling_factor: meta.f64_where(&key("rope.scaling.factor"), positive, POSITIVE)?,
         // GGUF carries llama3 scaling as the `rope_freqs.weight` tensor.
         llama3: None,
     };
@@ -158,7 +160,11 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
         ));
     }
     let rms_norm_eps = meta
-        .f64(&key("attention.layer_norm_rms_epsilon"))?
+        .f64_where(
+            &key("attention.layer_norm_rms_epsilon"),
+            crate::valid_epsilon,
+            crate::EPSILON,
+        )?
         .unwrap_or(1e-5);
     // llama.cpp's qwen3moe graph always renormalizes the top-k weights.
     let norm_topk_prob = family == Family::Qwen3Moe;
@@ -231,6 +237,21 @@ impl Meta<'_> {
                 Some(x) if x.is_finite() => Ok(Some(x)),
                 _ => Err(self.invalid(key, v, "a finite number")),
             },
+        }
+    }
+
+    /// A finite number that `valid` accepts; `expected` says which.
+    fn f64_where(
+        &self,
+        key: &str,
+        valid: fn(f64) -> bool,
+        expected: &str,
+    ) -> Result<Option<f64>, SpecError> {
+        match self.f64(key)? {
+            Some(x) if !valid(x) => {
+                Err(self.invalid(key, self.file.get(key).expect("read just above"), expected))
+            }
+            x => Ok(x),
         }
     }
 

@@ -7,8 +7,8 @@ use fathom_checkpoint::{HfCheckpoint, StDtype};
 use serde_json::Value;
 
 use crate::{
-    gemma_layer_is_sliding, limits, Attention, Family, Layer, ModelSpec, Rope, SpecError,
-    TensorEntry,
+    gemma_layer_is_sliding, limits, positive, Attention, Family, Layer, ModelSpec, Rope, SpecError,
+    TensorEntry, POSITIVE,
 };
 
 /// Gemma 3 configs written before `layer_types` existed rely on this default.
@@ -127,17 +127,23 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
 
     let scaling = cfg.value.get("rope_scaling").filter(|v| v.is_object());
     let rope = Rope {
-        theta: cfg.f64("rope_theta")?.unwrap_or(10_000.0),
-        local_theta: cfg.f64("rope_local_base_freq")?,
+        theta: cfg
+            .f64_where("rope_theta", positive, POSITIVE)?
+            .unwrap_or(10_000.0),
+        local_theta: cfg.f64_where("rope_local_base_freq", positive, POSITIVE)?,
         neox: family.rope_neox(),
         scaling: scaling
             .and_then(|s| s.get("rope_type").or_else(|| s.get("type")))
             .and_then(Value::as_str)
             .filter(|s| *s != "default")
             .map(str::to_string),
-        scaling_factor: scaling
-            .and_then(|s| s.get("factor"))
-            .and_then(Value::as_f64),
+        scaling_factor: match scaling.and_then(|s| s.get("factor")) {
+            Some(v) => match v.as_f64() {
+                Some(x) if x.is_finite() && positive(x) => Some(x),
+                _ => return Err(cfg.invalid("rope_scaling.factor", v, POSITIVE)),
+            },
+            None => None,
+        },
         llama3: scaling.and_then(llama3_rope),
     };
     if let Family::Unknown(name) = &family {
@@ -163,7 +169,9 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
         context_length,
         layers,
         rope: Some(rope),
-        rms_norm_eps: cfg.f64("rms_norm_eps")?.unwrap_or(1e-6),
+        rms_norm_eps: cfg
+            .f64_where("rms_norm_eps", crate::valid_epsilon, crate::EPSILON)?
+            .unwrap_or(1e-6),
         attn_scale: cfg.f64("query_pre_attn_scalar")?.map(|s| 1.0 / s.sqrt()),
         norm_topk_prob: cfg.value.get("norm_topk_prob").and_then(Value::as_bool) == Some(true),
         tied_embeddings,
@@ -361,6 +369,19 @@ impl Config<'_> {
                 Some(x) if x.is_finite() => Ok(Some(x)),
                 _ => Err(self.invalid(field, v, "a finite number")),
             },
+        }
+    }
+
+    /// A finite number that `valid` accepts; `expected` says which.
+    fn f64_where(
+        &self,
+        field: &str,
+        valid: fn(f64) -> bool,
+        expected: &str,
+    ) -> Result<Option<f64>, SpecError> {
+        match self.f64(field)? {
+            Some(x) if !valid(x) => Err(self.invalid(field, &self.value[field], expected)),
+            x => Ok(x),
         }
     }
 

@@ -14,6 +14,22 @@ use serde::Serialize;
 
 pub use error::SpecError;
 
+/// What a rope frequency base or scaling factor must be.
+pub(crate) const POSITIVE: &str = "a finite number above 0";
+
+pub(crate) fn positive(x: f64) -> bool {
+    x > 0.0
+}
+
+/// What a norm epsilon must be: it is added to a mean of squares before a
+/// square root, so 0 or less divides by zero (or takes the root of a
+/// negative), and 1 or more drowns the activations.
+pub(crate) const EPSILON: &str = "a finite number above 0 and below 1";
+
+pub(crate) fn valid_epsilon(x: f64) -> bool {
+    x > 0.0 && x < 1.0
+}
+
 /// The model families fathom knows how to plan and run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

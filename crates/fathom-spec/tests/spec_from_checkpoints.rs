@@ -388,3 +388,59 @@ fn unknown_gguf_architecture_still_lists_weights() {
         spec.notes
     );
 }
+
+#[test]
+fn degenerate_rope_base_and_norm_epsilon_are_refused_with_key_and_value() {
+    let dir = TempDir::new("degenerate-gguf");
+    let with = |key: &'static str, value: f32| {
+        vec![
+            ("general.architecture", GgufValue::string("llama")),
+            ("llama.block_count", GgufValue::U32(2)),
+            ("llama.embedding_length", GgufValue::U32(64)),
+            ("llama.attention.head_count", GgufValue::U32(4)),
+            ("llama.attention.head_count_kv", GgufValue::U32(4)),
+            (key, GgufValue::F32(value)),
+        ]
+    };
+    for (key, value, shown) in [
+        ("llama.rope.freq_base", 0.0, "0"),
+        ("llama.rope.freq_base", -10000.0, "-10000"),
+        ("llama.rope.freq_base", f32::INFINITY, "inf"),
+        ("llama.rope.scaling.factor", 0.0, "0"),
+        ("llama.attention.layer_norm_rms_epsilon", -1e-5, "-1e-5"),
+        ("llama.attention.layer_norm_rms_epsilon", 0.0, "0"),
+        ("llama.attention.layer_norm_rms_epsilon", 2.0, "2"),
+        ("llama.attention.layer_norm_rms_epsilon", f32::NAN, "NaN"),
+    ] {
+        let path = gguf_with(&dir, with(key, value));
+        let err = spec_of(&path).unwrap_err().to_string();
+        assert!(
+            err.contains(key) && err.to_lowercase().contains(&shown.to_lowercase()),
+            "{key}={value}: {err}"
+        );
+    }
+    // In range, they load.
+    for (key, value) in [
+        ("llama.rope.freq_base", 500_000.0),
+        ("llama.attention.layer_norm_rms_epsilon", 1e-6),
+    ] {
+        spec_of(&gguf_with(&dir, with(key, value))).unwrap();
+    }
+
+    let dir = TempDir::new("degenerate-config");
+    for (field, value) in [
+        ("rope_theta", serde_json::json!(0.0)),
+        ("rope_theta", serde_json::json!(-1)),
+        ("rms_norm_eps", serde_json::json!(-1e-6)),
+        ("rms_norm_eps", serde_json::json!(0)),
+    ] {
+        let mut model = fx::tiny_llama();
+        model.config[field] = value.clone();
+        fx::write_hf_dir(&model, &dir.0, 1, Data::Sparse).unwrap();
+        let err = spec_of(&dir.0).unwrap_err().to_string();
+        assert!(
+            err.contains(field) && err.contains(&value.to_string()),
+            "{field}={value}: {err}"
+        );
+    }
+}

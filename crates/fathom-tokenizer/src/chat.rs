@@ -2,11 +2,12 @@
 //! Hugging Face `apply_chat_template` renders it.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use minijinja::syntax::SyntaxConfig;
 use minijinja::{context, Environment, Error, ErrorKind, Value};
 
-use crate::TokenizerError;
+use crate::{Special, Tokenizer, TokenizerError, TooManyTokens};
 
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,6 +15,9 @@ pub struct Message {
     pub role: String,
     pub content: String,
 }
+
+/// Byte ranges of a rendered prompt that hold message contents.
+pub type ContentRanges = Vec<Range<usize>>;
 
 /// A compiled chat template.
 pub struct ChatTemplate {
@@ -69,6 +73,47 @@ impl ChatTemplate {
         })
     }
 
+    /// The prompt text for `messages`, as [`ChatTemplate::render`] gives
+    /// it, and where in it the messages' contents lie: text a user wrote,
+    /// as opposed to the template's own markers. The ranges are found by
+    /// rendering once more with a placeholder for each content; `None`
+    /// when the template transforms contents beyond a trim, so the places
+    /// cannot be known.
+    pub fn render_with_contents(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<(String, Option<ContentRanges>), TokenizerError> {
+        let text = self.render(messages, add_generation_prompt)?;
+        // A private-use character that neither the contents nor the
+        // rendered text hold marks each placeholder: MARK index MARK.
+        let Some(mark) = ('\u{E000}'..='\u{F8FF}')
+            .take(64)
+            .find(|&c| !text.contains(c) && !messages.iter().any(|m| m.content.contains(c)))
+        else {
+            return Ok((text, None));
+        };
+        let placeholders: Vec<Message> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| Message {
+                role: m.role.clone(),
+                content: format!("{mark}{i}{mark}"),
+            })
+            .collect();
+        let Ok(skeleton) = self.render(&placeholders, add_generation_prompt) else {
+            return Ok((text, None));
+        };
+        for trim in [false, true] {
+            if let Some((filled, ranges)) = fill(&skeleton, mark, messages, trim) {
+                if filled == text {
+                    return Ok((text, Some(ranges)));
+                }
+            }
+        }
+        Ok((text, None))
+    }
+
     /// The prompt text for `messages`; `add_generation_prompt` appends the
     /// opening of the assistant's turn.
     pub fn render(
@@ -95,4 +140,80 @@ impl ChatTemplate {
             })
             .map_err(template_error)
     }
+}
+
+/// `skeleton` with each `MARK index MARK` replaced by that message's
+/// content (trimmed when `trim`), and the ranges the contents took.
+fn fill(
+    skeleton: &str,
+    mark: char,
+    messages: &[Message],
+    trim: bool,
+) -> Option<(String, Vec<Range<usize>>)> {
+    let mut out = String::with_capacity(skeleton.len());
+    let mut ranges = Vec::with_capacity(messages.len());
+    let mut rest = skeleton;
+    while let Some(at) = rest.find(mark) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + mark.len_utf8()..];
+        let end = after.find(mark)?;
+        let content = &messages.get(after[..end].parse::<usize>().ok()?)?.content;
+        let content = if trim { content.trim() } else { content };
+        ranges.push(out.len()..out.len() + content.len());
+        out.push_str(content);
+        rest = &after[end + mark.len_utf8()..];
+    }
+    out.push_str(rest);
+    Some((out, ranges))
+}
+
+/// Why [`encode_chat`] gave no tokens.
+#[derive(Debug, thiserror::Error)]
+pub enum ChatEncodeError {
+    /// The template refused the messages.
+    #[error("{0}")]
+    Template(TokenizerError),
+    /// The template rewrites contents, so where they lie in the prompt is
+    /// unknown, and message `message` holds a control token's text.
+    #[error("messages[{message}].content holds the text of the control token {token:?}, which this model's chat template does not let fathom keep as plain text")]
+    ControlText { message: usize, token: String },
+    #[error("the prompt has more than {} tokens", .0.limit)]
+    TooMany(TooManyTokens),
+}
+
+/// The tokens of `messages` rendered through `template`, at most `limit`
+/// of them. Message contents are text: a control token's text in them
+/// stays text, so a user cannot close their turn and write another role's;
+/// only the template's own markers become special tokens. When the
+/// template transforms contents so that their places are unknown, a
+/// content holding a control token's text is refused instead.
+pub fn encode_chat(
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+    messages: &[Message],
+    add_generation_prompt: bool,
+    limit: usize,
+) -> Result<Vec<u32>, ChatEncodeError> {
+    let (text, contents) = template
+        .render_with_contents(messages, add_generation_prompt)
+        .map_err(ChatEncodeError::Template)?;
+    let special = match &contents {
+        Some(ranges) => Special::PlainIn(ranges),
+        None => {
+            if let Some((message, token)) = messages
+                .iter()
+                .enumerate()
+                .find_map(|(i, m)| tokenizer.control_text_in(&m.content).map(|t| (i, t)))
+            {
+                return Err(ChatEncodeError::ControlText {
+                    message,
+                    token: token.to_string(),
+                });
+            }
+            Special::Parse
+        }
+    };
+    tokenizer
+        .encode_bounded(&text, false, special, limit)
+        .map_err(ChatEncodeError::TooMany)
 }

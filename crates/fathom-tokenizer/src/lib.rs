@@ -14,9 +14,9 @@ mod stream;
 mod tokenizer;
 mod unicode;
 
-pub use chat::{ChatTemplate, Message};
+pub use chat::{encode_chat, ChatEncodeError, ChatTemplate, Message};
 pub use stream::StreamDecoder;
-pub use tokenizer::Tokenizer;
+pub use tokenizer::{Special, Tokenizer, TooManyTokens};
 
 /// An error loading a tokenizer or rendering a chat template; names the file
 /// and field, and what was wrong with the value.

@@ -230,6 +230,30 @@ pub struct Tokenizer {
     add_bos: bool,
     eog: BTreeSet<u32>,
     chat_template: Option<String>,
+    /// The most input bytes one token can stand for (its piece for BPE, its
+    /// text for SentencePiece): n bytes of text are at least n / this tokens.
+    max_token_bytes: usize,
+}
+
+/// How [`Tokenizer::encode_bounded`] treats the texts of control tokens
+/// (and unknown tokens) found in its input. User-defined tokens are always
+/// matched.
+#[derive(Debug, Clone, Copy)]
+pub enum Special<'a> {
+    /// They become their token ids.
+    Parse,
+    /// They stay text.
+    Plain,
+    /// They stay text inside these byte ranges of the input (text a user
+    /// wrote) and become their ids elsewhere (a chat template's markers).
+    PlainIn(&'a [Range<usize>]),
+}
+
+/// The input holds more tokens than the limit asked of
+/// [`Tokenizer::encode_bounded`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TooManyTokens {
+    pub limit: usize,
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -436,6 +460,22 @@ impl Tokenizer {
                 })
             }
         };
+        // BPE reads the input's bytes (a token stands for its piece);
+        // SentencePiece reads it with spaces as `▁` (a token stands for
+        // its text).
+        let max_token_bytes = match &model {
+            Model::Bpe(_) => piece_ends
+                .iter()
+                .scan(0, |start, &end| {
+                    let len = end - *start;
+                    *start = end;
+                    Some(len)
+                })
+                .max(),
+            Model::Spm(_) => texts.iter().map(String::len).max(),
+        }
+        .unwrap_or(1)
+        .max(1);
         Ok(Tokenizer {
             texts,
             attrs,
@@ -451,6 +491,7 @@ impl Tokenizer {
             add_bos,
             eog,
             chat_template,
+            max_token_bytes,
         })
     }
 
@@ -467,11 +508,58 @@ impl Tokenizer {
     /// `text` into their ids. User-defined tokens are always matched, as in
     /// llama.cpp and Hugging Face.
     pub fn encode(&self, text: &str, add_bos: bool, parse_special: bool) -> Vec<u32> {
-        let mut out = Vec::with_capacity(text.len() / 3 + 2);
+        let special = if parse_special {
+            Special::Parse
+        } else {
+            Special::Plain
+        };
+        self.encode_bounded(text, add_bos, special, usize::MAX)
+            .unwrap_or_default()
+    }
+
+    /// The text of a control (or unknown) token that occurs in `text`,
+    /// if any: what [`Special::Parse`] would turn into a token.
+    pub fn control_text_in(&self, text: &str) -> Option<&str> {
+        let present = self.trie.present(text.as_bytes(), self.specials.len());
+        self.specials
+            .iter()
+            .zip(present)
+            .find(|(&id, present)| {
+                *present && self.attrs[id as usize] & (attr::CONTROL | attr::UNKNOWN) != 0
+            })
+            .map(|(&id, _)| self.texts[id as usize].as_str())
+    }
+
+    /// The most input bytes one token can stand for.
+    pub fn max_token_bytes(&self) -> usize {
+        self.max_token_bytes
+    }
+
+    /// Token ids of `text`, as [`Tokenizer::encode`] gives them, unless
+    /// there are more than `limit`: then the work stops as soon as that is
+    /// certain. A piece of text longer than `limit` x
+    /// [`Tokenizer::max_token_bytes`] is refused before it is split, so the
+    /// work (and memory) is bounded by the limit, not by the input.
+    pub fn encode_bounded(
+        &self,
+        text: &str,
+        add_bos: bool,
+        special: Special<'_>,
+        limit: usize,
+    ) -> Result<Vec<u32>, TooManyTokens> {
+        let too_many = TooManyTokens { limit };
+        let cap = limit.saturating_add(1).min(text.len() / 3 + 2);
+        let mut out = Vec::with_capacity(cap);
         if add_bos {
             out.extend(self.bos);
         }
-        let fragments = self.partition(text, parse_special);
+        // Bytes the tokens still allowed can cover.
+        let room = |out: &Vec<u32>| {
+            limit
+                .saturating_sub(out.len())
+                .saturating_mul(self.max_token_bytes)
+        };
+        let fragments = self.partition(text, special);
         match &self.model {
             Model::Bpe(bpe) => {
                 let mut work = BpeWork::default();
@@ -480,17 +568,27 @@ impl Tokenizer {
                         Fragment::Token(id) => out.push(id),
                         Fragment::Text(range) => {
                             let text = &text[range];
-                            if bpe.add_prefix_space && !text.starts_with(' ') {
+                            if text.len() > room(&out) {
+                                return Err(too_many);
+                            }
+                            let done = if bpe.add_prefix_space && !text.starts_with(' ') {
                                 bpe.encode_fragment(
                                     &format!(" {text}"),
                                     &self.ids,
                                     &mut work,
                                     &mut out,
-                                );
+                                    limit,
+                                )
                             } else {
-                                bpe.encode_fragment(text, &self.ids, &mut work, &mut out);
+                                bpe.encode_fragment(text, &self.ids, &mut work, &mut out, limit)
+                            };
+                            if !done {
+                                return Err(too_many);
                             }
                         }
+                    }
+                    if out.len() > limit {
+                        return Err(too_many);
                     }
                 }
             }
@@ -505,6 +603,11 @@ impl Tokenizer {
                             after_special = true;
                         }
                         Fragment::Text(range) => {
+                            // Each space becomes a 3-byte `▁`.
+                            let spaces = text[range.clone()].bytes().filter(|&b| b == b' ').count();
+                            if range.len() + 2 * spaces + 3 > room(&out) {
+                                return Err(too_many);
+                            }
                             let mut escaped = String::with_capacity(range.len() + 4);
                             if spm.add_space_prefix && after_special {
                                 escaped.push('▁');
@@ -514,15 +617,21 @@ impl Tokenizer {
                             after_special = false;
                         }
                     }
+                    if out.len() > limit {
+                        return Err(too_many);
+                    }
                 }
             }
         }
-        out
+        if out.len() > limit {
+            return Err(too_many);
+        }
+        Ok(out)
     }
 
     /// llama.cpp's `tokenizer_st_partition`: for each special token, longest
     /// first, every occurrence in the remaining text becomes that token.
-    fn partition(&self, text: &str, parse_special: bool) -> Vec<Fragment> {
+    fn partition(&self, text: &str, special: Special<'_>) -> Vec<Fragment> {
         if text.is_empty() {
             return Vec::new();
         }
@@ -531,9 +640,15 @@ impl Tokenizer {
         let mut next = Vec::new();
         for (index, &id) in self.specials.iter().enumerate() {
             let a = self.attrs[id as usize];
-            if !present[index] || (!parse_special && a & (attr::CONTROL | attr::UNKNOWN) != 0) {
+            let control = a & (attr::CONTROL | attr::UNKNOWN) != 0;
+            if !present[index] || (control && matches!(special, Special::Plain)) {
                 continue;
             }
+            // Occurrences of a control token inside these ranges stay text.
+            let plain: &[Range<usize>] = match special {
+                Special::PlainIn(ranges) if control => ranges,
+                _ => &[],
+            };
             let needle = self.texts[id as usize].as_str();
             next.clear();
             for fragment in fragments.drain(..) {
@@ -542,8 +657,17 @@ impl Tokenizer {
                     continue;
                 };
                 let (mut start, end) = (range.start, range.end);
-                while let Some(at) = text[start..end].find(needle) {
-                    let at = start + at;
+                let mut from = start;
+                while let Some(at) = text[from..end].find(needle) {
+                    let at = from + at;
+                    if plain
+                        .iter()
+                        .any(|r| at < r.end && r.start < at + needle.len())
+                    {
+                        // Skip past this occurrence's first character.
+                        from = at + text[at..].chars().next().map_or(1, char::len_utf8);
+                        continue;
+                    }
                     let mut left_end = at;
                     if a & attr::LSTRIP != 0 {
                         while left_end > start && c_isspace(text.as_bytes()[left_end - 1]) {
@@ -560,6 +684,7 @@ impl Tokenizer {
                             start += 1;
                         }
                     }
+                    from = start;
                 }
                 if start < end {
                     next.push(Fragment::Text(start..end));
@@ -708,16 +833,23 @@ struct BpeWork {
 }
 
 impl Bpe {
+    /// Encodes `text` into `out`; false as soon as `out` holds more than
+    /// `limit` tokens.
     fn encode_fragment(
         &self,
         text: &str,
         ids: &HashMap<String, u32>,
         work: &mut BpeWork,
         out: &mut Vec<u32>,
-    ) {
+        limit: usize,
+    ) -> bool {
         for word in self.pre.split(text) {
             self.encode_word(&text.as_bytes()[word], ids, work, out);
+            if out.len() > limit {
+                return false;
+            }
         }
+        true
     }
 
     fn push_pair(&self, syms: &[Sym], left: usize, right: usize, heap: &mut BinaryHeap<Pair>) {
