@@ -526,7 +526,7 @@ fn median(sorted: &[f32]) -> f32 {
     let n = sorted.len();
     match n {
         0 => 0.0,
-        _ if n % 2 == 0 => 0.5 * (sorted[n / 2] + sorted[n / 2 - 1]),
+        _ if n.is_multiple_of(2) => 0.5 * (sorted[n / 2] + sorted[n / 2 - 1]),
         _ => sorted[n / 2],
     }
 }

@@ -326,7 +326,7 @@ pub fn run(args: &PerplexityArgs) -> Result<ExitCode> {
                 }
             }
             let done = done_before + pos + 1 - first;
-            if done % 32 == 0 {
+            if done.is_multiple_of(32) {
                 progress.show(done, i + 1, n_chunk);
             }
         })?;
