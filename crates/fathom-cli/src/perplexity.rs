@@ -118,14 +118,15 @@ struct Progress {
 }
 
 impl Progress {
-    fn show(&self, done: usize, chunk: usize, chunks: usize) {
+    /// `latest` is the running value after the last finished chunk.
+    fn show(&self, done: usize, chunk: usize, chunks: usize, latest: &str) {
         if !self.on || done == 0 {
             return;
         }
         let secs = self.started.elapsed().as_secs_f64();
         let left = secs / done as f64 * (self.total - done) as f64;
         eprint!(
-            "\r\x1b[Kperplexity: chunk {chunk}/{chunks}, {done}/{} positions, {left:.0} s left",
+            "\r\x1b[Kperplexity: chunk {chunk}/{chunks}, {done}/{} positions, {left:.0} s left{latest}",
             self.total
         );
     }
@@ -276,10 +277,14 @@ pub fn run(args: &PerplexityArgs) -> Result<ExitCode> {
     let mut kl_running = Vec::new();
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    // Running values go to stdout, or to stderr under --json.
+    // Running values go to stdout, or under --json to stderr (where the
+    // status line shows the latest instead when there is one).
+    let mut latest = String::new();
     let mut say = |text: &str| {
         if args.json {
-            eprint!("{text}");
+            if !progress.on {
+                eprint!("{text}");
+            }
         } else {
             let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
         }
@@ -327,7 +332,7 @@ pub fn run(args: &PerplexityArgs) -> Result<ExitCode> {
             }
             let done = done_before + pos + 1 - first;
             if done.is_multiple_of(32) {
-                progress.show(done, i + 1, n_chunk);
+                progress.show(done, i + 1, n_chunk, &latest);
             }
         })?;
         if let Some(e) = failed {
@@ -347,15 +352,21 @@ pub fn run(args: &PerplexityArgs) -> Result<ExitCode> {
             Mode::Compare { stats, .. } => {
                 let r = stats.running();
                 say(&format!("{}\n", r.line(i + 1)));
+                latest = format!(
+                    ", KLD {:.5}, same top {:.3}%",
+                    r.kld.value,
+                    100.0 * r.same_top.value
+                );
                 kl_running.push(r);
             }
             _ => {
                 let ppl = (nll_sum / count as f64).exp();
                 say(&format!("[{}]{ppl:.4},", i + 1));
+                latest = format!(", PPL {ppl:.4}");
                 running.push(ppl);
             }
         }
-        progress.show(done_before + scored, i + 1, n_chunk);
+        progress.show(done_before + scored, i + 1, n_chunk, &latest);
     }
     progress.clear();
     say("\n");
