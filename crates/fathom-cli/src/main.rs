@@ -4,7 +4,9 @@ mod bench;
 mod bench_memory;
 mod generate;
 mod inspect;
+mod kld;
 mod machine;
+mod perplexity;
 mod planning;
 mod pull;
 mod render;
@@ -46,6 +48,8 @@ SIGINT or SIGTERM stops accepting, lets requests in flight finish (--shutdown-ti
 Parameters, defaults, error codes and metrics: docs/server.md"
     )]
     Serve(serve::ServeArgs),
+    /// Perplexity over a text file, and KL divergence against a base-logits file, as llama-perplexity computes them.
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 fn main() -> ExitCode {
@@ -66,6 +70,7 @@ fn main() -> ExitCode {
         Command::Pull(args) => pull::run(&args),
         Command::Bench(args) => bench::run(&args),
         Command::Serve(args) => serve::run(&args),
+        Command::Perplexity(args) => perplexity::run(&args),
     };
     match result {
         Ok(code) => code,
