@@ -118,20 +118,31 @@ pub fn preflight(
     plan: &MemoryPlan,
     args: &PreflightArgs,
 ) -> Option<ExitCode> {
-    if !args.estimate_memory || plan.fits {
+    // A GPU plan has a second budget, host memory, which must fit too.
+    let host_short = plan.host.as_ref().filter(|h| !h.fits);
+    if !args.estimate_memory || (plan.fits && host_short.is_none()) {
         return None;
     }
     eprint!(
         "{}",
         render::plan_text(model, opened.checkpoint.format_name(), &opened.spec, plan)
     );
-    let advice = format!(
-        "the plan needs {} but {} is available ({}): {} over. Lower -n or --ctx-size, use --kv-dtype q8_0, or a smaller or more quantized model",
-        format_bytes(plan.total_bytes),
-        format_bytes(plan.available_bytes),
-        plan.available_source,
-        format_bytes(plan.overflow_bytes)
-    );
+    let advice = match host_short {
+        Some(h) if plan.fits => format!(
+            "the plan needs {} of host memory but {} is available ({}): {} over. Free host memory or use a smaller model",
+            format_bytes(h.total_bytes),
+            format_bytes(h.available_bytes),
+            h.available_source,
+            format_bytes(h.total_bytes.saturating_sub(h.available_bytes))
+        ),
+        _ => format!(
+            "the plan needs {} but {} is available ({}): {} over. Lower -n or --ctx-size, use --kv-dtype q8_0, or a smaller or more quantized model",
+            format_bytes(plan.total_bytes),
+            format_bytes(plan.available_bytes),
+            plan.available_source,
+            format_bytes(plan.overflow_bytes)
+        ),
+    };
     if args.force {
         eprintln!("warning: {advice}; loading anyway (--force)");
         return None;

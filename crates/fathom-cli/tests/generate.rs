@@ -139,6 +139,42 @@ fn preflight_refuses_with_status_2_and_force_loads_anyway() {
     assert!(fathom(&base, &[]).status.success());
 }
 
+/// The preflight reads the device's budget for a GPU plan: a model over
+/// the device memory given is refused with exit 2 before anything loads
+/// (so this runs without a GPU), naming the total, the free memory and
+/// the overflow.
+#[test]
+fn estimate_memory_refuses_a_model_over_the_device_budget() {
+    let model = smollm2();
+    let args = [
+        "generate",
+        model.to_str().unwrap(),
+        "-p",
+        "hi",
+        "-n",
+        "4",
+        "--device",
+        "cuda",
+        "--memory",
+        "300M",
+        "--estimate-memory",
+    ];
+    let out = fathom(&args, &[]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    for needle in [
+        "Device memory (cuda)",
+        "Host memory",
+        "300.00 MiB",
+        "(--memory)",
+        "over",
+        "--force",
+    ] {
+        assert!(err.contains(needle), "{needle} missing from\n{err}");
+    }
+    assert!(stdout(&out).is_empty(), "nothing generated");
+}
+
 #[test]
 fn bad_requests_are_clear_errors() {
     let model = smollm2();
