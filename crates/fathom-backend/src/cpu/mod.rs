@@ -285,14 +285,9 @@ impl Backend for CpuBackend {
         let [all, src, dst] = self.arena.get([Buf::ExpertRoutes, src, dst]);
         let (all, src, dst) = (routes(all), arena::f32s(src), arena::f32s(dst));
         let mut n = 0;
-        for t in 0..rows {
-            if all[t * k..(t + 1) * k]
-                .iter()
-                .any(|r| r.expert as usize == expert)
-            {
-                dst[n * width..(n + 1) * width].copy_from_slice(&src[t * width..(t + 1) * width]);
-                n += 1;
-            }
+        for (i, (t, _)) in routed_rows(all, rows, k, expert).enumerate() {
+            dst[i * width..(i + 1) * width].copy_from_slice(&src[t * width..(t + 1) * width]);
+            n = i + 1;
         }
         n
     }
@@ -308,19 +303,12 @@ impl Backend for CpuBackend {
     ) {
         let [all, src, dst] = self.arena.get([Buf::ExpertRoutes, src, dst]);
         let (all, src, dst) = (routes(all), arena::f32s(src), arena::f32s(dst));
-        let mut i = 0;
-        for t in 0..rows {
-            if let Some(r) = all[t * k..(t + 1) * k]
-                .iter()
-                .find(|r| r.expert as usize == expert)
-            {
-                ops::axpy(
-                    &mut dst[t * width..(t + 1) * width],
-                    r.weight,
-                    &src[i * width..(i + 1) * width],
-                );
-                i += 1;
-            }
+        for (i, (t, weight)) in routed_rows(all, rows, k, expert).enumerate() {
+            ops::axpy(
+                &mut dst[t * width..(t + 1) * width],
+                weight,
+                &src[i * width..(i + 1) * width],
+            );
         }
     }
 
@@ -332,6 +320,22 @@ impl Backend for CpuBackend {
         // Host memory already: the arena's own buffer.
         &mut self.arena.f32(Buf::Logits)[..rows * width]
     }
+}
+
+/// The rows of a step routed to `expert` (in row order, the order its
+/// gathered rows take) and each one's route weight.
+fn routed_rows(
+    routes: &[Route],
+    rows: usize,
+    k: usize,
+    expert: usize,
+) -> impl Iterator<Item = (usize, f32)> + '_ {
+    (0..rows).filter_map(move |t| {
+        routes[t * k..(t + 1) * k]
+            .iter()
+            .find(|r| r.expert as usize == expert)
+            .map(|r| (t, r.weight))
+    })
 }
 
 /// `MemAvailable` and `MemTotal` from /proc/meminfo (0 where unreadable).
