@@ -25,6 +25,10 @@ pub struct BenchArgs {
     /// Tokens for the generation test (0 skips it).
     #[arg(long, short = 'n', visible_alias = "n-gen", default_value_t = 128)]
     pub generate: usize,
+    /// Tokens of context before the generation test (as llama-bench's
+    /// `-d`): tg runs at this depth.
+    #[arg(long, short = 'd', visible_alias = "n-depth", default_value_t = 0)]
+    pub depth: usize,
     /// Repetitions; the median is reported.
     #[arg(long, short = 'r', visible_alias = "repetitions", default_value_t = 5)]
     pub repetitions: usize,
@@ -135,11 +139,12 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     };
     let model = crate::pull::resolve(name)?;
     let opened = session::open(&model)?;
-    let context = args.prompt.max(args.generate).max(1) as u64;
+    let context = args.prompt.max(args.depth + args.generate).max(1) as u64;
     let plan = crate::planning::plan(&opened.spec, args.plan.inputs(context, 1)?)?;
     let threads = plan.inputs.threads;
     let (mut engine, _) = session::load(opened, plan)?;
     let prompt = random_tokens(args.prompt, engine.model.spec.vocab);
+    let depth = random_tokens(args.depth, engine.model.spec.vocab);
     let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
     // One warm-up of each, then the measured repetitions.
     let reps = args.repetitions.max(1);
@@ -154,8 +159,8 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             }
         }
         if args.generate > 0 {
-            let elapsed =
-                engine.time_decode(prompt.first().copied().unwrap_or(1), args.generate)?;
+            let first = prompt.first().copied().unwrap_or(1);
+            let elapsed = engine.time_decode(&depth, first, args.generate)?;
             if rep > 0 {
                 tg.push(rate(args.generate, elapsed));
             }
@@ -170,6 +175,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             "repetitions": reps,
             "pp": args.prompt,
             "tg": args.generate,
+            "depth": args.depth,
             "pp_tokens_per_second": pp,
             "tg_tokens_per_second": tg,
         });
@@ -180,7 +186,12 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
             println!("  pp{:<5} {pp:>9.2} tok/s", args.prompt);
         }
         if let Some(tg) = tg {
-            println!("  tg{:<5} {tg:>9.2} tok/s", args.generate);
+            let at = if args.depth > 0 {
+                format!(" @ d{}", args.depth)
+            } else {
+                String::new()
+            };
+            println!("  tg{}{at:<8} {tg:>9.2} tok/s", args.generate);
         }
     }
     Ok(ExitCode::SUCCESS)

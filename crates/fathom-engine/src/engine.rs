@@ -385,11 +385,23 @@ impl Engine {
         self.kv.block_counts()
     }
 
-    /// Times `n` single-token decode steps in a fresh sequence, feeding each
-    /// step's argmax back, as llama-bench's tg test does; returns the time
-    /// of the decode steps alone.
-    pub fn time_decode(&mut self, first: u32, n: usize) -> Result<Duration, EngineError> {
-        let mut seq = self.reserved_sequence(n, 0)?;
+    /// Times `n` single-token decode steps in a fresh sequence that first
+    /// takes `depth` tokens of context (untimed; llama-bench's `-d`),
+    /// feeding each step's argmax back, as llama-bench's tg test does;
+    /// returns the time of the decode steps alone.
+    pub fn time_decode(
+        &mut self,
+        depth: &[u32],
+        first: u32,
+        n: usize,
+    ) -> Result<Duration, EngineError> {
+        let mut seq = self.reserved_sequence(depth.len() + n, 0)?;
+        for chunk in depth.chunks(self.step_tokens) {
+            self.step(&mut [Segment {
+                seq: &mut seq,
+                tokens: chunk,
+            }])?;
+        }
         let vocab = self.model.spec.vocab as usize;
         let mut token = first;
         let started = Instant::now();
