@@ -36,9 +36,9 @@ struct Weights {
   int bf16;                // affine scales/biases are bf16 (else f16)
 };
 
+// An f16 at a 2-byte aligned address (every scale of every block type is).
 __device__ __forceinline__ float f16_at(const uint8_t* p) {
-  unsigned short h = (unsigned short)p[0] | ((unsigned short)p[1] << 8);
-  return __half2float(__ushort_as_half(h));
+  return __half2float(*(const __half*)p);
 }
 
 __device__ __forceinline__ float bf16_bits(unsigned short h) {
@@ -50,132 +50,206 @@ __device__ __forceinline__ float half_at(const uint8_t* p, int bf16) {
   return bf16 ? bf16_bits(h) : __half2float(__ushort_as_half(h));
 }
 
-// The six-bit scale and min `j` (0..8) of a Q4_K/Q5_K block's 12 bytes.
+// The six-bit scale and min `j` (0..8) of a Q4_K/Q5_K block's 12 bytes,
+// read as three words (they start 4 bytes into a 16-byte aligned block).
 __device__ __forceinline__ void k4_scale(const uint8_t* s, int j, float* sc, float* m) {
+  const unsigned int* w = (const unsigned int*)s;
+  const int sh = 8 * (j & 3);
+  const unsigned int a = (w[0] >> sh) & 0xffu, b = (w[1] >> sh) & 0xffu;
   if (j < 4) {
-    *sc = (float)(s[j] & 63);
-    *m = (float)(s[j + 4] & 63);
+    *sc = (float)(a & 63);
+    *m = (float)(b & 63);
   } else {
-    *sc = (float)((s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4));
-    *m = (float)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    const unsigned int c = (w[2] >> sh) & 0xffu;
+    *sc = (float)((c & 0x0f) | ((a >> 6) << 4));
+    *m = (float)((c >> 4) | ((b >> 6) << 4));
+  }
+}
+
+// Integer q (|q| < 2^22) as f32 without the quarter-rate I2F: the bits of
+// 1.5 x 2^23 + q read as a float are exactly 1.5 x 2^23 + q.
+__device__ __forceinline__ float small_int_to_float(int q) {
+  return __int_as_float(0x4B400000 + q) - 12582912.0f;
+}
+
+// Two f16 (bf16) values packed in a word, low half first, as f32.
+__device__ __forceinline__ void half2_bits(unsigned int u, float* o) {
+  const float2 f = __half22float2(__halves2half2(__ushort_as_half((unsigned short)(u & 0xffffu)),
+                                                 __ushort_as_half((unsigned short)(u >> 16))));
+  o[0] = f.x;
+  o[1] = f.y;
+}
+__device__ __forceinline__ void bfloat2_bits(unsigned int u, float* o) {
+  o[0] = __uint_as_float(u << 16);
+  o[1] = __uint_as_float(u & 0xffff0000u);
+}
+
+// Eight bytes at p, read with the widest loads alignment `A` (2, 4 or 8) allows.
+template <int A>
+__device__ __forceinline__ uint2 load_bytes8(const uint8_t* p) {
+  if (A >= 8) return *(const uint2*)p;
+  if (A == 4) return make_uint2(((const unsigned int*)p)[0], ((const unsigned int*)p)[1]);
+  const unsigned short* h = (const unsigned short*)p;
+  return make_uint2((unsigned)h[0] | ((unsigned)h[1] << 16), (unsigned)h[2] | ((unsigned)h[3] << 16));
+}
+
+// Byte k (0..7, known at compile time) of eight loaded bytes.
+__device__ __forceinline__ unsigned int byte_at(uint2 v, int k) {
+  return ((k < 4 ? v.x : v.y) >> (8 * (k & 3))) & 0xffu;
+}
+
+// Weight types whose values carry an offset besides the scale (d x q + m).
+template <int T>
+struct HasOffset {
+  static constexpr bool value = T == T_Q4_1 || T == T_Q5_1 || T == T_Q2_K || T == T_Q4_K ||
+                                T == T_Q5_K || T >= 100;
+};
+// Weight types stored as plain floats (no scale at all).
+template <int T>
+struct IsFloat {
+  static constexpr bool value = T == T_F32 || T == T_F16 || T == T_BF16;
+};
+
+// Values 8c .. 8c+7 of weight row `r` as d x q[k] + m: every layout keeps
+// one scale (and offset) over eight consecutive values. Each type reads its
+// bytes with the widest loads its block alignment allows (blocks of 18, 34,
+// 22, 110 or 210 bytes are only 2-byte aligned).
+template <int T>
+__device__ __forceinline__ void decode8(const Weights& w, int r, int c, float* q, float* d, float* m) {
+  const uint8_t* row = w.data + (unsigned long long)r * w.row_bytes;
+  *d = 1.0f;
+  *m = 0.0f;
+  if (T == T_F32) {
+    const float4* p = (const float4*)row + 2 * c;
+    const float4 a = p[0], b = p[1];
+    q[0] = a.x; q[1] = a.y; q[2] = a.z; q[3] = a.w;
+    q[4] = b.x; q[5] = b.y; q[6] = b.z; q[7] = b.w;
+  } else if (T == T_F16) {
+    const uint4 v = ((const uint4*)row)[c];
+    half2_bits(v.x, q);
+    half2_bits(v.y, q + 2);
+    half2_bits(v.z, q + 4);
+    half2_bits(v.w, q + 6);
+  } else if (T == T_BF16) {
+    const uint4 v = ((const uint4*)row)[c];
+    bfloat2_bits(v.x, q);
+    bfloat2_bits(v.y, q + 2);
+    bfloat2_bits(v.z, q + 4);
+    bfloat2_bits(v.w, q + 6);
+  } else if (T == T_Q8_0) {
+    const uint8_t* b = row + (c >> 2) * 34;
+    *d = f16_at(b);
+    const uint2 v = load_bytes8<2>(b + 2 + (c & 3) * 8);
+#pragma unroll
+    for (int k = 0; k < 8; k++) q[k] = small_int_to_float((int)(byte_at(v, k) ^ 0x80u) - 128);
+  } else if (T == T_Q4_0 || T == T_Q4_1 || T == T_Q5_0 || T == T_Q5_1) {
+    // Value j of a block: the low nibble of byte j for j < 16, else the
+    // high nibble of byte j - 16; Q5 adds bit j of qh as the fifth bit.
+    constexpr int bytes = T == T_Q4_0 ? 18 : T == T_Q4_1 ? 20 : T == T_Q5_0 ? 22 : 24;
+    constexpr int qs = T == T_Q4_0 ? 2 : T == T_Q4_1 ? 4 : T == T_Q5_0 ? 6 : 8;
+    constexpr int align = T == T_Q4_1 ? 4 : T == T_Q5_1 ? 8 : 2;
+    const uint8_t* b = row + (c >> 2) * bytes;
+    const int j0 = (c & 3) * 8;
+    const int shift = 4 * (j0 >> 4);
+    const uint2 v = load_bytes8<align>(b + qs + (j0 & 15));
+    unsigned int qh = 0;
+    if (T == T_Q5_0) qh = (unsigned)((const unsigned short*)(b + 2))[0] | ((unsigned)((const unsigned short*)(b + 2))[1] << 16);
+    if (T == T_Q5_1) qh = *(const unsigned int*)(b + 4);
+    *d = f16_at(b);
+    if (T == T_Q4_1 || T == T_Q5_1) *m = f16_at(b + 2);
+    const int zero = T == T_Q4_0 ? 8 : T == T_Q5_0 ? 16 : 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      int n = (int)((byte_at(v, k) >> shift) & 0x0fu);
+      if (T == T_Q5_0 || T == T_Q5_1) n |= (int)(((qh >> (j0 + k)) & 1u) << 4);
+      q[k] = small_int_to_float(n - zero);
+    }
+  } else if (T == T_Q2_K) {
+    const uint8_t* b = row + (c >> 5) * 84;
+    const int i0 = (c & 31) * 8;
+    const int s = b[i0 >> 4];
+    *d = f16_at(b + 80) * (float)(s & 0x0f);
+    *m = -f16_at(b + 82) * (float)(s >> 4);
+    const int n = i0 >> 7, j = (i0 & 127) >> 5;
+    const uint2 v = load_bytes8<4>(b + 16 + 32 * n + (i0 & 31));
+#pragma unroll
+    for (int k = 0; k < 8; k++) q[k] = small_int_to_float((int)((byte_at(v, k) >> (2 * j)) & 3u));
+  } else if (T == T_Q3_K) {
+    const uint8_t* b = row + (c >> 5) * 110;
+    const int i0 = (c & 31) * 8;
+    const uint8_t* s = b + 96;
+    const int si = i0 >> 4;
+    const int low = (s[si & 7] >> (4 * (si >> 3))) & 0x0f;
+    const int high = (s[8 + (si & 3)] >> (2 * (si >> 2))) & 3;
+    *d = f16_at(b + 108) * (float)((low | (high << 4)) - 32);
+    const int n = i0 >> 7, j = (i0 & 127) >> 5, hb = i0 >> 5;
+    const uint2 hm = load_bytes8<2>(b + (i0 & 31));
+    const uint2 v = load_bytes8<2>(b + 32 + 32 * n + (i0 & 31));
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      const int lo = (int)((byte_at(v, k) >> (2 * j)) & 3u);
+      const int sub = ((byte_at(hm, k) >> hb) & 1u) ? 0 : 4;
+      q[k] = small_int_to_float(lo - sub);
+    }
+  } else if (T == T_Q4_K || T == T_Q5_K) {
+    constexpr int bytes = T == T_Q4_K ? 144 : 176;
+    const uint8_t* b = row + (c >> 5) * bytes;
+    const int i0 = (c & 31) * 8;
+    float sc, mn;
+    k4_scale(b + 4, i0 >> 5, &sc, &mn);
+    *d = f16_at(b) * sc;
+    *m = -f16_at(b + 2) * mn;
+    const int cc = i0 >> 6, h = (i0 & 63) >> 5;
+    const int qs = T == T_Q4_K ? 16 : 48;
+    const uint2 v = load_bytes8<8>(b + qs + 32 * cc + (i0 & 31));
+    uint2 hv = make_uint2(0, 0);
+    if (T == T_Q5_K) hv = load_bytes8<8>(b + 16 + (i0 & 31));
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      int n = (int)((byte_at(v, k) >> (4 * h)) & 0x0fu);
+      if (T == T_Q5_K) n |= (int)(((byte_at(hv, k) >> (i0 >> 5)) & 1u) << 4);
+      q[k] = small_int_to_float(n);
+    }
+  } else if (T == T_Q6_K) {
+    const uint8_t* b = row + (c >> 5) * 210;
+    const int i0 = (c & 31) * 8;
+    *d = f16_at(b + 208) * (float)(int8_t)b[192 + (i0 >> 4)];
+    const int n = i0 >> 7, j = (i0 & 127) >> 5;
+    const uint2 lo = load_bytes8<2>(b + 64 * n + 32 * (j & 1) + (i0 & 31));
+    const uint2 hi = load_bytes8<2>(b + 128 + 32 * n + (i0 & 31));
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      const int l = (int)((byte_at(lo, k) >> (4 * (j >> 1))) & 0x0fu);
+      const int h = (int)((byte_at(hi, k) >> (2 * j)) & 3u);
+      q[k] = small_int_to_float((l | (h << 4)) - 32);
+    }
+  } else {  // MLX affine, T = 100 + bits: 8 values are `bits` bytes
+    constexpr int bits = T >= 100 ? T - 100 : 8;
+    const int groups = w.cols / w.group;
+    const unsigned long long gi = (unsigned long long)r * groups + (8 * c) / w.group;
+    *d = half_at(w.scales + 2 * gi, w.bf16);
+    *m = half_at(w.biases + 2 * gi, w.bf16);
+    const uint8_t* p = row + c * bits;
+    if (bits == 8) {
+      const uint2 v = load_bytes8<8>(p);
+#pragma unroll
+      for (int k = 0; k < 8; k++) q[k] = small_int_to_float((int)byte_at(v, k));
+    } else {
+      const unsigned int v = bits == 4 ? *(const unsigned int*)p : (unsigned)*(const unsigned short*)p;
+#pragma unroll
+      for (int k = 0; k < 8; k++) q[k] = small_int_to_float((int)((v >> (k * bits)) & ((1u << bits) - 1)));
+    }
   }
 }
 
 // Values 8c .. 8c+7 of weight row `r`, as f32.
 template <int T>
 __device__ __forceinline__ void load8(const Weights& w, int r, int c, float* o) {
-  const uint8_t* row = w.data + (unsigned long long)r * w.row_bytes;
-  if (T == T_F32) {
-    const float* p = (const float*)row + 8 * c;
+  float d, m;
+  decode8<T>(w, r, c, o, &d, &m);
+  if (!IsFloat<T>::value) {
 #pragma unroll
-    for (int k = 0; k < 8; k++) o[k] = p[k];
-  } else if (T == T_F16) {
-    const __half* p = (const __half*)row + 8 * c;
-#pragma unroll
-    for (int k = 0; k < 8; k++) o[k] = __half2float(p[k]);
-  } else if (T == T_BF16) {
-    const unsigned short* p = (const unsigned short*)row + 8 * c;
-#pragma unroll
-    for (int k = 0; k < 8; k++) o[k] = bf16_bits(p[k]);
-  } else if (T == T_Q4_0 || T == T_Q4_1 || T == T_Q5_0 || T == T_Q5_1 || T == T_Q8_0) {
-    const int bytes = T == T_Q4_0 ? 18 : T == T_Q4_1 ? 20 : T == T_Q5_0 ? 22 : T == T_Q5_1 ? 24 : 34;
-    const uint8_t* b = row + (c >> 2) * bytes;
-    const int j0 = (c & 3) * 8;
-    const float d = f16_at(b);
-    if (T == T_Q8_0) {
-#pragma unroll
-      for (int k = 0; k < 8; k++) o[k] = d * (float)(int8_t)b[2 + j0 + k];
-    } else {
-      const int qs = T == T_Q4_0 ? 2 : T == T_Q4_1 ? 4 : T == T_Q5_0 ? 6 : 8;
-      const float m = (T == T_Q4_1 || T == T_Q5_1) ? f16_at(b + 2) : 0.0f;
-      unsigned int qh = 0;
-      if (T == T_Q5_0 || T == T_Q5_1)
-        qh = (unsigned)b[qs - 4] | ((unsigned)b[qs - 3] << 8) | ((unsigned)b[qs - 2] << 16) |
-             ((unsigned)b[qs - 1] << 24);
-#pragma unroll
-      for (int k = 0; k < 8; k++) {
-        const int j = j0 + k;
-        int q = (b[qs + (j & 15)] >> (4 * (j >> 4))) & 0x0f;
-        if (T == T_Q5_0 || T == T_Q5_1) q |= ((qh >> j) & 1) << 4;
-        if (T == T_Q4_0) o[k] = d * (float)(q - 8);
-        else if (T == T_Q5_0) o[k] = d * (float)(q - 16);
-        else o[k] = d * (float)q + m;
-      }
-    }
-  } else if (T == T_Q2_K || T == T_Q3_K || T == T_Q4_K || T == T_Q5_K || T == T_Q6_K) {
-    const int bytes = T == T_Q2_K ? 84 : T == T_Q3_K ? 110 : T == T_Q4_K ? 144 : T == T_Q5_K ? 176 : 210;
-    const uint8_t* b = row + (c >> 5) * bytes;
-    const int i0 = (c & 31) * 8;  // first element within the 256-value block
-    if (T == T_Q2_K) {
-      const float d = f16_at(b + 80), dmin = f16_at(b + 82);
-      const int s = b[i0 >> 4];
-      const float dl = d * (float)(s & 0x0f), ml = dmin * (float)(s >> 4);
-      const int n = i0 >> 7, j = (i0 & 127) >> 5;
-#pragma unroll
-      for (int k = 0; k < 8; k++) {
-        const int l = (i0 + k) & 31;
-        o[k] = dl * (float)((b[16 + 32 * n + l] >> (2 * j)) & 3) - ml;
-      }
-    } else if (T == T_Q3_K) {
-      const float d = f16_at(b + 108);
-      const uint8_t* s = b + 96;
-      const int si = i0 >> 4;
-      const int low = (s[si & 7] >> (4 * (si >> 3))) & 0x0f;
-      const int high = (s[8 + (si & 3)] >> (2 * (si >> 2))) & 3;
-      const float dl = d * (float)((low | (high << 4)) - 32);
-      const int n = i0 >> 7, j = (i0 & 127) >> 5;
-#pragma unroll
-      for (int k = 0; k < 8; k++) {
-        const int i = i0 + k, l = i & 31;
-        int q = (b[32 + 32 * n + l] >> (2 * j)) & 3;
-        if (!((b[l] >> (i >> 5)) & 1)) q -= 4;
-        o[k] = dl * (float)q;
-      }
-    } else if (T == T_Q4_K || T == T_Q5_K) {
-      const float d = f16_at(b), dmin = f16_at(b + 2);
-      float sc, m;
-      k4_scale(b + 4, i0 >> 5, &sc, &m);
-      const float dl = d * sc, ml = dmin * m;
-      const int cc = i0 >> 6, h = (i0 & 63) >> 5;
-#pragma unroll
-      for (int k = 0; k < 8; k++) {
-        const int i = i0 + k, l = i & 31;
-        int q;
-        if (T == T_Q4_K) {
-          q = (b[16 + 32 * cc + l] >> (4 * h)) & 0x0f;
-        } else {
-          q = ((b[48 + 32 * cc + l] >> (4 * h)) & 0x0f) | (((b[16 + l] >> (i >> 5)) & 1) << 4);
-        }
-        o[k] = dl * (float)q - ml;
-      }
-    } else {  // Q6_K
-      const float d = f16_at(b + 208);
-      const float dl = d * (float)(int8_t)b[192 + (i0 >> 4)];
-      const int n = i0 >> 7, j = (i0 & 127) >> 5;
-#pragma unroll
-      for (int k = 0; k < 8; k++) {
-        const int l = (i0 + k) & 31;
-        const int low = (b[64 * n + 32 * (j & 1) + l] >> (4 * (j >> 1))) & 0x0f;
-        const int high = (b[128 + 32 * n + l] >> (2 * j)) & 3;
-        o[k] = dl * (float)((low | (high << 4)) - 32);
-      }
-    }
-  } else {  // MLX affine, T = 100 + bits
-    const int bits = T >= 100 ? T - 100 : 8;
-    const int groups = w.cols / w.group;
-    const int g = (8 * c) / w.group;
-    const unsigned long long gi = (unsigned long long)r * groups + g;
-    const float scale = half_at(w.scales + 2 * gi, w.bf16);
-    const float bias = half_at(w.biases + 2 * gi, w.bf16);
-    const unsigned int mask = (1u << bits) - 1;
-    // 8 values = bits bytes: one word (4-bit), two (8-bit) or half of one (2-bit).
-    const uint8_t* p = row + c * bits;
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-      const int bit = k * bits;
-      const unsigned int v = (p[bit >> 3] >> (bit & 7)) & mask;
-      o[k] = scale * (float)v + bias;
-    }
+    for (int k = 0; k < 8; k++) o[k] = d * o[k] + m;
   }
 }
 
@@ -192,39 +266,64 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // ---------------------------------------------------------------------------
-// Matrix-vector products for decode (1..MV_MAX_TOKENS rows of x): one warp
-// per weight row, every lane a stride of 8-value chunks, all tokens at once
-// so each weight byte is read once.
+// Matrix-vector products for decode (1..MV_MAX_TOKENS rows of x): `split`
+// warps (1, 2 or 4) per weight row, every lane a stride of 8-value chunks,
+// all tokens at once so each weight byte is read once. A matrix of few rows
+// takes more warps a row, so that enough loads are in flight to keep
+// memory busy.
 #define MV_MAX_TOKENS 8
+#define MV_WARPS 4
 
-template <int T>
-__device__ void matvec(const Weights w, const float* __restrict__ x, float* __restrict__ out, int ntok) {
-  const int r = blockIdx.x * (blockDim.x / WARP) + threadIdx.x / WARP;
-  const int lane = threadIdx.x % WARP;
-  if (r >= w.rows) return;
-  float acc[MV_MAX_TOKENS];
+template <int T, int NT>
+__device__ void matvec(const Weights w, const float* __restrict__ x, float* __restrict__ out, int ntok,
+                       int split) {
+  __shared__ float parts[MV_WARPS][NT];
+  const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+  const int r = blockIdx.x * (MV_WARPS / split) + warp / split, part = warp % split;
+  float acc[NT];
 #pragma unroll
-  for (int t = 0; t < MV_MAX_TOKENS; t++) acc[t] = 0.0f;
-  const int chunks = w.cols / 8;
-  for (int c = lane; c < chunks; c += WARP) {
-    float v[8];
-    load8<T>(w, r, c, v);
+  for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+  const int chunks = r < w.rows ? w.cols / 8 : 0;
+  // Unrolled so that several chunks' loads are in flight per lane: batch-1
+  // decode is bound by how many weight bytes are on their way from memory
+  // (with more tokens, their activations take the registers).
+#pragma unroll(NT == 1 ? 4 : 1)
+  for (int c = lane + part * WARP; c < chunks; c += WARP * split) {
+    float q[8], d, m;
+    decode8<T>(w, r, c, q, &d, &m);
 #pragma unroll
-    for (int t = 0; t < MV_MAX_TOKENS; t++) {
+    for (int t = 0; t < NT; t++) {
       if (t < ntok) {
         const float4* xp = (const float4*)(x + (size_t)t * w.cols + 8 * c);
         const float4 a = xp[0], b = xp[1];
-        acc[t] += v[0] * a.x + v[1] * a.y + v[2] * a.z + v[3] * a.w + v[4] * b.x + v[5] * b.y +
-                  v[6] * b.z + v[7] * b.w;
+        const float dot = q[0] * a.x + q[1] * a.y + q[2] * a.z + q[3] * a.w + q[4] * b.x +
+                          q[5] * b.y + q[6] * b.z + q[7] * b.w;
+        if (IsFloat<T>::value) {
+          acc[t] += dot;
+        } else if (HasOffset<T>::value) {
+          const float sum = (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
+          acc[t] += d * dot + m * sum;
+        } else {
+          acc[t] += d * dot;
+        }
       }
     }
   }
 #pragma unroll
-  for (int t = 0; t < MV_MAX_TOKENS; t++) {
-    if (t < ntok) {
-      const float s = warp_sum(acc[t]);
-      if (lane == 0) out[(size_t)t * w.rows + r] = s;
+  for (int t = 0; t < NT; t++) {
+    const float s = warp_sum(acc[t]);
+    if (split == 1) {
+      if (lane == 0 && t < ntok && r < w.rows) out[(size_t)t * w.rows + r] = s;
+    } else if (lane == 0) {
+      parts[warp][t] = s;
     }
+  }
+  if (split == 1) return;
+  __syncthreads();
+  if (part == 0 && lane < ntok && r < w.rows) {
+    float s = 0.0f;
+    for (int k = 0; k < split; k++) s += parts[warp + k][lane];
+    out[(size_t)lane * w.rows + r] = s;
   }
 }
 
@@ -325,10 +424,14 @@ __device__ void dequant_rows(const Weights w, int row0, __half* __restrict__ out
 }
 
 #define FATHOM_WEIGHT_KERNELS(NAME, T)                                                         \
-  extern "C" __global__ void __launch_bounds__(128) mv_##NAME(const Weights w, const float* x, \
-                                                              float* out, int ntok) {          \
-    matvec<T>(w, x, out, ntok);                                                                \
-  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8)                               \
+      mv1_##NAME(const Weights w, const float* x, float* out, int ntok, int split) {            \
+    matvec<T, 1>(w, x, out, ntok, split);                                                       \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8)                               \
+      mv_##NAME(const Weights w, const float* x, float* out, int ntok, int split) {             \
+    matvec<T, MV_MAX_TOKENS>(w, x, out, ntok, split);                                           \
+  }                                                                                             \
   extern "C" __global__ void __launch_bounds__(256) mm_##NAME(const Weights w, const float* x, \
                                                               float* out, int ntok) {          \
     matmat<T>(w, x, out, ntok);                                                                \
@@ -367,25 +470,42 @@ extern "C" __global__ void to_half(const float* x, long long n, int bf16, unsign
 }
 
 // ---------------------------------------------------------------------------
-// Row-wise RMS norm, one block (256 threads) a row; in place is allowed
-// (every value is read before the sums and written by the thread that read it).
-extern "C" __global__ void __launch_bounds__(256)
+// Row-wise RMS norm, one block a row (32 to 1024 threads, as the host picks
+// for the width). Each thread holds its first RMS_HELD values in registers
+// between the sum and the scaling, so a row is read once and no thread
+// waits on a chain of loads; in place is allowed (a thread writes only
+// the values it read).
+#define RMS_HELD 8
+extern "C" __global__ void __launch_bounds__(1024)
 rms_norm(const float* x, const float* w, float eps, int width, float* out) {
-  __shared__ float part[8];
-  const size_t base = (size_t)blockIdx.x * width;
+  __shared__ float part[32];
+  const float* xr = x + (size_t)blockIdx.x * width;
+  float* o = out + (size_t)blockIdx.x * width;
+  const int n = blockDim.x;
+  float v[RMS_HELD];
   float ss = 0.0f;
-  for (int i = threadIdx.x; i < width; i += blockDim.x) {
-    const float v = x[base + i];
-    ss += v * v;
+#pragma unroll
+  for (int k = 0; k < RMS_HELD; k++) {
+    const int i = threadIdx.x + k * n;
+    v[k] = i < width ? xr[i] : 0.0f;
+    ss += v[k] * v[k];
+  }
+  for (int i = threadIdx.x + RMS_HELD * n; i < width; i += n) {
+    const float t = xr[i];
+    ss += t * t;
   }
   ss = warp_sum(ss);
   if (threadIdx.x % WARP == 0) part[threadIdx.x / WARP] = ss;
   __syncthreads();
   float total = 0.0f;
-#pragma unroll
-  for (int i = 0; i < 8; i++) total += (i < (int)(blockDim.x / WARP)) ? part[i] : 0.0f;
+  for (int i = 0; i < n / WARP; i++) total += part[i];
   const float inv = 1.0f / sqrtf(total / (float)width + eps);
-  for (int i = threadIdx.x; i < width; i += blockDim.x) out[base + i] = x[base + i] * inv * w[i];
+#pragma unroll
+  for (int k = 0; k < RMS_HELD; k++) {
+    const int i = threadIdx.x + k * n;
+    if (i < width) o[i] = v[k] * inv * w[i];
+  }
+  for (int i = threadIdx.x + RMS_HELD * n; i < width; i += n) o[i] = xr[i] * inv * w[i];
 }
 
 // x[i] += b[i % width] over n values.
@@ -437,16 +557,15 @@ extern "C" __global__ void scatter_rows(const float* src, const unsigned int* ro
   for (int c = threadIdx.x; c < width; c += blockDim.x) dst[to + c] += wgt * src[from + c];
 }
 
-// Rope of every head of row blockIdx.x at position pos[blockIdx.x]; the
-// angle in f64 (at positions in the tens of thousands an f32 angle is off by
-// hundredths of a radian). One thread a (head, pair).
+// Rope of head blockIdx.y of row blockIdx.x at position pos[blockIdx.x],
+// one thread a pair; the angle in f64 (at positions in the tens of
+// thousands an f32 angle is off by hundredths of a radian).
 extern "C" __global__ void rope(float* x, const int* pos, int n_heads, int head_dim, double theta,
                                 int neox, const float* freqs) {
   const int half = head_dim / 2;
   const double p = (double)pos[blockIdx.x];
-  float* row = x + (size_t)blockIdx.x * n_heads * head_dim;
-  for (int e = threadIdx.x; e < n_heads * half; e += blockDim.x) {
-    const int h = e / half, i = e % half;
+  float* hd = x + ((size_t)blockIdx.x * n_heads + blockIdx.y) * head_dim;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
     double freq = pow(theta, -2.0 * (double)i / (double)head_dim);
     if (freqs) freq /= (double)freqs[i];
     // Reduce to [-pi, pi] in f64, then the fast f32 sine (absolute error
@@ -457,7 +576,6 @@ extern "C" __global__ void rope(float* x, const int* pos, int n_heads, int head_
     float sf, cf;
     __sincosf((float)angle, &sf, &cf);
     const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-    float* hd = row + h * head_dim;
     const float x0 = hd[a], x1 = hd[b];
     hd[a] = x0 * cf - x1 * sf;
     hd[b] = x0 * sf + x1 * cf;
@@ -488,26 +606,36 @@ __device__ __forceinline__ void q8_scale(float amax, float* d, float* id) {
   *id = amax > 0.0f ? 127.0f / amax : 0.0f;
 }
 
-// Rounds n_heads x rows heads of `dim` values in place to a KV dtype's
-// precision, so the step's own rows read what the cache will hold. One
-// thread a 32-value block (dim is a multiple of 32 for q8_0).
-extern "C" __global__ void round_to_kv(float* x, long long n, int dtype) {
-  for (long long blk = blockIdx.x * (long long)blockDim.x + threadIdx.x; blk * 32 < n;
-       blk += (long long)gridDim.x * blockDim.x) {
-    float* v = x + blk * 32;
-    const int m = (int)min((long long)32, n - blk * 32);
-    if (dtype == KV_Q8_0) {
-      float amax = 0.0f;
-      for (int k = 0; k < m; k++) amax = fmaxf(amax, fabsf(v[k]));
-      float d, id;
-      q8_scale(amax, &d, &id);
-      const float dh = __half2float(__float2half_rn(d));
-      for (int k = 0; k < m; k++) v[k] = dh * (float)(int8_t)(int)rintf(v[k] * id);
-    } else if (dtype == KV_F16) {
-      for (int k = 0; k < m; k++) v[k] = __half2float(__float2half_rn(v[k]));
-    } else if (dtype == KV_BF16) {
-      for (int k = 0; k < m; k++) v[k] = __bfloat162float(__float2bfloat16_rn(v[k]));
-    }
+// v rounded to a KV dtype's precision. For q8_0 the 32 lanes of the warp
+// hold one block's 32 values (all lanes must call; a lane past the data
+// passes 0, which leaves the block's max alone).
+__device__ __forceinline__ float kv_round(float v, int dtype) {
+  if (dtype == KV_Q8_0) {
+    float d, id;
+    q8_scale(warp_max(fabsf(v)), &d, &id);
+    return __half2float(__float2half_rn(d)) * (float)(int8_t)(int)rintf(v * id);
+  }
+  if (dtype == KV_F16) return __half2float(__float2half_rn(v));
+  if (dtype == KV_BF16) return __bfloat162float(__float2bfloat16_rn(v));
+  return v;
+}
+
+// Rounds three runs of values in place (a: na values, then b, then c; a
+// count of 0 skips a run) to a KV dtype's precision, so the step's own rows
+// read what the cache will hold: K, V and, against an f16 cache, q in one
+// launch. One thread a value; for q8_0 the runs are whole 32-value blocks
+// (head dims are multiples of 32 for a q8_0 cache), one warp a block.
+extern "C" __global__ void round_to_kv(float* a, long long na, float* b, long long nb, float* c,
+                                       long long nc, int dtype) {
+  const long long n = na + nb + nc;
+  for (long long i0 = (long long)blockIdx.x * blockDim.x; i0 < n; i0 += (long long)gridDim.x * blockDim.x) {
+    const long long i = i0 + threadIdx.x;
+    float* x = nullptr;
+    if (i < na) x = a + i;
+    else if (i < na + nb) x = b + (i - na);
+    else if (i < n) x = c + (i - na - nb);
+    const float r = kv_round(x ? *x : 0.0f, dtype);
+    if (x) *x = r;
   }
 }
 
@@ -925,10 +1053,14 @@ FATHOM_ATT_SPLIT_DIMS(q8_0, KV_Q8_0)
 
 // Stores row blockIdx.x's K (blockIdx.y = 0) or V (1) into the cache at its
 // position. One thread a 32-value block.
-extern "C" __global__ void kv_write(StepDesc st, KvDesc kv, const float* k, const float* v, int k_width,
-                                    int v_width) {
+extern "C" __global__ void __launch_bounds__(256) kv_write(StepDesc st, KvDesc kv, const float* k,
+                                                          const float* v, int k_width, int v_width) {
+  // One block a (row, K or V, 256 values); one thread a value, one warp a
+  // q8_0 block.
   const int row = blockIdx.x, is_v = blockIdx.y;
   const int width = is_v ? v_width : k_width;
+  const int i = blockIdx.z * blockDim.x + threadIdx.x;
+  if (blockIdx.z * blockDim.x >= width) return;
   const float* src = (is_v ? v : k) + (size_t)row * width;
   const int seq = st.row_seq[row], p = st.row_pos[row];
   int slot;
@@ -936,30 +1068,23 @@ extern "C" __global__ void kv_write(StepDesc st, KvDesc kv, const float* k, cons
   uint8_t* dst = kv.base + base +
                  (is_v ? 16ull * kv.k_row + (unsigned long long)slot * kv.v_row
                        : (unsigned long long)slot * kv.k_row);
-  for (int b = threadIdx.x; b * 32 < width; b += blockDim.x) {
-    const float* x = src + b * 32;
-    const int m = min(32, width - b * 32);
-    if (kv.dtype == KV_Q8_0) {
-      float amax = 0.0f;
-      for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
-      float d, id;
-      q8_scale(amax, &d, &id);
-      uint8_t* o = dst + b * 34;
-      // One 16-bit store (every q8_0 block starts on an even byte: block,
-      // layer and row sizes are all even). With two byte stores of the f16
-      // bits (`st.global.u8` of the .b16 register, then of it shifted) the
-      // low byte read back as 0 on the H200 (nvcc 13.0, sm_90); the SASS was
-      // not inspected, the 16-bit store was checked byte for byte
-      // (tests/conformance.rs, cuda_kv_bytes).
-      *(unsigned short*)o = __half_as_ushort(__float2half_rn(d));
-      for (int i = 0; i < 32; i++) o[2 + i] = (uint8_t)(int8_t)(int)rintf(x[i] * id);
-    } else if (kv.dtype == KV_F16) {
-      for (int i = 0; i < m; i++) ((__half*)dst)[b * 32 + i] = __float2half_rn(x[i]);
-    } else if (kv.dtype == KV_BF16) {
-      for (int i = 0; i < m; i++) ((__nv_bfloat16*)dst)[b * 32 + i] = __float2bfloat16_rn(x[i]);
-    } else {
-      for (int i = 0; i < m; i++) ((float*)dst)[b * 32 + i] = x[i];
-    }
+  const float x = i < width ? src[i] : 0.0f;
+  if (kv.dtype == KV_Q8_0) {
+    float d, id;
+    q8_scale(warp_max(fabsf(x)), &d, &id);
+    if (i >= width) return;
+    uint8_t* o = dst + (i / 32) * 34;
+    // A 16-bit store (every q8_0 block starts on an even byte: block,
+    // layer and row sizes are all even). With two byte stores of the f16
+    // bits (`st.global.u8` of the .b16 register, then of it shifted) the
+    // low byte read back as 0 on the H200 (nvcc 13.0, sm_90); the 16-bit
+    // store was checked byte for byte (tests/conformance.rs, cuda_kv_bytes).
+    if (i % 32 == 0) *(unsigned short*)o = __half_as_ushort(__float2half_rn(d));
+    o[2 + i % 32] = (uint8_t)(int8_t)(int)rintf(x * id);
+  } else if (i < width) {
+    if (kv.dtype == KV_F16) ((__half*)dst)[i] = __float2half_rn(x);
+    else if (kv.dtype == KV_BF16) ((__nv_bfloat16*)dst)[i] = __float2bfloat16_rn(x);
+    else ((float*)dst)[i] = x;
   }
 }
 

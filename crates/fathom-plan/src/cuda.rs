@@ -51,6 +51,13 @@ pub const MODULE_BYTES: u64 = 2 << 20;
 /// same way).
 pub const BLAS_HANDLE_BYTES: u64 = 71_303_168;
 
+/// Decode steps the backend keeps as CUDA graphs (see the backend's
+/// launch queue): the least recently used beyond this is destroyed.
+pub const MAX_GRAPHS: usize = 4;
+/// Device memory one instantiated decode-step graph takes (`cuMemGetInfo`
+/// around `cuGraphInstantiate` of an 8B model's step, ~600 kernel nodes).
+pub const GRAPH_BYTES: u64 = 2 << 20;
+
 /// Host memory the CUDA user-space libraries (libcuda, cuBLAS, cuBLASLt)
 /// keep resident once loaded and initialized: their code and tables.
 /// Measured on the H200 machine as peak RSS less every other host term in
@@ -96,9 +103,16 @@ pub struct Region {
 /// What the backend uploads each step: per row its sequence and position,
 /// per sequence its start and first row and its page tables (`u32`s), and
 /// per row an index and a weight (MoE gathers).
+///
+/// The step area holds everything of a step at once (the kernels of a step
+/// are issued together, or replayed as a graph, after one copy): per row
+/// its sequence and position, per sequence its start and first row, per KV
+/// group and sequence its page table, the step's token ids, and the rows
+/// whose logits are projected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct UploadLayout {
-    /// `2 × tokens + 2 × seqs + seqs × table_stride` u32s.
+    /// `4 × tokens + 2 × seqs + groups × seqs × table_stride` u32s (see
+    /// [`StepWords`]).
     pub step: Region,
     /// `tokens` u32 row indices.
     pub index: Region,
@@ -108,6 +122,39 @@ pub struct UploadLayout {
     pub seqs: u64,
     /// Page-table entries per sequence: the most blocks any group holds.
     pub table_stride: u64,
+}
+
+/// Where each part of a step's upload lies in the step area, in u32 words
+/// from its start: the backend writes them, the kernels read them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepWords {
+    pub tokens: u64,
+    pub seqs: u64,
+    pub groups: u64,
+    pub table_stride: u64,
+}
+
+impl StepWords {
+    /// Per row its sequence, per row its position, per sequence its start,
+    /// per sequence its first row: `2 × tokens + 2 × seqs` words at 0.
+    pub fn rows(&self) -> u64 {
+        2 * self.tokens + 2 * self.seqs
+    }
+    /// KV group `g`'s page tables, `seqs × table_stride` words.
+    pub fn tables(&self, g: u64) -> u64 {
+        self.rows() + g * self.seqs * self.table_stride
+    }
+    /// The step's token ids, `tokens` words.
+    pub fn token_ids(&self) -> u64 {
+        self.tables(self.groups)
+    }
+    /// The rows to project to logits, `tokens` words.
+    pub fn projected(&self) -> u64 {
+        self.token_ids() + self.tokens
+    }
+    pub fn total(&self) -> u64 {
+        self.projected() + self.tokens
+    }
 }
 
 /// The CUDA backend's one allocation, carved.
@@ -167,12 +214,14 @@ impl DeviceLayout {
         // One logits row per sequence of a step.
         let seqs = rows_of(Buf::Logits).unwrap_or(tokens).clamp(1, tokens);
         let table_stride = kv.iter().map(|g| g.blocks_per_sequence).max().unwrap_or(0);
-        let step_words = tokens
-            .saturating_mul(2)
-            .saturating_add(seqs.saturating_mul(2))
-            .saturating_add(seqs.saturating_mul(table_stride));
+        let words = StepWords {
+            tokens,
+            seqs,
+            groups: kv.len() as u64,
+            table_stride,
+        };
         let upload = UploadLayout {
-            step: region(step_words.saturating_mul(4)),
+            step: region(words.total().saturating_mul(4)),
             index: region(tokens.saturating_mul(4)),
             weights: region(tokens.saturating_mul(4)),
             tokens,
@@ -207,9 +256,9 @@ impl DeviceLayout {
         }
     }
 
-    /// Device bytes besides the allocation: the context, the kernels and
-    /// cuBLAS's handle.
+    /// Device bytes besides the allocation: the context, the kernels,
+    /// cuBLAS's handle and the decode-step graphs.
     pub fn outside_allocation() -> u64 {
-        CONTEXT_BYTES + MODULE_BYTES + BLAS_HANDLE_BYTES
+        CONTEXT_BYTES + MODULE_BYTES + BLAS_HANDLE_BYTES + MAX_GRAPHS as u64 * GRAPH_BYTES
     }
 }

@@ -134,6 +134,7 @@ pub fn backend(
 
 /// The CUDA backend term: what the device holds besides weights, KV and
 /// the arena — the context, the kernels, cuBLAS's handle and workspace,
+/// the decode-step graphs,
 /// the upload area, prefill staging, split attention's partials, and the
 /// allocation's alignment padding.
 fn cuda_backend(l: &DeviceLayout, weights: u64) -> (u64, String) {
@@ -154,10 +155,12 @@ fn cuda_backend(l: &DeviceLayout, weights: u64) -> (u64, String) {
         .saturating_sub(partials);
     let bytes = DeviceLayout::outside_allocation().saturating_add(in_allocation);
     let derivation = format!(
-        "cuda: context {} + kernels {} + cuBLAS handle {} (measured on an H200) + cuBLAS workspace {} + per-step upload {} + prefill staging {} + attention partials {} + weight slack and alignment {}",
+        "cuda: context {} + kernels {} + cuBLAS handle {} (measured on an H200) + {} decode graphs × {} + cuBLAS workspace {} + per-step upload {} + prefill staging {} + attention partials {} + weight slack and alignment {}",
         format_binary(cuda::CONTEXT_BYTES),
         format_binary(cuda::MODULE_BYTES),
         format_binary(cuda::BLAS_HANDLE_BYTES),
+        cuda::MAX_GRAPHS,
+        format_binary(cuda::GRAPH_BYTES),
         format_binary(l.blas_workspace.bytes),
         format_binary(upload),
         format_binary(staging),

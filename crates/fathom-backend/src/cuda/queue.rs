@@ -1,0 +1,240 @@
+//! The launch queue: kernel launches are recorded, not issued, until the
+//! host needs a result (the logits, MoE routes, a cuBLAS call), and a
+//! decode step that repeats launch for launch is replayed as one CUDA
+//! graph.
+//!
+//! Why: a decode step of an 8B model is ~600 small launches. Issued one by
+//! one, each costs the host a few microseconds and leaves the GPU a gap
+//! between kernels; at batch 1 that is a fifth of the step. A graph issues
+//! them at once. A step's launches are compared with the cached graphs'
+//! argument for argument (every buffer address is fixed by the plan, and
+//! per-step inputs such as positions and page tables live in the upload
+//! area, whose contents the host copies before the replay), so a replay is
+//! exactly the launches it stands for. A new sequence of launches is
+//! captured the second time in a row it is seen (a prefill chunk or a
+//! one-off shape is not worth a capture), at most [`MAX_GRAPHS`] kept.
+
+use std::ffi::c_void;
+
+use cudarc::driver::{result, sys, DriverError};
+use fathom_plan::cuda::MAX_GRAPHS;
+
+/// One recorded launch: its kernel and geometry, and where its argument
+/// values sit in the queue's signature.
+struct Launch {
+    f: sys::CUfunction,
+    grid: (u32, u32, u32),
+    block: u32,
+    /// (word offset in `sig`, bytes) of each argument.
+    args: std::ops::Range<usize>,
+}
+
+/// A captured step: the signature it was captured from.
+struct Graph {
+    exec: sys::CUgraphExec,
+    sig: Vec<u64>,
+    last_used: u64,
+}
+
+/// Counts for tests and reports.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct GraphStats {
+    pub captures: u64,
+    pub replays: u64,
+    /// Launches issued one by one.
+    pub direct: u64,
+}
+
+pub(super) struct LaunchQueue {
+    launches: Vec<Launch>,
+    /// (word offset, bytes) of every argument of every launch.
+    spans: Vec<(usize, usize)>,
+    /// Every launch's kernel, geometry and argument values, 8-byte words:
+    /// two queues with equal signatures issue the same launches.
+    sig: Vec<u64>,
+    /// The signature of the last step issued directly (a second sighting
+    /// captures it).
+    previous: Vec<u64>,
+    graphs: Vec<Graph>,
+    clock: u64,
+    enabled: bool,
+    pub stats: GraphStats,
+}
+
+/// Whether graphs are used: `FATHOM_CUDA_GRAPHS=0` turns them off.
+fn graphs_enabled() -> bool {
+    std::env::var("FATHOM_CUDA_GRAPHS").map_or(true, |v| v != "0")
+}
+
+impl LaunchQueue {
+    pub(super) fn new() -> Self {
+        LaunchQueue {
+            launches: Vec::new(),
+            spans: Vec::new(),
+            sig: Vec::new(),
+            previous: Vec::new(),
+            graphs: Vec::new(),
+            clock: 0,
+            enabled: graphs_enabled(),
+            stats: GraphStats::default(),
+        }
+    }
+
+    /// Drops what is recorded (the backend failed: nothing more runs).
+    pub(super) fn discard(&mut self) {
+        self.launches.clear();
+        self.spans.clear();
+        self.sig.clear();
+    }
+
+    /// Records a launch; `args` are (pointer, size) of each argument value,
+    /// copied now.
+    pub(super) fn push(
+        &mut self,
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[(*mut c_void, usize)],
+    ) {
+        self.sig.extend([
+            f as u64,
+            grid.0 as u64 | (grid.1 as u64) << 32,
+            grid.2 as u64 | (block as u64) << 32,
+            args.len() as u64,
+        ]);
+        let first = self.spans.len();
+        for &(p, size) in args {
+            let at = self.sig.len();
+            let words = size.div_ceil(8);
+            self.sig.resize(at + words, 0);
+            // SAFETY: `p` points at a live argument value of `size` bytes
+            // (the `args!` macro takes them from locals); `sig` has room for
+            // `words` 8-byte words from `at`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    p as *const u8,
+                    self.sig.as_mut_ptr().add(at) as *mut u8,
+                    size,
+                );
+            }
+            self.spans.push((at, size));
+        }
+        self.launches.push(Launch {
+            f,
+            grid,
+            block,
+            args: first..self.spans.len(),
+        });
+    }
+
+    /// Issues what is recorded on `stream`: as a cached graph when
+    /// `whole_step` and the signature matches one, as a new graph when it
+    /// matches the previous step's, else launch by launch.
+    pub(super) fn issue(
+        &mut self,
+        stream: sys::CUstream,
+        whole_step: bool,
+    ) -> Result<(), DriverError> {
+        if self.launches.is_empty() {
+            return Ok(());
+        }
+        let r = self.issue_inner(stream, whole_step && self.enabled);
+        self.discard();
+        r
+    }
+
+    fn issue_inner(&mut self, stream: sys::CUstream, graph: bool) -> Result<(), DriverError> {
+        self.clock += 1;
+        if graph {
+            if let Some(g) = self.graphs.iter_mut().find(|g| g.sig == self.sig) {
+                g.last_used = self.clock;
+                self.stats.replays += 1;
+                // SAFETY: an instantiated graph of this context; its kernels'
+                // arguments equal the recorded ones (same signature).
+                return unsafe { result::graph::launch(g.exec, stream) };
+            }
+            if self.previous == self.sig {
+                return self.capture(stream);
+            }
+            std::mem::swap(&mut self.previous, &mut self.sig);
+            // `sig` now holds the older signature; the launches' spans
+            // point into `previous`.
+            self.stats.direct += self.launches.len() as u64;
+            return self.launch_each(stream, true);
+        }
+        self.stats.direct += self.launches.len() as u64;
+        self.launch_each(stream, false)
+    }
+
+    /// Launches every recorded kernel on `stream`, their argument values
+    /// read from `previous` (after a swap) or `sig`.
+    fn launch_each(
+        &mut self,
+        stream: sys::CUstream,
+        from_previous: bool,
+    ) -> Result<(), DriverError> {
+        let words = if from_previous {
+            &mut self.previous
+        } else {
+            &mut self.sig
+        };
+        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(16);
+        for l in &self.launches {
+            ptrs.clear();
+            for &(at, _) in &self.spans[l.args.clone()] {
+                ptrs.push(words[at..].as_mut_ptr() as *mut c_void);
+            }
+            // SAFETY: the kernel, geometry and argument values were recorded
+            // from a launch the backend checked (see `CudaBackend::launch`);
+            // the values live in `words` until the call returns.
+            unsafe { result::launch_kernel(l.f, l.grid, (l.block, 1, 1), 0, stream, &mut ptrs) }?;
+        }
+        Ok(())
+    }
+
+    /// Captures the recorded launches into a graph, keeps it (dropping the
+    /// least recently used beyond MAX_GRAPHS) and launches it.
+    fn capture(&mut self, stream: sys::CUstream) -> Result<(), DriverError> {
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        // SAFETY: our stream, idle of other capture; only kernel launches
+        // happen between begin and end.
+        unsafe { result::stream::begin_capture(stream, mode) }?;
+        let launched = self.launch_each(stream, false);
+        // SAFETY: ends the capture begun above, whatever the launches did.
+        let graph = unsafe { result::stream::end_capture(stream) };
+        launched?;
+        let graph = graph?;
+        // SAFETY: a graph just captured; destroyed once instantiated (the
+        // executable graph keeps what it needs).
+        let exec = unsafe {
+            let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0));
+            let _ = result::graph::destroy(graph);
+            exec?
+        };
+        self.stats.captures += 1;
+        if self.graphs.len() >= MAX_GRAPHS {
+            let oldest = (0..self.graphs.len())
+                .min_by_key(|&i| self.graphs[i].last_used)
+                .expect("MAX_GRAPHS > 0");
+            let g = self.graphs.swap_remove(oldest);
+            // SAFETY: not in use by the host; the stream orders its last
+            // launch before anything after.
+            let _ = unsafe { result::graph::exec_destroy(g.exec) };
+        }
+        self.graphs.push(Graph {
+            exec,
+            sig: std::mem::take(&mut self.sig),
+            last_used: self.clock,
+        });
+        // SAFETY: just instantiated in this context.
+        unsafe { result::graph::launch(exec, stream) }
+    }
+
+    /// Destroys the cached graphs (the context must be bound).
+    pub(super) fn release(&mut self) {
+        for g in self.graphs.drain(..) {
+            // SAFETY: each exec was instantiated once and is destroyed once.
+            let _ = unsafe { result::graph::exec_destroy(g.exec) };
+        }
+    }
+}
