@@ -19,6 +19,9 @@
 //! MLX layout and are decoded inside the matmul kernels; F32 matrices go
 //! through cuBLAS SGEMM.
 //!
+//! **Launches** are recorded and issued when the host needs a result; a
+//! decode step that repeats is replayed as a CUDA graph ([`queue`]).
+//!
 //! **Errors.** Ops are queued on one stream and return nothing; the first
 //! failure is kept, later ops are skipped, and [`Backend::take_error`]
 //! hands it out. `logits()` synchronizes.
