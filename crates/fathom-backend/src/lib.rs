@@ -31,6 +31,7 @@ pub use host::{HostBytes, HostMatrix, MatrixStorage, MatrixView};
 /// read, with their defaults (docs/environment-variables.md has the rules).
 pub const ENV_VARS: &[(&str, &str)] = &[
     ("FATHOM_CUDA_LIB_DIR", "unset"),
+    ("FATHOM_NCCL_LIB_DIR", "unset"),
     ("FATHOM_NVCC", "unset"),
     (
         "FATHOM_CUDA_TOOLCHAIN",

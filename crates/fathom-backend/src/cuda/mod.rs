@@ -24,6 +24,7 @@
 //! hands it out. `logits()` synchronizes.
 
 mod blas;
+pub mod nccl;
 pub mod nvml;
 
 use std::ffi::{c_void, CString};
