@@ -32,6 +32,7 @@ pub use host::{HostBytes, HostMatrix, MatrixStorage, MatrixView};
 pub const ENV_VARS: &[(&str, &str)] = &[
     ("FATHOM_CUDA_LIB_DIR", "unset"),
     ("FATHOM_CUDA_GRAPHS", "1"),
+    ("FATHOM_NCCL_LIB_DIR", "unset"),
     ("FATHOM_NVCC", "unset"),
     (
         "FATHOM_CUDA_TOOLCHAIN",

@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_memory;
+mod flags;
 mod generate;
 mod inspect;
 mod kld;
@@ -56,6 +57,7 @@ fn main() -> ExitCode {
     // Usage errors exit 1 like every other error: 2 is reserved for a
     // preflight that refuses a load which does not fit.
     let args = serve::rewrite_llama_server_flags(std::env::args_os().collect());
+    let args = inspect::rewrite_vllm_flags(args);
     let cli = match Cli::try_parse_from(args) {
         Ok(cli) => cli,
         Err(err) => {

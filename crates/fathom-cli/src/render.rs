@@ -5,6 +5,7 @@ use std::path::Path;
 
 use fathom_plan::quant::QuantAdvice;
 use fathom_plan::size::{format_binary, format_bytes};
+use fathom_plan::tensor_parallel::{Split, TensorParallel};
 use fathom_plan::MemoryPlan;
 use fathom_spec::ModelSpec;
 
@@ -31,6 +32,9 @@ fn term_label(name: &str) -> &'static str {
         "cuda_libraries" => "CUDA libraries",
         "host_buffers" => "Host buffers",
         "weights_staging" => "Weights staging",
+        "nccl" => "NCCL buffers",
+        "nccl_library" => "NCCL library",
+        "device_contexts" => "Device contexts",
         _ => "Other",
     }
 }
@@ -66,8 +70,19 @@ pub fn plan_text(model: &Path, format: &str, spec: &ModelSpec, plan: &MemoryPlan
         let _ = writeln!(out, "  note: {note}");
     }
     out.push('\n');
-    if plan.host.is_some() {
-        let _ = writeln!(out, "Device memory ({}):", i.device.name());
+    match &plan.tensor_parallel {
+        Some(tp) => {
+            let _ = writeln!(
+                out,
+                "Device memory ({}, each of {} devices holds the same share; --memory is per device):",
+                i.device.name(),
+                tp.size
+            );
+        }
+        None if plan.host.is_some() => {
+            let _ = writeln!(out, "Device memory ({}):", i.device.name());
+        }
+        None => {}
     }
     for term in &plan.terms {
         let label = term_label(term.name);
@@ -151,7 +166,72 @@ pub fn plan_text(model: &Path, format: &str, spec: &ModelSpec, plan: &MemoryPlan
         "Largest context that fits at batch {}: {max_ctx} tokens{why}",
         i.batch
     );
+    if let Some(tp) = &plan.tensor_parallel {
+        tensor_parallel_text(&mut out, tp);
+    }
     out
+}
+
+/// How the model is split, and the table of device counts.
+fn tensor_parallel_text(out: &mut String, tp: &TensorParallel) {
+    let kv = if tp.kv_replicas > 1 {
+        format!(
+            "{} KV head per device, each held by {} devices",
+            tp.kv_heads_per_device, tp.kv_replicas
+        )
+    } else {
+        format!("{} KV heads per device", tp.kv_heads_per_device)
+    };
+    let experts = if tp.expert_ffn_per_device > 0 {
+        format!(", each expert's FFN {} columns", tp.expert_ffn_per_device)
+    } else {
+        String::new()
+    };
+    let _ = writeln!(
+        out,
+        "\nTensor parallel over {} devices: {} heads, {kv}, FFN {} columns{experts} per device",
+        tp.size, tp.heads_per_device, tp.ffn_per_device
+    );
+    for w in &tp.weights {
+        let split = match w.split {
+            Split::Column => "column-split",
+            Split::Row => "row-split",
+            Split::Replicated => "whole on every device",
+        };
+        let _ = writeln!(
+            out,
+            "  {:<18} {:>11} of {:>11}  {split}, {} tensor{}",
+            w.name,
+            format_binary(w.device_bytes),
+            format_binary(w.bytes),
+            w.tensors,
+            if w.tensors == 1 { "" } else { "s" }
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nWhich device count fits (same inputs; per device):\n  {:>7} {:>11} {:>11} {:>11}  {:<12} largest context",
+        "devices", "weights", "KV", "total", "fits"
+    );
+    for s in &tp.sizes {
+        match &s.error {
+            Some(error) => {
+                let _ = writeln!(out, "  {:>7} cannot split: {error}", s.size);
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "  {:>7} {:>11} {:>11} {:>11}  {:<12} {}",
+                    s.size,
+                    format_binary(s.weights_bytes),
+                    format_binary(s.kv_bytes),
+                    format_binary(s.total_bytes),
+                    if s.fits { "fits" } else { "does not fit" },
+                    s.max_context_that_fits
+                );
+            }
+        }
+    }
 }
 
 pub fn quant_text(advice: &QuantAdvice, max_tokens: u64) -> String {

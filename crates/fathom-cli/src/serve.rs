@@ -76,20 +76,7 @@ pub struct ServeArgs {
 /// llama-server spells --parallel `-np`; clap cannot take a two-letter
 /// short flag, so it is rewritten before parsing.
 pub fn rewrite_llama_server_flags(args: Vec<OsString>) -> Vec<OsString> {
-    if args.get(1).is_none_or(|a| a != "serve") {
-        return args;
-    }
-    args.into_iter()
-        .map(|a| {
-            if a == "-np" {
-                return OsString::from("--parallel");
-            }
-            match a.to_str().and_then(|s| s.strip_prefix("-np=")) {
-                Some(v) => OsString::from(format!("--parallel={v}")),
-                None => a,
-            }
-        })
-        .collect()
+    crate::flags::rewrite_short(args, "serve", "-np", "--parallel")
 }
 
 pub fn run(args: &ServeArgs) -> Result<ExitCode> {

@@ -26,8 +26,8 @@ pub use grid::{memory_grid_models, write_grid_model, write_runnable_gguf, GridMo
 pub use hf::write_hf_dir;
 pub use mlx::mlx_quantize;
 pub use models::{
-    gemma3_1b, gemma3_4b_multimodal_text, llama_3_1_8b, qwen2_5_7b, qwen3_30b_a3b, reshaped,
-    smollm2_135m, tiny_gemma3, tiny_llama, tiny_qwen2, tiny_qwen3, tiny_qwen3_moe,
+    gemma3_1b, gemma3_4b_multimodal_text, llama_3_1_70b, llama_3_1_8b, qwen2_5_7b, qwen3_30b_a3b,
+    reshaped, smollm2_135m, tiny_gemma3, tiny_llama, tiny_qwen2, tiny_qwen3, tiny_qwen3_moe,
 };
 pub use safetensors::write_safetensors;
 

@@ -33,6 +33,12 @@ pub fn llama_3_1_8b() -> ModelDef {
     decoder_model("Llama-3.1-8B", Family::Llama, llama_3_1_8b_config())
 }
 
+/// Llama-3.1-8B's block at 70B: 80 layers of 8192, 64 heads over 8 KV
+/// heads, BF16, untied (about 141 GB): the shape tensor parallelism is for.
+pub fn llama_3_1_70b() -> ModelDef {
+    decoder_model("Llama-3.1-70B", Family::Llama, llama_3_1_70b_config())
+}
+
 /// The Instruct release, whose config has the 32k context the brief asks for
 /// (the base model's says 131072); biases on q/k/v, untied.
 pub fn qwen2_5_7b() -> ModelDef {
@@ -219,6 +225,19 @@ fn llama_3_1_8b_config() -> Value {
         "use_cache": true,
         "vocab_size": 128256
     })
+}
+
+/// Meta's published `config.json` differs from the 8B's only in these.
+fn llama_3_1_70b_config() -> Value {
+    with(
+        llama_3_1_8b_config(),
+        json!({
+            "hidden_size": 8192,
+            "intermediate_size": 28672,
+            "num_attention_heads": 64,
+            "num_hidden_layers": 80,
+        }),
+    )
 }
 
 fn qwen2_5_7b_config() -> Value {

@@ -217,16 +217,29 @@ pub fn host_plan(spec: &ModelSpec, inputs: &PlanInputs, activations: &Activation
             derivation: "the checkpoint's pages, mapped while copied to the device and released after loading".into(),
         },
     ];
-    let total_bytes = terms.iter().fold(0u64, |t, x| t.saturating_add(x.bytes));
-    let (available_bytes, available_source) = match &inputs.host_available {
-        Some(a) => (a.bytes, a.source.clone()),
-        None => (0, "unchecked".to_string()),
-    };
-    HostPlan {
-        fits: inputs.host_available.is_none() || total_bytes <= available_bytes,
-        terms,
-        total_bytes,
-        available_bytes,
-        available_source,
+    HostPlan::of(terms, inputs)
+}
+
+impl HostPlan {
+    /// The budget of `terms` against the host memory in `inputs`.
+    fn of(terms: Vec<Term>, inputs: &PlanInputs) -> HostPlan {
+        let total_bytes = terms.iter().fold(0u64, |t, x| t.saturating_add(x.bytes));
+        let (available_bytes, available_source) = match &inputs.host_available {
+            Some(a) => (a.bytes, a.source.clone()),
+            None => (0, "unchecked".to_string()),
+        };
+        HostPlan {
+            fits: inputs.host_available.is_none() || total_bytes <= available_bytes,
+            terms,
+            total_bytes,
+            available_bytes,
+            available_source,
+        }
+    }
+
+    /// This budget with `extra` terms added.
+    pub(crate) fn with_terms(mut self, extra: Vec<Term>, inputs: &PlanInputs) -> HostPlan {
+        self.terms.extend(extra);
+        HostPlan::of(self.terms, inputs)
     }
 }

@@ -17,6 +17,7 @@ pub mod quant;
 pub mod rocm;
 pub mod serve;
 pub mod size;
+pub mod tensor_parallel;
 
 use fathom_spec::ModelSpec;
 use serde::Serialize;
@@ -158,6 +159,10 @@ pub struct MemoryPlan {
     /// A discrete GPU's second budget: what stays in host memory.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub host: Option<HostPlan>,
+    /// Under tensor parallelism (more than one device) the fields above are
+    /// each device's; this says how the model is split.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensor_parallel: Option<tensor_parallel::TensorParallel>,
 }
 
 /// What a discrete GPU's run keeps in host memory, against host memory.
@@ -184,7 +189,9 @@ struct Sized {
     total: u64,
 }
 
-fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64) -> Sized {
+/// `nccl` is the NCCL term of a tensor-parallel device (0 otherwise), whose
+/// `spec` is then the sharded one.
+fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64, nccl: u64) -> Sized {
     let kv = kv::plan(spec, max_tokens, inputs.batch, inputs.kv_dtype);
     let activations = activations::plan(
         spec,
@@ -226,6 +233,7 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64) -> Sized {
         runtime.0,
         backend.fixed_bytes,
         backend.inflight_bytes,
+        nccl,
     ]
     .into_iter()
     .fold(0u64, u64::saturating_add);
@@ -243,6 +251,60 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64) -> Sized {
 
 impl MemoryPlan {
     pub fn new(spec: &ModelSpec, inputs: PlanInputs) -> Result<Self, PlanError> {
+        Self::build(spec, inputs, None)
+    }
+
+    /// The plan of each of `size` CUDA devices sharing the model
+    /// ([`tensor_parallel`]), with the table of sizes 1, 2, 4 and 8; size 1
+    /// is exactly [`MemoryPlan::new`].
+    pub fn with_tensor_parallel(
+        spec: &ModelSpec,
+        inputs: PlanInputs,
+        size: u64,
+    ) -> Result<Self, PlanError> {
+        if size == 1 {
+            return Self::new(spec, inputs);
+        }
+        if inputs.device != Device::Cuda {
+            return Err(PlanError::InvalidInput {
+                what: "--tensor-parallel".into(),
+                value: size.to_string(),
+                expected: format!(
+                    "tensor parallelism runs on cuda devices only, not {}: pass --device cuda, or drop the flag (or give 1)",
+                    inputs.device.name()
+                ),
+            });
+        }
+        let shard = tensor_parallel::shard(spec, size)?;
+        let mut plan = Self::build(spec, inputs.clone(), Some(&shard))?;
+        let sizes = tensor_parallel::TABLE_SIZES
+            .into_iter()
+            .filter(|n| spec.n_heads.is_multiple_of(*n))
+            .map(|n| {
+                let option = if n == size {
+                    Ok(plan.clone())
+                } else if n == 1 {
+                    Self::new(spec, inputs.clone())
+                } else {
+                    tensor_parallel::shard(spec, n)
+                        .and_then(|s| Self::build(spec, inputs.clone(), Some(&s)))
+                };
+                tensor_parallel::SizeOption::of(n, option)
+            })
+            .collect();
+        if let Some(tp) = plan.tensor_parallel.as_mut() {
+            tp.sizes = sizes;
+        }
+        Ok(plan)
+    }
+
+    /// The plan of one device; under tensor parallelism `shard` is what
+    /// each device holds of `spec`.
+    fn build(
+        spec: &ModelSpec,
+        inputs: PlanInputs,
+        shard: Option<&tensor_parallel::Shard>,
+    ) -> Result<Self, PlanError> {
         inputs.validate()?;
         if !(inputs.headroom_factor.is_finite() && inputs.headroom_factor > 0.0) {
             return Err(PlanError::InvalidInput {
@@ -251,7 +313,12 @@ impl MemoryPlan {
                 expected: "expected a finite number above 0".into(),
             });
         }
-        let s = size_terms(spec, &inputs, inputs.max_tokens);
+        let whole = spec;
+        let (spec, (nccl, nccl_derivation)) = match shard {
+            Some(shard) => (&shard.spec, tensor_parallel::nccl(shard.size)),
+            None => (whole, (0, String::new())),
+        };
+        let s = size_terms(spec, &inputs, inputs.max_tokens, nccl);
         let available = inputs.available.bytes;
         let weights_bytes = spec.weights_bytes();
         let fits = s.total <= available;
@@ -260,7 +327,10 @@ impl MemoryPlan {
             Term {
                 name: "weights",
                 bytes: weights_bytes,
-                derivation: weights_derivation(spec),
+                derivation: match shard {
+                    Some(shard) => shard.derivation(&weights_derivation(whole)),
+                    None => weights_derivation(spec),
+                },
             },
             Term {
                 name: "kv",
@@ -295,6 +365,13 @@ impl MemoryPlan {
                 },
             );
         }
+        if nccl > 0 {
+            terms.push(Term {
+                name: "nccl",
+                bytes: nccl,
+                derivation: nccl_derivation,
+            });
+        }
         if s.backend.inflight_bytes > 0 {
             terms.push(Term {
                 name: "backend_inflight",
@@ -313,11 +390,28 @@ impl MemoryPlan {
                 ),
             });
         }
-        let max_context_that_fits = max_context_that_fits(spec, &inputs);
-        let host = (inputs.device == Device::Cuda)
-            .then(|| device::host_plan(spec, &inputs, &s.activations));
+        let max_context_that_fits = max_context_that_fits(spec, &inputs, nccl);
+        let host = (inputs.device == Device::Cuda).then(|| {
+            let host = device::host_plan(whole, &inputs, &s.activations);
+            match shard {
+                Some(shard) => host.with_terms(tensor_parallel::host_terms(shard.size), &inputs),
+                None => host,
+            }
+        });
+        let tensor_parallel = shard.map(|shard| tensor_parallel::TensorParallel {
+            size: shard.size,
+            heads_per_device: spec.n_heads,
+            kv_heads_per_device: spec.n_kv_heads,
+            kv_replicas: shard.kv_replicas,
+            ffn_per_device: spec.ffn,
+            expert_ffn_per_device: spec.expert_ffn,
+            nccl_bytes: nccl,
+            weights: shard.weights.clone(),
+            sizes: Vec::new(),
+        });
         Ok(MemoryPlan {
             host,
+            tensor_parallel,
             weights_bytes,
             weights_source: spec.source.clone(),
             kv_bytes_per_token: s.kv.bytes_per_token,
@@ -375,8 +469,8 @@ fn weights_derivation(spec: &ModelSpec) -> String {
 
 /// The largest context per sequence whose plan fits, by bisection: every
 /// term grows with the context, so fitting is monotone.
-fn max_context_that_fits(spec: &ModelSpec, inputs: &PlanInputs) -> u64 {
-    let fits = |ctx: u64| size_terms(spec, inputs, ctx).total <= inputs.available.bytes;
+fn max_context_that_fits(spec: &ModelSpec, inputs: &PlanInputs, nccl: u64) -> u64 {
+    let fits = |ctx: u64| size_terms(spec, inputs, ctx, nccl).total <= inputs.available.bytes;
     let cap = if spec.context_length > 0 {
         spec.context_length
     } else {

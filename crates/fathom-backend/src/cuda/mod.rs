@@ -27,6 +27,7 @@
 //! hands it out. `logits()` synchronizes.
 
 mod blas;
+pub mod nccl;
 pub mod nvml;
 mod queue;
 
