@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use fathom_engine::logprob::log_prob;
 use serde_json::json;
 
 use crate::kld::{self, BaseHeader, BaseReader, BaseWriter, KlStats};
@@ -99,14 +100,6 @@ fn open_base(path: &Path) -> Result<BaseReader<BufReader<File>>> {
         len,
         &path.display().to_string(),
     )?)
-}
-
-/// The negative log-likelihood llama.cpp's perplexity (without a base
-/// file) adds for one position.
-fn nll(logits: &[f32], target: usize) -> f64 {
-    let max = logits.iter().copied().fold(logits[0], f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from((l - max).exp())).sum();
-    -(f64::from(logits[target] - max) - sum.ln())
 }
 
 /// A status line on stderr, shown only when stderr is a terminal that
@@ -314,7 +307,10 @@ pub fn run(args: &PerplexityArgs) -> Result<ExitCode> {
             let target = original[pos + 1] as usize;
             match &mut mode {
                 Mode::Perplexity => {
-                    let v = nll(logits, target);
+                    // The negative log-likelihood llama.cpp's perplexity
+                    // adds (without a base file): the engine's one
+                    // log-softmax, which the server's logprobs report too.
+                    let v = -log_prob(logits, target);
                     nll_sum += v;
                     nll2_sum += v * v;
                 }

@@ -283,7 +283,7 @@ fn routes_and_errors_answer_in_the_openai_shape() {
         .post("/v1/completions", r#"{"prompt": [99999999]}"#, &[])
         .assert_error(400, "invalid_value");
     server
-        .post("/v1/completions", r#"{"prompt": "x", "echo": true}"#, &[])
+        .post("/v1/completions", r#"{"prompt": "x", "suffix": "y"}"#, &[])
         .assert_error(400, "unsupported_parameter");
     server
         .post("/v1/chat/completions", r#"{"messages": [ {"role": "#, &[])

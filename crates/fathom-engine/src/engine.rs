@@ -2,6 +2,7 @@
 //! KV storage and the activation arena, and the host-side bookkeeping, all
 //! allocated from the plan, once.
 
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,7 @@ use fathom_spec::ModelSpec;
 use fathom_tokenizer::Tokenizer;
 
 use crate::kv::{BlockCounts, KvBlocks, SeqKv};
+use crate::logprob::TokenLogprob;
 use crate::model::{Model, Segment};
 use crate::sampler::Sampler;
 use crate::step::plan_step;
@@ -35,25 +37,91 @@ pub struct Engine {
     /// (the plan's `token_ids`).
     histories: Vec<Vec<u32>>,
     scratch: StepScratch,
+    /// The tokens `ignore_eos` bans.
+    end_of_generation: Vec<u32>,
 }
 
 /// A step's token ids and each segment's last row (capacity: a step).
 struct StepScratch {
     ids: Vec<u32>,
     last_rows: Vec<usize>,
+    /// Rows projected to logits at once: the plan's logits rows (its batch).
+    group: usize,
 }
 
-/// Runs one step (see [`Model::forward`]), reads the logits back (a GPU
-/// synchronizes here), and turns any device failure of the step into an
-/// error. A function of the parts it uses, so a caller may lend the
-/// segments' tokens from the engine's histories.
+/// Rows of one segment of a step whose logits the step hands out before
+/// its own last-position logits: positions `rows` (counted within the
+/// segment's tokens) of segment `segment`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScoreRows {
+    pub segment: usize,
+    pub rows: Range<usize>,
+}
+
+/// Projects rows `rows` of the last step's residual to logits, `group`
+/// rows at a time (the plan's logits rows), and hands each row's logits
+/// to `on_logits(i, logits)` with i counted from `rows.start`. Scoring
+/// every position of a prompt so needs no memory beyond the plan.
+fn project_rows(
+    model: &Model,
+    backend: &mut dyn Backend,
+    scratch: &mut Vec<usize>,
+    group: usize,
+    rows: Range<usize>,
+    on_logits: &mut dyn FnMut(usize, &[f32]),
+) -> Result<(), EngineError> {
+    let vocab = model.spec.vocab as usize;
+    for lo in rows.clone().step_by(group) {
+        scratch.clear();
+        scratch.extend(lo..(lo + group).min(rows.end));
+        model.project(backend, scratch);
+        let n = scratch.len();
+        backend.logits(n, vocab);
+        if let Some(e) = backend.take_error() {
+            return Err(e.into());
+        }
+        for (i, row) in backend.logits(n, vocab).chunks_exact(vocab).enumerate() {
+            on_logits(lo - rows.start + i, row);
+        }
+    }
+    Ok(())
+}
+
+/// Runs one step: the layers, then the logits of the `wanted` rows (see
+/// [`ScoreRows`]; `on_logits(k, row, logits)` gets entry k's rows), then
+/// each segment's last logits, read back (a GPU synchronizes here); any
+/// device failure of the step becomes an error. A function of the parts
+/// it uses, so a caller may lend the segments' tokens from the engine's
+/// histories.
 fn run_step(
     model: &Model,
     backend: &mut dyn Backend,
     scratch: &mut StepScratch,
     segments: &mut [Segment],
+    wanted: &[ScoreRows],
+    on_logits: &mut dyn FnMut(usize, usize, &[f32]),
 ) -> Result<(), EngineError> {
-    model.forward(backend, segments, &mut scratch.ids, &mut scratch.last_rows)?;
+    model.run_layers(backend, segments, &mut scratch.ids)?;
+    for (k, w) in wanted.iter().enumerate() {
+        let base: usize = segments[..w.segment].iter().map(|s| s.tokens.len()).sum();
+        assert!(
+            w.rows.end <= segments[w.segment].tokens.len(),
+            "rows {:?} of a {}-token segment",
+            w.rows,
+            segments[w.segment].tokens.len()
+        );
+        let rows = base + w.rows.start..base + w.rows.end;
+        let group = scratch.group;
+        project_rows(
+            model,
+            backend,
+            &mut scratch.last_rows,
+            group,
+            rows,
+            &mut |i, l| on_logits(k, w.rows.start + i, l),
+        )?;
+    }
+    model.project_last(backend, segments, &mut scratch.last_rows);
     backend.logits(segments.len(), model.spec.vocab as usize);
     match backend.take_error() {
         Some(e) => Err(e.into()),
@@ -157,7 +225,9 @@ impl Engine {
             scratch: StepScratch {
                 ids: Vec::with_capacity(step_tokens),
                 last_rows: Vec::with_capacity(step_tokens),
+                group: (i.batch as usize).max(1),
             },
+            end_of_generation: tokenizer.end_of_generation_ids().collect(),
             step_tokens,
             model,
             tokenizer: Arc::new(tokenizer),
@@ -256,6 +326,8 @@ impl Engine {
                 self.backend.as_mut(),
                 &mut self.scratch,
                 &mut segments,
+                &[],
+                &mut |_, _, _| {},
             )?;
             drop(segments);
             let mut row = 0;
@@ -314,24 +386,47 @@ impl Engine {
     }
 
     /// Samples from logits row `row` of the last step (segment `row`),
-    /// with `history` (the sequence so far) for the penalties.
+    /// with `history` (the sequence so far) for the penalties. The row
+    /// stays the model's: [`Engine::token_logprob`] reads it afterwards.
     pub fn sample(&mut self, row: usize, sampler: &mut Sampler, history: &[u32]) -> u32 {
         let vocab = self.model.spec.vocab as usize;
-        let logits = &mut self.backend.logits(row + 1, vocab)[row * vocab..];
-        if sampler.params.ignore_eos {
-            for id in self.tokenizer.end_of_generation_ids() {
-                if let Some(l) = logits.get_mut(id as usize) {
-                    *l = f32::NEG_INFINITY;
-                }
-            }
-        }
-        sampler.sample(logits, history, &mut self.candidates)
+        let logits = &self.backend.logits(row + 1, vocab)[row * vocab..];
+        let banned: &[u32] = if sampler.params.ignore_eos {
+            &self.end_of_generation
+        } else {
+            &[]
+        };
+        sampler.sample(logits, history, &mut self.candidates, banned)
     }
 
-    /// Runs one step of several sequences (see [`Model::forward`]): at
+    /// `token`'s log-probability under logits row `row` of the last step
+    /// (the model's distribution, before bias, penalties and sampling),
+    /// with the `top` most likely tokens there.
+    pub fn token_logprob(&mut self, row: usize, token: u32, top: usize) -> TokenLogprob {
+        let vocab = self.model.spec.vocab as usize;
+        let logits = &self.backend.logits(row + 1, vocab)[row * vocab..];
+        TokenLogprob::new(logits, token, top)
+    }
+
+    /// Runs one step of several sequences (see [`Model::run_layers`]): at
     /// most [`Engine::step_tokens`] tokens and the plan's batch of
-    /// segments, each with blocks reserved for its tokens.
+    /// segments, each with blocks reserved for its tokens. Afterwards
+    /// row i of the logits holds segment i's last position.
     pub fn step(&mut self, segments: &mut [Segment]) -> Result<(), EngineError> {
+        self.step_scoring(segments, &[], &mut |_, _, _| {})
+    }
+
+    /// [`Engine::step`], handing out the logits of the `wanted` rows
+    /// first: `on_logits(k, row, logits)` for each row of `wanted[k]`, in
+    /// order (the logits at a position predict the token after it). They
+    /// are projected a group of the plan's logits rows at a time, so
+    /// scoring a whole prompt needs no memory beyond the plan.
+    pub fn step_scoring(
+        &mut self,
+        segments: &mut [Segment],
+        wanted: &[ScoreRows],
+        on_logits: &mut dyn FnMut(usize, usize, &[f32]),
+    ) -> Result<(), EngineError> {
         let rows: usize = segments.iter().map(|s| s.tokens.len()).sum();
         assert!(
             rows <= self.step_tokens && segments.len() <= self.histories.len(),
@@ -344,6 +439,8 @@ impl Engine {
             self.backend.as_mut(),
             &mut self.scratch,
             segments,
+            wanted,
+            on_logits,
         )
     }
 
@@ -453,32 +550,29 @@ impl Engine {
         on_logits: &mut dyn FnMut(usize, &[f32]),
     ) -> Result<(), EngineError> {
         let mut seq = self.reserved_sequence(tokens.len(), 0)?;
-        let vocab = self.model.spec.vocab as usize;
-        let group = self.histories.len().max(1);
         let mut start = 0;
         for chunk in tokens.chunks(self.step_tokens) {
             let segments = [Segment {
                 seq: &mut seq,
                 tokens: chunk,
             }];
-            self.model
-                .run_layers(self.backend.as_mut(), &segments, &mut self.scratch.ids)?;
             let from = first.saturating_sub(start).min(chunk.len());
-            for lo in (from..chunk.len()).step_by(group) {
-                let rows = &mut self.scratch.last_rows;
-                rows.clear();
-                rows.extend(lo..(lo + group).min(chunk.len()));
-                self.model.project(self.backend.as_mut(), rows);
-                let n = rows.len();
-                self.backend.logits(n, vocab);
-                if let Some(e) = self.backend.take_error() {
-                    self.kv.release(&mut seq);
-                    return Err(e.into());
-                }
-                let logits = self.backend.logits(n, vocab);
-                for (i, row) in logits.chunks_exact(vocab).enumerate() {
-                    on_logits(start + lo + i, row);
-                }
+            let ran = self
+                .model
+                .run_layers(self.backend.as_mut(), &segments, &mut self.scratch.ids)
+                .and_then(|()| {
+                    project_rows(
+                        &self.model,
+                        self.backend.as_mut(),
+                        &mut self.scratch.last_rows,
+                        self.scratch.group,
+                        from..chunk.len(),
+                        &mut |i, logits| on_logits(start + from + i, logits),
+                    )
+                });
+            if let Err(e) = ran {
+                self.kv.release(&mut seq);
+                return Err(e);
             }
             seq.len += chunk.len();
             start += chunk.len();

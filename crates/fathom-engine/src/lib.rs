@@ -9,6 +9,7 @@
 mod engine;
 mod error;
 mod kv;
+pub mod logprob;
 mod model;
 mod names;
 mod prefix;
@@ -17,11 +18,12 @@ mod step;
 mod stop;
 mod weights;
 
-pub use engine::{load_tokenizer, Engine, GenerateStats, StopReason};
+pub use engine::{load_tokenizer, Engine, GenerateStats, ScoreRows, StopReason};
 pub use error::EngineError;
 pub use fathom_backend::cuda;
 pub use fathom_tokenizer::{ChatTemplate, Message, Tokenizer};
 pub use kv::{BlockCounts, SeqKv};
+pub use logprob::TokenLogprob;
 pub use model::Segment;
 pub use sampler::{Sampler, SamplingParams};
 pub use step::plan_step;

@@ -244,19 +244,16 @@ impl Model {
         fathom_plan::kv::layer_groups(&self.spec)
     }
 
-    /// Runs every segment's tokens at the next positions of its sequence,
-    /// all rows through each op together, and leaves segment i's last
-    /// logits in row i of the backend's logits. The caller has reserved KV
-    /// blocks up to `seq.len + tokens.len()` for each segment; `tokens` and
-    /// `last_rows` are scratch (capacity: the step's rows).
-    pub fn forward(
+    /// After [`Model::run_layers`]: advances every segment's sequence past
+    /// its tokens and leaves segment i's last logits in row i of the
+    /// backend's logits. `last_rows` is scratch (capacity: the step's
+    /// segments).
+    pub fn project_last(
         &self,
         backend: &mut dyn Backend,
         segments: &mut [Segment],
-        tokens: &mut Vec<u32>,
         last_rows: &mut Vec<usize>,
-    ) -> Result<(), EngineError> {
-        self.run_layers(backend, segments, tokens)?;
+    ) {
         last_rows.clear();
         let mut end = 0;
         for seg in segments.iter_mut() {
@@ -265,7 +262,6 @@ impl Model {
             seg.seq.len += seg.tokens.len();
         }
         self.project(backend, last_rows);
-        Ok(())
     }
 
     /// Logits of `rows` of the last step into rows `0..rows.len()` of the
@@ -278,8 +274,11 @@ impl Model {
         backend.matmul(self.output, Buf::Norm, n, Buf::Logits);
     }
 
-    /// The step's layers, leaving every row's final hidden state in the
-    /// residual; sequence lengths are the caller's to advance.
+    /// Runs every segment's tokens at the next positions of its sequence,
+    /// all rows through each op together, leaving every row's final hidden
+    /// state in the residual; sequence lengths are the caller's to advance.
+    /// The caller has reserved KV blocks up to `seq.len + tokens.len()` for
+    /// each segment; `tokens` is scratch (capacity: the step's rows).
     pub fn run_layers(
         &self,
         backend: &mut dyn Backend,

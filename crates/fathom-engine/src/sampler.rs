@@ -1,6 +1,9 @@
 //! Choosing the next token from the logits, in llama.cpp's order:
 //! logit bias, penalties, top-k, top-p, min-p, temperature, then a seeded
 //! draw. Greedy (temperature 0) is the argmax after bias and penalties.
+//! The logits themselves are never written: bias and penalties act on the
+//! candidates, so the model's distribution can still be read after
+//! sampling (the server's `logprobs`).
 
 /// Sampling settings; the defaults are llama.cpp's.
 #[derive(Debug, Clone, PartialEq)]
@@ -70,29 +73,50 @@ impl Sampler {
         (z >> 40) as f32 / (1u64 << 24) as f32
     }
 
-    /// Picks the next token. `logits` are modified (penalties); `history`
-    /// is the sequence so far; `candidates` is the planned scratch of one
-    /// entry per vocabulary token.
+    /// Picks the next token from `logits`, which are left as the model
+    /// gave them (so log-probabilities can be read from them afterwards):
+    /// bias, penalties and `banned` (tokens never picked) act on
+    /// `candidates`, the planned scratch of one entry per vocabulary
+    /// token. `history` is the sequence so far.
     pub fn sample(
         &mut self,
-        logits: &mut [f32],
+        logits: &[f32],
         history: &[u32],
         candidates: &mut [(u32, f32)],
+        banned: &[u32],
     ) -> u32 {
-        for &(id, bias) in &self.params.logit_bias {
-            if let Some(l) = logits.get_mut(id as usize) {
-                *l += bias;
-            }
-        }
-        self.apply_penalties(logits, history);
         let p = &self.params;
-        if p.temperature <= 0.0 {
+        let adjusted = !p.logit_bias.is_empty() || self.penalizes() || !banned.is_empty();
+        if p.temperature <= 0.0 && !adjusted {
             return fathom_kernels::ops::argmax(logits) as u32;
         }
         let n = logits.len();
         let cands = &mut candidates[..n];
         for (i, (c, &l)) in cands.iter_mut().zip(logits.iter()).enumerate() {
             *c = (i as u32, l);
+        }
+        // Entry i is token i until the candidates are reordered below.
+        for &(id, bias) in &p.logit_bias {
+            if let Some(c) = cands.get_mut(id as usize) {
+                c.1 += bias;
+            }
+        }
+        self.apply_penalties(cands, history);
+        for &id in banned {
+            if let Some(c) = cands.get_mut(id as usize) {
+                c.1 = f32::NEG_INFINITY;
+            }
+        }
+        let p = &self.params;
+        if p.temperature <= 0.0 {
+            // The first largest, NaN skipped: what `argmax` picks.
+            let mut best: Option<(u32, f32)> = None;
+            for &(i, v) in cands.iter() {
+                if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
+                    best = Some((i, v));
+                }
+            }
+            return best.map_or(0, |(i, _)| i);
         }
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1);
         let mut len = n;
@@ -139,18 +163,24 @@ impl Sampler {
         cands[cands.len() - 1].0
     }
 
-    fn apply_penalties(&self, logits: &mut [f32], history: &[u32]) {
+    fn penalizes(&self) -> bool {
         let p = &self.params;
-        if p.repeat_penalty == 1.0 && p.presence_penalty == 0.0 && p.frequency_penalty == 0.0 {
+        p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0
+    }
+
+    /// Penalizes the recent tokens' entries of `cands` (entry i is token i).
+    fn apply_penalties(&self, cands: &mut [(u32, f32)], history: &[u32]) {
+        if !self.penalizes() {
             return;
         }
+        let p = &self.params;
         let recent = &history[history.len().saturating_sub(p.repeat_last_n)..];
         for (i, &tok) in recent.iter().enumerate() {
             // Penalize each distinct token once, at its first occurrence.
             if recent[..i].contains(&tok) {
                 continue;
             }
-            let Some(l) = logits.get_mut(tok as usize) else {
+            let Some((_, l)) = cands.get_mut(tok as usize) else {
                 continue;
             };
             let count = recent.iter().filter(|&&t| t == tok).count() as f32;
@@ -192,9 +222,9 @@ mod tests {
 
     #[test]
     fn greedy_is_the_argmax() {
-        let mut logits = vec![0.1, 3.0, -1.0, 2.9];
+        let logits = vec![0.1, 3.0, -1.0, 2.9];
         let mut c = vec![(0, 0.0); 4];
-        assert_eq!(sampler(0.0, 1).sample(&mut logits, &[], &mut c), 1);
+        assert_eq!(sampler(0.0, 1).sample(&logits, &[], &mut c, &[]), 1);
     }
 
     #[test]
@@ -212,7 +242,7 @@ mod tests {
             });
             let mut counts = [0usize; 4];
             for _ in 0..4000 {
-                counts[s.sample(&mut logits.clone(), &[], &mut c.clone()) as usize] += 1;
+                counts[s.sample(&logits, &[], &mut c.clone(), &[]) as usize] += 1;
             }
             counts
         };
@@ -234,7 +264,7 @@ mod tests {
             ..SamplingParams::default()
         });
         for _ in 0..50 {
-            assert_eq!(s.sample(&mut [0.0, 5.0, 4.9, 1.0], &[], &mut c), 1);
+            assert_eq!(s.sample(&[0.0, 5.0, 4.9, 1.0], &[], &mut c, &[]), 1);
         }
         let mut s = Sampler::new(SamplingParams {
             temperature: 1.0,
@@ -244,7 +274,7 @@ mod tests {
             ..SamplingParams::default()
         });
         for _ in 0..200 {
-            let tok = s.sample(&mut [3.0, 3.0, 0.0, 0.0], &[], &mut c);
+            let tok = s.sample(&[3.0, 3.0, 0.0, 0.0], &[], &mut c, &[]);
             assert!(tok < 2, "min-p 0.5 keeps only the two top tokens");
         }
     }
@@ -262,14 +292,14 @@ mod tests {
         // -100 bans the argmax, +100 forces a tail token; ids past the
         // logits are skipped.
         let mut s = biased(vec![(1, -100.0), (9, 100.0)], 0.0);
-        assert_eq!(s.sample(&mut [0.1, 3.0, -1.0, 2.9], &[], &mut c), 3);
+        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 2.9], &[], &mut c, &[]), 3);
         let mut s = biased(vec![(2, 100.0)], 1.0);
         for _ in 0..50 {
-            assert_eq!(s.sample(&mut [0.1, 3.0, -1.0, 2.9], &[], &mut c), 2);
+            assert_eq!(s.sample(&[0.1, 3.0, -1.0, 2.9], &[], &mut c, &[]), 2);
         }
         // The same bias on every token changes nothing.
         let mut s = biased((0..4).map(|i| (i, -100.0)).collect(), 0.0);
-        assert_eq!(s.sample(&mut [0.1, 3.0, -1.0, 2.9], &[], &mut c), 1);
+        assert_eq!(s.sample(&[0.1, 3.0, -1.0, 2.9], &[], &mut c, &[]), 1);
     }
 
     #[test]
@@ -280,8 +310,19 @@ mod tests {
             repeat_penalty: 2.0,
             ..SamplingParams::default()
         });
-        let mut logits = vec![3.0, 2.0, -1.0];
-        assert_eq!(s.sample(&mut logits, &[0, 0], &mut c), 1);
-        assert_eq!(logits[0], 1.5);
+        let logits = vec![3.0, 2.0, -1.0];
+        assert_eq!(s.sample(&logits, &[0, 0], &mut c, &[]), 1);
+        assert_eq!(logits, [3.0, 2.0, -1.0], "the logits stay the model's");
+    }
+
+    #[test]
+    fn banned_tokens_are_never_picked() {
+        let mut c = vec![(0, 0.0); 3];
+        let logits = [1.0, 9.0, 0.5];
+        assert_eq!(sampler(0.0, 1).sample(&logits, &[], &mut c, &[1]), 0);
+        let mut s = sampler(1.0, 3);
+        for _ in 0..50 {
+            assert_ne!(s.sample(&logits, &[], &mut c, &[1]), 1);
+        }
     }
 }

@@ -77,7 +77,8 @@ pub enum Prompt {
 pub struct GenerationRequest {
     pub model: Option<String>,
     pub prompt: Prompt,
-    /// `max_completion_tokens`, else `max_tokens`; `None` fills the context.
+    /// `max_completion_tokens`, else `max_tokens` (0 only with `echo`);
+    /// `None` fills the context.
     pub max_tokens: Option<usize>,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
@@ -88,6 +89,14 @@ pub struct GenerationRequest {
     /// texts in the prompt become those tokens. Off by default: a prompt
     /// is text.
     pub parse_special: bool,
+    /// Log-probabilities asked for, as the number of most likely
+    /// alternatives per token: chat's `top_logprobs` (0 to 20) when
+    /// `logprobs` is true, completions' integer `logprobs` (0 to 5).
+    /// `None`: no logprobs.
+    pub logprobs: Option<usize>,
+    /// Completions only: the prompt is sent back in front of the
+    /// completion, with its tokens' logprobs when `logprobs` is set.
+    pub echo: bool,
 }
 
 /// Defaults when a request leaves a sampling field out: llama-server's
@@ -100,6 +109,10 @@ pub const DEFAULT_MIN_P: f32 = 0.05;
 pub const MAX_STOP: usize = 16;
 /// Most messages one chat request may hold.
 pub const MAX_MESSAGES: usize = 4096;
+/// Most alternatives per token chat's `top_logprobs` may ask for (OpenAI's limit).
+pub const MAX_CHAT_TOP_LOGPROBS: u64 = fathom_engine::logprob::MAX_TOP_LOGPROBS as u64;
+/// Most alternatives per token completions' `logprobs` may ask for (OpenAI's limit).
+pub const MAX_COMPLETION_LOGPROBS: u64 = 5;
 
 /// JSON values (counted from the structure: brackets, braces, commas and
 /// colons) a body may hold beyond a prompt's token ids: room for
@@ -193,10 +206,13 @@ pub fn parse_bounded(
         }
     }
     unsupported(route, &obj)?;
-    let max_tokens = match integer(&obj, "max_completion_tokens", 1, u32::MAX as u64)? {
-        Some(n) => Some(n as usize),
-        None => integer(&obj, "max_tokens", 1, u32::MAX as u64)?.map(|n| n as usize),
+    let echo = match route {
+        Route::Completion => boolean(&obj, "echo")?.unwrap_or(false),
+        // Not a chat field: ignored as unknown fields are.
+        Route::Chat => false,
     };
+    let logprobs = logprobs(route, &obj)?;
+    let max_tokens = max_tokens(&obj, echo)?;
     let seed = match present(&obj, "seed") {
         None => seed,
         Some(v) => match (v.as_u64(), v.as_i64()) {
@@ -249,7 +265,67 @@ pub fn parse_bounded(
         stream,
         include_usage,
         parse_special,
+        logprobs,
+        echo,
     })
+}
+
+/// `max_completion_tokens`, else `max_tokens`: at least 1, or 0 with
+/// `echo` (the prompt scored and nothing generated, as evaluation
+/// harnesses ask for log-likelihoods).
+fn max_tokens(obj: &Map<String, Value>, echo: bool) -> Result<Option<usize>, ApiError> {
+    let name = if present(obj, "max_completion_tokens").is_some() {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    let min = u64::from(!echo);
+    let n = integer(obj, name, min, u32::MAX as u64).map_err(|e| {
+        if present(obj, name).and_then(Value::as_f64) == Some(0.0) {
+            ApiError::invalid(
+                name,
+                format!("{name} is 0, but must be an integer from 1 to {}; 0 is only for /v1/completions with echo: true (the prompt scored, nothing generated)", u32::MAX),
+            )
+        } else {
+            e
+        }
+    })?;
+    Ok(n.map(|n| n as usize))
+}
+
+/// The alternatives per token asked for, if logprobs are: chat's
+/// boolean `logprobs` with `top_logprobs`, or completions' integer
+/// `logprobs`.
+fn logprobs(route: Route, obj: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    match route {
+        Route::Chat => {
+            let on = boolean(obj, "logprobs")?.unwrap_or(false);
+            let top = integer(obj, "top_logprobs", 0, MAX_CHAT_TOP_LOGPROBS)?;
+            match (on, top) {
+                (false, Some(_)) => Err(ApiError::invalid(
+                    "top_logprobs",
+                    "top_logprobs needs logprobs: true",
+                )),
+                (false, None) => Ok(None),
+                (true, top) => Ok(Some(top.unwrap_or(0) as usize)),
+            }
+        }
+        Route::Completion => {
+            if present(obj, "top_logprobs").is_some() {
+                return Err(ApiError::invalid(
+                    "top_logprobs",
+                    format!("top_logprobs is a /v1/chat/completions field; on /v1/completions, logprobs is the number of alternatives per token (an integer from 0 to {MAX_COMPLETION_LOGPROBS})"),
+                ));
+            }
+            match present(obj, "logprobs") {
+                Some(Value::Bool(_)) => Err(ApiError::invalid(
+                    "logprobs",
+                    format!("logprobs on /v1/completions is the number of alternatives per token, an integer from 0 to {MAX_COMPLETION_LOGPROBS}, not a boolean"),
+                )),
+                _ => Ok(integer(obj, "logprobs", 0, MAX_COMPLETION_LOGPROBS)?.map(|n| n as usize)),
+            }
+        }
+    }
 }
 
 /// A field that is there and not `null`.
@@ -398,17 +474,7 @@ fn unsupported(route: Route, obj: &Map<String, Value>) -> Result<(), ApiError> {
                 .with_code("unsupported_parameter"),
         )
     };
-    match (route, present(obj, "logprobs")) {
-        (_, None) | (_, Some(Value::Bool(false))) => {}
-        (_, Some(_)) => return refuse("logprobs", "logprobs"),
-    }
-    if present(obj, "top_logprobs").is_some() {
-        return refuse("top_logprobs", "top_logprobs");
-    }
     if route == Route::Completion {
-        if matches!(present(obj, "echo"), Some(v) if v != &Value::Bool(false)) {
-            return refuse("echo", "echo");
-        }
         if matches!(present(obj, "suffix"), Some(v) if v != "") {
             return refuse("suffix", "suffix (fill-in-the-middle)");
         }
@@ -750,13 +816,62 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.param.as_deref(), Some("stream_options.include_usage"));
-        let e =
-            chat(r#"{"messages":[{"role":"user","content":"x"}],"logprobs":true}"#).unwrap_err();
+        let e = chat(r#"{"messages":[{"role":"user","content":"x"}],"suffix":"y"}"#);
+        assert!(e.is_ok(), "suffix is not a chat field: ignored");
+        let e = completion(r#"{"prompt":"x","suffix":"y"}"#).unwrap_err();
         assert_eq!(e.code, Some("unsupported_parameter"));
         let e = chat("{\"messages\": [").unwrap_err();
         assert_eq!((e.status, e.code), (400, Some("invalid_json")));
         let e = chat("[1]").unwrap_err();
         assert_eq!((e.status, e.code), (400, Some("invalid_json")));
+    }
+
+    #[test]
+    fn logprobs_and_echo_parse_and_bad_values_name_the_field() {
+        let msg = r#""messages":[{"role":"user","content":"x"}]"#;
+        let c = |extra: &str| chat(&format!("{{{msg},{extra}}}"));
+        assert_eq!(c(r#""logprobs":true"#).unwrap().logprobs, Some(0));
+        assert_eq!(
+            c(r#""logprobs":true,"top_logprobs":20"#).unwrap().logprobs,
+            Some(20)
+        );
+        assert_eq!(c(r#""logprobs":false"#).unwrap().logprobs, None);
+        assert!(
+            !c(r#""echo":true"#).unwrap().echo,
+            "echo is not a chat field"
+        );
+        for (bad, param) in [
+            (r#""logprobs":true,"top_logprobs":21"#, "top_logprobs"),
+            (r#""logprobs":true,"top_logprobs":-1"#, "top_logprobs"),
+            (r#""top_logprobs":2"#, "top_logprobs"),
+            (r#""logprobs":1"#, "logprobs"),
+            (r#""max_tokens":0"#, "max_tokens"),
+        ] {
+            let e = c(bad).unwrap_err();
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(param)), "{bad}");
+        }
+        let r = completion(r#"{"prompt":"x","logprobs":5,"echo":true,"max_tokens":0}"#).unwrap();
+        assert_eq!((r.logprobs, r.echo, r.max_tokens), (Some(5), true, Some(0)));
+        let r = completion(r#"{"prompt":"x","logprobs":0,"echo":false}"#).unwrap();
+        assert_eq!((r.logprobs, r.echo), (Some(0), false));
+        for (bad, param) in [
+            (r#""logprobs":6"#, "logprobs"),
+            (r#""logprobs":true"#, "logprobs"),
+            (r#""logprobs":1.5"#, "logprobs"),
+            (r#""top_logprobs":1"#, "top_logprobs"),
+            (r#""echo":"yes""#, "echo"),
+            (r#""max_tokens":0"#, "max_tokens"),
+            (
+                r#""max_completion_tokens":0,"max_tokens":4"#,
+                "max_completion_tokens",
+            ),
+        ] {
+            let e = completion(&format!(r#"{{"prompt":"x",{bad}}}"#)).unwrap_err();
+            assert_eq!((e.status, e.param.as_deref()), (400, Some(param)), "{bad}");
+            assert!(!e.message.is_empty());
+        }
+        let e = completion(r#"{"prompt":"x","logprobs":9}"#).unwrap_err();
+        assert!(e.message.contains("0 to 5"), "{}", e.message);
     }
 
     #[test]
@@ -889,6 +1004,14 @@ mod mutation_tests {
         (Route::Completion, r#"{"prompt":[[1,2,3]],"seed":-7}"#),
         (
             Route::Completion,
+            r#"{"prompt":[1,2,3],"max_tokens":0,"echo":true,"logprobs":1,"temperature":0}"#,
+        ),
+        (
+            Route::Chat,
+            r#"{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":3}"#,
+        ),
+        (
+            Route::Completion,
             r#"{"prompt":["text"],"stop":null,"n":null}"#,
         ),
     ];
@@ -977,7 +1100,7 @@ mod mutation_tests {
             match parse(route, &body, 1) {
                 Ok(request) => {
                     accepted += 1;
-                    assert!(request.max_tokens.is_none_or(|n| n >= 1));
+                    assert!(request.max_tokens.is_none_or(|n| n >= 1 || request.echo));
                     assert!((0.0..=2.0).contains(&request.sampling.temperature));
                 }
                 Err(e) => {

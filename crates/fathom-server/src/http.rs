@@ -26,8 +26,9 @@ use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::api::{self, ApiError, GenerationRequest, Prompt, Route};
+use crate::logprobs::{self, LogprobsWriter};
 use crate::metrics::{self, Metrics, Snapshot};
-use crate::{Event, FinishReason, Job, Scheduler, SubmitError};
+use crate::{Event, FinishReason, Job, Logprobs, Scheduler, SubmitError};
 
 /// How the server behaves, from flags and environment.
 #[derive(Debug, Clone)]
@@ -690,6 +691,8 @@ struct Prepared {
     request: GenerationRequest,
     prompt: Vec<u32>,
     max_tokens: usize,
+    /// The prompt as the response's text shows it, when echoed.
+    echo: Option<String>,
 }
 
 async fn generate(
@@ -741,6 +744,7 @@ async fn generate(
         request,
         prompt,
         max_tokens,
+        echo,
     } = prepared;
     let (events, receiver) = unbounded_channel();
     let GenerationRequest {
@@ -748,8 +752,13 @@ async fn generate(
         stop,
         stream,
         include_usage,
+        logprobs,
         ..
     } = request;
+    let logprobs = logprobs.map(|top| Logprobs {
+        top,
+        prompt: echo.is_some(),
+    });
     model
         .scheduler
         .submit(Job {
@@ -757,6 +766,7 @@ async fn generate(
             max_tokens,
             sampling,
             stop,
+            logprobs,
             events,
         })
         .map_err(|e| {
@@ -780,7 +790,9 @@ async fn generate(
         created: unix_now(),
         model: shared.config.model_id.clone(),
         include_usage,
+        echo,
     };
+    let writer = logprobs.map(|_| LogprobsWriter::new(route, model.tokenizer.clone()));
     let timing = Timing {
         arrived,
         last: None,
@@ -790,13 +802,25 @@ async fn generate(
     if stream {
         let mut pending = VecDeque::new();
         if route == Route::Chat {
-            pending.push_back(sse(
-                &format.chunk(json!({"role": "assistant", "content": ""}), None)
-            ));
+            pending.push_back(sse(&format.chunk(
+                json!({"role": "assistant", "content": ""}),
+                Value::Null,
+                None,
+            )));
+        }
+        if let (Some(echo), None) = (&format.echo, &writer) {
+            // Without logprobs the echo goes first; with them, it goes
+            // with the prompt's logprobs when they come.
+            pending.push_back(sse(&format.chunk(
+                json!({"content": echo}),
+                Value::Null,
+                None,
+            )));
         }
         let mut resp = Response::new(Body::Sse(Box::new(SseBody {
             events: receiver,
             format,
+            writer,
             pending,
             done: false,
             timing,
@@ -811,7 +835,7 @@ async fn generate(
         Ok(resp)
     } else {
         tokio::select! {
-            whole = collect(receiver, &format, timing) => whole,
+            whole = collect(receiver, &format, writer, timing) => whole,
             () = cut => Err(cut_off()),
         }
     }
@@ -865,7 +889,7 @@ fn prepare(
     // for what is asked: tokenizing stops past it.
     let limit = model
         .context
-        .saturating_sub(request.max_tokens.unwrap_or(1).max(1));
+        .saturating_sub(request.max_tokens.unwrap_or(1));
     let prompt = tokenize(model, &request, limit).map_err(|e| match e {
         Tokenized::Err(e) => e,
         Tokenized::TooMany => {
@@ -878,10 +902,17 @@ fn prepare(
         request.max_tokens,
         prompt_param,
     )?;
+    let echo = request.echo.then(|| match &request.prompt {
+        Prompt::Text(text) => text.clone(),
+        Prompt::Tokens(ids) => model.tokenizer.decode(ids, true),
+        // The parser takes echo on /v1/completions only.
+        Prompt::Chat(_) => String::new(),
+    });
     Ok(Prepared {
         request,
         prompt,
         max_tokens,
+        echo,
     })
 }
 
@@ -1035,6 +1066,8 @@ struct Format {
     created: u64,
     model: String,
     include_usage: bool,
+    /// The prompt's text, sent back first (completions' `echo`).
+    echo: Option<String>,
 }
 
 fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
@@ -1055,17 +1088,17 @@ impl Format {
         }
     }
 
-    /// A stream chunk: `delta` is the chat delta, or `{"text": ...}` for
-    /// completions.
-    fn chunk(&self, delta: Value, finish: Option<FinishReason>) -> Value {
+    /// A stream chunk: `delta` is the chat delta, or `{"content": ...}`
+    /// for a completion's text; `logprobs` those of its tokens (or null).
+    fn chunk(&self, delta: Value, logprobs: Value, finish: Option<FinishReason>) -> Value {
         let finish = finish.map(FinishReason::as_str);
         let choice = match self.route {
             Route::Chat => {
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
             }
             Route::Completion => json!({
                 "text": delta.get("content").cloned().unwrap_or(json!("")),
-                "index": 0, "logprobs": null, "finish_reason": finish,
+                "index": 0, "logprobs": logprobs, "finish_reason": finish,
             }),
         };
         let mut v = json!({
@@ -1092,16 +1125,16 @@ impl Format {
         })
     }
 
-    fn whole(&self, text: String, finish: FinishReason, usage: Value) -> Value {
+    fn whole(&self, text: String, logprobs: Value, finish: FinishReason, usage: Value) -> Value {
         let choice = match self.route {
             Route::Chat => json!({
                 "index": 0,
                 "message": {"role": "assistant", "content": text},
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": finish.as_str(),
             }),
             Route::Completion => json!({
-                "text": text, "index": 0, "logprobs": null, "finish_reason": finish.as_str(),
+                "text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish.as_str(),
             }),
         };
         json!({
@@ -1141,14 +1174,27 @@ fn engine_failed(message: &str) -> ApiError {
 async fn collect(
     mut events: UnboundedReceiver<Event>,
     format: &Format,
+    mut writer: Option<LogprobsWriter>,
     mut timing: Timing,
 ) -> Result<Resp, ApiError> {
-    let mut text = String::new();
+    let mut text = format.echo.clone().unwrap_or_default();
+    let mut all = writer.as_ref().map_or(Value::Null, LogprobsWriter::empty);
     loop {
         match events.recv().await {
-            Some(Event::Text(piece)) => {
+            Some(Event::PromptLogprobs { first, rest }) => {
+                if let (Some(w), Some(echo)) = (&mut writer, &format.echo) {
+                    logprobs::join(&mut all, w.prompt(first, &rest, echo));
+                }
+            }
+            Some(Event::Text {
+                text: piece,
+                logprobs: entries,
+            }) => {
                 timing.text();
                 text.push_str(&piece);
+                if let Some(w) = &mut writer {
+                    logprobs::join(&mut all, w.generated(&entries));
+                }
             }
             Some(Event::Finished {
                 reason,
@@ -1157,7 +1203,8 @@ async fn collect(
                 cached_tokens,
             }) => {
                 let usage = usage(prompt_tokens, completion_tokens, cached_tokens);
-                return Ok(json_response(200, &format.whole(text, reason, usage)));
+                let whole = format.whole(text, all, reason, usage);
+                return Ok(json_response(200, &whole));
             }
             Some(Event::Failed(message)) => return Err(engine_failed(&message)),
             Some(Event::ShuttingDown) => return Err(refused_at_shutdown()),
@@ -1180,6 +1227,8 @@ fn sse(value: &Value) -> Bytes {
 pub struct SseBody {
     events: UnboundedReceiver<Event>,
     format: Format,
+    /// Renders each chunk's logprobs, when asked for.
+    writer: Option<LogprobsWriter>,
     pending: VecDeque<Bytes>,
     done: bool,
     timing: Timing,
@@ -1206,10 +1255,21 @@ impl SseBody {
             let event = ready!(self.events.poll_recv(cx));
             let f = &self.format;
             match event {
-                Some(Event::Text(text)) => {
+                Some(Event::PromptLogprobs { first, rest }) => {
+                    if let (Some(w), Some(echo)) = (&mut self.writer, &f.echo) {
+                        let logprobs = w.prompt(first, &rest, echo);
+                        let chunk = f.chunk(json!({"content": echo}), logprobs, None);
+                        self.pending.push_back(sse(&chunk));
+                    }
+                }
+                Some(Event::Text { text, logprobs }) => {
                     self.timing.text();
-                    self.pending
-                        .push_back(sse(&f.chunk(json!({"content": text}), None)));
+                    let logprobs = self
+                        .writer
+                        .as_mut()
+                        .map_or(Value::Null, |w| w.generated(&logprobs));
+                    let chunk = f.chunk(json!({"content": text}), logprobs, None);
+                    self.pending.push_back(sse(&chunk));
                 }
                 Some(Event::Finished {
                     reason,
@@ -1221,7 +1281,8 @@ impl SseBody {
                         Route::Chat => json!({}),
                         Route::Completion => json!({"content": ""}),
                     };
-                    self.pending.push_back(sse(&f.chunk(delta, Some(reason))));
+                    self.pending
+                        .push_back(sse(&f.chunk(delta, Value::Null, Some(reason))));
                     if f.include_usage {
                         let usage = usage(prompt_tokens, completion_tokens, cached_tokens);
                         self.pending.push_back(sse(&f.usage_chunk(usage)));

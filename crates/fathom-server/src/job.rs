@@ -1,22 +1,35 @@
 //! What the HTTP side and the scheduler exchange: a request to generate,
 //! and the events that come back while it runs.
 
-use fathom_engine::SamplingParams;
+use fathom_engine::{SamplingParams, TokenLogprob};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// One generation request, already tokenized and checked against the
 /// per-slot context (prompt + max_tokens ≤ context) by the HTTP side.
 pub struct Job {
     pub prompt: Vec<u32>,
-    /// Most tokens to generate (at least 1).
+    /// Most tokens to generate: at least 1, or 0 to only score the prompt
+    /// (with `logprobs.prompt`).
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     /// Stop strings: generation ends before the first match, which is not sent.
     pub stop: Vec<String>,
+    /// Log-probabilities to report; `None`: none.
+    pub logprobs: Option<Logprobs>,
     /// Where the scheduler sends this job's events. Dropping the receiver
     /// (the client went away) cancels the job and frees its KV blocks
     /// within one step.
     pub events: UnboundedSender<Event>,
+}
+
+/// What log-probabilities a job reports: each generated token's, and
+/// with `prompt` also the prompt's (an echo), with the `top` most likely
+/// tokens at each position. They are the model's distribution
+/// ([`fathom_engine::logprob`]), before bias, penalties and sampling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Logprobs {
+    pub top: usize,
+    pub prompt: bool,
 }
 
 /// Why a job finished, as OpenAI's `finish_reason` spells it.
@@ -37,12 +50,22 @@ impl FinishReason {
     }
 }
 
-/// Events of one job, in order: any number of `Text`, then exactly one of
-/// `Finished` or `Failed`.
+/// Events of one job, in order: `PromptLogprobs` when asked for, any
+/// number of `Text`, then exactly one of `Finished` or `Failed`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
-    /// Generated text, whole UTF-8 and with stop strings held back.
-    Text(String),
+    /// The prompt's tokens: the first (which nothing predicts, so it has
+    /// no logprob) and each later one's logprob at its position.
+    PromptLogprobs { first: u32, rest: Vec<TokenLogprob> },
+    /// Generated text, whole UTF-8 and with stop strings held back, with
+    /// the logprobs (when asked for) of the tokens it completes: a token
+    /// whose text is held back (part of a character, or maybe of a stop
+    /// string) comes with the text that releases it; tokens of a matched
+    /// stop string and the end-of-generation token are not reported.
+    Text {
+        text: String,
+        logprobs: Vec<TokenLogprob>,
+    },
     Finished {
         reason: FinishReason,
         prompt_tokens: usize,

@@ -4,12 +4,13 @@
 pub mod api;
 pub mod http;
 pub mod job;
+pub mod logprobs;
 pub mod metrics;
 pub mod scheduler;
 pub mod stats;
 pub mod wire;
 
-pub use job::{Event, FinishReason, Job, SubmitError};
+pub use job::{Event, FinishReason, Job, Logprobs, SubmitError};
 pub use scheduler::{Scheduler, SchedulerConfig};
 pub use stats::SchedulerStats;
 

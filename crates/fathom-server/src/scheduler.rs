@@ -14,7 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
-use fathom_engine::{plan_step, Engine, OutputText, Sampler, Segment, SeqKv};
+use fathom_engine::{
+    plan_step, Engine, OutputText, Sampler, ScoreRows, Segment, SeqKv, TokenLogprob,
+};
 
 use crate::job::{Event, FinishReason, Job, SubmitError};
 use crate::stats::SchedulerStats;
@@ -130,13 +132,35 @@ struct Slot {
     /// Counted in the prompt-token and prefix stats (once, not again on
     /// a recompute after preemption).
     counted: bool,
+    /// The prompt's logprobs while they are collected (an echo with
+    /// logprobs); `None` once sent, or when not asked for.
+    prompt_score: Option<PromptScore>,
+    /// Logprobs of generated tokens whose text is still held back.
+    held: Vec<TokenLogprob>,
+}
+
+/// The prompt's logprobs, collected as its chunks run: position p's logits
+/// give token p + 1's.
+struct PromptScore {
+    top: usize,
+    /// Positions scored so far (their KV must not come from the prefix
+    /// cache on a recompute, which computes no logits).
+    scored: usize,
+    entries: Vec<TokenLogprob>,
 }
 
 impl Slot {
     fn new(job: Job) -> Slot {
         let mut tokens = Vec::with_capacity(job.prompt.len() + job.max_tokens);
         tokens.extend_from_slice(&job.prompt);
+        let prompt_score = job.logprobs.filter(|l| l.prompt).map(|l| PromptScore {
+            top: l.top,
+            scored: 0,
+            entries: Vec::with_capacity(job.prompt.len().saturating_sub(1)),
+        });
         Slot {
+            prompt_score,
+            held: Vec::new(),
             prompt_len: job.prompt.len(),
             sampler: Sampler::new(job.sampling.clone()),
             text: OutputText::new(job.stop.clone()),
@@ -152,6 +176,16 @@ impl Slot {
     /// Tokens whose KV is not computed yet.
     fn pending(&self) -> usize {
         self.tokens.len() - self.kv.as_ref().map_or(0, |kv| kv.len)
+    }
+
+    /// The tokens whose KV may come from the prefix cache: all, unless
+    /// prompt positions are still to be scored, which must be computed.
+    fn reusable(&self) -> &[u32] {
+        match &self.prompt_score {
+            // A sequence opened on n tokens reuses at most n - 1 positions.
+            Some(score) => &self.tokens[..score.scored + 1],
+            None => &self.tokens,
+        }
     }
 }
 
@@ -178,6 +212,8 @@ struct Loop<'a> {
     chunk: Vec<usize>,
     /// Slots that finished this step, with how (reused each step).
     finished: Vec<(usize, Outcome)>,
+    /// Prompt rows scored this step (reused each step).
+    wanted: Vec<ScoreRows>,
 }
 
 impl<'a> Loop<'a> {
@@ -193,6 +229,7 @@ impl<'a> Loop<'a> {
             queue: VecDeque::with_capacity(config.queue_capacity + config.parallel),
             chunk: Vec::with_capacity(config.parallel),
             finished: Vec::with_capacity(config.parallel),
+            wanted: Vec::with_capacity(config.parallel),
             engine,
             config,
             waiting,
@@ -288,7 +325,7 @@ impl<'a> Loop<'a> {
                 self.finish(slot, outcome);
                 continue;
             }
-            let mut kv = self.engine.open_sequence(&slot.tokens);
+            let mut kv = self.engine.open_sequence(slot.reusable());
             if !self.engine.reserve(&mut kv, slot.tokens.len()) {
                 self.engine.release(&mut kv);
                 if self.running.is_empty() {
@@ -327,7 +364,7 @@ impl<'a> Loop<'a> {
         let job = &slot.job;
         if job.prompt.is_empty() {
             Some(Outcome::Failed("the prompt is empty".into()))
-        } else if job.max_tokens == 0 {
+        } else if job.max_tokens == 0 && slot.prompt_score.is_none() {
             Some(Outcome::Finished(FinishReason::Length))
         } else if job.prompt.len() + job.max_tokens > context {
             Some(Outcome::Failed(format!(
@@ -397,21 +434,53 @@ impl<'a> Loop<'a> {
             &mut self.chunk,
         );
         let mut segments = Vec::with_capacity(self.running.len());
+        // Per entry of `wanted`: the prompt being scored, its tokens and
+        // the segment's first position.
+        let mut scoring = Vec::new();
+        self.wanted.clear();
         for (slot, &n) in self.running.iter_mut().zip(&self.chunk) {
             if n == 0 {
                 continue;
             }
-            let kv = slot.kv.as_mut().expect("running slots hold KV");
+            let Slot {
+                kv,
+                tokens,
+                prompt_score,
+                prompt_len,
+                ..
+            } = slot;
+            let kv = kv.as_mut().expect("running slots hold KV");
             let start = kv.len;
+            if let Some(score) = prompt_score {
+                // Positions before the prompt's last predict its tokens.
+                let from = start.max(score.scored);
+                let end = (start + n).min(*prompt_len - 1);
+                if from < end {
+                    self.wanted.push(ScoreRows {
+                        segment: segments.len(),
+                        rows: from - start..end - start,
+                    });
+                    scoring.push((score, &tokens[..], start));
+                }
+            }
             segments.push(Segment {
                 seq: kv,
-                tokens: &slot.tokens[start..start + n],
+                tokens: &tokens[start..start + n],
             });
         }
         if segments.is_empty() {
             return Ok(());
         }
-        self.engine.step(&mut segments).map_err(|e| e.to_string())?;
+        self.engine
+            .step_scoring(&mut segments, &self.wanted, &mut |k, row, logits| {
+                let (score, tokens, start) = &mut scoring[k];
+                let p = *start + row;
+                let entry = TokenLogprob::new(logits, tokens[p + 1], score.top);
+                score.entries.push(entry);
+                score.scored = p + 1;
+            })
+            .map_err(|e| e.to_string())?;
+        drop(scoring);
         drop(segments);
         let mut row = 0;
         for i in 0..self.running.len() {
@@ -422,11 +491,32 @@ impl<'a> Loop<'a> {
             let slot = &mut self.running[i];
             let kv = slot.kv.as_mut().expect("running slots hold KV");
             self.engine.commit(kv, &slot.tokens);
+            let prompt_len = slot.prompt_len;
+            if let Some(score) = slot.prompt_score.take_if(|s| s.scored + 1 >= prompt_len) {
+                let event = Event::PromptLogprobs {
+                    first: slot.tokens[0],
+                    rest: score.entries,
+                };
+                if slot.job.events.send(event).is_err() {
+                    self.finished.push((i, Outcome::Cancelled));
+                    continue;
+                }
+            }
             if slot.pending() > 0 {
                 continue;
             }
+            if slot.generated >= slot.job.max_tokens {
+                // max_tokens 0: the prompt was all there was to do.
+                self.finished
+                    .push((i, Outcome::Finished(FinishReason::Length)));
+                continue;
+            }
             let token = self.engine.sample(row - 1, &mut slot.sampler, &slot.tokens);
-            let outcome = self.emit(i, token);
+            let logprob = slot
+                .job
+                .logprobs
+                .map(|l| self.engine.token_logprob(row - 1, token, l.top));
+            let outcome = self.emit(i, token, logprob);
             if !matches!(outcome, Outcome::Running) {
                 self.finished.push((i, outcome));
             }
@@ -440,8 +530,9 @@ impl<'a> Loop<'a> {
         Ok(())
     }
 
-    /// Handles a sampled token: the end, a stop string, text to send.
-    fn emit(&mut self, i: usize, token: u32) -> Outcome {
+    /// Handles a sampled token (with its logprob when asked for): the
+    /// end, a stop string, text to send.
+    fn emit(&mut self, i: usize, token: u32, logprob: Option<TokenLogprob>) -> Outcome {
         let slot = &mut self.running[i];
         slot.generated += 1;
         SchedulerStats::add(&self.stats.generated_tokens, 1);
@@ -450,9 +541,16 @@ impl<'a> Loop<'a> {
             return Outcome::Finished(FinishReason::Stop);
         }
         slot.tokens.push(token);
+        slot.held.extend(logprob);
         let (text, hit) = slot.text.push(tokenizer, token);
-        if !text.is_empty() && slot.job.events.send(Event::Text(text.to_string())).is_err() {
-            return Outcome::Cancelled;
+        if !text.is_empty() {
+            let event = Event::Text {
+                text: text.to_string(),
+                logprobs: std::mem::take(&mut slot.held),
+            };
+            if slot.job.events.send(event).is_err() {
+                return Outcome::Cancelled;
+            }
         }
         if hit {
             Outcome::Finished(FinishReason::Stop)
@@ -473,9 +571,10 @@ impl<'a> Loop<'a> {
             Outcome::Failed(message) => Event::Failed(message),
             Outcome::Finished(reason) => {
                 if reason == FinishReason::Length {
-                    let tail = slot.text.finish();
-                    if !tail.is_empty() {
-                        let _ = slot.job.events.send(Event::Text(tail));
+                    let text = slot.text.finish();
+                    if !text.is_empty() || !slot.held.is_empty() {
+                        let logprobs = std::mem::take(&mut slot.held);
+                        let _ = slot.job.events.send(Event::Text { text, logprobs });
                     }
                 }
                 Event::Finished {

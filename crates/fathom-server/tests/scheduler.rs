@@ -1,14 +1,16 @@
 //! The scheduler on the real SmolLM2 GGUF, without HTTP: concurrent jobs
 //! equal sequential ones, preemption under a small pool, prefix reuse,
-//! cancellation and the bounded queue.
+//! cancellation, the bounded queue, and logprobs equal to what
+//! `fathom perplexity` computes.
 
 use std::path::Path;
 
 use fathom_checkpoint::Checkpoint;
+use fathom_engine::logprob::{log_prob, TokenLogprob};
 use fathom_engine::{Engine, SamplingParams};
 use fathom_plan::serve::{KvBudget, PromptCache, ServePlan};
 use fathom_plan::{Available, Device, KvDtype, PlanInputs};
-use fathom_server::{Event, FinishReason, Job, Scheduler, SchedulerConfig, SubmitError};
+use fathom_server::{Event, FinishReason, Job, Logprobs, Scheduler, SchedulerConfig, SubmitError};
 use fathom_spec::ModelSpec;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
@@ -63,6 +65,7 @@ impl Encoder {
                 ..SamplingParams::default()
             },
             stop: vec![],
+            logprobs: None,
             events,
         };
         (job, receiver)
@@ -74,7 +77,7 @@ fn collect(mut receiver: UnboundedReceiver<Event>) -> (String, Event) {
     let mut text = String::new();
     while let Some(event) = receiver.blocking_recv() {
         match event {
-            Event::Text(t) => text.push_str(&t),
+            Event::Text { text: t, .. } => text.push_str(&t),
             last => return (text, last),
         }
     }
@@ -291,5 +294,136 @@ fn jobs_that_cannot_run_end_with_a_clear_event() {
     let (ok, rx) = encoder.job("The capital of France is", 4);
     scheduler.submit(ok).unwrap();
     assert!(matches!(collect(rx).1, Event::Finished { .. }));
+    scheduler.shutdown();
+}
+
+/// The reference: every position's logprob of the next token and its top
+/// alternatives, from `Engine::score` and the one log-softmax helper, as
+/// `fathom perplexity` computes them.
+fn scored(tokens: &[u32], top: usize) -> Vec<TokenLogprob> {
+    let (mut engine, _) = serve_plan(1, 512, KvBudget::Workload, 64);
+    let mut out = Vec::new();
+    engine
+        .score(tokens, 0, &mut |pos, logits| {
+            if let Some(&next) = tokens.get(pos + 1) {
+                let entry = TokenLogprob::new(logits, next, top);
+                assert_eq!(entry.logprob, log_prob(logits, next as usize));
+                out.push(entry);
+            } else {
+                out.push(TokenLogprob::new(logits, u32::MAX, top));
+            }
+        })
+        .unwrap();
+    out
+}
+
+#[test]
+fn echoed_prompt_logprobs_equal_the_perplexity_computation_at_every_position() {
+    let (engine, plan) = serve_plan(2, 512, KvBudget::Workload, 64);
+    let encoder = Encoder(engine.tokenizer.clone());
+    let scheduler = Scheduler::start(
+        engine,
+        SchedulerConfig {
+            parallel: 2,
+            queue_capacity: 8,
+            prompt_cache_blocks: plan.kv_blocks as usize,
+        },
+    );
+    let text = PROMPTS.join(" ").repeat(3);
+    // A plain job first fills the prefix cache with the same prompt: the
+    // scored job must compute its positions anyway.
+    let (plain, rx) = encoder.job(&text, 2);
+    scheduler.submit(plain).unwrap();
+    collect(rx);
+    let (mut job, rx) = encoder.job(&text, 3);
+    let tokens = job.prompt.clone();
+    assert!(
+        tokens.len() > 3 * 64,
+        "several step chunks: {}",
+        tokens.len()
+    );
+    job.logprobs = Some(Logprobs {
+        top: 5,
+        prompt: true,
+    });
+    // Another job in the same steps, so scored rows share steps with
+    // another sequence's.
+    let (other, other_rx) = encoder.job(PROMPTS[2], 40);
+    scheduler.submit(other).unwrap();
+    scheduler.submit(job).unwrap();
+    let mut rx = rx;
+    let Some(Event::PromptLogprobs { first, rest }) = rx.blocking_recv() else {
+        panic!("the prompt's logprobs come first")
+    };
+    let mut generated = Vec::new();
+    let last = loop {
+        match rx.blocking_recv().expect("a final event") {
+            Event::Text { logprobs, .. } => generated.extend(logprobs),
+            last => break last,
+        }
+    };
+    collect(other_rx);
+    let Event::Finished {
+        reason,
+        completion_tokens,
+        cached_tokens,
+        ..
+    } = last
+    else {
+        panic!("{last:?}")
+    };
+    assert_eq!(
+        (reason, completion_tokens, cached_tokens),
+        (FinishReason::Length, 3, 0)
+    );
+    assert_eq!(first, tokens[0]);
+    assert_eq!(rest.len(), tokens.len() - 1);
+    let want = scored(&tokens, 5);
+    let mut max_diff = 0.0f64;
+    for (p, (got, want)) in rest.iter().zip(&want).enumerate() {
+        assert_eq!(got.token, tokens[p + 1], "position {p}");
+        max_diff = max_diff.max((got.logprob - want.logprob).abs());
+        let ids = |e: &TokenLogprob| e.top.iter().map(|t| t.0).collect::<Vec<_>>();
+        assert_eq!(ids(got), ids(want), "position {p}");
+    }
+    eprintln!(
+        "{} prompt positions: max |logprob - perplexity's| = {max_diff:e}",
+        rest.len()
+    );
+    assert_eq!(max_diff, 0.0, "the same logits, the same helper");
+    // Greedy: each generated token is its position's most likely, and its
+    // logprob is the model's; the first follows the prompt's last position.
+    assert_eq!(generated.len(), 3);
+    for g in &generated {
+        assert_eq!(g.top[0], (g.token, g.logprob), "{g:?}");
+    }
+    let after_prompt = want.last().unwrap();
+    assert_eq!(generated[0].top, after_prompt.top);
+
+    // max_tokens 0: the prompt scored, nothing generated.
+    let (mut job, mut rx) = encoder.job(PROMPTS[0], 0);
+    job.logprobs = Some(Logprobs {
+        top: 0,
+        prompt: true,
+    });
+    let short = job.prompt.clone();
+    scheduler.submit(job).unwrap();
+    let Some(Event::PromptLogprobs { rest, .. }) = rx.blocking_recv() else {
+        panic!("the prompt's logprobs")
+    };
+    assert_eq!(rest.len(), short.len() - 1);
+    assert!(rest.iter().all(|e| e.top.is_empty() && e.logprob < 0.0));
+    let last = rx.blocking_recv();
+    assert!(
+        matches!(
+            last,
+            Some(Event::Finished {
+                reason: FinishReason::Length,
+                completion_tokens: 0,
+                ..
+            })
+        ),
+        "{last:?}"
+    );
     scheduler.shutdown();
 }
