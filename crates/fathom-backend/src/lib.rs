@@ -218,6 +218,42 @@ pub trait Backend: Send {
     /// `gate[r] = act(gate[r]) × up[r]`, `width` values a row.
     fn glu(&mut self, gate: Buf, up: Buf, rows: usize, width: usize, act: Glu);
 
+    /// A gated FFN's input side: `out = act(x · gateᵀ) × (x · upᵀ)`, with
+    /// `up_out` as room for the up projection. A backend may fuse the two
+    /// matmuls and the activation (one pass over both weights, no
+    /// `up_out` traffic); the default is the three ops.
+    fn matmul_glu(
+        &mut self,
+        [gate, up]: [MatrixId; 2],
+        x: Buf,
+        rows: usize,
+        act: Glu,
+        [out, up_out]: [Buf; 2],
+        width: usize,
+    ) {
+        self.matmul(gate, x, rows, out);
+        self.matmul(up, x, rows, up_out);
+        self.glu(out, up_out, rows, width, act);
+    }
+
+    /// The residual add followed by the next norm: `dst[r] += src[r]`, then
+    /// `out[r] = rms_norm(dst[r]) × w`. A backend may do both in one pass;
+    /// the default is the two ops.
+    #[allow(clippy::too_many_arguments)]
+    fn add_rms_norm(
+        &mut self,
+        dst: Buf,
+        src: Buf,
+        w: VectorId,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        out: Buf,
+    ) {
+        self.add(dst, src, rows, width);
+        self.rms_norm(dst, w, eps, rows, width, out);
+    }
+
     /// Causal attention of `io.q` (rows × heads × key_dim) over layer
     /// `layer`'s cached positions before each sequence's `start` and the
     /// step's own `io.k` and `io.v` rows, into `io.out` (rows × heads ×

@@ -308,16 +308,20 @@ impl Model {
             rows: tokens.len(),
         };
         backend.embed(self.embed, tokens, self.embed_scale, Buf::Residual);
-        for (li, layer) in self.layers.iter().enumerate() {
-            self.attention_block(backend, &step, li, layer);
+        // Every norm of a block input follows the residual add before it
+        // (`add_branch`), but the first.
+        if let Some(first) = self.layers.first() {
             backend.rms_norm(
                 Buf::Residual,
-                layer.ffn_norm,
+                first.attn_norm,
                 self.eps,
                 step.rows,
                 d,
                 Buf::Norm,
             );
+        }
+        for (li, layer) in self.layers.iter().enumerate() {
+            self.attention_block(backend, &step, li, layer);
             match &layer.ffn {
                 Ffn::Dense { gate, up, down } => self.ffn(
                     backend,
@@ -328,16 +332,17 @@ impl Model {
                 ),
                 Ffn::Moe { router, experts } => self.moe_ffn(backend, *router, experts, step.rows),
             }
-            self.add_branch(backend, layer.post_ffn_norm, step.rows);
+            let next = self.layers.get(li + 1).map(|l| l.attn_norm);
+            self.add_branch(backend, layer.post_ffn_norm, step.rows, next);
         }
         Ok(())
     }
 
-    /// One layer's attention for every row of the step: projections, rope,
-    /// attention over the cache and the step's rows, the cache write, and
-    /// the output projection added to the residual.
+    /// One layer's attention for every row of the step (its input already
+    /// normed into `Norm`): projections, rope, attention over the cache and
+    /// the step's rows, the cache write, the output projection added to the
+    /// residual, and the FFN's input norm.
     fn attention_block(&self, backend: &mut dyn Backend, step: &Step, li: usize, layer: &Layer) {
-        let d = self.spec.hidden as usize;
         let t_n = step.rows;
         let s = &layer.shape;
         let (qw, kw, vw) = (
@@ -345,7 +350,6 @@ impl Model {
             s.n_kv_heads * s.key_dim,
             s.n_kv_heads * s.value_dim,
         );
-        backend.rms_norm(Buf::Residual, layer.attn_norm, self.eps, t_n, d, Buf::Norm);
         backend.matmul(layer.wq, Buf::Norm, t_n, Buf::Q);
         backend.matmul(layer.wk, Buf::Norm, t_n, Buf::K);
         backend.matmul(layer.wv, Buf::Norm, t_n, Buf::V);
@@ -369,18 +373,30 @@ impl Model {
         backend.attention(li, s, step, io);
         backend.kv_write(li, step, Buf::K, Buf::V, s);
         backend.matmul(layer.wo, Buf::AttnOut, t_n, Buf::BranchOut);
-        self.add_branch(backend, layer.post_attn_norm, t_n);
+        self.add_branch(backend, layer.post_attn_norm, t_n, Some(layer.ffn_norm));
     }
 
-    /// residual += (optionally normed) branch_out.
-    fn add_branch(&self, backend: &mut dyn Backend, post_norm: Option<VectorId>, rows: usize) {
+    /// residual += (optionally normed) branch_out; then, when a block
+    /// follows, its input norm of the residual into `Norm` (one op, which a
+    /// backend may fuse).
+    fn add_branch(
+        &self,
+        backend: &mut dyn Backend,
+        post_norm: Option<VectorId>,
+        rows: usize,
+        next_norm: Option<VectorId>,
+    ) {
         let d = self.spec.hidden as usize;
-        match post_norm {
+        let branch = match post_norm {
             Some(w) => {
                 backend.rms_norm(Buf::BranchOut, w, self.eps, rows, d, Buf::Norm);
-                backend.add(Buf::Residual, Buf::Norm, rows, d);
+                Buf::Norm
             }
-            None => backend.add(Buf::Residual, Buf::BranchOut, rows, d),
+            None => Buf::BranchOut,
+        };
+        match next_norm {
+            Some(w) => backend.add_rms_norm(Buf::Residual, branch, w, self.eps, rows, d, Buf::Norm),
+            None => backend.add(Buf::Residual, branch, rows, d),
         }
     }
 
@@ -398,9 +414,7 @@ impl Model {
         } else {
             self.spec.ffn
         } as usize;
-        backend.matmul(gate, x, rows, Buf::FfnGate);
-        backend.matmul(up, x, rows, Buf::FfnUp);
-        backend.glu(Buf::FfnGate, Buf::FfnUp, rows, f, self.glu);
+        backend.matmul_glu([gate, up], x, rows, self.glu, [Buf::FfnGate, Buf::FfnUp], f);
         backend.matmul(down, Buf::FfnGate, rows, out);
     }
 
