@@ -265,65 +265,83 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// act(g) of a GLU: 0 = silu, 1 = gelu (tanh approximation).
+__device__ __forceinline__ float glu_act(float g, int act) {
+  if (act == 0) return g / (1.0f + expf(-g));
+  const float t = 0.7978845608f * g * (1.0f + 0.044715f * g * g);
+  return g / (1.0f + expf(-2.0f * t));
+}
+
 // ---------------------------------------------------------------------------
 // Matrix-vector products for decode (1..MV_MAX_TOKENS rows of x): `split`
 // warps (1, 2 or 4) per weight row, every lane a stride of 8-value chunks,
 // all tokens at once so each weight byte is read once. A matrix of few rows
 // takes more warps a row, so that enough loads are in flight to keep
-// memory busy.
+// memory busy. GLU: the same over a gate and an up matrix of one shape and
+// type at once, writing act(gate row) x (up row).
 #define MV_MAX_TOKENS 8
 #define MV_WARPS 4
 
-template <int T, int NT>
-__device__ void matvec(const Weights w, const float* __restrict__ x, float* __restrict__ out, int ntok,
-                       int split) {
-  __shared__ float parts[MV_WARPS][NT];
+// One chunk's dot product with 8 activations (a, b; `sum` their sum) for
+// values d x q[k] + m.
+template <int T>
+__device__ __forceinline__ float dot8(const float* q, float d, float m, float4 a, float4 b, float sum) {
+  const float dot = q[0] * a.x + q[1] * a.y + q[2] * a.z + q[3] * a.w + q[4] * b.x + q[5] * b.y +
+                    q[6] * b.z + q[7] * b.w;
+  if (IsFloat<T>::value) return dot;
+  if (HasOffset<T>::value) return d * dot + m * sum;
+  return d * dot;
+}
+
+template <int T, int NT, bool GLU>
+__device__ void matvec(const Weights w, const Weights w2, const float* __restrict__ x,
+                       float* __restrict__ out, int ntok, int split, int act) {
+  __shared__ float parts[MV_WARPS][NT][GLU ? 2 : 1];
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
   const int r = blockIdx.x * (MV_WARPS / split) + warp / split, part = warp % split;
-  float acc[NT];
+  float acc[NT], acc2[NT];
 #pragma unroll
-  for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+  for (int t = 0; t < NT; t++) acc[t] = acc2[t] = 0.0f;
   const int chunks = r < w.rows ? w.cols / 8 : 0;
   // Unrolled so that several chunks' loads are in flight per lane: batch-1
   // decode is bound by how many weight bytes are on their way from memory
   // (with more tokens, their activations take the registers).
 #pragma unroll(NT == 1 ? 4 : 1)
   for (int c = lane + part * WARP; c < chunks; c += WARP * split) {
-    float q[8], d, m;
+    float q[8], d, m, q2[8], d2 = 0.0f, m2 = 0.0f;
     decode8<T>(w, r, c, q, &d, &m);
+    if (GLU) decode8<T>(w2, r, c, q2, &d2, &m2);
 #pragma unroll
     for (int t = 0; t < NT; t++) {
       if (t < ntok) {
         const float4* xp = (const float4*)(x + (size_t)t * w.cols + 8 * c);
         const float4 a = xp[0], b = xp[1];
-        const float dot = q[0] * a.x + q[1] * a.y + q[2] * a.z + q[3] * a.w + q[4] * b.x +
-                          q[5] * b.y + q[6] * b.z + q[7] * b.w;
-        if (IsFloat<T>::value) {
-          acc[t] += dot;
-        } else if (HasOffset<T>::value) {
-          const float sum = (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
-          acc[t] += d * dot + m * sum;
-        } else {
-          acc[t] += d * dot;
-        }
+        const float sum = (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
+        acc[t] += dot8<T>(q, d, m, a, b, sum);
+        if (GLU) acc2[t] += dot8<T>(q2, d2, m2, a, b, sum);
       }
     }
   }
 #pragma unroll
   for (int t = 0; t < NT; t++) {
-    const float s = warp_sum(acc[t]);
+    const float s = warp_sum(acc[t]), s2 = GLU ? warp_sum(acc2[t]) : 0.0f;
     if (split == 1) {
-      if (lane == 0 && t < ntok && r < w.rows) out[(size_t)t * w.rows + r] = s;
+      if (lane == 0 && t < ntok && r < w.rows)
+        out[(size_t)t * w.rows + r] = GLU ? glu_act(s, act) * s2 : s;
     } else if (lane == 0) {
-      parts[warp][t] = s;
+      parts[warp][t][0] = s;
+      if (GLU) parts[warp][t][GLU ? 1 : 0] = s2;
     }
   }
   if (split == 1) return;
   __syncthreads();
   if (part == 0 && lane < ntok && r < w.rows) {
-    float s = 0.0f;
-    for (int k = 0; k < split; k++) s += parts[warp + k][lane];
-    out[(size_t)lane * w.rows + r] = s;
+    float s = 0.0f, s2 = 0.0f;
+    for (int k = 0; k < split; k++) {
+      s += parts[warp + k][lane][0];
+      if (GLU) s2 += parts[warp + k][lane][GLU ? 1 : 0];
+    }
+    out[(size_t)lane * w.rows + r] = GLU ? glu_act(s, act) * s2 : s;
   }
 }
 
@@ -426,11 +444,21 @@ __device__ void dequant_rows(const Weights w, int row0, __half* __restrict__ out
 #define FATHOM_WEIGHT_KERNELS(NAME, T)                                                         \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8)                               \
       mv1_##NAME(const Weights w, const float* x, float* out, int ntok, int split) {            \
-    matvec<T, 1>(w, x, out, ntok, split);                                                       \
+    matvec<T, 1, false>(w, w, x, out, ntok, split, 0);                                          \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8)                               \
       mv_##NAME(const Weights w, const float* x, float* out, int ntok, int split) {             \
-    matvec<T, MV_MAX_TOKENS>(w, x, out, ntok, split);                                           \
+    matvec<T, MV_MAX_TOKENS, false>(w, w, x, out, ntok, split, 0);                              \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8) mvglu1_##NAME(                \
+      const Weights gate, const Weights up, const float* x, float* out, int ntok, int split,   \
+      int act) {                                                                                \
+    matvec<T, 1, true>(gate, up, x, out, ntok, split, act);                                     \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8) mvglu_##NAME(                 \
+      const Weights gate, const Weights up, const float* x, float* out, int ntok, int split,   \
+      int act) {                                                                                \
+    matvec<T, MV_MAX_TOKENS, true>(gate, up, x, out, ntok, split, act);                         \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(256) mm_##NAME(const Weights w, const float* x, \
                                                               float* out, int ntok) {          \
@@ -474,12 +502,14 @@ extern "C" __global__ void to_half(const float* x, long long n, int bf16, unsign
 // for the width). Each thread holds its first RMS_HELD values in registers
 // between the sum and the scaling, so a row is read once and no thread
 // waits on a chain of loads; in place is allowed (a thread writes only
-// the values it read).
+// the values it read). With `add`, x += add first (the residual add before
+// a norm), written back to x.
 #define RMS_HELD 8
 extern "C" __global__ void __launch_bounds__(1024)
-rms_norm(const float* x, const float* w, float eps, int width, float* out) {
+rms_norm(float* x, const float* add, const float* w, float eps, int width, float* out) {
   __shared__ float part[32];
-  const float* xr = x + (size_t)blockIdx.x * width;
+  float* xr = x + (size_t)blockIdx.x * width;
+  const float* ar = add ? add + (size_t)blockIdx.x * width : nullptr;
   float* o = out + (size_t)blockIdx.x * width;
   const int n = blockDim.x;
   float v[RMS_HELD];
@@ -488,10 +518,18 @@ rms_norm(const float* x, const float* w, float eps, int width, float* out) {
   for (int k = 0; k < RMS_HELD; k++) {
     const int i = threadIdx.x + k * n;
     v[k] = i < width ? xr[i] : 0.0f;
+    if (ar && i < width) {
+      v[k] += ar[i];
+      xr[i] = v[k];
+    }
     ss += v[k] * v[k];
   }
   for (int i = threadIdx.x + RMS_HELD * n; i < width; i += n) {
-    const float t = xr[i];
+    float t = xr[i];
+    if (ar) {
+      t += ar[i];
+      xr[i] = t;
+    }
     ss += t * t;
   }
   ss = warp_sum(ss);
@@ -531,15 +569,7 @@ extern "C" __global__ void fill_zero(float* x, long long n) {
 extern "C" __global__ void glu(float* gate, const float* up, long long n, int act) {
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
-    const float g = gate[i];
-    float a;
-    if (act == 0) {
-      a = g / (1.0f + expf(-g));
-    } else {
-      const float t = 0.7978845608f * g * (1.0f + 0.044715f * g * g);
-      a = g / (1.0f + expf(-2.0f * t));
-    }
-    gate[i] = a * up[i];
+    gate[i] = glu_act(gate[i], act) * up[i];
   }
 }
 

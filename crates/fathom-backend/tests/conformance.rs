@@ -518,6 +518,49 @@ fn test_matmul<B: Backend + ?Sized>(h: &mut Harness<B>, rng: &mut Rng, only_pref
     }
 }
 
+fn glu_ref(g: f64, u: f64, act: Glu) -> f64 {
+    let a = match act {
+        Glu::Silu => g / (1.0 + (-g).exp()),
+        Glu::GeluTanh => {
+            0.5 * g
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+        }
+    };
+    a * u
+}
+
+/// matmul_glu: a gate and an up projection of one type with the activation
+/// (fused on the GPU up to 8 rows), against the f64 reference of the three.
+fn test_matmul_glu(h: &mut Harness, rng: &mut Rng) {
+    let (rows, cols) = (768, 2048);
+    for kind in all_kinds() {
+        let (gm, gv) = random_matrix(rng, kind, rows, cols);
+        let (um, uv) = random_matrix(rng, kind, rows, cols);
+        let (g, u) = (
+            h.b.load_matrix(gm).expect("loads"),
+            h.b.load_matrix(um).expect("loads"),
+        );
+        for (n, act) in [(1, Glu::Silu), (3, Glu::GeluTanh), (9, Glu::Silu)] {
+            let x = rng.vec(n * cols);
+            h.set(Buf::Norm, &x, cols);
+            h.b.matmul_glu([g, u], Buf::Norm, n, act, [Buf::FfnGate, Buf::FfnUp], rows);
+            let got = h.get(Buf::FfnGate, n, rows);
+            let want: Vec<f64> = reference_matmul(&gv, rows, cols, &x, n)
+                .iter()
+                .zip(reference_matmul(&uv, rows, cols, &x, n))
+                .map(|(&g, u)| glu_ref(g, u, act))
+                .collect();
+            h.check(
+                "matmul_glu",
+                &format!("{} 768x2048 x{n}", kind_name(kind)),
+                &got,
+                &want,
+                TOL_MATMUL,
+            );
+        }
+    }
+}
+
 fn rms_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f64> {
     let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
     let inv = 1.0 / (ss / x.len() as f64 + eps as f64).sqrt();
@@ -544,6 +587,26 @@ fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
             &want,
             TOL_EXACT,
         );
+    }
+    // add_rms_norm: the residual add and the next norm (Norm is also the
+    // branch, as after a post-norm).
+    for (rows, width, branch) in [(5, 576, Buf::BranchOut), (3, 4096, Buf::Norm)] {
+        let (a, b, w) = (rng.vec(rows * width), rng.vec(rows * width), rng.vec(width));
+        let wid = h.b.load_vector(&w).expect("loads");
+        h.set(Buf::Residual, &a, width);
+        h.set(branch, &b, width);
+        h.b.add_rms_norm(Buf::Residual, branch, wid, 1e-5, rows, width, Buf::Norm);
+        let sum: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+        let got = h.get(Buf::Norm, rows, width);
+        let want: Vec<f64> = sum
+            .chunks(width)
+            .flat_map(|r| rms_ref(r, &w, 1e-5))
+            .collect();
+        let case = format!("{rows}x{width} {}", branch.name());
+        h.check("add_rms_norm", &case, &got, &want, TOL_EXACT);
+        let got = h.get(Buf::Residual, rows, width);
+        let want: Vec<f64> = sum.iter().map(|&v| v as f64).collect();
+        h.check("add_rms_norm sum", &case, &got, &want, TOL_EXACT);
     }
     // head_norm: Qwen3 q (32 heads x 128).
     {
@@ -599,20 +662,7 @@ fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
         let want: Vec<f64> = g
             .iter()
             .zip(&u)
-            .map(|(&g, &u)| {
-                let (g, u) = (g as f64, u as f64);
-                let a = match act {
-                    Glu::Silu => g / (1.0 + (-g).exp()),
-                    Glu::GeluTanh => {
-                        0.5 * g
-                            * (1.0
-                                + ((2.0 / std::f64::consts::PI).sqrt()
-                                    * (g + 0.044715 * g * g * g))
-                                    .tanh())
-                    }
-                };
-                a * u
-            })
+            .map(|(&g, &u)| glu_ref(g as f64, u as f64, act))
             .collect();
         h.check("glu", &format!("{name} 7x1536"), &got, &want, TOL_EXACT);
     }
@@ -1044,6 +1094,7 @@ fn conformance() {
         test_embed(&mut h, &mut rng);
         test_matmul(&mut h, &mut rng, false);
         test_elementwise(&mut h, &mut rng);
+        test_matmul_glu(&mut h, &mut rng);
         test_rope(&mut h, &mut rng);
         test_moe(&mut h, &mut rng);
         failures.extend(h.finish());

@@ -201,6 +201,9 @@ struct Kernels {
     /// MV_MAX_TOKENS.
     mv1: [sys::CUfunction; 16],
     mv: [sys::CUfunction; 16],
+    /// The same over a gate and an up matrix, writing act(gate) × up.
+    mvglu1: [sys::CUfunction; 16],
+    mvglu: [sys::CUfunction; 16],
     mm: [sys::CUfunction; 16],
     embed: [sys::CUfunction; 16],
     dequant: [sys::CUfunction; 16],
@@ -242,6 +245,8 @@ impl Kernels {
         Ok(Kernels {
             mv1: table("mv1")?,
             mv: table("mv")?,
+            mvglu1: table("mvglu1")?,
+            mvglu: table("mvglu")?,
             mm: table("mm")?,
             embed: table("embed")?,
             dequant: table("dequant")?,
@@ -776,6 +781,18 @@ impl CudaBackend {
         width.div_ceil(4).next_multiple_of(32).clamp(32, 1024) as u32
     }
 
+    /// Warps a matrix-vector kernel gives a weight row: a matrix of few
+    /// rows (K and V projections) takes four, for loads enough in flight;
+    /// on larger ones one warp reading a whole row measured faster (H200:
+    /// 4096 rows, 12 µs against 13.8 µs split four ways).
+    fn matvec_split(rows: usize) -> usize {
+        if rows <= 2048 {
+            4
+        } else {
+            1
+        }
+    }
+
     fn grid_for(n: usize, block: usize) -> u32 {
         n.div_ceil(block).clamp(1, 65_535) as u32
     }
@@ -1200,11 +1217,7 @@ impl Backend for CudaBackend {
             } else {
                 self.k.mv[m.kind]
             };
-            // Warps a row: a matrix of few rows (K and V projections) takes
-            // four, for loads enough in flight; on larger ones one warp
-            // reading a whole row measured faster (H200: 4096 rows, 12 µs
-            // against 13.8 µs split four ways).
-            let split = if wr <= 2048 { 4 } else { 1 };
+            let split = Self::matvec_split(wr);
             let mut sp = split as i32;
             let grid = wr.div_ceil(MV_WARPS / split) as u32;
             self.launch(
@@ -1243,13 +1256,13 @@ impl Backend for CudaBackend {
         if rows == 0 || !self.ready() {
             return;
         }
-        let (mut eps, mut w) = (eps, width as i32);
+        let (mut eps, mut w, mut no_add) = (eps, width as i32, 0u64);
         let f = self.k.rms_norm;
         self.launch(
             f,
             (rows as u32, 1, 1),
             Self::norm_threads(width),
-            &mut args![xp, wp, eps, w, op],
+            &mut args![xp, no_add, wp, eps, w, op],
         );
     }
 
@@ -1270,14 +1283,91 @@ impl Backend for CudaBackend {
             return;
         }
         let mut op = xp;
-        let (mut eps, mut hd) = (eps, head_dim as i32);
+        let (mut eps, mut hd, mut no_add) = (eps, head_dim as i32, 0u64);
         let f = self.k.rms_norm;
         // Every head is a row of head_dim values; in place is allowed.
         self.launch(
             f,
             (heads as u32, 1, 1),
             Self::norm_threads(head_dim),
-            &mut args![xp, wp, eps, hd, op],
+            &mut args![xp, no_add, wp, eps, hd, op],
+        );
+    }
+
+    fn add_rms_norm(
+        &mut self,
+        dst: Buf,
+        src: Buf,
+        w: VectorId,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        out: Buf,
+    ) {
+        let (mut wp, wl) = self.vectors[w.0 as usize];
+        assert!(wl >= width, "add_rms_norm: {wl} weights for {width} values");
+        let mut dp = self.buf(dst, rows * width * 4);
+        let mut sp = self.buf(src, rows * width * 4);
+        let mut op = self.buf(out, rows * width * 4);
+        if rows == 0 || !self.ready() {
+            return;
+        }
+        let (mut eps, mut w) = (eps, width as i32);
+        let f = self.k.rms_norm;
+        self.launch(
+            f,
+            (rows as u32, 1, 1),
+            Self::norm_threads(width),
+            &mut args![dp, sp, wp, eps, w, op],
+        );
+    }
+
+    fn matmul_glu(
+        &mut self,
+        [gate, up]: [MatrixId; 2],
+        x: Buf,
+        rows: usize,
+        act: Glu,
+        [out, up_out]: [Buf; 2],
+        width: usize,
+    ) {
+        let (g, u) = (self.matrices[gate.0 as usize], self.matrices[up.0 as usize]);
+        let fused = rows <= MV_MAX_TOKENS
+            && g.kind == u.kind
+            && g.kind != kind_of_type(WeightType::F32)
+            && (g.arg.rows, g.arg.cols) == (u.arg.rows, u.arg.cols)
+            && g.arg.rows as usize == width;
+        if !fused {
+            // Prefill (cuBLAS), F32 weights, or a mixed-type pair (Q4_K_M
+            // keeps some up projections in another type than their gates).
+            self.matmul(gate, x, rows, out);
+            self.matmul(up, x, rows, up_out);
+            self.glu(out, up_out, rows, width, act);
+            return;
+        }
+        let (wr, wc) = (g.arg.rows as usize, g.arg.cols as usize);
+        let mut xp = self.buf(x, rows * wc * 4);
+        let mut op = self.buf(out, rows * wr * 4);
+        if rows == 0 || !self.ready() {
+            return;
+        }
+        let f = if rows == 1 {
+            self.k.mvglu1[g.kind]
+        } else {
+            self.k.mvglu[g.kind]
+        };
+        let split = Self::matvec_split(wr);
+        let (mut ga, mut ua, mut n, mut sp) = (g.arg, u.arg, rows as i32, split as i32);
+        let mut a = match act {
+            Glu::Silu => 0i32,
+            Glu::GeluTanh => 1,
+        };
+        let grid = wr.div_ceil(MV_WARPS / split) as u32;
+        self.launch(
+            f,
+            (grid, 1, 1),
+            32 * MV_WARPS as u32,
+            &mut args![ga, ua, xp, op, n, sp, a],
         );
     }
 
