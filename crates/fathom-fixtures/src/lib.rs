@@ -29,6 +29,7 @@ pub use models::{
     gemma3_1b, gemma3_4b_multimodal_text, llama_3_1_8b, qwen2_5_7b, qwen3_30b_a3b, reshaped,
     smollm2_135m, tiny_gemma3, tiny_llama, tiny_qwen2, tiny_qwen3, tiny_qwen3_moe,
 };
+pub use random::random_token_ids;
 pub use safetensors::write_safetensors;
 
 /// Element type of a safetensors tensor.
