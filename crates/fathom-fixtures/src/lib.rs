@@ -22,7 +22,10 @@ mod safetensors;
 
 pub use gguf::{GgufTensorInfo, GgufTensorType, GgufValue, GgufWriter};
 pub use gguf_model::{gguf_writer, write_gguf};
-pub use grid::{memory_grid_models, write_grid_model, write_runnable_gguf, GridModel, GRID_SEED};
+pub use grid::{
+    cuda_memory_grid_models, memory_grid_models, write_grid_model, write_runnable_gguf, GridModel,
+    GRID_SEED,
+};
 pub use hf::write_hf_dir;
 pub use mlx::mlx_quantize;
 pub use models::{
