@@ -33,9 +33,18 @@ pub fn gpu(test: &str) -> bool {
     found.is_some()
 }
 
+/// The `fathom` binary under test: `FATHOM_BIN` when set (a staged binary
+/// on the GPU machine, where the build folder does not exist), else the
+/// one cargo built beside these tests.
+pub fn fathom_exe() -> PathBuf {
+    std::env::var_os("FATHOM_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_fathom")))
+}
+
 /// Runs `fathom ARGS` with a clean fathom environment plus `env`.
 pub fn fathom(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fathom"));
+    let mut cmd = Command::new(fathom_exe());
     cmd.args(args);
     for var in [
         "FATHOM_MEMORY_LIMIT",

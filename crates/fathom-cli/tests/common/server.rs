@@ -77,7 +77,7 @@ impl Server {
 
     /// [`Server::spawn`] on another model.
     pub fn spawn_model(model: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fathom"));
+        let mut cmd = Command::new(super::fathom_exe());
         cmd.args(["serve", model.to_str().unwrap(), "--port", "0"]);
         // Test defaults, unless the environment under test sets them.
         let set = |name: &str| env.iter().any(|(k, _)| *k == name);
