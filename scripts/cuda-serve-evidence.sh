@@ -13,7 +13,10 @@
 #           (64 slots, queue 16, 96 requests at once, every fifth leaving;
 #           NVML peak of the server vs its device plan) -> serve-cuda.json
 # Usage: cuda-serve-evidence.sh CARRY_DIR WORK_DIR OUT_DIR [LLAMA_BIN_DIR]
-#   (env: PHASES="tests memory serve", GRID=full, STREAMS=1,16,64)
+#   (env: PHASES="tests memory serve", GRID=full, STREAMS=1,16,64;
+#    MEMORY_JSON=FILE resumes a grid recorded earlier: its cells are kept and
+#    only missing llama.cpp figures are added, e.g. in a second call that
+#    builds llama.cpp with ../shared/gpu/build-llamacpp-cuda.sh first)
 # At most 7 files go to OUT_DIR; summary.txt holds what to read first.
 set -uo pipefail
 carry=$(cd "${1:?usage: cuda-serve-evidence.sh CARRY_DIR WORK_DIR OUT_DIR [LLAMA_BIN_DIR]}" && pwd)
@@ -39,6 +42,10 @@ fi
 
 if [[ " $phases " == *" memory "* ]]; then
     json="$out/memory-cuda-$(date -u +%F).json"
+    if [[ -n "${MEMORY_JSON:-}" ]]; then
+        json="$out/$(basename "$MEMORY_JSON")"
+        [[ "$MEMORY_JSON" -ef "$json" ]] || cp "$MEMORY_JSON" "$json"
+    fi
     peer=()
     [[ -n "$llama" ]] && peer=(--llama-cpp "$llama")
     stamp "memory: fathom bench memory --device cuda --grid ${GRID:-full}"
