@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds the GPU-relevant test binaries here (the device machine has no Rust
-# toolchain) and stages them, with a runner, in a carry folder.
+# Builds the GPU-relevant test binaries and a release `fathom` here (the
+# device machine has no Rust toolchain) and stages them, with a runner, in a
+# carry folder.
 #
 #   scripts/test-gpu.sh [CARRY_DIR]     (default: $FATHOM_GPU_CARRY, else .gpu-carry)
 #
@@ -17,10 +18,16 @@ CARRY="${1:-${FATHOM_GPU_CARRY:-.gpu-carry}}"
 mkdir -p "$CARRY"
 rm -f "$CARRY"/*
 # Release: the CPU side of the CUDA-vs-CPU checks runs the CPU kernels too.
-cargo test --release -p fathom-backend -p fathom-engine --test conformance --test cuda_vs_cpu --lib \
-  --no-run --message-format=json 2>/dev/null \
-  | python3 -c '
+# The fathom binary itself goes too: the GPU server tests run it (FATHOM_BIN),
+# and scripts/cuda-serve-evidence.sh measures with it.
+{
+  cargo test --release -p fathom-backend -p fathom-engine --test conformance --test cuda_vs_cpu --lib \
+    --no-run --message-format=json 2>/dev/null
+  cargo test --release -p fathom-cli --test serve_cuda --no-run --message-format=json 2>/dev/null
+  cargo build --release --locked -p fathom-cli --bin fathom --message-format=json 2>/dev/null
+} | python3 -c '
 import json, sys
+seen = set()
 for line in sys.stdin:
     try:
         m = json.loads(line)
@@ -30,10 +37,16 @@ for line in sys.stdin:
         kind = m["target"]["kind"][0]
         name = m["target"]["name"] + ("-unit" if kind == "lib" else "")
         print(m["executable"], name)
+    elif m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "fathom":
+        if "fathom" not in seen:
+            seen.add("fathom")
+            print(m["executable"], "fathom")
 ' | while read -r exe name; do
   objcopy --strip-debug "$exe" "$CARRY/$name"
   echo "staged $CARRY/$name ($(du -h "$CARRY/$name" | cut -f1))" >&2
 done
+git rev-parse HEAD >"$CARRY/commit.txt" 2>/dev/null || true
+echo "staged $(du -sh "$CARRY" | cut -f1) in all (a carry travels up to 64 MiB)" >&2
 cat >"$CARRY/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs fathom's GPU tests on the device; every test must find the GPU.
@@ -48,6 +61,8 @@ rc=0
 ./conformance speed --nocapture --test-threads=1 || rc=1
 ./fathom_backend-unit --test-threads=1 || rc=1
 ./cuda_vs_cpu --nocapture --test-threads=1 || rc=1
+# fathom serve --device cuda over real HTTP, with the staged fathom.
+FATHOM_BIN="$PWD/fathom" ./serve_cuda --nocapture --test-threads=1 || rc=1
 if [[ "${FATHOM_SANITIZE:-0}" == 1 ]] && command -v compute-sanitizer >/dev/null; then
   echo "compute-sanitizer memcheck (at most ${FATHOM_SANITIZE_S:-240} s):"
   timeout "${FATHOM_SANITIZE_S:-240}" compute-sanitizer --tool memcheck --print-limit 20 \

@@ -42,6 +42,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FATHOM_GPU_CARRY", ".gpu-carry"),
     ("FATHOM_SANITIZE", "unset"),
     ("FATHOM_SANITIZE_S", "240"),
+    ("FATHOM_BIN", "the fathom built with the tests"),
 ];
 
 /// A weight matrix the backend holds (handed out by [`Backend::load_matrix`]).

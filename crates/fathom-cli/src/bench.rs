@@ -39,20 +39,6 @@ pub struct BenchArgs {
     pub plan: PlanArgs,
 }
 
-/// `n` deterministic pseudo-random token ids below `vocab` (llama-bench
-/// also measures on random tokens).
-pub fn random_tokens(n: usize, vocab: u64) -> Vec<u32> {
-    let mut state = 0x2545_f491_4f6c_dd1du64;
-    (0..n)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state % vocab.max(1)) as u32
-        })
-        .collect()
-}
-
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
@@ -66,6 +52,10 @@ pub enum BenchCommand {
     /// Write a GGUF of a real model's shapes with random weights (for GPU
     /// benchmarks and memory checks on machines without the real file).
     Fixture(FixtureArgs),
+    /// Serve a model and measure it under concurrent streaming clients:
+    /// aggregate tok/s, TTFT and inter-token latency per level, and a load
+    /// test (see docs/benchmarks.md).
+    Serve(crate::bench_serve::ServeBenchArgs),
 }
 
 #[derive(Args)]
@@ -132,6 +122,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     match &args.command {
         Some(BenchCommand::Memory(memory)) => return crate::bench_memory::run(memory),
         Some(BenchCommand::Fixture(fixture)) => return write_fixture(fixture),
+        Some(BenchCommand::Serve(serve)) => return crate::bench_serve::run(serve),
         None => {}
     }
     let Some(name) = &args.model else {
@@ -143,8 +134,8 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     let plan = crate::planning::plan(&opened.spec, args.plan.inputs(context, 1)?)?;
     let threads = plan.inputs.threads;
     let (mut engine, _) = session::load(opened, plan)?;
-    let prompt = random_tokens(args.prompt, engine.model.spec.vocab);
-    let depth = random_tokens(args.depth, engine.model.spec.vocab);
+    let prompt = fathom_fixtures::random_token_ids(args.prompt, engine.model.spec.vocab);
+    let depth = fathom_fixtures::random_token_ids(args.depth, engine.model.spec.vocab);
     let rate = |n: usize, d: Duration| n as f64 / d.as_secs_f64().max(1e-9);
     // One warm-up of each, then the measured repetitions.
     let reps = args.repetitions.max(1);

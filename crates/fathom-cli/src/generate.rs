@@ -48,7 +48,7 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     let opened = session::open(&model)?;
     let tokenizer = &opened.tokenizer;
     let prompt = match (&args.prompt, args.random_prompt) {
-        (_, Some(n)) => crate::bench::random_tokens(n, opened.spec.vocab),
+        (_, Some(n)) => fathom_fixtures::random_token_ids(n, opened.spec.vocab),
         (Some(text), None) => tokenizer.encode(text, tokenizer.add_bos(), true),
         (None, None) => anyhow::bail!("pass a prompt with -p PROMPT or --random-prompt N"),
     };

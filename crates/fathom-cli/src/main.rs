@@ -2,6 +2,7 @@
 
 mod bench;
 mod bench_memory;
+mod bench_serve;
 mod flags;
 mod generate;
 mod inspect;

@@ -6,11 +6,11 @@ use std::path::Path;
 use fathom_plan::quant::QuantAdvice;
 use fathom_plan::size::{format_binary, format_bytes};
 use fathom_plan::tensor_parallel::{Split, TensorParallel};
-use fathom_plan::MemoryPlan;
+use fathom_plan::{HostPlan, MemoryPlan};
 use fathom_spec::ModelSpec;
 
 /// One aligned row: label, size, exact bytes, and how it was derived.
-fn row(out: &mut String, label: &str, bytes: u64, note: &str) {
+pub fn row(out: &mut String, label: &str, bytes: u64, note: &str) {
     let _ = writeln!(
         out,
         "  {label:<18} {:>11}  {:>18}  {note}",
@@ -29,6 +29,7 @@ fn term_label(name: &str) -> &'static str {
         "backend" => "Backend",
         "backend_inflight" => "Backend in-flight",
         "headroom" => "Headroom",
+        "requests" => "Request buffers",
         "cuda_libraries" => "CUDA libraries",
         "host_buffers" => "Host buffers",
         "weights_staging" => "Weights staging",
@@ -121,36 +122,7 @@ pub fn plan_text(model: &Path, format: &str, spec: &ModelSpec, plan: &MemoryPlan
         );
     }
     if let Some(host) = &plan.host {
-        let _ = writeln!(out, "\nHost memory:");
-        for term in &host.terms {
-            row(
-                &mut out,
-                term_label(term.name),
-                term.bytes,
-                &term.derivation,
-            );
-        }
-        row(&mut out, "Total", host.total_bytes, "sum of the host terms");
-        if host.available_source != "unchecked" {
-            row(
-                &mut out,
-                "Available",
-                host.available_bytes,
-                &host.available_source,
-            );
-        }
-        let verdict = match (host.available_source.as_str(), host.fits) {
-            ("unchecked", _) => "host memory not checked".to_string(),
-            (_, true) => format!(
-                "HOST FITS: {} of headroom",
-                format_bytes(host.available_bytes - host.total_bytes)
-            ),
-            (_, false) => format!(
-                "HOST DOES NOT FIT: {} over budget",
-                format_bytes(host.total_bytes - host.available_bytes)
-            ),
-        };
-        let _ = writeln!(out, "{verdict}");
+        out.push_str(&host_text(host));
     }
     let max_ctx = plan.max_context_that_fits;
     let why = if max_ctx == 0 {
@@ -232,6 +204,41 @@ fn tensor_parallel_text(out: &mut String, tp: &TensorParallel) {
             }
         }
     }
+}
+
+/// A discrete GPU's host budget: its terms, total, available and verdict.
+pub fn host_text(host: &HostPlan) -> String {
+    let mut out = String::from("\nHost memory:\n");
+    for term in &host.terms {
+        row(
+            &mut out,
+            term_label(term.name),
+            term.bytes,
+            &term.derivation,
+        );
+    }
+    row(&mut out, "Total", host.total_bytes, "sum of the host terms");
+    if host.available_source != "unchecked" {
+        row(
+            &mut out,
+            "Available",
+            host.available_bytes,
+            &host.available_source,
+        );
+    }
+    let verdict = match (host.available_source.as_str(), host.fits) {
+        ("unchecked", _) => "host memory not checked".to_string(),
+        (_, true) => format!(
+            "HOST FITS: {} of headroom",
+            format_bytes(host.available_bytes - host.total_bytes)
+        ),
+        (_, false) => format!(
+            "HOST DOES NOT FIT: {} over budget",
+            format_bytes(host.total_bytes - host.available_bytes)
+        ),
+    };
+    let _ = writeln!(out, "{verdict}");
+    out
 }
 
 pub fn quant_text(advice: &QuantAdvice, max_tokens: u64) -> String {

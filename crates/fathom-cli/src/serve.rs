@@ -18,10 +18,12 @@ use fathom_plan::serve::{
     parse_kv_budget, parse_prompt_cache, RequestBuffers, ServePlan, PROCESSING_SLOTS,
 };
 use fathom_plan::size::{format_binary, format_bytes, parse_size};
+use fathom_plan::Device;
 use fathom_server::http::{LoadedModel, ServerConfig};
 use fathom_server::{Scheduler, SchedulerConfig};
 
 use crate::planning::{self, PlanArgs};
+use crate::render::{self, row};
 use crate::session::{self, PreflightArgs};
 
 #[derive(Args)]
@@ -55,7 +57,7 @@ pub struct ServeArgs {
     /// The model id /v1/models lists and requests name [default: the model's file name]
     #[arg(long, short = 'a')]
     pub alias: Option<String>,
-    /// Requests that may wait for a slot before new ones get 503.
+    /// Requests that may wait for a slot before new ones get 503 (those free slots take at once do not wait).
     #[arg(long, default_value_t = 64)]
     pub queue_size: usize,
     /// Largest request body, e.g. 4M (413 above).
@@ -167,6 +169,10 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         prompt_cache_blocks: usize::try_from(served.prompt_cache_blocks).unwrap_or(usize::MAX),
     };
     let plan_terms = plan_terms(&served);
+    let host_plan = host_plan_terms(&served);
+    let device_memory = (served.plan.inputs.device == Device::Cuda)
+        .then(session::device_probe)
+        .flatten();
     let plan = served.plan;
     let load = move || -> Result<LoadedModel, String> {
         let (engine, took) = session::load(opened, plan).map_err(|e| format!("{e:#}"))?;
@@ -182,6 +188,8 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
             template,
             context,
             plan: plan_terms,
+            host_plan,
+            device_memory,
         })
     };
     fathom_server::http::serve(listener, config, load, || {})?;
@@ -205,30 +213,44 @@ fn plan_terms(served: &ServePlan) -> Vec<(String, u64)> {
     terms
 }
 
-/// The plan being served, in `inspect`'s row style.
+/// `(term, bytes)` of a GPU plan's host budget for `/metrics`: its terms,
+/// then `total` and `available`; empty on the CPU.
+fn host_plan_terms(served: &ServePlan) -> Vec<(String, u64)> {
+    let Some(host) = &served.plan.host else {
+        return Vec::new();
+    };
+    let mut terms: Vec<(String, u64)> = host
+        .terms
+        .iter()
+        .map(|t| (t.name.to_string(), t.bytes))
+        .collect();
+    terms.push(("total".into(), host.total_bytes));
+    terms.push(("available".into(), host.available_bytes));
+    terms
+}
+
+/// The plan being served, in `inspect`'s row style: on a GPU the
+/// device's budget (with the KV pool and prompt cache it holds), then the
+/// host's.
 fn serve_plan_text(model: &Path, served: &ServePlan) -> String {
     let plan = &served.plan;
     let mut out = String::new();
     let i = &plan.inputs;
     let _ = writeln!(
         out,
-        "fathom {} serving {}: {} slots x {} tokens, KV {}, {} tokens per step, {} threads",
+        "fathom {} serving {}: {} slots x {} tokens, KV {}, {} tokens per step, {} threads, device {}",
         env!("CARGO_PKG_VERSION"),
         model.display(),
         i.batch,
         i.max_tokens,
         i.kv_dtype.name(),
         i.max_tokens_per_step,
-        i.threads
+        i.threads,
+        i.device.name()
     );
-    let row = |out: &mut String, label: &str, bytes: u64, note: &str| {
-        let _ = writeln!(
-            out,
-            "  {label:<18} {:>11}  {:>18}  {note}",
-            format_binary(bytes),
-            format!("({bytes} bytes)")
-        );
-    };
+    if plan.host.is_some() {
+        let _ = writeln!(out, "Device memory ({}):", i.device.name());
+    }
     let term = |name: &str| plan.terms.iter().find(|t| t.name == name);
     row(
         &mut out,
@@ -248,15 +270,17 @@ fn serve_plan_text(model: &Path, served: &ServePlan) -> String {
             row(&mut out, label, t.bytes, &t.derivation);
         }
     }
-    let backend = plan
-        .backend_bytes
-        .saturating_add(plan.backend_inflight_bytes);
-    row(
-        &mut out,
-        "Backend in-flight",
-        backend,
-        "device context and in-flight reserve",
-    );
+    match term("backend").filter(|_| plan.host.is_some()) {
+        // A GPU's context, kernels, libraries and carve.
+        Some(t) => row(&mut out, "Backend", t.bytes, &t.derivation),
+        None => row(
+            &mut out,
+            "Backend in-flight",
+            plan.backend_bytes
+                .saturating_add(plan.backend_inflight_bytes),
+            "device context and in-flight reserve",
+        ),
+    }
     let mut pool = format!(
         "{} blocks x {} ({} tokens of every full-attention layer; {} blocks per full-context slot)",
         served.kv_blocks,
@@ -309,6 +333,9 @@ fn serve_plan_text(model: &Path, served: &ServePlan) -> String {
             )
         }
     );
+    if let Some(host) = &plan.host {
+        out.push_str(&render::host_text(host));
+    }
     out
 }
 

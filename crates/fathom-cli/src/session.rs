@@ -190,47 +190,86 @@ pub fn peak_rss() -> Option<u64> {
     fathom_plan::available::proc_kib(&status, "VmHWM")?.checked_mul(1024)
 }
 
-/// This process's device memory as NVML reports it, sampled every 10 ms
-/// from before the engine loads to the end: the device peak the report
-/// sets against the device plan.
+/// A process's device memory as NVML reports it, sampled every 10 ms: for
+/// `generate`, its own from before the engine loads to the end; for `bench
+/// serve`, the server's throughout. The peak is what a report sets against
+/// the device plan.
 pub struct DeviceWatch {
     stop: Arc<AtomicBool>,
     peak: Arc<AtomicU64>,
+    samples: Arc<AtomicU64>,
     thread: std::thread::JoinHandle<()>,
 }
 
 impl DeviceWatch {
-    /// Starts sampling when the plan is for a GPU and NVML is there.
+    /// Starts sampling this process when the plan is for a GPU and NVML is
+    /// there.
     pub fn start(plan: &MemoryPlan) -> Option<DeviceWatch> {
         if plan.inputs.device != Device::Cuda {
             return None;
         }
+        DeviceWatch::process(std::process::id())
+    }
+
+    /// Starts sampling process `pid` on GPU 0, when NVML is there.
+    pub fn process(pid: u32) -> Option<DeviceWatch> {
         let nvml = fathom_engine::cuda::nvml::Nvml::open()?;
-        let (stop, peak) = (
+        let (stop, peak, samples) = (
             Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicU64::new(0)),
             Arc::new(AtomicU64::new(0)),
         );
         let thread = {
-            let (stop, peak) = (stop.clone(), peak.clone());
+            let (stop, peak, samples) = (stop.clone(), peak.clone(), samples.clone());
             std::thread::spawn(move || {
-                let pid = std::process::id();
                 while !stop.load(Ordering::Relaxed) {
                     if let Some(used) = nvml.process_used(0, pid) {
                         peak.fetch_max(used, Ordering::Relaxed);
+                        samples.fetch_add(1, Ordering::Relaxed);
                     }
                     std::thread::sleep(Duration::from_millis(10));
                 }
             })
         };
-        Some(DeviceWatch { stop, peak, thread })
+        Some(DeviceWatch {
+            stop,
+            peak,
+            samples,
+            thread,
+        })
     }
 
-    /// Stops sampling; the peak, when NVML listed this process at all.
+    /// Stops sampling; the peak, when NVML listed the process at all.
     pub fn finish(self) -> Option<u64> {
+        self.finish_counted().0
+    }
+
+    /// Stops sampling; the peak (when NVML listed the process at all) and
+    /// how many samples listed it.
+    pub fn finish_counted(self) -> (Option<u64>, u64) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.thread.join();
-        Some(self.peak.load(Ordering::Relaxed)).filter(|&p| p > 0)
+        (
+            Some(self.peak.load(Ordering::Relaxed)).filter(|&p| p > 0),
+            self.samples.load(Ordering::Relaxed),
+        )
     }
+}
+
+/// Reads GPU 0's free and total memory and this process's use of it
+/// (NVML) on each call: what a GPU server's `/metrics` shows. `None`
+/// where NVML is not there.
+pub fn device_probe() -> Option<fathom_server::metrics::DeviceProbe> {
+    let nvml = fathom_engine::cuda::nvml::Nvml::open()?;
+    let pid = std::process::id();
+    Some(Box::new(move || {
+        let memory = nvml.memory(0)?;
+        Some(fathom_server::metrics::DeviceReading {
+            free: memory.free,
+            total: memory.total,
+            process: nvml.process_used(0, pid),
+        })
+    }))
 }
 
 /// The stats block `generate` prints on stderr.

@@ -1,6 +1,8 @@
 //! The plan covers every measured peak, tightly: the recorded memory grid
 //! (docs/benchmark_results/memory-cpu-2026-11-30.json, from `fathom bench
-//! memory`) re-derived from its inputs, and a 3-cell grid measured now.
+//! memory`) re-derived from its inputs, the recorded CUDA grid
+//! (memory-cuda-<date>.json, from `fathom bench memory --device cuda`) the
+//! same way, and a 3-cell grid measured now.
 
 mod common;
 
@@ -86,6 +88,96 @@ fn every_recorded_plan_rederives_exactly_and_covers_its_peak_within_10_percent()
         assert!(
             total as f64 <= TIGHTNESS * peak as f64,
             "{id}: plan {total} looser than {TIGHTNESS} x the peak {peak}"
+        );
+    }
+}
+
+/// The newest recorded CUDA grid (`docs/benchmark_results/memory-cuda-<date>.json`,
+/// from `fathom bench memory --device cuda` on the GPU machine), if any.
+fn recorded_cuda() -> Option<(PathBuf, Value)> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/benchmark_results");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| Some(e.ok()?.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("memory-cuda-") && n.ends_with(".json"))
+        })
+        .collect();
+    files.sort();
+    let path = files.pop()?;
+    let text = std::fs::read_to_string(&path).unwrap();
+    let doc = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("{} is not JSON: {e}", path.display()));
+    Some((path, doc))
+}
+
+/// A CUDA plan without what depends on the machine it was computed on:
+/// the host budget's available memory, its source and whether it fits.
+fn without_host_availability(plan_json: &str) -> Value {
+    let mut plan: Value = serde_json::from_str(plan_json).expect("plan JSON");
+    if let Some(host) = plan["host"].as_object_mut() {
+        for key in ["available_bytes", "available_source", "fits"] {
+            host.remove(key);
+        }
+    }
+    plan
+}
+
+/// Every recorded CUDA cell: its plans re-derive from header-only copies of
+/// the checkpoints (on any machine, no GPU needed), the device plan covers
+/// the device peak (NVML, per process) within 1.10x, and the host plan
+/// covers the peak RSS. Skips, saying so, until the grid is recorded.
+#[test]
+fn every_recorded_cuda_plan_rederives_and_covers_its_device_peak_within_10_percent() {
+    let Some((path, doc)) = recorded_cuda() else {
+        eprintln!(
+            "skipped: no docs/benchmark_results/memory-cuda-<date>.json yet \
+             (scripts/cuda-serve-evidence.sh records it on the GPU machine)"
+        );
+        return;
+    };
+    let dir = TempDir::new("memory-grid-cuda");
+    for model in fx::cuda_memory_grid_models() {
+        fx::write_grid_model(&model, &dir.0, Data::Sparse).unwrap();
+    }
+    let cells = cells(&doc);
+    assert!(cells.len() >= 20, "{}: fewer than 20 cells", path.display());
+    for cell in cells {
+        let id = &cell["id"];
+        let args: Vec<String> = cell["inspect_args"]
+            .as_array()
+            .expect("inspect_args")
+            .iter()
+            .map(|a| a.as_str().expect("string argument").to_string())
+            .collect();
+        assert!(args.iter().any(|a| a == "cuda"), "{id}: not a CUDA plan");
+        let out = fathom_in(&dir.0, &args);
+        assert!(out.status.success(), "{id}: fathom {args:?} failed");
+        let plan_json = String::from_utf8(out.stdout).unwrap();
+        let recorded = cell["plan_json"].as_str().expect("plan_json");
+        assert_eq!(
+            without_host_availability(&plan_json),
+            without_host_availability(recorded),
+            "{id}: the plan re-derived from the recorded inputs differs from the recorded plan"
+        );
+        let plan: Value = serde_json::from_str(recorded).unwrap();
+        let (total, peak) = (n(&plan, "total_bytes"), n(cell, "peak_bytes"));
+        assert_eq!(total, n(cell, "plan_bytes"), "{id}");
+        assert!(peak > 0, "{id}: no device peak recorded");
+        assert!(
+            total >= peak,
+            "{id}: device plan {total} below the peak {peak}"
+        );
+        assert!(
+            total as f64 <= TIGHTNESS * peak as f64,
+            "{id}: device plan {total} looser than {TIGHTNESS} x the peak {peak}"
+        );
+        let (host, rss) = (n(&plan["host"], "total_bytes"), n(cell, "host_peak_bytes"));
+        assert!(
+            host >= rss,
+            "{id}: host plan {host} below the peak RSS {rss}"
         );
     }
 }

@@ -206,3 +206,71 @@ fn a_sustained_mixed_load_stays_within_the_printed_plan() {
     println!("peak RSS {peak} bytes, printed plan total {total} bytes");
     assert!(peak <= total, "peak RSS {peak} over the plan {total}");
 }
+
+/// `fathom bench serve` on the CPU: levels of concurrent streams through
+/// its own server child, then the load test (more requests than slots +
+/// queue, every fifth client leaving mid-stream).
+#[test]
+fn bench_serve_measures_each_level_and_the_load_test_holds() {
+    let dir = common::TempDir::new("bench-serve");
+    let results = dir.0.join("serve.json");
+    let model = common::smollm2();
+    let out = common::fathom(
+        &[
+            "bench",
+            "serve",
+            model.to_str().unwrap(),
+            "--streams",
+            "1,4",
+            "-n",
+            "12",
+            "-p",
+            "16",
+            "--queue-size",
+            "2",
+            "--load",
+            "--load-requests",
+            "10",
+            "--json",
+            results.to_str().unwrap(),
+            "--",
+            "-t",
+            "2",
+        ],
+        &[],
+    );
+    let text = common::stdout(&out);
+    println!("{text}");
+    assert!(out.status.success(), "{text}\n{}", common::stderr(&out));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
+    assert_eq!(v["ok"], true, "{v}");
+    let levels = v["levels"].as_array().unwrap();
+    assert_eq!(levels.len(), 2);
+    for (level, streams) in levels.iter().zip([1u64, 4]) {
+        assert_eq!(level["streams"], streams);
+        assert_eq!(level["completion_tokens"], streams * 12, "{level}");
+        assert!(level["aggregate_tokens_per_second"].as_f64().unwrap() > 0.0);
+        for key in ["ttft_ms", "inter_token_ms"] {
+            let (median, p99) = (&level[key]["median"], &level[key]["p99"]);
+            assert!(median.as_f64().unwrap() <= p99.as_f64().unwrap(), "{level}");
+        }
+    }
+    let load = &v["load"];
+    let count = |k: &str| load[k].as_u64().unwrap();
+    assert_eq!(
+        count("answered") + count("left_mid_stream") + count("refused_503_retry_after"),
+        10,
+        "{load}"
+    );
+    // Every fifth client leaves, unless it was among the refused.
+    assert!(count("left_mid_stream") <= 2, "{load}");
+    assert!(
+        count("refused_503_retry_after") >= 4,
+        "10 at once against 4 slots + a queue of 2: {load}"
+    );
+    assert_eq!(load["blocks_returned"], true);
+    // On the CPU there is no device reading; the one plan bounds the RSS.
+    assert!(v["device_peak_bytes"].is_null());
+    assert_eq!(v["host_within_plan"], true, "{v}");
+}

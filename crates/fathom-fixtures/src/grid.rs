@@ -1,5 +1,6 @@
-//! The synthetic checkpoints of the plan-vs-peak memory grid
-//! (`fathom bench memory`, docs/benchmark_results/memory-cpu-*.md).
+//! The synthetic checkpoints of the plan-vs-peak memory grids (`fathom
+//! bench memory`, docs/benchmark_results/memory-cpu-*.md and, on a GPU,
+//! memory-cuda-*.md).
 //!
 //! Each is a real model's shapes — head counts, GQA ratio, head size,
 //! widths, vocabulary, sliding windows — written as a GGUF that runs:
@@ -16,7 +17,9 @@ use serde_json::json;
 
 use crate::gguf::{GgufTensorType, GgufValue};
 use crate::gguf_model::gguf_writer;
-use crate::models::{gemma3_1b, llama_3_1_8b, qwen2_5_7b, qwen3_30b_a3b, reshaped, tiny_qwen3};
+use crate::models::{
+    gemma3_1b, llama_3_1_8b, qwen2_5_7b, qwen3_30b_a3b, reshaped, smollm2_135m, tiny_qwen3,
+};
 use crate::{Data, ModelDef};
 
 /// Seed of the random weights of every grid checkpoint.
@@ -132,6 +135,52 @@ pub fn memory_grid_models() -> Vec<GridModel> {
             file: "qwen3-30b-a3b-4-layer-shape-q4_0.gguf",
             shapes_of: "Qwen3-30B-A3B (4 of 48 layers)",
             model: qwen3_30b_a3b_4_layers(),
+            ggml_type: GgufTensorType::Q4_0,
+        },
+        GridModel {
+            file: "gemma-3-1b-shape-q8_0.gguf",
+            shapes_of: "gemma-3-1b",
+            model: gemma3_1b(),
+            ggml_type: GgufTensorType::Q8_0,
+        },
+    ]
+}
+
+/// Qwen3-30B-A3B's layers, 16 of its 48 (a third of the file, so the GPU
+/// machine writes it in seconds).
+fn qwen3_30b_a3b_16_layers() -> ModelDef {
+    reshaped(&qwen3_30b_a3b(), json!({"num_hidden_layers": 16}))
+}
+
+/// The CUDA memory grid's checkpoints (`fathom bench memory --device
+/// cuda`), written on the GPU machine: SmolLM2-135M's shapes in Q4_1,
+/// Llama-3.1-8B's in F16 and Q4_K, a third of Qwen3-30B-A3B's layers (the
+/// full expert count and widths) in Q4_0, and gemma-3-1b's (sliding
+/// windows) in Q8_0.
+pub fn cuda_memory_grid_models() -> Vec<GridModel> {
+    vec![
+        GridModel {
+            file: "smollm2-135m-shape-q4_1.gguf",
+            shapes_of: "SmolLM2-135M",
+            model: smollm2_135m(),
+            ggml_type: GgufTensorType::Q4_1,
+        },
+        GridModel {
+            file: "llama-3.1-8b-shape-f16.gguf",
+            shapes_of: "Llama-3.1-8B",
+            model: llama_3_1_8b(),
+            ggml_type: GgufTensorType::F16,
+        },
+        GridModel {
+            file: "llama-3.1-8b-shape-q4_k.gguf",
+            shapes_of: "Llama-3.1-8B",
+            model: llama_3_1_8b(),
+            ggml_type: GgufTensorType::Q4_K,
+        },
+        GridModel {
+            file: "qwen3-30b-a3b-16-layer-shape-q4_0.gguf",
+            shapes_of: "Qwen3-30B-A3B (16 of 48 layers)",
+            model: qwen3_30b_a3b_16_layers(),
             ggml_type: GgufTensorType::Q4_0,
         },
         GridModel {

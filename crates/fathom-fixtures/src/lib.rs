@@ -22,13 +22,17 @@ mod safetensors;
 
 pub use gguf::{GgufTensorInfo, GgufTensorType, GgufValue, GgufWriter};
 pub use gguf_model::{gguf_writer, write_gguf};
-pub use grid::{memory_grid_models, write_grid_model, write_runnable_gguf, GridModel, GRID_SEED};
+pub use grid::{
+    cuda_memory_grid_models, memory_grid_models, write_grid_model, write_runnable_gguf, GridModel,
+    GRID_SEED,
+};
 pub use hf::write_hf_dir;
 pub use mlx::mlx_quantize;
 pub use models::{
     gemma3_1b, gemma3_4b_multimodal_text, llama_3_1_70b, llama_3_1_8b, qwen2_5_7b, qwen3_30b_a3b,
     reshaped, smollm2_135m, tiny_gemma3, tiny_llama, tiny_qwen2, tiny_qwen3, tiny_qwen3_moe,
 };
+pub use random::random_token_ids;
 pub use safetensors::write_safetensors;
 
 /// Element type of a safetensors tensor.

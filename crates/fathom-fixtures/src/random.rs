@@ -40,6 +40,22 @@ impl Rng {
     }
 }
 
+/// `n` deterministic pseudo-random token ids below `vocab` (xorshift64
+/// from a fixed seed): the prompts `fathom bench` and `fathom generate
+/// --random-prompt` measure with (llama-bench also measures on random
+/// tokens), and that tests send to a server to compare with them.
+pub fn random_token_ids(n: usize, vocab: u64) -> Vec<u32> {
+    let mut state = 0x2545_f491_4f6c_dd1du64;
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % vocab.max(1)) as u32
+        })
+        .collect()
+}
+
 /// How to fill elements of a tensor.
 #[derive(Clone, Copy)]
 pub(crate) enum Fill {

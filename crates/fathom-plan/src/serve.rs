@@ -8,9 +8,10 @@
 use fathom_spec::ModelSpec;
 use serde::Serialize;
 
+use crate::cuda::DeviceLayout;
 use crate::kv::{KvGroup, KV_BLOCK_TOKENS};
 use crate::size::{format_binary, parse_size};
-use crate::{MemoryPlan, PlanError, PlanInputs, Term};
+use crate::{device, Device, MemoryPlan, PlanError, PlanInputs, Term};
 
 /// The prompt cache is never smaller than this when it is on (`auto` or
 /// a size): room for a few system prompts of a small model.
@@ -209,7 +210,9 @@ impl ServePlan {
 
     /// [`ServePlan::new`] with a `requests` term for the HTTP side's
     /// request buffers (when `requests.slots` > 0), counted before the
-    /// `auto` KV pool takes what memory leaves.
+    /// `auto` KV pool takes what memory leaves. On a discrete GPU the
+    /// bodies are host memory: the term goes to the host budget, and the
+    /// pool is what the device's memory leaves.
     pub fn with_requests(
         spec: &ModelSpec,
         inputs: PlanInputs,
@@ -227,7 +230,7 @@ impl ServePlan {
         let mut base = MemoryPlan::new(spec, inputs)?;
         if requests.slots > 0 {
             let context = base.inputs.max_tokens;
-            base.add_term(Term {
+            base.add_host_term(Term {
                 name: "requests",
                 bytes: requests.bytes(context),
                 derivation: format!(
@@ -264,7 +267,7 @@ impl ServePlan {
         let workload_blocks = per_sequence
             .saturating_mul(base.inputs.batch)
             .saturating_add(prompt_cache_blocks);
-        let kv_blocks = match kv_budget {
+        let mut kv_blocks = match kv_budget {
             KvBudget::Workload => workload_blocks,
             KvBudget::Bytes(bytes) => blocks_of(bytes.saturating_sub(sliding_bytes)),
             KvBudget::Auto => {
@@ -293,7 +296,24 @@ impl ServePlan {
                 ),
             });
         }
-        let plan = base.with_kv_pool(kv_blocks, &kv_budget);
+        let mut plan = base.clone().with_kv_pool(kv_blocks, &kv_budget);
+        // On a GPU the pool's regions are carved from the one allocation,
+        // whose alignment and 2 MiB rounding move with the pool: an auto
+        // pool that overshot is the most blocks that fit (total grows with
+        // the blocks, so by bisection), at least one.
+        if kv_budget == KvBudget::Auto && !plan.fits && kv_blocks > 1 {
+            let (mut lo, mut hi) = (1, kv_blocks - 1);
+            while lo < hi {
+                let mid = lo + (hi - lo).div_ceil(2);
+                if base.clone().with_kv_pool(mid, &kv_budget).fits {
+                    lo = mid;
+                } else {
+                    hi = mid - 1;
+                }
+            }
+            kv_blocks = lo;
+            plan = base.clone().with_kv_pool(kv_blocks, &kv_budget);
+        }
         Ok(ServePlan {
             plan,
             kv_budget,
@@ -319,8 +339,16 @@ pub(crate) fn scaled(bytes: u64, factor: f64) -> u64 {
 }
 
 impl MemoryPlan {
-    /// Adds a term outside weights and KV, and recomputes the totals.
-    fn add_term(&mut self, term: Term) {
+    /// Adds a term of host memory outside weights and KV, and recomputes
+    /// the totals: a discrete GPU's host budget takes it, else the plan.
+    fn add_host_term(&mut self, term: Term) {
+        if let Some(host) = &mut self.host {
+            host.total_bytes = host.total_bytes.saturating_add(term.bytes);
+            host.fits =
+                self.inputs.host_available.is_none() || host.total_bytes <= host.available_bytes;
+            host.terms.push(term);
+            return;
+        }
         self.total_bytes = self.total_bytes.saturating_add(term.bytes);
         self.fits = self.total_bytes <= self.available_bytes;
         self.slack_bytes = self.available_bytes.saturating_sub(self.total_bytes);
@@ -333,6 +361,7 @@ impl MemoryPlan {
     /// recomputed.
     fn with_kv_pool(mut self, blocks: u64, budget: &KvBudget) -> MemoryPlan {
         let old_weights_and_kv = self.weights_bytes.saturating_add(self.kv_bytes);
+        let old_backend = self.backend_bytes;
         for g in self.kv_detail.iter_mut().filter(|g| g.window.is_none()) {
             g.bytes = g
                 .layers
@@ -344,11 +373,25 @@ impl MemoryPlan {
             .kv_detail
             .iter()
             .fold(0u64, |sum, g| sum.saturating_add(g.bytes));
+        // A GPU carves the pool from its one allocation: the backend term
+        // (alignment, the allocation's rounding) follows the pool's regions.
+        if self.inputs.device == Device::Cuda {
+            let resident = self.weights_bytes.saturating_add(self.converted_bytes);
+            let layout = DeviceLayout::new(resident, &self.activation_detail, &self.kv_detail);
+            let backend = device::backend(Device::Cuda, None, Some((&layout, resident)));
+            self.backend_bytes = backend.fixed_bytes;
+            if let Some(term) = self.terms.iter_mut().find(|t| t.name == "backend") {
+                term.bytes = backend.fixed_bytes;
+                term.derivation = backend.fixed_derivation;
+            }
+        }
         let weights_and_kv = self.weights_bytes.saturating_add(self.kv_bytes);
         let scaled_new = scaled(weights_and_kv, self.headroom_factor);
         let others = self
             .total_bytes
-            .saturating_sub(scaled(old_weights_and_kv, self.headroom_factor));
+            .saturating_sub(scaled(old_weights_and_kv, self.headroom_factor))
+            .saturating_sub(old_backend)
+            .saturating_add(self.backend_bytes);
         self.total_bytes = others.saturating_add(scaled_new);
         self.headroom_bytes = (i128::from(scaled_new) - i128::from(weights_and_kv))
             .clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;

@@ -383,6 +383,108 @@ mod serve {
         assert!(!workload.plan.fits, "1 byte of memory cannot hold it");
     }
 
+    fn cuda(max_tokens: u64, batch: u64, available: u64) -> PlanInputs {
+        PlanInputs {
+            device: Device::Cuda,
+            ..inputs(max_tokens, batch, available)
+        }
+    }
+
+    /// The backend term of a GPU plan as the backend's carve gives it:
+    /// everything the allocation holds besides weights, arena and KV, plus
+    /// what the driver and libraries take outside it.
+    fn carved_backend(plan: &fathom_plan::MemoryPlan) -> u64 {
+        use fathom_plan::cuda::DeviceLayout;
+        let resident = plan.weights_bytes + plan.converted_bytes;
+        let l = DeviceLayout::new(resident, &plan.activation_detail, &plan.kv_detail);
+        let kv: u64 = l.kv.iter().map(|r| r.bytes).sum();
+        DeviceLayout::outside_allocation() + l.size - resident - l.arena.bytes - kv
+    }
+
+    #[test]
+    fn a_gpu_pool_is_carved_and_planned_with_its_own_alignment() {
+        let s = spec(vec![Attention::Full, Attention::Full], 4096);
+        // 37 blocks: a pool whose regions round differently from the
+        // workload's 4 x 64 blocks.
+        for budget in [KvBudget::Bytes(37 * BLOCK), KvBudget::Workload] {
+            let p = ServePlan::new(&s, cuda(1024, 4, 1 << 40), budget, PromptCache::Off).unwrap();
+            assert_eq!(p.plan.backend_bytes, carved_backend(&p.plan), "{budget:?}");
+            let term = p.plan.terms.iter().find(|t| t.name == "backend").unwrap();
+            assert_eq!(term.bytes, p.plan.backend_bytes);
+            let sum: u64 = p.plan.terms.iter().map(|t| t.bytes).sum();
+            assert_eq!(p.plan.total_bytes, sum, "{budget:?}");
+        }
+    }
+
+    #[test]
+    fn a_gpu_auto_pool_takes_whole_blocks_of_what_the_device_leaves() {
+        let s = spec(vec![Attention::Full, Attention::Full], 4096);
+        let roomy =
+            ServePlan::new(&s, cuda(1024, 4, 1 << 40), KvBudget::Auto, PromptCache::Off).unwrap();
+        let others = roomy.plan.total_bytes - roomy.plan.kv_bytes;
+        // Room for about 100 blocks: every offset within a block and the
+        // 2 MiB rounding of the allocation lands on a plan that fits, and
+        // one more block would not.
+        for extra in [0, 1, BLOCK / 2, BLOCK - 1, 1 << 20] {
+            let available = others + 100 * BLOCK + extra;
+            let p = ServePlan::new(
+                &s,
+                cuda(1024, 4, available),
+                KvBudget::Auto,
+                PromptCache::Off,
+            )
+            .unwrap();
+            assert!(p.plan.fits, "{extra}: {} over", p.plan.overflow_bytes);
+            assert_eq!(
+                p.plan.total_bytes,
+                p.plan.terms.iter().map(|t| t.bytes).sum::<u64>()
+            );
+            let more = ServePlan::new(
+                &s,
+                cuda(1024, 4, available),
+                KvBudget::Bytes((p.kv_blocks + 1) * BLOCK),
+                PromptCache::Off,
+            )
+            .unwrap();
+            assert!(
+                !more.plan.fits,
+                "{extra}: {} blocks, one more fits too",
+                p.kv_blocks
+            );
+        }
+    }
+
+    #[test]
+    fn request_buffers_are_host_memory_on_a_gpu() {
+        use fathom_plan::serve::RequestBuffers;
+        let s = spec(vec![Attention::Full, Attention::Full], 4096);
+        let requests = RequestBuffers {
+            slots: 4,
+            processors: 2,
+            max_body_bytes: 4 << 20,
+            max_token_bytes: 16,
+        };
+        let serve = |i: PlanInputs, r: RequestBuffers| {
+            ServePlan::with_requests(&s, i, KvBudget::Workload, PromptCache::Off, r).unwrap()
+        };
+        let bare = serve(cuda(1024, 4, 1 << 40), RequestBuffers::NONE);
+        let with = serve(cuda(1024, 4, 1 << 40), requests);
+        assert_eq!(
+            with.plan.total_bytes, bare.plan.total_bytes,
+            "the device's plan"
+        );
+        let (h0, h1) = (bare.plan.host.unwrap(), with.plan.host.unwrap());
+        assert_eq!(h1.total_bytes, h0.total_bytes + requests.bytes(1024));
+        assert!(h1.terms.iter().any(|t| t.name == "requests"));
+        // On the CPU the same term is part of the one budget.
+        let cpu = serve(inputs(1024, 4, 1 << 40), requests);
+        let cpu_bare = serve(inputs(1024, 4, 1 << 40), RequestBuffers::NONE);
+        assert_eq!(
+            cpu.plan.total_bytes,
+            cpu_bare.plan.total_bytes + requests.bytes(1024)
+        );
+    }
+
     #[test]
     fn an_empty_pool_is_an_error_that_says_what_to_lower() {
         let s = spec(vec![Attention::Full, Attention::Full], 4096);

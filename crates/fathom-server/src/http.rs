@@ -65,8 +65,13 @@ pub struct LoadedModel {
     pub template: Option<ChatTemplate>,
     /// Per-slot context: prompt + max_tokens of one request.
     pub context: usize,
-    /// `(term, bytes)` of the plan served, for `/metrics`.
+    /// `(term, bytes)` of the plan served, for `/metrics` (on a GPU, the
+    /// device's budget).
     pub plan: Vec<(String, u64)>,
+    /// `(term, bytes)` of a GPU plan's host budget; empty on the CPU.
+    pub host_plan: Vec<(String, u64)>,
+    /// Reads the GPU's memory for `/metrics`; `None` on the CPU.
+    pub device_memory: Option<metrics::DeviceProbe>,
 }
 
 /// Why serving stopped with an error.
@@ -409,7 +414,11 @@ async fn dispatch(
                 loaded: model.is_some(),
                 stats: model.map(|m| m.scheduler.stats()),
                 plan: model.map_or(&[], |m| &m.plan),
+                host_plan: model.map_or(&[], |m| &m.host_plan),
                 resident_bytes: metrics::resident_bytes(),
+                device: model
+                    .and_then(|m| m.device_memory.as_ref())
+                    .and_then(|read| read()),
             });
             Ok(response(
                 200,

@@ -89,14 +89,31 @@ impl Default for Metrics {
     }
 }
 
+/// A GPU's memory at one reading.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceReading {
+    pub free: u64,
+    pub total: u64,
+    /// What this process uses on it (its context included), when the
+    /// driver lists the process.
+    pub process: Option<u64>,
+}
+
+/// Reads the serving GPU's memory (NVML), for each `/metrics` request.
+pub type DeviceProbe = Box<dyn Fn() -> Option<DeviceReading> + Send + Sync>;
+
 /// What `/metrics` shows besides the HTTP side's own figures.
 pub struct Snapshot<'a> {
     pub loaded: bool,
     pub stats: Option<&'a SchedulerStats>,
-    /// `(term, bytes)` of the plan being served.
+    /// `(term, bytes)` of the plan being served: on a GPU, the device's.
     pub plan: &'a [(String, u64)],
+    /// `(term, bytes)` of a GPU plan's host budget; empty on the CPU.
+    pub host_plan: &'a [(String, u64)],
     /// Resident memory of this process (`VmRSS`), if readable.
     pub resident_bytes: Option<u64>,
+    /// The GPU's memory now, when serving on one.
+    pub device: Option<DeviceReading>,
 }
 
 impl Metrics {
@@ -204,6 +221,44 @@ impl Metrics {
                 let _ = writeln!(out, "fathom_plan_bytes{{term=\"{term}\"}} {bytes}");
             }
         }
+        if !snap.host_plan.is_empty() {
+            let _ = writeln!(
+                out,
+                "# HELP fathom_host_plan_bytes Bytes of each term of a GPU plan's host budget"
+            );
+            let _ = writeln!(out, "# TYPE fathom_host_plan_bytes gauge");
+            for (term, bytes) in snap.host_plan {
+                let _ = writeln!(out, "fathom_host_plan_bytes{{term=\"{term}\"}} {bytes}");
+            }
+        }
+        if let Some(d) = snap.device {
+            gauge(
+                &mut out,
+                "fathom_device_memory_free_bytes",
+                "Free memory of the serving GPU (NVML)",
+                d.free,
+            );
+            gauge(
+                &mut out,
+                "fathom_device_memory_used_bytes",
+                "Used memory of the serving GPU, every process (NVML: total - free)",
+                d.total.saturating_sub(d.free),
+            );
+            gauge(
+                &mut out,
+                "fathom_device_memory_total_bytes",
+                "Memory of the serving GPU (NVML)",
+                d.total,
+            );
+            if let Some(p) = d.process {
+                gauge(
+                    &mut out,
+                    "fathom_device_process_memory_bytes",
+                    "GPU memory this process uses, its context included (NVML per process)",
+                    p,
+                );
+            }
+        }
         if let Some(rss) = snap.resident_bytes {
             gauge(
                 &mut out,
@@ -264,8 +319,11 @@ mod tests {
             loaded: true,
             stats: None,
             plan: &[],
+            host_plan: &[],
             resident_bytes: None,
+            device: None,
         });
+        assert!(!text.contains("fathom_device_"), "no GPU, no device gauges");
         assert!(
             text.contains("fathom_time_to_first_token_seconds_bucket{le=\"0.005\"} 1\n"),
             "{text}"
@@ -304,7 +362,9 @@ mod tests {
             loaded: false,
             stats: Some(&stats),
             plan: &plan,
+            host_plan: &[],
             resident_bytes: Some(4096),
+            device: None,
         });
         assert!(text.contains("fathom_http_requests_total{route=\"/health\",status=\"200\"} 2\n"));
         assert!(text.contains("fathom_http_requests_total{route=\"other\",status=\"404\"} 1\n"));
@@ -312,6 +372,47 @@ mod tests {
         assert!(text.contains("fathom_plan_bytes{term=\"weights\"} 10\n"));
         assert!(text.contains("fathom_resident_memory_bytes 4096\n"));
         assert!(text.contains("fathom_kv_blocks_total 0\n"));
+    }
+
+    #[test]
+    fn a_gpu_server_shows_its_host_budget_and_the_device_memory() {
+        let m = Metrics::default();
+        let plan = [("total".to_string(), 1000)];
+        let host = [("total".to_string(), 300), ("available".to_string(), 900)];
+        let mut snap = Snapshot {
+            loaded: true,
+            stats: None,
+            plan: &plan,
+            host_plan: &host,
+            resident_bytes: None,
+            device: Some(DeviceReading {
+                free: 700,
+                total: 2000,
+                process: Some(990),
+            }),
+        };
+        let text = m.render(&snap);
+        for line in [
+            "fathom_plan_bytes{term=\"total\"} 1000\n",
+            "fathom_host_plan_bytes{term=\"total\"} 300\n",
+            "fathom_host_plan_bytes{term=\"available\"} 900\n",
+            "fathom_device_memory_free_bytes 700\n",
+            "fathom_device_memory_used_bytes 1300\n",
+            "fathom_device_memory_total_bytes 2000\n",
+            "fathom_device_process_memory_bytes 990\n",
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+        snap.device = Some(DeviceReading {
+            free: 700,
+            total: 2000,
+            process: None,
+        });
+        let text = m.render(&snap);
+        assert!(
+            !text.contains("fathom_device_process_memory_bytes"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -25,7 +25,8 @@ use crate::stats::SchedulerStats;
 pub struct SchedulerConfig {
     /// Sequences decoded together (`--parallel`): the plan's batch.
     pub parallel: usize,
-    /// Jobs that may wait before new ones get 503.
+    /// Jobs that may wait for a slot (beyond those free slots take at
+    /// once) before new ones get 503.
     pub queue_capacity: usize,
     /// Unheld blocks the prefix cache keeps (0: no prefix cache).
     pub prompt_cache_blocks: usize,
@@ -42,6 +43,7 @@ pub struct Scheduler {
     refuse_queued: Arc<AtomicBool>,
     stats: Arc<SchedulerStats>,
     capacity: usize,
+    parallel: usize,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -54,7 +56,7 @@ impl Scheduler {
         engine.enable_prefix_cache(config.prompt_cache_blocks);
         // The pool's size is known now: /metrics shows it before the first step.
         SchedulerStats::set(&stats.kv_blocks_total, engine.block_counts().total as u64);
-        let capacity = config.queue_capacity;
+        let (capacity, parallel) = (config.queue_capacity, config.parallel);
         let refuse_queued = Arc::new(AtomicBool::new(false));
         let thread = {
             let (waiting, stats, refuse) = (waiting.clone(), stats.clone(), refuse_queued.clone());
@@ -70,16 +72,24 @@ impl Scheduler {
             refuse_queued,
             stats,
             capacity,
+            parallel,
             thread: Mutex::new(Some(thread)),
         }
     }
 
-    /// Queues `job`, or refuses it when the queue is full or the server stops.
+    /// Queues `job`, or refuses it when the server stops or when the jobs
+    /// not yet running would be more than the free slots plus the queue.
     pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
         if self.stopping.load(Ordering::SeqCst) {
             return Err(SubmitError::ShuttingDown);
         }
-        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.capacity {
+        // Jobs a free slot takes at the next step do not wait for one: a
+        // burst of requests is refused only beyond free slots + queue.
+        let running = SchedulerStats::get(&self.stats.running) as usize;
+        let room = self
+            .capacity
+            .saturating_add(self.parallel.saturating_sub(running));
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= room {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(SubmitError::QueueFull);
         }
@@ -342,6 +352,9 @@ impl<'a> Loop<'a> {
                 self.queue.push_front(slot);
                 return;
             }
+            // Counted as running before it stops counting as waiting, so
+            // admission (free slots + queue) never sees a slot twice free.
+            SchedulerStats::set(&self.stats.running, self.running.len() as u64 + 1);
             self.uncount_if_new(&slot);
             if !slot.counted {
                 slot.counted = true;

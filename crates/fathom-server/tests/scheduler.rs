@@ -263,6 +263,28 @@ fn a_dropped_client_frees_its_blocks_and_a_full_queue_refuses() {
 }
 
 #[test]
+fn a_burst_is_refused_only_beyond_the_free_slots_and_the_queue() {
+    // Four free slots, a queue of one: five jobs submitted at once (before
+    // the scheduler takes any) are accepted, the sixth is refused.
+    let (scheduler, encoder) = start(4, 256, KvBudget::Workload, 1);
+    let receivers: Vec<_> = (0..5)
+        .map(|i| {
+            let (job, rx) = encoder.job(PROMPTS[i], 8);
+            scheduler
+                .submit(job)
+                .unwrap_or_else(|e| panic!("job {i}: {e:?}"));
+            rx
+        })
+        .collect();
+    let (extra, _rx) = encoder.job("More", 8);
+    assert_eq!(scheduler.submit(extra).unwrap_err(), SubmitError::QueueFull);
+    for rx in receivers {
+        assert!(matches!(collect(rx).1, Event::Finished { .. }));
+    }
+    scheduler.shutdown();
+}
+
+#[test]
 fn jobs_that_cannot_run_end_with_a_clear_event() {
     let (scheduler, encoder) = start(1, 64, KvBudget::Workload, 4);
     let (mut empty, rx) = encoder.job("x", 4);

@@ -18,9 +18,33 @@ pub fn smollm2() -> PathBuf {
     path
 }
 
+/// Whether an NVIDIA GPU is there (NVML finds one). Without one, `test`
+/// says it is skipped and passes, unless `FATHOM_REQUIRE_GPU=1` (then it
+/// fails), as the CUDA backend's tests do.
+pub fn gpu(test: &str) -> bool {
+    let found = fathom_engine::cuda::nvml::Nvml::open().and_then(|n| n.memory(0));
+    if found.is_none() {
+        assert!(
+            std::env::var("FATHOM_REQUIRE_GPU").as_deref() != Ok("1"),
+            "FATHOM_REQUIRE_GPU=1 but NVML finds no GPU"
+        );
+        eprintln!("{test}: skipped: no NVIDIA GPU (NVML found none)");
+    }
+    found.is_some()
+}
+
+/// The `fathom` binary under test: `FATHOM_BIN` when set (a staged binary
+/// on the GPU machine, where the build folder does not exist), else the
+/// one cargo built beside these tests.
+pub fn fathom_exe() -> PathBuf {
+    std::env::var_os("FATHOM_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_fathom")))
+}
+
 /// Runs `fathom ARGS` with a clean fathom environment plus `env`.
 pub fn fathom(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_fathom"));
+    let mut cmd = Command::new(fathom_exe());
     cmd.args(args);
     for var in [
         "FATHOM_MEMORY_LIMIT",

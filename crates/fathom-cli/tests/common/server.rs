@@ -1,6 +1,7 @@
 //! A real `fathom serve` on loopback, and a real HTTP client for it.
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -64,8 +65,19 @@ impl Server {
 
     /// Starts the server and waits only for its address.
     pub fn spawn(args: &[&str], env: &[(&str, &str)]) -> Server {
-        let model = smollm2();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fathom"));
+        Server::spawn_model(&smollm2(), args, env)
+    }
+
+    /// [`Server::start`] on another model.
+    pub fn start_model(model: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let server = Server::spawn_model(model, args, env);
+        server.wait_ready();
+        server
+    }
+
+    /// [`Server::spawn`] on another model.
+    pub fn spawn_model(model: &Path, args: &[&str], env: &[(&str, &str)]) -> Server {
+        let mut cmd = Command::new(super::fathom_exe());
         cmd.args(["serve", model.to_str().unwrap(), "--port", "0"]);
         // Test defaults, unless the environment under test sets them.
         let set = |name: &str| env.iter().any(|(k, _)| *k == name);
