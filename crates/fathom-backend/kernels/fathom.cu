@@ -293,6 +293,60 @@ __device__ __forceinline__ float dot8(const float* q, float d, float m, float4 a
   return d * dot;
 }
 
+// Four nibbles of each half of a word as floats: lo gets the low nibbles of
+// bytes 0..3, hi the high ones. A byte permute puts a nibble under the
+// exponent of 2^23 (0x4B0000nn reads as 2^23 + n), so each value costs a
+// permute and an add instead of a shift, a mask and a quarter-rate I2F.
+__device__ __forceinline__ void nibbles8(unsigned int u, float* lo, float* hi) {
+  const unsigned int a = u & 0x0f0f0f0fu, b = (u >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    lo[k] = __int_as_float(__byte_perm(a, 0x4B000000u, 0x7440u | k)) - 8388608.0f;
+    hi[k] = __int_as_float(__byte_perm(b, 0x4B000000u, 0x7440u | k)) - 8388608.0f;
+  }
+}
+
+// Q4_K, 32 values a chunk: 16 consecutive bytes of a block's quants hold
+// 16 values of sub-block 2cc (low nibbles) and the 16 at the same places
+// of sub-block 2cc + 1 (high nibbles), so one 16-byte load and one scale
+// decode serve 32 values (the 8-value path decoded the scales per 8).
+// Values are d0 x lo[k] + m0 and d1 x hi[k] + m1; chunk c starts at value
+// q4k_first(c) (lo) and q4k_first(c) + 32 (hi).
+__device__ __forceinline__ int q4k_first(int c) {
+  return 256 * (c >> 3) + 64 * ((c & 7) >> 1) + 16 * (c & 1);
+}
+__device__ __forceinline__ void q4k_chunk(const Weights& w, int r, int c, float* lo, float* hi, float* dm) {
+  const uint8_t* b = w.data + (unsigned long long)r * w.row_bytes + (c >> 3) * 144;
+  const int cc = (c & 7) >> 1;
+  const uint4 v = *(const uint4*)(b + 16 + 32 * cc + 16 * (c & 1));
+  nibbles8(v.x, lo, hi);
+  nibbles8(v.y, lo + 4, hi + 4);
+  nibbles8(v.z, lo + 8, hi + 8);
+  nibbles8(v.w, lo + 12, hi + 12);
+  const float2 dd = __half22float2(*(const __half2*)b);
+  float sc, mn;
+  k4_scale(b + 4, 2 * cc, &sc, &mn);
+  dm[0] = dd.x * sc;
+  dm[1] = -dd.y * mn;
+  k4_scale(b + 4, 2 * cc + 1, &sc, &mn);
+  dm[2] = dd.x * sc;
+  dm[3] = -dd.y * mn;
+}
+
+// One Q4_K chunk's dot product with token row xr (the row's start).
+__device__ __forceinline__ float q4k_dot(const float* lo, const float* hi, const float* dm, const float* xr) {
+  float dot0 = 0.0f, sum0 = 0.0f, dot1 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    const float4 a = ((const float4*)xr)[k], b = ((const float4*)(xr + 32))[k];
+    dot0 += lo[4 * k] * a.x + lo[4 * k + 1] * a.y + lo[4 * k + 2] * a.z + lo[4 * k + 3] * a.w;
+    sum0 += (a.x + a.y) + (a.z + a.w);
+    dot1 += hi[4 * k] * b.x + hi[4 * k + 1] * b.y + hi[4 * k + 2] * b.z + hi[4 * k + 3] * b.w;
+    sum1 += (b.x + b.y) + (b.z + b.w);
+  }
+  return dm[0] * dot0 + dm[1] * sum0 + dm[2] * dot1 + dm[3] * sum1;
+}
+
 template <int T, int NT, bool GLU>
 __device__ void matvec(const Weights w, const Weights w2, const float* __restrict__ x,
                        float* __restrict__ out, int ntok, int split, int act) {
@@ -302,6 +356,25 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
   float acc[NT], acc2[NT];
 #pragma unroll
   for (int t = 0; t < NT; t++) acc[t] = acc2[t] = 0.0f;
+  // One token (the registers of more would spill): Q4_K 32 values a chunk.
+  if constexpr (T == T_Q4_K && NT == 1) {
+    const int chunks = r < w.rows ? w.cols / 32 : 0;
+#pragma unroll(GLU ? 1 : 2)
+    for (int c = lane + part * WARP; c < chunks; c += WARP * split) {
+      float lo[16], hi[16], dm[4], lo2[16], hi2[16], dm2[4];
+      q4k_chunk(w, r, c, lo, hi, dm);
+      if (GLU) q4k_chunk(w2, r, c, lo2, hi2, dm2);
+      const int first = q4k_first(c);
+#pragma unroll
+      for (int t = 0; t < NT; t++) {
+        if (t < ntok) {
+          const float* xr = x + (size_t)t * w.cols + first;
+          acc[t] += q4k_dot(lo, hi, dm, xr);
+          if (GLU) acc2[t] += q4k_dot(lo2, hi2, dm2, xr);
+        }
+      }
+    }
+  } else {
   const int chunks = r < w.rows ? w.cols / 8 : 0;
   // Unrolled so that several chunks' loads are in flight per lane: batch-1
   // decode is bound by how many weight bytes are on their way from memory
@@ -321,6 +394,7 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
         if (GLU) acc2[t] += dot8<T>(q2, d2, m2, a, b, sum);
       }
     }
+  }
   }
 #pragma unroll
   for (int t = 0; t < NT; t++) {
