@@ -399,12 +399,16 @@ fn cuda_plans_its_one_allocation_and_a_host_budget() {
             .unwrap()
     };
     // The device holds the context, the kernels, cuBLAS's handle and
-    // workspace, the prefill staging and split attention's partials besides
+    // workspace, the decode graphs, the prefill staging and split
+    // attention's partials besides
     // weights, KV and arena (SmolLM2: 512 rows x 1536 x 2 bytes of
     // activation staging; partials for 16 rows x 32 pieces x (9 heads x
     // (64 + 2)) f32; a few KiB of uploads; the allocation rounded to 2 MiB);
     // the host runtime is not on the device.
-    let outside = cuda::CONTEXT_BYTES + cuda::MODULE_BYTES + cuda::BLAS_HANDLE_BYTES;
+    let outside = cuda::CONTEXT_BYTES
+        + cuda::MODULE_BYTES
+        + cuda::BLAS_HANDLE_BYTES
+        + cuda::MAX_GRAPHS as u64 * cuda::GRAPH_BYTES;
     let partials = cuda::ATTENTION_SPLIT_ROWS * cuda::ATTENTION_MAX_SPLITS * 9 * (64 + 2) * 4;
     let fixed = outside + cuda::BLAS_WORKSPACE + cuda::WEIGHT_STAGING + partials;
     assert!(term("backend") >= fixed + 512 * 1536 * 2);
