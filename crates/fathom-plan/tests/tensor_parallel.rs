@@ -164,7 +164,7 @@ fn llama_3_1_70b_per_device_by_hand() {
         assert_eq!(width(&p, "residual"), 8192);
         assert_eq!(width(&p, "logits"), 128_256);
         // NCCL: 32 channels x (ring 1 + tree 1 for two devices, 2 beyond)
-        // x 10 MiB + 64 MiB = 704 MiB at N = 2, 1 GiB at N = 4 and 8.
+        // x 10 MiB + the measured 580 MiB = 1,220 MiB at N = 2, 1,540 MiB at N = 4 and 8.
         let connections = if n == 2 { 2 } else { 3 };
         assert_eq!(
             term(&p, "nccl"),
@@ -200,10 +200,16 @@ fn llama_3_1_70b_which_size_fits_40_gib_per_device() {
     assert_eq!(row(4).total_bytes, p.total_bytes, "the row is this plan");
     assert_eq!(row(4).max_context_that_fits, p.max_context_that_fits);
     // What is left of 40 GiB at N = 4 holds this many tokens of 81,920 KV
-    // bytes each (327,680 / 4), give or take the arena's growth.
+    // bytes each (327,680 / 4), give or take the arena's growth and the
+    // rounding to whole 16-token blocks.
     let slack_tokens = p.slack_bytes / 81_920;
     assert!(p.max_context_that_fits > 8192 + slack_tokens * 9 / 10);
-    assert!(p.max_context_that_fits <= 8192 + slack_tokens);
+    assert!(
+        p.max_context_that_fits <= 8192 + slack_tokens + 16,
+        "{} tokens fit, {} slack tokens",
+        p.max_context_that_fits,
+        slack_tokens
+    );
     // At N = 8, 21 GB of weights leave room for the trained 131,072 tokens
     // (5.4 GB of KV per device).
     assert_eq!(row(8).max_context_that_fits, 131_072);
