@@ -774,32 +774,6 @@ impl CudaBackend {
         }
     }
 
-    /// RMS norm of `rows` rows of `width` at `x` into `out` (addresses),
-    /// after `x += add` when `add` is not 0 (the residual add).
-    fn norm_rows(
-        &mut self,
-        [x, add]: [u64; 2],
-        w: VectorId,
-        eps: f32,
-        rows: usize,
-        width: usize,
-        out: u64,
-    ) {
-        let (mut wp, wl) = self.vectors[w.0 as usize];
-        assert!(wl >= width, "rms_norm: {wl} weights for {width} values");
-        if rows == 0 || !self.ready() {
-            return;
-        }
-        let (mut x, mut add, mut eps, mut width_arg, mut out) = (x, add, eps, width as i32, out);
-        let f = self.k.rms_norm;
-        self.launch(
-            f,
-            (rows as u32, 1, 1),
-            Self::norm_threads(width),
-            &mut args![x, add, wp, eps, width_arg, out],
-        );
-    }
-
     /// Threads of a norm block for rows of `width`: about four values a
     /// thread, whole warps, at most 1024 (the kernel holds eight a thread
     /// in registers and loops beyond).
@@ -1275,9 +1249,21 @@ impl Backend for CudaBackend {
     }
 
     fn rms_norm(&mut self, x: Buf, w: VectorId, eps: f32, rows: usize, width: usize, out: Buf) {
-        let xp = self.buf(x, rows * width * 4);
-        let op = self.buf(out, rows * width * 4);
-        self.norm_rows([xp, 0], w, eps, rows, width, op);
+        let (mut wp, wl) = self.vectors[w.0 as usize];
+        assert!(wl >= width, "rms_norm: {wl} weights for {width} values");
+        let mut xp = self.buf(x, rows * width * 4);
+        let mut op = self.buf(out, rows * width * 4);
+        if rows == 0 || !self.ready() {
+            return;
+        }
+        let (mut eps, mut w, mut no_add) = (eps, width as i32, 0u64);
+        let f = self.k.rms_norm;
+        self.launch(
+            f,
+            (rows as u32, 1, 1),
+            Self::norm_threads(width),
+            &mut args![xp, no_add, wp, eps, w, op],
+        );
     }
 
     fn head_norm(
@@ -1289,11 +1275,23 @@ impl Backend for CudaBackend {
         width: usize,
         head_dim: usize,
     ) {
-        assert!(head_dim > 0 && width.is_multiple_of(head_dim));
-        let xp = self.buf(x, rows * width * 4);
+        let (mut wp, wl) = self.vectors[w.0 as usize];
+        assert!(wl >= head_dim && head_dim > 0 && width.is_multiple_of(head_dim));
+        let mut xp = self.buf(x, rows * width * 4);
         let heads = rows * width / head_dim;
+        if heads == 0 || !self.ready() {
+            return;
+        }
+        let mut op = xp;
+        let (mut eps, mut hd, mut no_add) = (eps, head_dim as i32, 0u64);
+        let f = self.k.rms_norm;
         // Every head is a row of head_dim values; in place is allowed.
-        self.norm_rows([xp, 0], w, eps, heads, head_dim, xp);
+        self.launch(
+            f,
+            (heads as u32, 1, 1),
+            Self::norm_threads(head_dim),
+            &mut args![xp, no_add, wp, eps, hd, op],
+        );
     }
 
     fn add_rms_norm(
@@ -1306,10 +1304,22 @@ impl Backend for CudaBackend {
         width: usize,
         out: Buf,
     ) {
-        let dp = self.buf(dst, rows * width * 4);
-        let sp = self.buf(src, rows * width * 4);
-        let op = self.buf(out, rows * width * 4);
-        self.norm_rows([dp, sp], w, eps, rows, width, op);
+        let (mut wp, wl) = self.vectors[w.0 as usize];
+        assert!(wl >= width, "add_rms_norm: {wl} weights for {width} values");
+        let mut dp = self.buf(dst, rows * width * 4);
+        let mut sp = self.buf(src, rows * width * 4);
+        let mut op = self.buf(out, rows * width * 4);
+        if rows == 0 || !self.ready() {
+            return;
+        }
+        let (mut eps, mut w) = (eps, width as i32);
+        let f = self.k.rms_norm;
+        self.launch(
+            f,
+            (rows as u32, 1, 1),
+            Self::norm_threads(width),
+            &mut args![dp, sp, wp, eps, w, op],
+        );
     }
 
     fn matmul_glu(
