@@ -48,6 +48,32 @@ impl HostBytes {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Bytes `offset .. offset + len` of this range, sharing the owner.
+    pub fn sub(&self, offset: usize, len: usize) -> Result<HostBytes, BackendError> {
+        if offset.checked_add(len).is_none_or(|end| end > self.len) {
+            return Err(BackendError::OutOfRange {
+                offset,
+                len,
+                size: self.len,
+            });
+        }
+        Ok(HostBytes {
+            owner: self.owner.clone(),
+            offset: self.offset + offset,
+            len,
+        })
+    }
+
+    /// A new owner holding `bytes`, whole.
+    pub fn from_vec(bytes: Vec<u8>) -> HostBytes {
+        let len = bytes.len();
+        HostBytes {
+            owner: Arc::new(bytes),
+            offset: 0,
+            len,
+        }
+    }
 }
 
 /// How a matrix's values are stored.

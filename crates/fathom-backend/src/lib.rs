@@ -18,6 +18,7 @@ pub mod cpu;
 pub mod cuda;
 mod error;
 mod host;
+mod shard;
 
 use fathom_plan::kv::KvGroup;
 use fathom_plan::KvDtype;

@@ -1084,6 +1084,54 @@ fn test_moe(h: &mut Harness, rng: &mut Rng) {
     }
 }
 
+/// Tensor-parallel shards of a matrix (`HostMatrix::rows_range`,
+/// `cols_range`) on one backend: a column-split (rows range) product is
+/// the whole product's rows; row-split (cols range) partial products of
+/// the matching slices of x, summed on the host where NCCL's all-reduce
+/// would sum them across GPUs, equal the whole product. Two and four
+/// shards, every weight kind.
+fn test_shards(h: &mut Harness, rng: &mut Rng) {
+    let (rows, cols, n) = (512, 2048, 3);
+    for kind in all_kinds() {
+        let (m, values) = random_matrix(rng, kind, rows, cols);
+        let x = rng.vec(n * cols);
+        let want = reference_matmul(&values, rows, cols, &x, n);
+        for size in [2, 4] {
+            let (r, c) = (rows / size, cols / size);
+            let mut summed = vec![0f64; n * rows];
+            let mut stacked = vec![0f64; n * rows];
+            for rank in 0..size {
+                let id =
+                    h.b.load_matrix(m.rows_range(rank * r, (rank + 1) * r).expect("rows"))
+                        .expect("loads");
+                h.set(Buf::FfnGate, &x, cols);
+                h.b.matmul(id, Buf::FfnGate, n, Buf::FfnUp);
+                for (t, row) in h.get(Buf::FfnUp, n, r).chunks(r).enumerate() {
+                    for (i, &v) in row.iter().enumerate() {
+                        stacked[t * rows + rank * r + i] = v as f64;
+                    }
+                }
+                let id =
+                    h.b.load_matrix(m.cols_range(rank * c, (rank + 1) * c).expect("cols"))
+                        .expect("loads");
+                let xs: Vec<f32> = x
+                    .chunks(cols)
+                    .flat_map(|row| row[rank * c..(rank + 1) * c].to_vec())
+                    .collect();
+                h.set(Buf::FfnGate, &xs, c);
+                h.b.matmul(id, Buf::FfnGate, n, Buf::FfnUp);
+                for (s, &v) in summed.iter_mut().zip(&h.get(Buf::FfnUp, n, rows)) {
+                    *s += v as f64;
+                }
+            }
+            let case = format!("{} 512x2048 x{n} / {size}", kind_name(kind));
+            let f32s = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+            h.check("shard rows", &case, &f32s(&stacked), &want, TOL_MATMUL);
+            h.check("shard cols + sum", &case, &f32s(&summed), &want, TOL_MATMUL);
+        }
+    }
+}
+
 #[test]
 fn conformance() {
     let mut failures = Vec::new();
@@ -1095,6 +1143,7 @@ fn conformance() {
         test_matmul(&mut h, &mut rng, false);
         test_elementwise(&mut h, &mut rng);
         test_matmul_glu(&mut h, &mut rng);
+        test_shards(&mut h, &mut rng);
         test_rope(&mut h, &mut rng);
         test_moe(&mut h, &mut rng);
         failures.extend(h.finish());
