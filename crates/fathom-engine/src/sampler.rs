@@ -86,9 +86,14 @@ impl Sampler {
         banned: &[u32],
     ) -> u32 {
         let p = &self.params;
-        let adjusted = !p.logit_bias.is_empty() || self.penalizes() || !banned.is_empty();
-        if p.temperature <= 0.0 && !adjusted {
-            return fathom_kernels::ops::argmax(logits) as u32;
+        if p.temperature <= 0.0 && p.logit_bias.is_empty() && !self.penalizes() {
+            // Greedy: the argmax, unless it is banned (`ignore_eos`); only
+            // then the candidate pass below (128k candidates a row would
+            // cost a batch of 64 rows milliseconds a step).
+            let best = fathom_kernels::ops::argmax(logits) as u32;
+            if !banned.contains(&best) {
+                return best;
+            }
         }
         let n = logits.len();
         let cands = &mut candidates[..n];
@@ -320,6 +325,12 @@ mod tests {
         let mut c = vec![(0, 0.0); 3];
         let logits = [1.0, 9.0, 0.5];
         assert_eq!(sampler(0.0, 1).sample(&logits, &[], &mut c, &[1]), 0);
+        // A banned token that is not the greedy choice leaves it alone,
+        // ties to the first as argmax breaks them.
+        assert_eq!(sampler(0.0, 1).sample(&logits, &[], &mut c, &[2]), 1);
+        let tied = [9.0, 1.0, 9.0];
+        assert_eq!(sampler(0.0, 1).sample(&tied, &[], &mut c, &[1]), 0);
+        assert_eq!(sampler(0.0, 1).sample(&tied, &[], &mut c, &[0]), 2);
         let mut s = sampler(1.0, 3);
         for _ in 0..50 {
             assert_ne!(s.sample(&logits, &[], &mut c, &[1]), 1);
