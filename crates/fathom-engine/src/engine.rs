@@ -176,7 +176,7 @@ fn backend_for(plan: &MemoryPlan, layout: KvLayout) -> Result<Box<dyn Backend>, 
             i.threads as usize,
             &plan.activation_detail,
             layout,
-        ))),
+        )?)),
         Device::Cuda => Ok(Box::new(CudaBackend::new(
             0,
             &plan.activation_detail,

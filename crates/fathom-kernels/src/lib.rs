@@ -7,7 +7,8 @@
 //! its quantized activations).
 //!
 //! Every kernel has a portable Rust path; on x86-64 an AVX2 (+FMA, F16C)
-//! path and an AVX-512 VNNI path are chosen at run time, once. The SIMD
+//! path and an AVX-512 VNNI path are chosen at run time, once (`FATHOM_ISA`
+//! forces one: [`selected_isa`]). The SIMD
 //! paths compute the same integer dot products as the portable one and
 //! differ from it only in the order of float additions, which the tests
 //! check.
@@ -22,7 +23,7 @@ mod quant;
 mod x86;
 
 pub use affine::{affine_dequantize_row, affine_matmul, AffineWeights, AFFINE_BITS};
-pub use isa::isa_name;
+pub use isa::{isa_name, selected_isa, IsaError, ENV_VARS, ISA_VAR};
 pub use matmul::{activation_row_bytes, matmul};
 pub use pool::Pool;
 pub use quant::dequantize_row;

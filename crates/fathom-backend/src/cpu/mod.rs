@@ -20,6 +20,16 @@ use crate::{
     KvLayout, MatrixId, MatrixView, RopeParams, Step, VectorId,
 };
 
+/// The kernel family the CPU backend runs ("portable", "avx2" or
+/// "avx512-vnni": the best this CPU has, or what `FATHOM_ISA` forces), or
+/// why `FATHOM_ISA` cannot be honoured.
+pub fn kernels() -> Result<&'static str, BackendError> {
+    fathom_kernels::selected_isa().map_err(|e| BackendError::Device {
+        backend: "cpu",
+        message: e.to_string(),
+    })
+}
+
 /// Largest head dimension the per-head norms handle on the stack.
 const MAX_HEAD_DIM: usize = 1024;
 
@@ -33,15 +43,21 @@ pub struct CpuBackend {
 
 impl CpuBackend {
     /// A backend with `threads` workers, the plan's arena `buffers` and KV
-    /// `layout`, each allocated once, here.
-    pub fn new(threads: usize, buffers: &[ArenaBuffer], layout: KvLayout) -> Self {
-        CpuBackend {
+    /// `layout`, each allocated once, here. Refused when `FATHOM_ISA`
+    /// names kernels this CPU cannot run.
+    pub fn new(
+        threads: usize,
+        buffers: &[ArenaBuffer],
+        layout: KvLayout,
+    ) -> Result<Self, BackendError> {
+        kernels()?;
+        Ok(CpuBackend {
             pool: Pool::new(threads),
             arena: Arena::new(buffers),
             kv: KvStore::new(&layout),
             matrices: Vec::new(),
             vectors: Vec::new(),
-        }
+        })
     }
 
     /// Bytes of the arena and of the KV store: the plan's device-side

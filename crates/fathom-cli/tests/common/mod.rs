@@ -49,6 +49,7 @@ pub fn fathom(args: &[&str], env: &[(&str, &str)]) -> Output {
     for var in [
         "FATHOM_MEMORY_LIMIT",
         "FATHOM_HEADROOM_FACTOR",
+        "FATHOM_ISA",
         "MLX_ROCM_MAX_INFLIGHT_MB",
     ] {
         cmd.env_remove(var);
