@@ -857,6 +857,37 @@ fn attention_ref(
 
 /// Three steps (prefill, chunked prefill across blocks, batched decode) of
 /// two sequences over two layers of one KV layout.
+/// Each sequence's page tables, one per KV group.
+type PageTables = [Vec<Vec<u32>>; 2];
+/// One step: per sequence, (first position, tokens).
+type StepRows = [(usize, usize); 2];
+
+/// The two sequences' page tables and the steps (per sequence: first
+/// position, tokens) the attention cases run: sequence 0 in blocks 5, 2, 9
+/// (4 for the ring), sequence 1 in 7, 0, 3. With a sliding window, group 0
+/// (full) is not used by the layers and group 1 rings.
+fn attention_schedule(sliding: bool) -> (PageTables, &'static [StepRows]) {
+    if sliding {
+        (
+            [
+                vec![vec![5, 2, 9, 1], vec![4, 1]],
+                vec![vec![7, 0, 3, 4], vec![0, 3]],
+            ],
+            &[
+                [(0, 20), (0, 5)],
+                [(20, 16), (5, 30)],
+                [(36, 1), (35, 1)],
+                [(37, 1), (36, 9)],
+            ],
+        )
+    } else {
+        (
+            [vec![vec![5, 2, 9, 1]], vec![vec![7, 0, 3, 4]]],
+            &[[(0, 20), (0, 5)], [(20, 1), (5, 30)], [(21, 1), (35, 1)]],
+        )
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn test_attention(
     h: &mut Harness,
@@ -1152,27 +1183,7 @@ fn conformance() {
         let sliding = shape.window.is_some();
         for b in backends(&kv) {
             let mut h = Harness::new(b);
-            // Sequence 0: blocks 5, 2, 9 (4 for the ring); sequence 1: 7, 0, 3.
-            let full = [vec![vec![5u32, 2, 9, 1]], vec![vec![7u32, 0, 3, 4]]];
-            let tables = if sliding {
-                // Group 0 (full) is not used by these layers; group 1 rings.
-                [
-                    vec![vec![5u32, 2, 9, 1], vec![4u32, 1]],
-                    vec![vec![7u32, 0, 3, 4], vec![0u32, 3]],
-                ]
-            } else {
-                full
-            };
-            let steps: &[[(usize, usize); 2]] = if sliding {
-                &[
-                    [(0, 20), (0, 5)],
-                    [(20, 16), (5, 30)],
-                    [(36, 1), (35, 1)],
-                    [(37, 1), (36, 9)],
-                ]
-            } else {
-                &[[(0, 20), (0, 5)], [(20, 1), (5, 30)], [(21, 1), (35, 1)]]
-            };
+            let (tables, steps) = attention_schedule(sliding);
             test_attention(
                 &mut h, &mut rng, &label, shape, dtype, layers, tables, steps,
             );
@@ -1210,25 +1221,7 @@ fn cuda_attention_splits() {
             b.force_attention_splits(Some(splits));
             let mut h: Harness = Harness::new(Box::new(b));
             let mut rng = Rng(0x5b17 ^ splits as u64);
-            let full = [vec![vec![5u32, 2, 9, 1]], vec![vec![7u32, 0, 3, 4]]];
-            let tables = if sliding {
-                [
-                    vec![vec![5u32, 2, 9, 1], vec![4u32, 1]],
-                    vec![vec![7u32, 0, 3, 4], vec![0u32, 3]],
-                ]
-            } else {
-                full
-            };
-            let steps: &[[(usize, usize); 2]] = if sliding {
-                &[
-                    [(0, 20), (0, 5)],
-                    [(20, 16), (5, 30)],
-                    [(36, 1), (35, 1)],
-                    [(37, 1), (36, 9)],
-                ]
-            } else {
-                &[[(0, 20), (0, 5)], [(20, 1), (5, 30)], [(21, 1), (35, 1)]]
-            };
+            let (tables, steps) = attention_schedule(sliding);
             let label = format!("{label} /{splits}");
             test_attention(
                 &mut h, &mut rng, &label, shape, kv.dtype, layers, tables, steps,

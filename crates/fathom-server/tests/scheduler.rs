@@ -52,6 +52,18 @@ fn start(parallel: u64, context: u64, budget: KvBudget, queue: usize) -> (Schedu
     (Scheduler::start(engine, config), encoder)
 }
 
+/// Two slots, a queue of 8, and a prompt cache that may take the whole pool.
+fn start_prefix_cached() -> (Scheduler, Encoder) {
+    let (engine, plan) = serve_plan(2, 512, KvBudget::Workload, 64);
+    let encoder = Encoder(engine.tokenizer.clone());
+    let config = SchedulerConfig {
+        parallel: 2,
+        queue_capacity: 8,
+        prompt_cache_blocks: plan.kv_blocks as usize,
+    };
+    (Scheduler::start(engine, config), encoder)
+}
+
 struct Encoder(std::sync::Arc<fathom_engine::Tokenizer>);
 
 impl Encoder {
@@ -179,16 +191,7 @@ fn a_full_pool_preempts_the_newest_and_outputs_stay_the_same() {
 
 #[test]
 fn a_shared_prefix_is_reused_and_gives_the_same_output() {
-    let (engine, plan) = serve_plan(2, 512, KvBudget::Workload, 64);
-    let encoder = Encoder(engine.tokenizer.clone());
-    let scheduler = Scheduler::start(
-        engine,
-        SchedulerConfig {
-            parallel: 2,
-            queue_capacity: 8,
-            prompt_cache_blocks: plan.kv_blocks as usize,
-        },
-    );
+    let (scheduler, encoder) = start_prefix_cached();
     let system = "You are a helpful assistant who answers briefly and precisely. ".repeat(6);
     let first = format!("{system}Question: what is the capital of France?");
     let (job, rx) = encoder.job(&first, 16);
@@ -341,16 +344,7 @@ fn scored(tokens: &[u32], top: usize) -> Vec<TokenLogprob> {
 
 #[test]
 fn echoed_prompt_logprobs_equal_the_perplexity_computation_at_every_position() {
-    let (engine, plan) = serve_plan(2, 512, KvBudget::Workload, 64);
-    let encoder = Encoder(engine.tokenizer.clone());
-    let scheduler = Scheduler::start(
-        engine,
-        SchedulerConfig {
-            parallel: 2,
-            queue_capacity: 8,
-            prompt_cache_blocks: plan.kv_blocks as usize,
-        },
-    );
+    let (scheduler, encoder) = start_prefix_cached();
     let text = PROMPTS.join(" ").repeat(3);
     // A plain job first fills the prefix cache with the same prompt: the
     // scored job must compute its positions anyway.
