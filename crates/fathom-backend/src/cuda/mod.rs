@@ -29,6 +29,7 @@
 mod blas;
 pub mod nccl;
 pub mod nvml;
+mod pinned;
 mod queue;
 
 pub use queue::GraphStats;
@@ -102,6 +103,20 @@ pub struct DeviceInfo {
 /// order of 0.3 s; nothing stays allocated).
 pub fn probe() -> Option<DeviceInfo> {
     std::panic::catch_unwind(probe_device).ok().flatten()
+}
+
+/// CUDA devices the driver lists (0 without a driver). Never panics.
+pub fn device_count() -> usize {
+    let count = || {
+        // SAFETY: only tries to open libcuda by its names; runs none of it.
+        if !unsafe { sys::is_culib_present() } {
+            return 0;
+        }
+        result::init()
+            .and_then(|_| result::device::get_count())
+            .map_or(0, |n| n.max(0) as usize)
+    };
+    std::panic::catch_unwind(count).unwrap_or(0)
 }
 
 fn probe_device() -> Option<DeviceInfo> {
@@ -349,7 +364,7 @@ pub struct CudaBackend {
     matrices: Vec<DevMatrix>,
     vectors: Vec<(u64, usize)>,
     /// Host side: logits read-back, routes read-back, upload staging.
-    logits: Vec<f32>,
+    logits: pinned::PinnedF32,
     /// Values of `logits` read back since the last op (the engine reads
     /// them once after a step, then the sampler reads them again).
     logits_held: usize,
@@ -510,6 +525,9 @@ impl CudaBackend {
             .find(|b| b.id == Buf::Logits)
             .map(|b| (b.rows * b.width) as usize)
             .unwrap_or(0);
+        // The host plan's logits, page-locked (host memory, not the device's).
+        let logits = pinned::PinnedF32::new(logits_len)
+            .map_err(|e| device_err("allocating page-locked host memory for the logits", e))?;
         let routes_len = arena
             .iter()
             .find(|b| b.id == Buf::ExpertRoutes)
@@ -544,7 +562,7 @@ impl CudaBackend {
             },
             matrices: Vec::new(),
             vectors: Vec::new(),
-            logits: vec![0.0; logits_len],
+            logits,
             logits_held: 0,
             routes: vec![0; routes_len],
             routes_k: 0,
@@ -1025,6 +1043,7 @@ impl Drop for CudaBackend {
         let _ = self.ctx.bind_to_thread();
         self.issue(false);
         self.queue.release();
+        self.logits.free();
         // SAFETY: each handle was created in `new` and is released once,
         // the work on the stream first.
         unsafe {
@@ -1754,11 +1773,9 @@ impl Backend for CudaBackend {
         let src = self.buf(Buf::Logits, n * 4);
         if n > 0 && self.ready() {
             self.issue(true);
-            let mut host = std::mem::take(&mut self.logits);
-            // SAFETY: `host` holds at least n f32 (asserted), the logits
-            // buffer n × 4 bytes (checked by `buf`).
-            let r = unsafe { result::memcpy_dtoh_async(&mut host[..n], src, self.stream) };
-            self.logits = host;
+            // SAFETY: the host buffer holds at least n f32 (asserted), the
+            // logits buffer n × 4 bytes (checked by `buf`).
+            let r = unsafe { result::memcpy_dtoh_async(&mut self.logits[..n], src, self.stream) };
             if let Err(e) = r {
                 self.fail("reading the logits", e);
             }
