@@ -21,8 +21,8 @@ rm -f "$CARRY"/*
 # The fathom binary itself goes too: the GPU server tests run it (FATHOM_BIN),
 # and scripts/cuda-serve-evidence.sh measures with it.
 {
-  cargo test --release -p fathom-backend -p fathom-engine --test conformance --test cuda_vs_cpu --lib \
-    --no-run --message-format=json 2>/dev/null
+  cargo test --release -p fathom-backend -p fathom-engine --test conformance --test cuda_vs_cpu \
+    --test nccl --test tensor_parallel --lib --no-run --message-format=json 2>/dev/null
   cargo test --release -p fathom-cli --test serve_cuda --no-run --message-format=json 2>/dev/null
   cargo build --release --locked -p fathom-cli --bin fathom --message-format=json 2>/dev/null
 } | python3 -c '
@@ -61,6 +61,11 @@ rc=0
 ./conformance speed --nocapture --test-threads=1 || rc=1
 ./fathom_backend-unit --test-threads=1 || rc=1
 ./cuda_vs_cpu --nocapture --test-threads=1 || rc=1
+# NCCL on every GPU; tensor parallelism's CUDA cases (a group of one
+# through NCCL; two GPUs where the machine has them). The CPU-rank cases
+# need the real model (models/), which stays here: run where it is.
+./nccl --nocapture --test-threads=1 || rc=1
+./tensor_parallel cuda --nocapture --test-threads=1 || rc=1
 # fathom serve --device cuda over real HTTP, with the staged fathom.
 FATHOM_BIN="$PWD/fathom" ./serve_cuda --nocapture --test-threads=1 || rc=1
 if [[ "${FATHOM_SANITIZE:-0}" == 1 ]] && command -v compute-sanitizer >/dev/null; then

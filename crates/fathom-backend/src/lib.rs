@@ -18,6 +18,7 @@ pub mod cpu;
 pub mod cuda;
 mod error;
 mod host;
+pub mod parallel;
 mod shard;
 
 use fathom_plan::kv::KvGroup;
@@ -53,6 +54,25 @@ pub struct MatrixId(pub u32);
 /// A 1-D f32 weight (norm or bias) the backend holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct VectorId(pub u32);
+
+/// What each device of a tensor-parallel group holds of a weight
+/// (`fathom_plan::tensor_parallel` says which weight splits which way). A
+/// backend of one device holds every weight whole, whatever the split.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Split {
+    /// The whole weight on every device (norms, embeddings, output head,
+    /// router).
+    Whole,
+    /// By output features, in `parts` equal ranges of rows (q, k, v, FFN
+    /// gate and up, their biases). Device `d` of `n` holds range
+    /// `d × parts / n`: with fewer KV heads than devices (`parts < n`), a
+    /// KV head is held by `n / parts` devices.
+    Outputs { parts: usize },
+    /// By input features: each device a range of every row's columns
+    /// (attention output and FFN down); the devices' partial products are
+    /// summed by [`Backend::all_reduce`].
+    Inputs,
+}
 
 /// Memory of the device a backend runs on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,6 +200,36 @@ pub trait Backend: Send {
 
     /// Takes a 1-D f32 weight (norm, bias, rope factors).
     fn load_vector(&mut self, values: &[f32]) -> Result<VectorId, BackendError>;
+
+    /// Devices the backend spreads a model over (tensor parallelism); the
+    /// engine runs each layer on a `1 / devices()` share of the heads and
+    /// FFN columns.
+    fn devices(&self) -> usize {
+        1
+    }
+
+    /// Takes a weight matrix split over the devices as `split` says; one
+    /// device takes it whole.
+    fn load_split_matrix(
+        &mut self,
+        matrix: HostMatrix,
+        _split: Split,
+    ) -> Result<MatrixId, BackendError> {
+        self.load_matrix(matrix)
+    }
+
+    /// Takes a 1-D weight split like its matrix (a column-split bias).
+    fn load_split_vector(
+        &mut self,
+        values: &[f32],
+        _split: Split,
+    ) -> Result<VectorId, BackendError> {
+        self.load_vector(values)
+    }
+
+    /// Sums `rows × width` values of `x` over the devices, leaving the sum
+    /// on each (after a row-split projection); nothing to do on one device.
+    fn all_reduce(&mut self, _x: Buf, _rows: usize, _width: usize) {}
 
     /// `out[r] = scale × table[tokens[r]]` (rows of `table.cols` values).
     /// Token ids are below the table's rows (the engine checks).

@@ -40,7 +40,7 @@ fn all_reduce_sums_over_every_gpu() {
         "the loader turns NVLink multicast off before NCCL starts"
     );
     let nccl = match loaded {
-        Ok(n) => n,
+        Ok(n) => std::sync::Arc::new(n),
         Err(e) => {
             let message = e.to_string();
             for expected in [

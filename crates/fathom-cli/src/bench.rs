@@ -131,7 +131,9 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     let model = crate::pull::resolve(name)?;
     let opened = session::open(&model)?;
     let context = args.prompt.max(args.depth + args.generate).max(1) as u64;
-    let plan = crate::planning::plan(&opened.spec, args.plan.inputs(context, 1)?)?;
+    let plan = args
+        .plan
+        .plan(&opened.spec, args.plan.inputs(context, 1)?)?;
     let threads = plan.inputs.threads;
     // The CPU kernel family, so figures say which path they measured.
     let kernels = (plan.inputs.device == fathom_plan::Device::Cpu)

@@ -7,7 +7,7 @@ use anyhow::Result;
 use clap::Args;
 use fathom_engine::{Sampler, SamplingParams};
 
-use crate::planning::{self, PlanArgs};
+use crate::planning::PlanArgs;
 use crate::session::{self, PreflightArgs, SamplingArgs};
 
 #[derive(Args)]
@@ -55,7 +55,9 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     let context = args
         .max_tokens
         .unwrap_or((prompt.len() + args.tokens) as u64);
-    let plan = planning::plan(&opened.spec, args.plan.inputs(context, args.parallel)?)?;
+    let plan = args
+        .plan
+        .plan(&opened.spec, args.plan.inputs(context, args.parallel)?)?;
     if let Some(code) = session::preflight(&model, &opened, &plan, &args.preflight) {
         return Ok(code);
     }
@@ -93,7 +95,7 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     session::report(load, &stats, &engine.plan);
     if let Some(watch) = watch {
         let free_at_end = engine.device().1.free;
-        session::report_device(&engine.plan, watch.finish(), free_after_load, free_at_end);
+        session::report_device(&engine.plan, &watch.finish(), free_after_load, free_at_end);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -3,7 +3,7 @@
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use clap::Args;
 use fathom_checkpoint::Checkpoint;
 use fathom_plan::{quant, MemoryPlan};
@@ -31,15 +31,16 @@ pub struct InspectArgs {
     /// Also list F16 .. Q4_0 weights with the KV at this context, and recommend the most precise that fits.
     #[arg(long)]
     pub recommend_quant: bool,
-    /// Plan each of N CUDA devices sharing the model (heads and FFN columns split, embeddings, output head and norms whole), with a table of 1, 2, 4 and 8 devices; --memory is per device; -tp N (vLLM's spelling) is read as this flag.
-    #[arg(long, value_name = "N", visible_alias = "tensor-parallel-size")]
-    pub tensor_parallel: Option<u64>,
 }
 
-/// vLLM's `-tp N` (and `-tp=N`) for `inspect`: clap cannot take a short
-/// flag of two letters, and would read it as `-t p` (threads).
-pub fn rewrite_vllm_flags(args: Vec<OsString>) -> Vec<OsString> {
-    crate::flags::rewrite_short(args, "inspect", "-tp", "--tensor-parallel")
+/// vLLM's `-tp N` (and `-tp=N`) for every command that plans: clap
+/// cannot take a short flag of two letters, and would read it as `-t p`
+/// (threads).
+pub fn rewrite_vllm_flags(mut args: Vec<OsString>) -> Vec<OsString> {
+    for command in ["inspect", "generate", "run", "bench", "serve", "perplexity"] {
+        args = crate::flags::rewrite_short(args, command, "-tp", "--tensor-parallel");
+    }
+    args
 }
 
 /// The `--json` document: the plan's fields with the model's identity.
@@ -67,16 +68,11 @@ pub fn run(args: &InspectArgs) -> Result<ExitCode> {
         .max_tokens
         .unwrap_or_else(|| planning::default_context(&spec));
     let inputs = args.plan.inputs(max_tokens, args.batch)?;
-    let plan = match args.tensor_parallel {
-        Some(n) if n != 1 => {
-            if args.recommend_quant {
-                bail!("--recommend-quant weighs whole-model weights against one device's memory: drop it, or --tensor-parallel {n}");
-            }
-            MemoryPlan::with_tensor_parallel(&spec, inputs, n)
-                .context("computing the tensor-parallel memory plan")?
-        }
-        _ => planning::plan(&spec, inputs)?,
-    };
+    let n = args.plan.tensor_parallel;
+    if args.recommend_quant && n != 1 {
+        bail!("--recommend-quant weighs whole-model weights against one device's memory: drop it, or --tensor-parallel {n}");
+    }
+    let plan = args.plan.plan(&spec, inputs)?;
     let advice = args
         .recommend_quant
         .then(|| quant::advise(&spec, plan.kv_bytes, plan.available_bytes));

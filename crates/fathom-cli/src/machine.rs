@@ -17,21 +17,29 @@ struct Found {
 }
 
 /// The memory fathom may plan for on `device`, and where that figure came from.
-pub fn available_memory(device: Device, flag: Option<&str>) -> Result<Available> {
+/// Memory to plan one device against; for CUDA, the free memory of the
+/// tightest of GPUs `0 .. devices` (each of a tensor-parallel group holds
+/// the same share).
+pub fn available_memory(device: Device, flag: Option<&str>, devices: u64) -> Result<Available> {
     let env = std::env::var(available::MEMORY_LIMIT_VAR).ok();
-    resolve(device, flag, env.as_deref())
+    resolve(device, flag, env.as_deref(), devices)
 }
 
 /// Host memory for a GPU plan's host budget: the cgroup limit, else
 /// `MemAvailable` (`--memory` and FATHOM_MEMORY_LIMIT size the device).
 pub fn host_memory() -> Result<Available> {
-    resolve(Device::Cpu, None, None)
+    resolve(Device::Cpu, None, None, 1)
 }
 
-fn resolve(device: Device, flag: Option<&str>, env: Option<&str>) -> Result<Available> {
+fn resolve(
+    device: Device,
+    flag: Option<&str>,
+    env: Option<&str>,
+    devices: u64,
+) -> Result<Available> {
     let mut found = Found::default();
     if device == Device::Cuda {
-        found.device_free = cuda_free_bytes();
+        found.device_free = cuda_free_bytes(devices);
     }
     let cgroup = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
     found.cgroup_v2_max = cgroup_file(&cgroup, CgroupVersion::V2);
@@ -48,6 +56,14 @@ fn resolve(device: Device, flag: Option<&str>, env: Option<&str>) -> Result<Avai
     let found_available = available::resolve(&sources).context("reading available memory")?;
     let user_capped = [Some("--memory"), Some(available::MEMORY_LIMIT_VAR)]
         .contains(&Some(found_available.source.as_str()));
+    if device == Device::Cuda && found.device_free.is_none() && !user_capped && devices > 1 {
+        bail!(
+            "could not read the free memory of CUDA devices 0 to {} for --tensor-parallel {devices} \
+             (NVML lists fewer GPUs, or none): pass --memory SIZE (per device) to plan for GPUs of \
+             that size",
+            devices - 1
+        );
+    }
     if device == Device::Cuda && found.device_free.is_none() && !user_capped {
         bail!(
             "could not read the free memory of a CUDA device (no NVIDIA driver or no GPU): \
@@ -89,10 +105,13 @@ fn cgroup_file(proc_self_cgroup: &str, version: CgroupVersion) -> Option<String>
 }
 
 /// Free memory of the first CUDA device as NVML reports it.
-fn cuda_free_bytes() -> Option<u64> {
-    fathom_engine::cuda::nvml::Nvml::open()?
-        .memory(0)
-        .map(|g| g.free)
+/// The least free memory of GPUs `0 .. devices`; `None` when one of them
+/// is missing.
+fn cuda_free_bytes(devices: u64) -> Option<u64> {
+    let nvml = fathom_engine::cuda::nvml::Nvml::open()?;
+    (0..devices.max(1) as u32)
+        .map(|d| nvml.memory(d).map(|g| g.free))
+        .try_fold(u64::MAX, |least, free| free.map(|f| least.min(f)))
 }
 
 /// Worker threads when `-t` is not given: one per core.

@@ -20,7 +20,7 @@ use fathom_engine::logprob::log_prob;
 use serde_json::json;
 
 use crate::kld::{self, BaseHeader, BaseReader, BaseWriter, KlStats};
-use crate::planning::{self, PlanArgs};
+use crate::planning::PlanArgs;
 use crate::session::{self, PreflightArgs};
 
 #[derive(Args)]
@@ -218,7 +218,7 @@ pub fn run(args: &PerplexityArgs) -> Result<ExitCode> {
         .min(args.batch as u64)
         .min(n_ctx as u64);
     let step = inputs.max_tokens_per_step;
-    let plan = planning::plan(&opened.spec, inputs)?;
+    let plan = args.plan.plan(&opened.spec, inputs)?;
     if let Some(code) = session::preflight(&model, &opened, &plan, &args.preflight) {
         return Ok(code);
     }

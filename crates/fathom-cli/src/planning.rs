@@ -24,9 +24,24 @@ pub struct PlanArgs {
     /// Worker threads [default: one per core]
     #[arg(long, short = 't')]
     pub threads: Option<u64>,
+    /// Split the model over N CUDA devices (GPUs 0 .. N-1: attention heads and FFN columns split, embeddings, output head and norms whole; NCCL sums between them); the plan and --memory are per device; -tp N (vLLM's spelling) is read as this flag.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        visible_alias = "tensor-parallel-size"
+    )]
+    pub tensor_parallel: u64,
 }
 
 impl PlanArgs {
+    /// The plan of each device: one device's unless `--tensor-parallel`
+    /// splits the model.
+    pub fn plan(&self, spec: &ModelSpec, inputs: PlanInputs) -> Result<MemoryPlan> {
+        MemoryPlan::with_tensor_parallel(spec, inputs, self.tensor_parallel)
+            .context("computing the memory plan")
+    }
+
     pub fn inputs(&self, max_tokens: u64, batch: u64) -> Result<PlanInputs> {
         let device = resolve_device(&self.device)?;
         let headroom_factor = fathom_plan::parse_headroom_factor(
@@ -41,7 +56,11 @@ impl PlanArgs {
             threads: self.threads.unwrap_or_else(machine::default_threads),
             headroom_factor,
             rocm_inflight_raw: machine::env_bytes(rocm::ROCM_INFLIGHT_VAR),
-            available: machine::available_memory(device, self.memory.as_deref())?,
+            available: machine::available_memory(
+                device,
+                self.memory.as_deref(),
+                self.tensor_parallel,
+            )?,
             // A GPU's plan has a host budget too: host memory as for cpu
             // (the cgroup limit, else MemAvailable; --memory is the
             // device's).
@@ -82,8 +101,4 @@ pub fn default_context(spec: &ModelSpec) -> u64 {
         0 => fathom_plan::DEFAULT_MAX_TOKENS_CAP,
         n => n.min(fathom_plan::DEFAULT_MAX_TOKENS_CAP),
     }
-}
-
-pub fn plan(spec: &ModelSpec, inputs: PlanInputs) -> Result<MemoryPlan> {
-    MemoryPlan::new(spec, inputs).context("computing the memory plan")
 }

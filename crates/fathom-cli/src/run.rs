@@ -68,7 +68,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let context = args
         .max_tokens
         .unwrap_or_else(|| planning::default_context(&opened.spec));
-    let plan = planning::plan(&opened.spec, args.plan.inputs(context, 1)?)?;
+    let plan = args
+        .plan
+        .plan(&opened.spec, args.plan.inputs(context, 1)?)?;
     if let Some(code) = session::preflight(&model, &opened, &plan, &args.preflight) {
         return Ok(code);
     }

@@ -126,6 +126,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         kv_budget,
         prompt_cache,
         requests,
+        args.plan.tensor_parallel,
     )
     .context("computing the serve plan")?;
     if let Some(code) = session::preflight(&model, &opened, &served.plan, &args.preflight) {

@@ -193,10 +193,11 @@ pub fn peak_rss() -> Option<u64> {
 /// A process's device memory as NVML reports it, sampled every 10 ms: for
 /// `generate`, its own from before the engine loads to the end; for `bench
 /// serve`, the server's throughout. The peak is what a report sets against
-/// the device plan.
+/// the device plan. Every GPU NVML lists is sampled, each for its own peak:
+/// under tensor parallelism each device's is set against its plan.
 pub struct DeviceWatch {
     stop: Arc<AtomicBool>,
-    peak: Arc<AtomicU64>,
+    peaks: Arc<Vec<AtomicU64>>,
     samples: Arc<AtomicU64>,
     thread: std::thread::JoinHandle<()>,
 }
@@ -211,20 +212,27 @@ impl DeviceWatch {
         DeviceWatch::process(std::process::id())
     }
 
-    /// Starts sampling process `pid` on GPU 0, when NVML is there.
+    /// Starts sampling process `pid` on every GPU, when NVML is there.
     pub fn process(pid: u32) -> Option<DeviceWatch> {
         let nvml = fathom_engine::cuda::nvml::Nvml::open()?;
-        let (stop, peak, samples) = (
+        let gpus = (0..64).take_while(|&d| nvml.memory(d).is_some()).count();
+        let (stop, peaks, samples) = (
             Arc::new(AtomicBool::new(false)),
-            Arc::new(AtomicU64::new(0)),
+            Arc::new((0..gpus).map(|_| AtomicU64::new(0)).collect::<Vec<_>>()),
             Arc::new(AtomicU64::new(0)),
         );
         let thread = {
-            let (stop, peak, samples) = (stop.clone(), peak.clone(), samples.clone());
+            let (stop, peaks, samples) = (stop.clone(), peaks.clone(), samples.clone());
             std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
-                    if let Some(used) = nvml.process_used(0, pid) {
-                        peak.fetch_max(used, Ordering::Relaxed);
+                    let mut listed = false;
+                    for (d, peak) in peaks.iter().enumerate() {
+                        if let Some(used) = nvml.process_used(d as u32, pid) {
+                            peak.fetch_max(used, Ordering::Relaxed);
+                            listed = true;
+                        }
+                    }
+                    if listed {
                         samples.fetch_add(1, Ordering::Relaxed);
                     }
                     std::thread::sleep(Duration::from_millis(10));
@@ -233,26 +241,34 @@ impl DeviceWatch {
         };
         Some(DeviceWatch {
             stop,
-            peak,
+            peaks,
             samples,
             thread,
         })
     }
 
-    /// Stops sampling; the peak, when NVML listed the process at all.
-    pub fn finish(self) -> Option<u64> {
-        self.finish_counted().0
+    /// Stops sampling; each GPU's peak (`None` where NVML never listed the
+    /// process).
+    pub fn finish(self) -> Vec<Option<u64>> {
+        self.finish_each().0
     }
 
-    /// Stops sampling; the peak (when NVML listed the process at all) and
-    /// how many samples listed it.
+    /// Stops sampling; the largest peak of any GPU (when NVML listed the
+    /// process at all) and how many samples listed it.
     pub fn finish_counted(self) -> (Option<u64>, u64) {
+        let (peaks, samples) = self.finish_each();
+        (peaks.into_iter().flatten().max(), samples)
+    }
+
+    fn finish_each(self) -> (Vec<Option<u64>>, u64) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.thread.join();
-        (
-            Some(self.peak.load(Ordering::Relaxed)).filter(|&p| p > 0),
-            self.samples.load(Ordering::Relaxed),
-        )
+        let peaks = self
+            .peaks
+            .iter()
+            .map(|p| Some(p.load(Ordering::Relaxed)).filter(|&p| p > 0))
+            .collect();
+        (peaks, self.samples.load(Ordering::Relaxed))
     }
 }
 
@@ -306,20 +322,35 @@ pub fn report(load: Duration, stats: &GenerateStats, plan: &MemoryPlan) {
 }
 
 /// The device lines of the report: the device plan against this process's
-/// peak device memory (NVML), and free device memory after loading and at
-/// the end (equal when nothing was allocated while generating).
-pub fn report_device(plan: &MemoryPlan, peak: Option<u64>, free_after_load: u64, free_at_end: u64) {
-    match peak {
-        Some(peak) => eprintln!(
-            "device:  plan {} vs peak {} used by this process (NVML) ({:.3}x)",
-            format_bytes(plan.total_bytes),
-            format_bytes(peak),
-            plan.total_bytes as f64 / peak as f64
-        ),
-        None => eprintln!(
-            "device:  plan {} (NVML did not list this process)",
-            format_bytes(plan.total_bytes)
-        ),
+/// peak device memory (NVML) on each device the plan covers (GPU 0, or
+/// GPUs 0 .. N under tensor parallelism, each planned alike), and free
+/// device memory after loading and at the end (equal when nothing was
+/// allocated while generating; the tightest device's).
+pub fn report_device(
+    plan: &MemoryPlan,
+    peaks: &[Option<u64>],
+    free_after_load: u64,
+    free_at_end: u64,
+) {
+    let devices = plan.tensor_parallel.as_ref().map_or(1, |tp| tp.size) as usize;
+    for d in 0..devices {
+        let label = if devices > 1 {
+            format!("device {d}:")
+        } else {
+            "device:".to_string()
+        };
+        match peaks.get(d).copied().flatten() {
+            Some(peak) => eprintln!(
+                "{label}  plan {} vs peak {} used by this process (NVML) ({:.3}x)",
+                format_bytes(plan.total_bytes),
+                format_bytes(peak),
+                plan.total_bytes as f64 / peak as f64
+            ),
+            None => eprintln!(
+                "{label}  plan {} (NVML did not list this process)",
+                format_bytes(plan.total_bytes)
+            ),
+        }
     }
     eprintln!(
         "device:  free {} after loading, {} at the end ({} allocated while generating)",

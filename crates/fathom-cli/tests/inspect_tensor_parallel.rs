@@ -181,6 +181,37 @@ fn invalid_sizes_exit_1_naming_the_flag_and_what_is_valid() {
     );
 }
 
+/// The run commands take the same flag (and vLLM's `-tp`) and refuse what
+/// the plan refuses before anything loads.
+#[test]
+fn run_commands_refuse_sizes_the_plan_refuses() {
+    let dir = TempDir::new("tp-run");
+    let gguf = dir.0.join("qwen3moe-q4_k.gguf");
+    fx::write_runnable_gguf(
+        &fx::qwen3_30b_a3b(),
+        GgufTensorType::Q4_K,
+        &gguf,
+        Data::Sparse,
+    )
+    .unwrap();
+    let model = gguf.to_str().unwrap();
+    for command in [
+        &["generate", model, "-p", "hi", "-n", "1"][..],
+        &["serve", model, "--port", "0"],
+        &["bench", model, "-r", "1"],
+    ] {
+        for (flag, size, expected) in [
+            ("--tensor-parallel", "3", "32 attention heads"),
+            ("-tp", "2", "block boundaries: 1, 3"),
+        ] {
+            let out = fathom(&[command, &args(&[flag, size])].concat(), &[]);
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(1), "{command:?} {flag}: {err}");
+            assert!(err.contains(expected), "{command:?} {flag}: {err}");
+        }
+    }
+}
+
 #[test]
 fn every_tensor_parallel_json_field_is_documented() {
     let dir = TempDir::new("tp-docs");

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fathom_backend::cpu::CpuBackend;
+use fathom_backend::cuda::nccl::NcclSum;
 use fathom_backend::cuda::CudaBackend;
+use fathom_backend::parallel::TensorParallel;
 use fathom_backend::{Backend, Buf, KvLayout};
 use fathom_checkpoint::Checkpoint;
 use fathom_plan::{Device, MemoryPlan};
@@ -168,7 +170,9 @@ pub struct GenerateStats {
     pub reason: StopReason,
 }
 
-/// The backend for the plan's device.
+/// The backend for the plan's device; under tensor parallelism, one
+/// rank per device (CUDA devices `0 .. N`, each allocating what the
+/// plan lists for one device) and NCCL between them.
 fn backend_for(plan: &MemoryPlan, layout: KvLayout) -> Result<Box<dyn Backend>, EngineError> {
     let i = &plan.inputs;
     match i.device {
@@ -177,12 +181,28 @@ fn backend_for(plan: &MemoryPlan, layout: KvLayout) -> Result<Box<dyn Backend>, 
             &plan.activation_detail,
             layout,
         )?)),
-        Device::Cuda => Ok(Box::new(CudaBackend::new(
-            0,
-            &plan.activation_detail,
-            layout,
-            plan.weights_bytes.saturating_add(plan.converted_bytes),
-        )?)),
+        Device::Cuda => {
+            let weights = plan.weights_bytes.saturating_add(plan.converted_bytes);
+            let rank = |d| CudaBackend::new(d, &plan.activation_detail, layout.clone(), weights);
+            Ok(
+                match plan.tensor_parallel.as_ref().map_or(1, |tp| tp.size) {
+                    1 => Box::new(rank(0)?),
+                    n => {
+                        let present = fathom_backend::cuda::device_count();
+                        if present < n as usize {
+                            return Err(EngineError::Backend(fathom_backend::BackendError::Device {
+                            backend: "cuda",
+                            message: format!(
+                                "--tensor-parallel {n} needs {n} CUDA devices; this machine has {present}"
+                            ),
+                        }));
+                        }
+                        let ranks = (0..n as usize).map(rank).collect::<Result<Vec<_>, _>>()?;
+                        Box::new(TensorParallel::new(ranks, NcclSum::new(n as usize)?)?)
+                    }
+                },
+            )
+        }
         other => Err(EngineError::DeviceNotBuilt {
             device: other.name(),
         }),
@@ -197,13 +217,29 @@ impl Engine {
         plan: MemoryPlan,
         tokenizer: Tokenizer,
     ) -> Result<Self, EngineError> {
-        let i = &plan.inputs;
-        let layout = KvLayout {
+        let backend = backend_for(&plan, Self::kv_layout(&spec, &plan))?;
+        Self::load_on(checkpoint, spec, plan, tokenizer, backend)
+    }
+
+    /// The KV layout `plan` gives one device.
+    pub fn kv_layout(spec: &ModelSpec, plan: &MemoryPlan) -> KvLayout {
+        KvLayout {
             groups: plan.kv_detail.clone(),
-            dtype: i.kv_dtype,
-            layer_groups: fathom_plan::kv::layer_groups(&spec),
-        };
-        let mut backend = backend_for(&plan, layout)?;
+            dtype: plan.inputs.kv_dtype,
+            layer_groups: fathom_plan::kv::layer_groups(spec),
+        }
+    }
+
+    /// [`Engine::load`] onto a backend built from `plan` by the caller
+    /// (tests build tensor-parallel groups of CPU ranks this way).
+    pub fn load_on(
+        checkpoint: &Checkpoint,
+        spec: ModelSpec,
+        plan: MemoryPlan,
+        tokenizer: Tokenizer,
+        mut backend: Box<dyn Backend>,
+    ) -> Result<Self, EngineError> {
+        let i = &plan.inputs;
         let model = Model::load(checkpoint, spec, backend.as_mut())?;
         let rows = |id: Buf| {
             plan.activation_detail

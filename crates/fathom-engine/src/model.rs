@@ -3,9 +3,15 @@
 //! optional pieces (biases, q/k norms, post norms, GeGLU, routed experts,
 //! sliding windows), which the spec's `BlockStyle` and the tensors present
 //! decide.
+//!
+//! Under tensor parallelism (a backend over several devices) the same
+//! pass runs on each device's share of the heads and FFN columns: the
+//! layer shapes here are one device's, the weights go to the backend with
+//! their split, and the outputs of the row-split projections (attention
+//! output, FFN down) are summed over the devices before the residual add.
 
 use fathom_backend::{
-    AttentionIo, AttentionShape, Backend, Buf, Glu, HostMatrix, MatrixId, RopeParams, Step,
+    AttentionIo, AttentionShape, Backend, Buf, Glu, HostMatrix, MatrixId, RopeParams, Split, Step,
     StepSeq, VectorId,
 };
 use fathom_checkpoint::Checkpoint;
@@ -66,6 +72,8 @@ pub struct Model {
     eps: f32,
     embed_scale: f32,
     glu: Glu,
+    /// FFN columns (each expert's in a MoE) one device computes.
+    ffn_width: usize,
     /// Bytes of 1-D tensors converted to f32 at load.
     pub converted_bytes: usize,
 }
@@ -79,33 +87,57 @@ struct Loader<'a> {
     norm_adds_one: bool,
     converted: usize,
     matrices: Vec<HostMatrix>,
+    /// Devices the backend spreads the model over.
+    devices: usize,
 }
 
 impl Loader<'_> {
-    fn matrix(&mut self, m: HostMatrix) -> Result<MatrixId, EngineError> {
-        self.matrices.push(m.clone());
-        Ok(self.backend.load_matrix(m)?)
+    fn matrix(&mut self, m: HostMatrix, split: Split) -> Result<MatrixId, EngineError> {
+        if self.backend.reads_host_weights() {
+            self.matrices.push(m.clone());
+        }
+        Ok(self.backend.load_split_matrix(m, split)?)
     }
 
+    /// The matrix `name` (`rows × cols` in the file), split as `split`.
     fn named_matrix(
         &mut self,
         name: &str,
         rows: usize,
         cols: usize,
+        split: Split,
     ) -> Result<MatrixId, EngineError> {
         let m = self.files.matrix(name, rows, cols)?;
-        self.matrix(m)
+        self.matrix(m, split)
     }
 
     /// The 1-D tensor `name`, converted to f32; norms get `1 + w` when
     /// the file stores `w`.
     fn vector(&mut self, name: &str, len: usize, norm: bool) -> Result<VectorId, EngineError> {
+        self.split_vector(name, len, norm, Split::Whole)
+    }
+
+    fn split_vector(
+        &mut self,
+        name: &str,
+        len: usize,
+        norm: bool,
+        split: Split,
+    ) -> Result<VectorId, EngineError> {
         let mut v = self.files.vector(name, len)?;
         if norm && self.norm_adds_one {
             v.iter_mut().for_each(|x| *x += 1.0);
         }
         self.converted += len * 4;
-        Ok(self.backend.load_vector(&v)?)
+        Ok(self.backend.load_split_vector(&v, split)?)
+    }
+
+    /// The split of a column-split projection: all devices' parts, or,
+    /// for `heads` KV heads shared by more devices, one part a head.
+    fn outputs(&self, heads: usize) -> Split {
+        Split::Outputs {
+            parts: self.devices.min(heads.max(1)),
+        }
     }
 
     fn optional_vector(
@@ -149,16 +181,24 @@ impl Model {
         };
         let style = spec.block;
         let (d, vocab) = (spec.hidden as usize, spec.vocab as usize);
+        let devices = backend.devices();
+        // One device's shapes: the plan's sharded spec, whose checks name
+        // what does not split (heads, KV heads, FFN widths, block rows).
+        let local = match devices {
+            1 => spec.clone(),
+            n => fathom_plan::tensor_parallel::shard(&spec, n as u64)?.spec,
+        };
         let mut loader = Loader {
             backend,
             files: &files,
             norm_adds_one: style.norm_adds_one,
             converted: 0,
             matrices: Vec::new(),
+            devices,
         };
-        let embed = loader.named_matrix(&naming.embed(), vocab, d)?;
+        let embed = loader.named_matrix(&naming.embed(), vocab, d, Split::Whole)?;
         let output = if files.has(&naming.output()) {
-            loader.named_matrix(&naming.output(), vocab, d)?
+            loader.named_matrix(&naming.output(), vocab, d, Split::Whole)?
         } else {
             embed
         };
@@ -195,7 +235,16 @@ impl Model {
         let mut layers = Vec::with_capacity(spec.layers.len());
         for (i, l) in spec.layers.iter().enumerate() {
             let n = naming.layer(style.post_norms, i);
-            layers.push(load_layer(&mut loader, &naming, &spec, &globals, i, l, &n)?);
+            let shapes = (l, &local.layers[i]);
+            layers.push(load_layer(
+                &mut loader,
+                &naming,
+                &spec,
+                &globals,
+                i,
+                shapes,
+                &n,
+            )?);
         }
         for l in &layers {
             let s = &l.shape;
@@ -208,13 +257,8 @@ impl Model {
             }
         }
         let converted = loader.converted;
-        let matrices = if loader.backend.reads_host_weights() {
-            loader.matrices
-        } else {
-            Vec::new()
-        };
         Ok(Model {
-            matrices,
+            matrices: loader.matrices,
             embed,
             output,
             out_norm,
@@ -229,6 +273,11 @@ impl Model {
                 Activation::Silu => Glu::Silu,
                 Activation::GeluTanh => Glu::GeluTanh,
             },
+            ffn_width: if spec.n_experts > 0 {
+                local.expert_ffn
+            } else {
+                local.ffn
+            } as usize,
             converted_bytes: converted,
             spec,
         })
@@ -332,6 +381,7 @@ impl Model {
                 ),
                 Ffn::Moe { router, experts } => self.moe_ffn(backend, *router, experts, step.rows),
             }
+            backend.all_reduce(Buf::BranchOut, step.rows, d);
             let next = self.layers.get(li + 1).map(|l| l.attn_norm);
             self.add_branch(backend, layer.post_ffn_norm, step.rows, next);
         }
@@ -373,6 +423,7 @@ impl Model {
         backend.attention(li, s, step, io);
         backend.kv_write(li, step, Buf::K, Buf::V, s);
         backend.matmul(layer.wo, Buf::AttnOut, t_n, Buf::BranchOut);
+        backend.all_reduce(Buf::BranchOut, t_n, self.spec.hidden as usize);
         self.add_branch(backend, layer.post_attn_norm, t_n, Some(layer.ffn_norm));
     }
 
@@ -409,11 +460,7 @@ impl Model {
         rows: usize,
         out: Buf,
     ) {
-        let f = if self.spec.n_experts > 0 {
-            self.spec.expert_ffn
-        } else {
-            self.spec.ffn
-        } as usize;
+        let f = self.ffn_width;
         backend.matmul_glu([gate, up], x, rows, self.glu, [Buf::FfnGate, Buf::FfnUp], f);
         backend.matmul(down, Buf::FfnGate, rows, out);
     }
@@ -466,7 +513,7 @@ fn load_layer(
     spec: &ModelSpec,
     globals: &LayerGlobals,
     i: usize,
-    l: &fathom_spec::Layer,
+    (l, local): (&fathom_spec::Layer, &fathom_spec::Layer),
     n: &LayerNames,
 ) -> Result<Layer, EngineError> {
     let d = spec.hidden as usize;
@@ -476,11 +523,13 @@ fn load_layer(
         l.key_dim as usize,
         l.value_dim as usize,
     );
+    let devices = loader.devices;
+    let (q_split, kv_split) = (loader.outputs(n_heads), loader.outputs(kvh));
     let bias = if loader.files.has(&n.q_bias) {
         Some([
-            loader.vector(&n.q_bias, n_heads * dk, false)?,
-            loader.vector(&n.k_bias, kvh * dk, false)?,
-            loader.vector(&n.v_bias, kvh * dv, false)?,
+            loader.split_vector(&n.q_bias, n_heads * dk, false, q_split)?,
+            loader.split_vector(&n.k_bias, kvh * dk, false, kv_split)?,
+            loader.split_vector(&n.v_bias, kvh * dv, false, kv_split)?,
         ])
     } else {
         None
@@ -502,6 +551,7 @@ fn load_layer(
     };
     let ffn = if spec.n_experts > 0 {
         let (e_n, f) = (spec.n_experts as usize, spec.expert_ffn as usize);
+        let ffn_in = loader.outputs(devices);
         let mut experts = Vec::with_capacity(e_n);
         for e in 0..e_n {
             let [g, u, dn] = match naming {
@@ -524,18 +574,22 @@ fn load_layer(
                     ]
                 }
             };
-            experts.push([loader.matrix(g)?, loader.matrix(u)?, loader.matrix(dn)?]);
+            experts.push([
+                loader.matrix(g, ffn_in)?,
+                loader.matrix(u, ffn_in)?,
+                loader.matrix(dn, Split::Inputs)?,
+            ]);
         }
         Ffn::Moe {
-            router: loader.named_matrix(&n.router, e_n, d)?,
+            router: loader.named_matrix(&n.router, e_n, d, Split::Whole)?,
             experts,
         }
     } else {
-        let f = spec.ffn as usize;
+        let (f, ffn_in) = (spec.ffn as usize, loader.outputs(devices));
         Ffn::Dense {
-            gate: loader.named_matrix(&n.gate, f, d)?,
-            up: loader.named_matrix(&n.up, f, d)?,
-            down: loader.named_matrix(&n.down, d, f)?,
+            gate: loader.named_matrix(&n.gate, f, d, ffn_in)?,
+            up: loader.named_matrix(&n.up, f, d, ffn_in)?,
+            down: loader.named_matrix(&n.down, d, f, Split::Inputs)?,
         }
     };
     let window = match l.attention {
@@ -544,8 +598,8 @@ fn load_layer(
     };
     Ok(Layer {
         shape: AttentionShape {
-            n_heads,
-            n_kv_heads: kvh,
+            n_heads: n_heads / devices,
+            n_kv_heads: local.n_kv_heads as usize,
             key_dim: dk,
             value_dim: dv,
             window,
@@ -561,10 +615,10 @@ fn load_layer(
             freqs: globals.freqs,
         },
         attn_norm: loader.vector(&n.attn_norm, d, true)?,
-        wq: loader.named_matrix(&n.q, n_heads * dk, d)?,
-        wk: loader.named_matrix(&n.k, kvh * dk, d)?,
-        wv: loader.named_matrix(&n.v, kvh * dv, d)?,
-        wo: loader.named_matrix(&n.o, d, n_heads * dv)?,
+        wq: loader.named_matrix(&n.q, n_heads * dk, d, q_split)?,
+        wk: loader.named_matrix(&n.k, kvh * dk, d, kv_split)?,
+        wv: loader.named_matrix(&n.v, kvh * dv, d, kv_split)?,
+        wo: loader.named_matrix(&n.o, d, n_heads * dv, Split::Inputs)?,
         bias,
         qk_norm,
         post_attn_norm,

@@ -166,57 +166,6 @@ fn logits_match_the_cpu_for_every_family_and_weight_format() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Random weights spread a model's logits over a few units, so its
-/// top-two margins are mostly under 0.5; scaling the output norm's gain
-/// until the logits' standard deviation is `std` makes its choices clear
-/// (the shapes stay the real model's). Rewrites `output_norm.weight` in
-/// place.
-fn sharpen(path: &Path, std: f32) {
-    let tok = fathom_engine::load_tokenizer(&Checkpoint::open(path).unwrap()).unwrap();
-    let mut cpu = engine(path, Device::Cpu, 64, tok);
-    let logits = cpu.logits(&[1, 2, 3, 4]).unwrap();
-    let n = logits.len() as f32;
-    let mean = logits.iter().sum::<f32>() / n;
-    let sd = (logits.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / n).sqrt();
-    let Checkpoint::Gguf(file) = Checkpoint::open(path).unwrap() else {
-        unreachable!("a GGUF fixture");
-    };
-    let t = file
-        .tensors
-        .iter()
-        .find(|t| t.name == "output_norm.weight")
-        .expect("the fixture has an output norm");
-    let at = file.data_offset + t.offset;
-    let mut bytes = vec![0u8; t.n_bytes as usize];
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    f.read_exact_at(&mut bytes, at).unwrap();
-    for v in bytes.chunks_exact_mut(4) {
-        let x = f32::from_le_bytes(v.try_into().unwrap()) * std / sd;
-        v.copy_from_slice(&x.to_le_bytes());
-    }
-    f.write_all_at(&bytes, at).unwrap();
-}
-
-/// The CPU's greedy continuation of `prompt` and the smallest top-1/top-2
-/// logit margin along it.
-fn cpu_greedy(cpu: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>, f32) {
-    let mut seq = prompt.to_vec();
-    let mut margin = f32::INFINITY;
-    for _ in 0..n {
-        let logits = cpu.logits(&seq).unwrap();
-        let mut order: Vec<usize> = (0..logits.len()).collect();
-        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
-        margin = margin.min(logits[order[0]] - logits[order[1]]);
-        seq.push(order[0] as u32);
-    }
-    (seq[prompt.len()..].to_vec(), margin)
-}
-
 #[test]
 fn greedy_tokens_match_the_cpu_where_its_margin_is_clear() {
     if !gpu() {
@@ -236,7 +185,7 @@ fn greedy_tokens_match_the_cpu_where_its_margin_is_clear() {
         Data::Random { seed: 11 },
     )
     .unwrap();
-    sharpen(&path, 50.0);
+    common::sharpen(&path, 50.0);
     let load = |device| {
         let tok = fathom_engine::load_tokenizer(&Checkpoint::open(&path).unwrap()).unwrap();
         engine(&path, device, 256, tok)
@@ -248,7 +197,7 @@ fn greedy_tokens_match_the_cpu_where_its_margin_is_clear() {
         let prompt: Vec<u32> = (0..8)
             .map(|i| (candidate * 7919 + i * 104_729) % vocab)
             .collect();
-        let (want, margin) = cpu_greedy(&mut cpu, &prompt, TOKENS);
+        let (want, margin) = common::greedy(&mut cpu, &prompt, TOKENS);
         if margin < 0.5 {
             continue;
         }

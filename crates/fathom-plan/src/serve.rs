@@ -205,29 +205,41 @@ impl ServePlan {
         kv_budget: KvBudget,
         prompt_cache: PromptCache,
     ) -> Result<ServePlan, PlanError> {
-        ServePlan::with_requests(spec, inputs, kv_budget, prompt_cache, RequestBuffers::NONE)
+        ServePlan::with_requests(
+            spec,
+            inputs,
+            kv_budget,
+            prompt_cache,
+            RequestBuffers::NONE,
+            1,
+        )
     }
 
     /// [`ServePlan::new`] with a `requests` term for the HTTP side's
     /// request buffers (when `requests.slots` > 0), counted before the
     /// `auto` KV pool takes what memory leaves. On a discrete GPU the
     /// bodies are host memory: the term goes to the host budget, and the
-    /// pool is what the device's memory leaves.
+    /// pool is what the device's memory leaves. Over `devices` CUDA
+    /// devices (tensor parallelism) every figure is one device's: each
+    /// holds a share of every block's KV heads, and the pool's blocks are
+    /// the same on each.
     pub fn with_requests(
         spec: &ModelSpec,
         inputs: PlanInputs,
         kv_budget: KvBudget,
         prompt_cache: PromptCache,
         requests: RequestBuffers,
+        devices: u64,
     ) -> Result<ServePlan, PlanError> {
-        let batch1 = MemoryPlan::new(
+        let batch1 = MemoryPlan::with_tensor_parallel(
             spec,
             PlanInputs {
                 batch: 1,
                 ..inputs.clone()
             },
+            devices,
         )?;
-        let mut base = MemoryPlan::new(spec, inputs)?;
+        let mut base = MemoryPlan::with_tensor_parallel(spec, inputs, devices)?;
         if requests.slots > 0 {
             let context = base.inputs.max_tokens;
             base.add_host_term(Term {

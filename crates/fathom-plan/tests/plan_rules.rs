@@ -465,7 +465,7 @@ mod serve {
             max_token_bytes: 16,
         };
         let serve = |i: PlanInputs, r: RequestBuffers| {
-            ServePlan::with_requests(&s, i, KvBudget::Workload, PromptCache::Off, r).unwrap()
+            ServePlan::with_requests(&s, i, KvBudget::Workload, PromptCache::Off, r, 1).unwrap()
         };
         let bare = serve(cuda(1024, 4, 1 << 40), RequestBuffers::NONE);
         let with = serve(cuda(1024, 4, 1 << 40), requests);

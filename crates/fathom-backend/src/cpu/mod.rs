@@ -15,6 +15,7 @@ pub use arena::Route;
 use arena::{routes, Arena};
 use kv::KvStore;
 
+use crate::parallel::Reduce;
 use crate::{
     AttentionIo, AttentionShape, Backend, BackendError, Buf, DeviceMemory, Glu, HostMatrix,
     KvLayout, MatrixId, MatrixView, RopeParams, Step, VectorId,
@@ -71,6 +72,30 @@ impl CpuBackend {
         match m.view() {
             MatrixView::Blocks(w) => fathom_kernels::matmul(pool, &w, x, n, out, q8),
             MatrixView::Affine(w) => fathom_kernels::affine_matmul(pool, &w, x, n, out),
+        }
+    }
+}
+
+/// The all-reduce of CPU ranks (tensor parallelism on one host's memory,
+/// which the engine's tests run on any machine): rank 0's buffer takes the
+/// others' values in rank order, then every rank gets a copy, so all hold
+/// the same sum.
+pub struct HostSum;
+
+impl Reduce<CpuBackend> for HostSum {
+    fn all_reduce(&mut self, ranks: &mut [CpuBackend], x: Buf, rows: usize, width: usize) {
+        let n = rows * width;
+        let Some((first, rest)) = ranks.split_first_mut() else {
+            return;
+        };
+        let sum = &mut first.arena.f32(x)[..n];
+        for r in rest.iter_mut() {
+            sum.iter_mut()
+                .zip(&r.arena.f32(x)[..n])
+                .for_each(|(s, v)| *s += v);
+        }
+        for r in rest {
+            r.arena.f32(x)[..n].copy_from_slice(sum);
         }
     }
 }

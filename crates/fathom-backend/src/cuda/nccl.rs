@@ -14,6 +14,7 @@
 
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use libloading::Library;
 
@@ -108,10 +109,14 @@ fn search_dirs() -> Vec<PathBuf> {
 }
 
 /// One communicator per device of a process, destroyed on drop.
-pub struct Communicators<'a> {
-    nccl: &'a Nccl,
+pub struct Communicators {
+    nccl: Arc<Nccl>,
     comms: Vec<Comm>,
 }
+
+// SAFETY: a communicator may be used from any thread, one call at a time
+// (`&self` calls go through the owner's exclusive use of the group).
+unsafe impl Send for Communicators {}
 
 impl Nccl {
     /// Opens libnccl, after turning NVLink multicast off.
@@ -214,7 +219,7 @@ impl Nccl {
 
     /// One communicator per listed device, all of this process
     /// (`ncclCommInitAll`, which uses each device's primary context).
-    pub fn init_all(&self, devices: &[i32]) -> Result<Communicators<'_>, BackendError> {
+    pub fn init_all(self: &Arc<Self>, devices: &[i32]) -> Result<Communicators, BackendError> {
         if devices.is_empty() {
             return Err(BackendError::Device {
                 backend: "cuda",
@@ -229,11 +234,14 @@ impl Nccl {
         // SAFETY: `comms` has room for one handle per device in `devices`.
         let status = unsafe { (self.comm_init_all)(comms.as_mut_ptr(), n, devices.as_ptr()) };
         self.check("ncclCommInitAll", status)?;
-        Ok(Communicators { nccl: self, comms })
+        Ok(Communicators {
+            nccl: Arc::clone(self),
+            comms,
+        })
     }
 }
 
-impl Communicators<'_> {
+impl Communicators {
     pub fn len(&self) -> usize {
         self.comms.len()
     }
@@ -268,7 +276,7 @@ impl Communicators<'_> {
                 ),
             });
         }
-        let nccl = self.nccl;
+        let nccl = &self.nccl;
         nccl.check("ncclGroupStart", (nccl.group_start)())?;
         let mut first_error = Ok(());
         for ((&comm, &buffer), &stream) in self.comms.iter().zip(buffers).zip(streams) {
@@ -284,12 +292,72 @@ impl Communicators<'_> {
     }
 }
 
-impl Drop for Communicators<'_> {
+impl Drop for Communicators {
     fn drop(&mut self) {
         for &comm in &self.comms {
             // SAFETY: each handle came from ncclCommInitAll and is
             // destroyed once.
             let _ = unsafe { (self.nccl.comm_destroy)(comm) };
+        }
+    }
+}
+
+/// The all-reduce of CUDA ranks: one NCCL communicator per device, each
+/// sum queued on its rank's stream after the launches the rank recorded
+/// before it.
+pub struct NcclSum {
+    comms: Communicators,
+    /// Each rank's buffer address and stream for the call, sized once.
+    buffers: Vec<u64>,
+    streams: Vec<*mut c_void>,
+}
+
+// SAFETY: the stream handles are only passed to NCCL during a call that
+// has the ranks exclusively (`&mut`); see `Communicators`.
+unsafe impl Send for NcclSum {}
+
+impl NcclSum {
+    /// Communicators over devices `0 .. devices`, as the ranks' ordinals.
+    pub fn new(devices: usize) -> Result<NcclSum, BackendError> {
+        let nccl = Arc::new(Nccl::load()?);
+        let ordinals: Vec<i32> = (0..devices as i32).collect();
+        Ok(NcclSum {
+            comms: nccl.init_all(&ordinals)?,
+            buffers: vec![0; devices],
+            streams: vec![std::ptr::null_mut(); devices],
+        })
+    }
+}
+
+impl crate::parallel::Reduce<super::CudaBackend> for NcclSum {
+    fn all_reduce(
+        &mut self,
+        ranks: &mut [super::CudaBackend],
+        x: crate::Buf,
+        rows: usize,
+        width: usize,
+    ) {
+        let count = rows * width;
+        for (d, rank) in ranks.iter_mut().enumerate() {
+            if !rank.ready() {
+                return;
+            }
+            // The sum goes straight onto the stream: what the rank recorded
+            // before it is issued first, and the rest of the step follows
+            // eagerly.
+            rank.go_eager();
+            self.buffers[d] = rank.buf(x, count * 4);
+            self.streams[d] = rank.stream.cast();
+        }
+        // SAFETY: each address holds `count` f32s in its rank's allocation
+        // (checked by `buf`), on the device of communicator `d` (rank d is
+        // device d); the streams are the ranks' own, alive as long as they.
+        let r = unsafe {
+            self.comms
+                .all_reduce_sum_f32(&self.buffers, count, &self.streams)
+        };
+        if let Err(e) = r {
+            ranks[0].fail_with(e);
         }
     }
 }

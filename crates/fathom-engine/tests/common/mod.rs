@@ -129,3 +129,54 @@ pub fn attention_shape(hidden: u64, heads: u64, kv_heads: u64, head_dim: u64) ->
         "num_hidden_layers": 2,
     })
 }
+
+/// Random weights spread a model's logits over a few units, so its
+/// top-two margins are mostly under 0.5; scaling the output norm's gain
+/// until the logits' standard deviation is `std` makes its choices clear
+/// (the shapes stay the real model's). Rewrites `output_norm.weight` in
+/// place.
+pub fn sharpen(path: &Path, std: f32) {
+    let mut cpu = engine(path, inputs(64, KvDtype::F16), None);
+    let logits = cpu.logits(&[1, 2, 3, 4]).unwrap();
+    let n = logits.len() as f32;
+    let mean = logits.iter().sum::<f32>() / n;
+    let sd = (logits.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / n).sqrt();
+    let Checkpoint::Gguf(file) = Checkpoint::open(path).unwrap() else {
+        unreachable!("a GGUF fixture");
+    };
+    let t = file
+        .tensors
+        .iter()
+        .find(|t| t.name == "output_norm.weight")
+        .expect("the fixture has an output norm");
+    let at = file.data_offset + t.offset;
+    let mut bytes = vec![0u8; t.n_bytes as usize];
+    use std::os::unix::fs::FileExt;
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .unwrap();
+    f.read_exact_at(&mut bytes, at).unwrap();
+    for v in bytes.chunks_exact_mut(4) {
+        let x = f32::from_le_bytes(v.try_into().unwrap()) * std / sd;
+        v.copy_from_slice(&x.to_le_bytes());
+    }
+    f.write_all_at(&bytes, at).unwrap();
+}
+
+/// `engine`'s greedy continuation of `prompt` (each step's logits computed
+/// afresh over the whole sequence) and the smallest top-1/top-2 logit
+/// margin along it.
+pub fn greedy(engine: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>, f32) {
+    let mut seq = prompt.to_vec();
+    let mut margin = f32::INFINITY;
+    for _ in 0..n {
+        let logits = engine.logits(&seq).unwrap();
+        let mut order: Vec<usize> = (0..logits.len()).collect();
+        order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+        margin = margin.min(logits[order[0]] - logits[order[1]]);
+        seq.push(order[0] as u32);
+    }
+    (seq[prompt.len()..].to_vec(), margin)
+}
