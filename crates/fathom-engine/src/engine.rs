@@ -571,7 +571,12 @@ impl Engine {
     /// The last (first of a batch) sequence's tokens: its prompt and what
     /// was generated.
     pub fn tokens(&self) -> &[u32] {
-        &self.histories[0]
+        self.tokens_of(0)
+    }
+
+    /// Sequence `i`'s tokens of the last batch.
+    pub fn tokens_of(&self, i: usize) -> &[u32] {
+        &self.histories[i]
     }
 
     /// Runs `tokens` through a fresh sequence and hands the logits of every

@@ -22,24 +22,6 @@ type DestroyFn = unsafe extern "C" fn(Handle) -> Status;
 type SetStreamFn = unsafe extern "C" fn(Handle, *mut c_void) -> Status;
 type SetWorkspaceFn = unsafe extern "C" fn(Handle, *mut c_void, usize) -> Status;
 #[allow(clippy::type_complexity)]
-type SgemmFn = unsafe extern "C" fn(
-    Handle,
-    c_int,
-    c_int,
-    c_int,
-    c_int,
-    c_int,
-    *const f32,
-    *const f32,
-    c_int,
-    *const f32,
-    c_int,
-    *const f32,
-    *mut f32,
-    c_int,
-) -> Status;
-
-#[allow(clippy::type_complexity)]
 type GemmExFn = unsafe extern "C" fn(
     Handle,
     c_int,
@@ -76,7 +58,6 @@ pub struct Blas {
     destroy: DestroyFn,
     set_stream: SetStreamFn,
     set_workspace: SetWorkspaceFn,
-    sgemm: SgemmFn,
     gemm_ex: GemmExFn,
     /// Where it was found, for messages.
     pub path: String,
@@ -160,7 +141,6 @@ impl Blas {
             destroy: sym(&lib, "cublasDestroy_v2", &path)?,
             set_stream: sym(&lib, "cublasSetStream_v2", &path)?,
             set_workspace: sym(&lib, "cublasSetWorkspace_v2", &path)?,
-            sgemm: sym(&lib, "cublasSgemm_v2", &path)?,
             gemm_ex: sym(&lib, "cublasGemmEx", &path)?,
             path,
             _libs: [Some(lib), lt].into_iter().flatten().collect(),
@@ -205,89 +185,75 @@ impl Blas {
         unsafe { (self.destroy)(h) };
     }
 
-    /// Column-major SGEMM, `C = op(A)·op(B)` (α = 1, β = 0), on device pointers.
-    #[allow(clippy::too_many_arguments)]
-    pub fn sgemm(
-        &self,
-        h: Handle,
-        (ta, tb): (c_int, c_int),
-        (m, n, k): (usize, usize, usize),
-        a: u64,
-        lda: usize,
-        b: u64,
-        ldb: usize,
-        c: u64,
-        ldc: usize,
-    ) -> Result<(), BackendError> {
+    /// Runs `g` on the handle's stream.
+    pub fn gemm(&self, h: Handle, g: &Gemm) -> Result<(), BackendError> {
         let (alpha, beta) = (1.0f32, 0.0f32);
         let dim = |v: usize| c_int::try_from(v).unwrap_or(c_int::MAX);
+        let (m, n, k) = g.mnk;
         // SAFETY: a, b and c are device pointers into the backend's one
         // allocation holding at least the op's extents (the caller checked
-        // them against the plan); α and β live across the call.
-        let status = unsafe {
-            (self.sgemm)(
-                h,
-                ta,
-                tb,
-                dim(m),
-                dim(n),
-                dim(k),
-                &alpha,
-                a as *const f32,
-                dim(lda),
-                b as *const f32,
-                dim(ldb),
-                &beta,
-                c as *mut f32,
-                dim(ldc),
-            )
-        };
-        self.check("cublasSgemm", status)
-    }
-
-    /// Column-major `C (f32) = op(A)·op(B)` with A and B both of
-    /// `ab_type` (f16 or bf16), accumulated in f32 (tensor cores).
-    #[allow(clippy::too_many_arguments)]
-    pub fn gemm_ex(
-        &self,
-        h: Handle,
-        (ta, tb): (c_int, c_int),
-        (m, n, k): (usize, usize, usize),
-        ab_type: c_int,
-        a: u64,
-        lda: usize,
-        b: u64,
-        ldb: usize,
-        c: u64,
-        ldc: usize,
-    ) -> Result<(), BackendError> {
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        let dim = |v: usize| c_int::try_from(v).unwrap_or(c_int::MAX);
-        // SAFETY: as for `sgemm`; α and β are f32 because the compute type
+        // them against the plan); α and β are f32 because the compute type
         // is 32F, and live across the call.
         let status = unsafe {
             (self.gemm_ex)(
                 h,
-                ta,
-                tb,
+                g.ops.0,
+                g.ops.1,
                 dim(m),
                 dim(n),
                 dim(k),
                 &alpha as *const f32 as *const c_void,
-                a as *const c_void,
-                ab_type,
-                dim(lda),
-                b as *const c_void,
-                ab_type,
-                dim(ldb),
+                g.a as *const c_void,
+                g.ab_type,
+                dim(g.lda),
+                g.b as *const c_void,
+                g.ab_type,
+                dim(g.ldb),
                 &beta as *const f32 as *const c_void,
-                c as *mut c_void,
+                g.c as *mut c_void,
                 R_32F,
-                dim(ldc),
+                dim(g.ldc),
                 COMPUTE_32F,
                 GEMM_DEFAULT,
             )
         };
         self.check("cublasGemmEx", status)
+    }
+}
+
+/// One column-major `C (f32) = op(A)·op(B)` (α = 1, β = 0), A and B of
+/// `ab_type` (f32, f16 or bf16), accumulated in f32: the one cuBLAS call
+/// the backend makes, recorded in its launch queue in order with the
+/// kernels so that a step holding it can still be captured as a graph.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gemm {
+    pub ops: (c_int, c_int),
+    pub mnk: (usize, usize, usize),
+    pub ab_type: c_int,
+    pub a: u64,
+    pub lda: usize,
+    pub b: u64,
+    pub ldb: usize,
+    pub c: u64,
+    pub ldc: usize,
+}
+
+impl Gemm {
+    /// Every field, for the queue's signature.
+    pub fn words(&self) -> [u64; 12] {
+        [
+            self.ops.0 as u64,
+            self.ops.1 as u64,
+            self.mnk.0 as u64,
+            self.mnk.1 as u64,
+            self.mnk.2 as u64,
+            self.ab_type as u64,
+            self.a,
+            self.lda as u64,
+            self.b,
+            self.ldb as u64,
+            self.c,
+            self.ldc as u64,
+        ]
     }
 }

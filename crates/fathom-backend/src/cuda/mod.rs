@@ -727,14 +727,29 @@ impl CudaBackend {
             self.queue.discard();
             return;
         }
-        if let Err(e) = self.queue.issue(self.stream, whole) {
-            self.fail("kernel launch", e);
+        let (blas, handle) = (&self.blas, self.blas_handle);
+        if let Err(e) = self
+            .queue
+            .issue(self.stream, whole, &mut |g| blas.gemm(handle, g))
+        {
+            self.fail_with(e);
+        }
+    }
+
+    /// Records a cuBLAS call (or, in eager mode, makes it).
+    fn gemm(&mut self, g: blas::Gemm) {
+        if self.error.is_some() {
+            return;
+        }
+        self.queue.push_gemm(g);
+        if self.eager {
+            self.issue(false);
         }
     }
 
     /// Issues what is recorded and launches at once until the next step:
-    /// before a read-back the host waits for, or a cuBLAS call (issued
-    /// straight onto the stream).
+    /// before a read-back the host waits for mid-step (MoE routes), or a
+    /// collective queued straight onto the stream.
     fn go_eager(&mut self) {
         self.issue(false);
         self.eager = true;
@@ -978,7 +993,6 @@ impl CudaBackend {
     /// then cuBLAS GemmEx with f32 accumulation, straight on F16/BF16
     /// weights, on W16_STAGING-sized chunks of dequantized rows otherwise.
     fn gemm_prefill(&mut self, m: DevMatrix, x: u64, rows: usize, out: u64) {
-        self.go_eager();
         let (wr, wc) = (m.arg.rows as usize, m.arg.cols as usize);
         let bf16 = m.kind == kind_of_type(WeightType::BF16);
         let ty = if bf16 { blas::R_16BF } else { blas::R_16F };
@@ -988,25 +1002,18 @@ impl CudaBackend {
         let grid = Self::grid_for(n as usize, 256).min(4096);
         self.launch(f, (grid, 1, 1), 256, &mut args![xp, n, bf, x16]);
         let gemm = |s: &mut Self, a: u64, m_rows: usize, c: u64| {
-            if s.error.is_some() {
-                return;
-            }
             // Column-major: out' (wr × rows, ldc wr) = W' (wc × m)ᵀ · x' (wc × rows).
-            let r = s.blas.gemm_ex(
-                s.blas_handle,
-                (blas::OP_T, blas::OP_N),
-                (m_rows, rows, wc),
-                ty,
+            s.gemm(blas::Gemm {
+                ops: (blas::OP_T, blas::OP_N),
+                mnk: (m_rows, rows, wc),
+                ab_type: ty,
                 a,
-                wc,
-                s.upload.x16,
-                wc,
+                lda: wc,
+                b: s.upload.x16,
+                ldb: wc,
                 c,
-                wr,
-            );
-            if let Err(e) = r {
-                s.fail_with(e);
-            }
+                ldc: wr,
+            });
         };
         if bf16 || m.kind == kind_of_type(WeightType::F16) {
             gemm(self, m.arg.data, wr, out);
@@ -1209,23 +1216,19 @@ impl Backend for CudaBackend {
             return;
         }
         if m.kind == kind_of_type(WeightType::F32) {
-            self.go_eager();
             // Row-major out (rows × wr) = x (rows × wc) · Wᵀ is, column-major,
             // out' (wr × rows) = W' (wc × wr)ᵀ · x' (wc × rows).
-            let r = self.blas.sgemm(
-                self.blas_handle,
-                (blas::OP_T, blas::OP_N),
-                (wr, rows, wc),
-                m.arg.data,
-                wc,
-                xp,
-                wc,
-                op,
-                wr,
-            );
-            if let Err(e) = r {
-                self.fail_with(e);
-            }
+            self.gemm(blas::Gemm {
+                ops: (blas::OP_T, blas::OP_N),
+                mnk: (wr, rows, wc),
+                ab_type: blas::R_32F,
+                a: m.arg.data,
+                lda: wc,
+                b: xp,
+                ldb: wc,
+                c: op,
+                ldc: wr,
+            });
             return;
         }
         let mut arg = m.arg;

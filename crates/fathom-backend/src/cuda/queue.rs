@@ -1,7 +1,8 @@
-//! The launch queue: kernel launches are recorded, not issued, until the
-//! host needs a result (the logits, MoE routes, a cuBLAS call), and a
+//! The launch queue: kernel launches and cuBLAS calls are recorded, not
+//! issued, until the host needs a result (the logits, MoE routes), and a
 //! decode step that repeats launch for launch is replayed as one CUDA
-//! graph.
+//! graph (cuBLAS's kernels captured with ours: its workspace is the
+//! planned one, set on the handle, so a capture allocates nothing).
 //!
 //! Why: a decode step of an 8B model is ~600 small launches. Issued one by
 //! one, each costs the host a few microseconds and leaves the GPU a gap
@@ -16,18 +17,28 @@
 
 use std::ffi::c_void;
 
-use cudarc::driver::{result, sys, DriverError};
+use cudarc::driver::{result, sys};
 use fathom_plan::cuda::MAX_GRAPHS;
 
-/// One recorded launch: its kernel and geometry, and where its argument
-/// values sit in the queue's signature.
-struct Launch {
-    f: sys::CUfunction,
-    grid: (u32, u32, u32),
-    block: u32,
-    /// (word offset in `sig`, bytes) of each argument.
-    args: std::ops::Range<usize>,
+use super::blas::Gemm;
+use super::device_err;
+use crate::BackendError;
+
+/// One recorded kernel launch (its kernel and geometry, and where its
+/// argument values sit in the queue's signature) or cuBLAS call.
+enum Entry {
+    Launch {
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        /// (word offset in `sig`, bytes) of each argument.
+        args: std::ops::Range<usize>,
+    },
+    Gemm(Gemm),
 }
+
+/// Starts a cuBLAS call's words in a signature: never a kernel's address.
+const GEMM_TAG: u64 = u64::MAX;
 
 /// A captured step: the signature it was captured from.
 struct Graph {
@@ -46,7 +57,7 @@ pub struct GraphStats {
 }
 
 pub(super) struct LaunchQueue {
-    launches: Vec<Launch>,
+    entries: Vec<Entry>,
     /// (word offset, bytes) of every argument of every launch.
     spans: Vec<(usize, usize)>,
     /// Every launch's kernel, geometry and argument values, 8-byte words:
@@ -69,7 +80,7 @@ fn graphs_enabled() -> bool {
 impl LaunchQueue {
     pub(super) fn new() -> Self {
         LaunchQueue {
-            launches: Vec::new(),
+            entries: Vec::new(),
             spans: Vec::new(),
             sig: Vec::new(),
             previous: Vec::new(),
@@ -82,7 +93,7 @@ impl LaunchQueue {
 
     /// Drops what is recorded (the backend failed: nothing more runs).
     pub(super) fn discard(&mut self) {
-        self.launches.clear();
+        self.entries.clear();
         self.spans.clear();
         self.sig.clear();
     }
@@ -119,7 +130,7 @@ impl LaunchQueue {
             }
             self.spans.push((at, size));
         }
-        self.launches.push(Launch {
+        self.entries.push(Entry::Launch {
             f,
             grid,
             block,
@@ -127,23 +138,37 @@ impl LaunchQueue {
         });
     }
 
-    /// Issues what is recorded on `stream`: as a cached graph when
+    /// Records a cuBLAS call.
+    pub(super) fn push_gemm(&mut self, g: Gemm) {
+        self.sig.push(GEMM_TAG);
+        self.sig.extend(g.words());
+        self.entries.push(Entry::Gemm(g));
+    }
+
+    /// Issues what is recorded on `stream` (cuBLAS calls through `gemm`,
+    /// whose handle is bound to `stream`): as a cached graph when
     /// `whole_step` and the signature matches one, as a new graph when it
     /// matches the previous step's, else launch by launch.
     pub(super) fn issue(
         &mut self,
         stream: sys::CUstream,
         whole_step: bool,
-    ) -> Result<(), DriverError> {
-        if self.launches.is_empty() {
+        gemm: &mut dyn FnMut(&Gemm) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
+        if self.entries.is_empty() {
             return Ok(());
         }
-        let r = self.issue_inner(stream, whole_step && self.enabled);
+        let r = self.issue_inner(stream, whole_step && self.enabled, gemm);
         self.discard();
         r
     }
 
-    fn issue_inner(&mut self, stream: sys::CUstream, graph: bool) -> Result<(), DriverError> {
+    fn issue_inner(
+        &mut self,
+        stream: sys::CUstream,
+        graph: bool,
+        gemm: &mut dyn FnMut(&Gemm) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
         self.clock += 1;
         if graph {
             if let Some(g) = self.graphs.iter_mut().find(|g| g.sig == self.sig) {
@@ -151,65 +176,85 @@ impl LaunchQueue {
                 self.stats.replays += 1;
                 // SAFETY: an instantiated graph of this context; its kernels'
                 // arguments equal the recorded ones (same signature).
-                return unsafe { result::graph::launch(g.exec, stream) };
+                return unsafe { result::graph::launch(g.exec, stream) }
+                    .map_err(|e| device_err("graph launch", e));
             }
             if self.previous == self.sig {
-                return self.capture(stream);
+                return self.capture(stream, gemm);
             }
             std::mem::swap(&mut self.previous, &mut self.sig);
             // `sig` now holds the older signature; the launches' spans
             // point into `previous`.
-            self.stats.direct += self.launches.len() as u64;
-            return self.launch_each(stream, true);
+            self.stats.direct += self.entries.len() as u64;
+            return self.launch_each(stream, true, gemm);
         }
-        self.stats.direct += self.launches.len() as u64;
-        self.launch_each(stream, false)
+        self.stats.direct += self.entries.len() as u64;
+        self.launch_each(stream, false, gemm)
     }
 
-    /// Launches every recorded kernel on `stream`, their argument values
-    /// read from `previous` (after a swap) or `sig`.
+    /// Issues every recorded entry on `stream` in order, the kernels'
+    /// argument values read from `previous` (after a swap) or `sig`.
     fn launch_each(
         &mut self,
         stream: sys::CUstream,
         from_previous: bool,
-    ) -> Result<(), DriverError> {
+        gemm: &mut dyn FnMut(&Gemm) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
         let words = if from_previous {
             &mut self.previous
         } else {
             &mut self.sig
         };
         let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(16);
-        for l in &self.launches {
+        for entry in &self.entries {
+            let (f, grid, block, args) = match entry {
+                Entry::Gemm(g) => {
+                    gemm(g)?;
+                    continue;
+                }
+                Entry::Launch {
+                    f,
+                    grid,
+                    block,
+                    args,
+                } => (*f, *grid, *block, args.clone()),
+            };
             ptrs.clear();
-            for &(at, _) in &self.spans[l.args.clone()] {
+            for &(at, _) in &self.spans[args] {
                 ptrs.push(words[at..].as_mut_ptr() as *mut c_void);
             }
             // SAFETY: the kernel, geometry and argument values were recorded
             // from a launch the backend checked (see `CudaBackend::launch`);
             // the values live in `words` until the call returns.
-            unsafe { result::launch_kernel(l.f, l.grid, (l.block, 1, 1), 0, stream, &mut ptrs) }?;
+            unsafe { result::launch_kernel(f, grid, (block, 1, 1), 0, stream, &mut ptrs) }
+                .map_err(|e| device_err("kernel launch", e))?;
         }
         Ok(())
     }
 
     /// Captures the recorded launches into a graph, keeps it (dropping the
     /// least recently used beyond MAX_GRAPHS) and launches it.
-    fn capture(&mut self, stream: sys::CUstream) -> Result<(), DriverError> {
+    fn capture(
+        &mut self,
+        stream: sys::CUstream,
+        gemm: &mut dyn FnMut(&Gemm) -> Result<(), BackendError>,
+    ) -> Result<(), BackendError> {
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
         // SAFETY: our stream, idle of other capture; only kernel launches
-        // happen between begin and end.
-        unsafe { result::stream::begin_capture(stream, mode) }?;
-        let launched = self.launch_each(stream, false);
+        // and cuBLAS calls on it happen between begin and end.
+        unsafe { result::stream::begin_capture(stream, mode) }
+            .map_err(|e| device_err("beginning a graph capture", e))?;
+        let launched = self.launch_each(stream, false, gemm);
         // SAFETY: ends the capture begun above, whatever the launches did.
         let graph = unsafe { result::stream::end_capture(stream) };
         launched?;
-        let graph = graph?;
+        let graph = graph.map_err(|e| device_err("ending a graph capture", e))?;
         // SAFETY: a graph just captured; destroyed once instantiated (the
         // executable graph keeps what it needs).
         let exec = unsafe {
             let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0));
             let _ = result::graph::destroy(graph);
-            exec?
+            exec.map_err(|e| device_err("instantiating a graph", e))?
         };
         self.stats.captures += 1;
         if self.graphs.len() >= MAX_GRAPHS {
@@ -227,7 +272,7 @@ impl LaunchQueue {
             last_used: self.clock,
         });
         // SAFETY: just instantiated in this context.
-        unsafe { result::graph::launch(exec, stream) }
+        unsafe { result::graph::launch(exec, stream) }.map_err(|e| device_err("graph launch", e))
     }
 
     /// Destroys the cached graphs (the context must be bound).
