@@ -84,13 +84,47 @@ __device__ __forceinline__ void bfloat2_bits(unsigned int u, float* o) {
   o[1] = __uint_as_float(u & 0xffff0000u);
 }
 
-// Eight bytes at p, read with the widest loads alignment `A` (2, 4 or 8) allows.
+// Bytes 0..3 of u as floats, 2^23 + byte - bias each (bias 2^23 + the
+// type's zero point, so that q is exact).
+__device__ __forceinline__ void bytes4(unsigned int u, float* o, float bias) {
+#pragma unroll
+  for (int k = 0; k < 4; k++) o[k] = __int_as_float(__byte_perm(u, 0x4B000000u, 0x7440u | k)) - bias;
+}
+
+#define F2_23 8388608.0f
+
+// BYTES bytes at a 2-byte aligned address p (blocks of 18, 22, 34, 110 or
+// 210 bytes are no better aligned), read as the aligned words that cover
+// them, from p - s (s = p & 2). word(o) is the four bytes at p + o: bytes
+// (o & 3) + s onwards of words o / 4 and o / 4 + 1, one byte permute
+// (selector 0x3210, 0x5432 or 0x7654). The last word is loaded only when
+// s = 2 needs it, so every word read holds a byte of the range (8 bytes:
+// 2 words, or 3 from p - 2).
+template <int BYTES>
+struct Window {
+  static constexpr int W = (BYTES + 5) / 4;
+  unsigned int wd[W];
+  unsigned int s;
+  __device__ __forceinline__ explicit Window(const uint8_t* p) {
+    s = (unsigned int)(uintptr_t)p & 2u;
+    const unsigned int* a = (const unsigned int*)(p - s);  // (not via an integer: stays a global load)
+#pragma unroll
+    for (int k = 0; k < W; k++) wd[k] = (k < (BYTES + 3) / 4 || s) ? a[k] : 0u;
+  }
+  // o: even, known at compile time, o + 4 <= BYTES.
+  __device__ __forceinline__ unsigned int word(int o) const {
+    return __byte_perm(wd[o >> 2], wd[(o >> 2) + 1], 0x3210u + 0x1111u * ((o & 3) + s));
+  }
+};
+
+// Eight bytes at p, read with the widest loads alignment `A` (2, 4 or 8)
+// allows (2: two or three aligned words and two byte permutes).
 template <int A>
 __device__ __forceinline__ uint2 load_bytes8(const uint8_t* p) {
   if (A >= 8) return *(const uint2*)p;
   if (A == 4) return make_uint2(((const unsigned int*)p)[0], ((const unsigned int*)p)[1]);
-  const unsigned short* h = (const unsigned short*)p;
-  return make_uint2((unsigned)h[0] | ((unsigned)h[1] << 16), (unsigned)h[2] | ((unsigned)h[3] << 16));
+  const Window<8> v(p);
+  return make_uint2(v.word(0), v.word(4));
 }
 
 // Byte k (0..7, known at compile time) of eight loaded bytes.
@@ -139,15 +173,26 @@ __device__ __forceinline__ void decode8(const Weights& w, int r, int c, float* q
   } else if (T == T_Q8_0) {
     const uint8_t* b = row + (c >> 2) * 34;
     *d = f16_at(b);
+    // int8 flipped to unsigned (the xor), as floats less 128.
     const uint2 v = load_bytes8<2>(b + 2 + (c & 3) * 8);
-#pragma unroll
-    for (int k = 0; k < 8; k++) q[k] = small_int_to_float((int)(byte_at(v, k) ^ 0x80u) - 128);
-  } else if (T == T_Q4_0 || T == T_Q4_1 || T == T_Q5_0 || T == T_Q5_1) {
+    bytes4(v.x ^ 0x80808080u, q, F2_23 + 128.0f);
+    bytes4(v.y ^ 0x80808080u, q + 4, F2_23 + 128.0f);
+  } else if (T == T_Q4_0 || T == T_Q4_1) {
     // Value j of a block: the low nibble of byte j for j < 16, else the
-    // high nibble of byte j - 16; Q5 adds bit j of qh as the fifth bit.
-    constexpr int bytes = T == T_Q4_0 ? 18 : T == T_Q4_1 ? 20 : T == T_Q5_0 ? 22 : 24;
-    constexpr int qs = T == T_Q4_0 ? 2 : T == T_Q4_1 ? 4 : T == T_Q5_0 ? 6 : 8;
-    constexpr int align = T == T_Q4_1 ? 4 : T == T_Q5_1 ? 8 : 2;
+    // high nibble of byte j - 16.
+    constexpr int bytes = T == T_Q4_0 ? 18 : 20, qs = T == T_Q4_0 ? 2 : 4;
+    const uint8_t* b = row + (c >> 2) * bytes;
+    const int j0 = (c & 3) * 8, shift = 4 * (j0 >> 4);
+    const uint2 v = load_bytes8<T == T_Q4_0 ? 2 : 4>(b + qs + (j0 & 15));
+    *d = f16_at(b);
+    if (T == T_Q4_1) *m = f16_at(b + 2);
+    const float bias = F2_23 + (T == T_Q4_0 ? 8.0f : 0.0f);
+    bytes4((v.x >> shift) & 0x0f0f0f0fu, q, bias);
+    bytes4((v.y >> shift) & 0x0f0f0f0fu, q + 4, bias);
+  } else if (T == T_Q5_0 || T == T_Q5_1) {
+    // Q4_0's and Q4_1's nibbles, and bit j of qh as value j's fifth bit.
+    constexpr int bytes = T == T_Q5_0 ? 22 : 24, qs = T == T_Q5_0 ? 6 : 8;
+    constexpr int align = T == T_Q5_1 ? 8 : 2;
     const uint8_t* b = row + (c >> 2) * bytes;
     const int j0 = (c & 3) * 8;
     const int shift = 4 * (j0 >> 4);
@@ -156,12 +201,11 @@ __device__ __forceinline__ void decode8(const Weights& w, int r, int c, float* q
     if (T == T_Q5_0) qh = (unsigned)((const unsigned short*)(b + 2))[0] | ((unsigned)((const unsigned short*)(b + 2))[1] << 16);
     if (T == T_Q5_1) qh = *(const unsigned int*)(b + 4);
     *d = f16_at(b);
-    if (T == T_Q4_1 || T == T_Q5_1) *m = f16_at(b + 2);
-    const int zero = T == T_Q4_0 ? 8 : T == T_Q5_0 ? 16 : 0;
+    if (T == T_Q5_1) *m = f16_at(b + 2);
+    const int zero = T == T_Q5_0 ? 16 : 0;
 #pragma unroll
     for (int k = 0; k < 8; k++) {
-      int n = (int)((byte_at(v, k) >> shift) & 0x0fu);
-      if (T == T_Q5_0 || T == T_Q5_1) n |= (int)(((qh >> (j0 + k)) & 1u) << 4);
+      const int n = (int)((byte_at(v, k) >> shift) & 0x0fu) | (int)(((qh >> (j0 + k)) & 1u) << 4);
       q[k] = small_int_to_float(n - zero);
     }
   } else if (T == T_Q2_K) {
