@@ -493,6 +493,32 @@ fn test_matmul<B: Backend + ?Sized>(h: &mut Harness<B>, rng: &mut Rng, only_pref
             ],
             vec![1, 20],
         ),
+        // One token on more than 2,048 rows (a warp a row): Q5_K's 32-value
+        // chunks, and Q8_0's and Q4_0's 2-byte aligned blocks read as
+        // aligned words. Then the 32-value kernels on four warps a row (128
+        // chunks; 2048-wide rows take two).
+        (
+            "Llama-8B ffn_down 4096x14336",
+            4096,
+            14336,
+            vec![
+                Ok(WeightType::Q5_K),
+                Ok(WeightType::Q8_0),
+                Ok(WeightType::Q4_0),
+            ],
+            vec![1],
+        ),
+        (
+            "Llama-8B attn_k 1024x4096",
+            1024,
+            4096,
+            vec![
+                Ok(WeightType::Q4_K),
+                Ok(WeightType::Q5_K),
+                Ok(WeightType::Q6_K),
+            ],
+            vec![1],
+        ),
     ];
     for (label, rows, cols, kinds, tokens) in cases {
         for kind in kinds {
@@ -1551,7 +1577,11 @@ fn cuda_speed() {
     h.set(Buf::Norm, &x, cols);
     for kind in [
         Ok(WeightType::Q4_K),
+        Ok(WeightType::Q6_K),
         Ok(WeightType::Q8_0),
+        Ok(WeightType::Q4_0),
+        Ok(WeightType::Q4_1),
+        Ok(WeightType::Q5_K),
         Ok(WeightType::F16),
         Ok(WeightType::F32),
         Err(4),

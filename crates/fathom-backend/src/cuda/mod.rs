@@ -814,15 +814,29 @@ impl CudaBackend {
         width.div_ceil(4).next_multiple_of(32).clamp(32, 1024) as u32
     }
 
-    /// Warps a matrix-vector kernel gives a weight row: a matrix of few
-    /// rows (K and V projections) takes four, for loads enough in flight;
-    /// on larger ones one warp reading a whole row measured faster (H200:
-    /// 4096 rows, 12 µs against 13.8 µs split four ways).
-    fn matvec_split(rows: usize) -> usize {
+    /// Warps a matrix-vector kernel gives a weight row whose walk takes
+    /// `chunks` steps of a lane: on more than 2,048 rows one warp reading a
+    /// whole row measured faster (H200: 4096 rows, 12 µs against 13.8 µs
+    /// split four ways); a matrix of fewer rows (K and V projections) takes
+    /// up to four, for loads enough in flight, but no warp whose lanes would
+    /// all be idle (a 2048-wide row is 64 chunks of 32 values: two warps).
+    fn matvec_split(rows: usize, chunks: usize) -> usize {
         if rows <= 2048 {
-            4
+            chunks.div_ceil(32).next_power_of_two().min(MV_WARPS)
         } else {
             1
+        }
+    }
+
+    /// Values a matrix-vector lane decodes per step for `rows` rows of x on
+    /// weights of `kind`: the one-token kernels of these types take 32 at
+    /// once (`Chunk<T>` in fathom.cu), the rest 8. A mismatch with the
+    /// kernels would only cost speed (`matvec_split`), never correctness.
+    fn matvec_chunk(kind: usize, rows: usize) -> usize {
+        use WeightType::{Q4_K, Q5_K, Q6_K};
+        match WeightType::ALL.get(kind) {
+            Some(Q4_K | Q5_K | Q6_K) if rows == 1 => 32,
+            _ => 8,
         }
     }
 
@@ -1239,7 +1253,7 @@ impl Backend for CudaBackend {
             } else {
                 self.k.mv[m.kind]
             };
-            let split = Self::matvec_split(wr);
+            let split = Self::matvec_split(wr, wc / Self::matvec_chunk(m.kind, rows));
             let mut sp = split as i32;
             let grid = wr.div_ceil(MV_WARPS / split) as u32;
             self.launch(
@@ -1378,7 +1392,7 @@ impl Backend for CudaBackend {
         } else {
             self.k.mvglu[g.kind]
         };
-        let split = Self::matvec_split(wr);
+        let split = Self::matvec_split(wr, wc / Self::matvec_chunk(g.kind, rows));
         let (mut ga, mut ua, mut n, mut sp) = (g.arg, u.arg, rows as i32, split as i32);
         let mut a = match act {
             Glu::Silu => 0i32,
