@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use common::{attention_shape, compare};
 use fathom_checkpoint::Checkpoint;
-use fathom_engine::{Engine, Sampler, SamplingParams, Tokenizer};
+use fathom_engine::{Engine, Sampler, Tokenizer};
 use fathom_fixtures::{self as fx, Data, GgufTensorType as T, ModelDef};
 use fathom_plan::{Available, Device, KvDtype, MemoryPlan, PlanInputs};
 use fathom_spec::ModelSpec;
@@ -194,15 +194,8 @@ fn greedy_tokens_match_the_cpu_where_its_margin_is_clear() {
     // and the GPU does not, about 1% of the largest logit (the logits test
     // bounds it); here the two differ by summation order, far below the
     // 0.5 margin, so equal tokens are a fair demand.
-    // SmolLM2's shape cut to 4 layers: the CPU's reference recomputes
-    // every prefix, for up to 96 prompts.
     let path = d.join("smollm2-shape-f16.gguf");
-    let model = fx::reshaped(
-        &fx::smollm2_135m(),
-        serde_json::json!({"num_hidden_layers": 4}),
-    );
-    fx::write_runnable_gguf(&model, T::F16, &path, Data::Random { seed: 11 }).unwrap();
-    common::sharpen(&path, 50.0);
+    common::sharpened_smollm2(&path);
     let load = |device| {
         let tok = fathom_engine::load_tokenizer(&Checkpoint::open(&path).unwrap()).unwrap();
         engine(&path, device, 256, tok)
@@ -212,9 +205,7 @@ fn greedy_tokens_match_the_cpu_where_its_margin_is_clear() {
     let mut clear = 0;
     let mut batch: Vec<(Vec<u32>, Vec<u32>)> = Vec::new();
     for candidate in 0..96u32 {
-        let prompt: Vec<u32> = (0..8)
-            .map(|i| (candidate * 7919 + i * 104_729) % vocab)
-            .collect();
+        let prompt = common::candidate_prompt(candidate, vocab);
         let (want, margin) = common::greedy(&mut cpu, &prompt, TOKENS);
         if margin < 0.5 {
             continue;
@@ -226,14 +217,7 @@ fn greedy_tokens_match_the_cpu_where_its_margin_is_clear() {
             }
             continue;
         }
-        let mut sampler = Sampler::new(SamplingParams {
-            temperature: 0.0,
-            ignore_eos: true,
-            ..SamplingParams::default()
-        });
-        cuda.generate(&prompt, TOKENS, &mut sampler, &[], &mut |_| true)
-            .unwrap();
-        let got = cuda.tokens()[prompt.len()..].to_vec();
+        let got = common::generated(&mut cuda, &prompt, TOKENS);
         println!(
             "prompt {candidate}: CPU margin ≥ {margin:.2}, {TOKENS} tokens equal: {}",
             got == want
@@ -249,15 +233,7 @@ fn greedy_tokens_match_the_cpu_where_its_margin_is_clear() {
     let tok = fathom_engine::load_tokenizer(&Checkpoint::open(&path).unwrap()).unwrap();
     let mut batched = engine_of(&path, Device::Cuda, 256, BATCH as u64, tok);
     let prompts: Vec<&[u32]> = batch.iter().map(|(p, _)| &p[..]).collect();
-    let mut samplers: Vec<Sampler> = (0..BATCH)
-        .map(|_| {
-            Sampler::new(SamplingParams {
-                temperature: 0.0,
-                ignore_eos: true,
-                ..SamplingParams::default()
-            })
-        })
-        .collect();
+    let mut samplers: Vec<Sampler> = (0..BATCH).map(|_| common::greedy_sampler()).collect();
     batched
         .generate_batch(&prompts, TOKENS, &mut samplers, &[], &mut |_, _| true)
         .unwrap();

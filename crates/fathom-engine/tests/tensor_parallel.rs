@@ -16,7 +16,7 @@ use common::{attention_shape, compare};
 use fathom_backend::cpu::{CpuBackend, HostSum};
 use fathom_backend::parallel::TensorParallel;
 use fathom_checkpoint::Checkpoint;
-use fathom_engine::{Engine, Sampler, SamplingParams, Tokenizer};
+use fathom_engine::{Engine, Tokenizer};
 use fathom_fixtures::{self as fx, Data, GgufTensorType as T, ModelDef};
 use fathom_plan::{tensor_parallel, Device, KvDtype, MemoryPlan, PlanInputs};
 use fathom_spec::ModelSpec;
@@ -123,20 +123,6 @@ fn cpu_ranks_match_one_device_for_every_family() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The split engine's own generation (prefill, then decode steps through
-/// the KV cache), greedy.
-fn generated(engine: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
-    let mut sampler = Sampler::new(SamplingParams {
-        temperature: 0.0,
-        ignore_eos: true,
-        ..SamplingParams::default()
-    });
-    engine
-        .generate(prompt, n, &mut sampler, &[], &mut |_| true)
-        .unwrap();
-    engine.tokens()[prompt.len()..].to_vec()
-}
-
 /// SmolLM2's 9 heads and 3 KV heads split 3 ways (its FFN of 1536 and
 /// width of 576 into whole Q4_1 blocks), on the real weights. The CPU
 /// rounds each quantized matmul's input to 8 bits, so a one-ulp change in
@@ -164,33 +150,26 @@ fn cpu_ranks_match_one_device_on_smollm2() {
 /// KV cache) equal one device's on 4 prompts whose top-two margin stays
 /// above 0.5 throughout: a SmolLM2-shaped F16 model cut to 4 layers (3
 /// ranks), its logits sharpened so that random weights make clear choices
-/// (F16 inputs are rounded at 2^-11, the split's differences stay near
-/// 1e-6 of a logit).
+/// (`common::sharpened_smollm2`; F16 inputs are rounded at 2^-11, the
+/// split's differences stay near 1e-6 of a logit).
 #[test]
 fn cpu_ranks_generate_one_devices_greedy_tokens() {
     const TOKENS: usize = 32;
     let d = dir("greedy");
     let path = d.join("smollm2-shape-f16.gguf");
-    let model = fx::reshaped(
-        &fx::smollm2_135m(),
-        serde_json::json!({"num_hidden_layers": 4}),
-    );
-    fx::write_runnable_gguf(&model, T::F16, &path, Data::Random { seed: 11 }).unwrap();
-    common::sharpen(&path, 50.0);
+    common::sharpened_smollm2(&path);
     let mut whole = single(&path, Device::Cpu, 256);
     let mut split = cpu_group(&path, 3, 256);
     let vocab = whole.model.spec.vocab as u32;
     let mut clear = 0;
     for candidate in 0..24u32 {
-        let prompt: Vec<u32> = (0..8)
-            .map(|i| (candidate * 7919 + i * 104_729) % vocab)
-            .collect();
+        let prompt = common::candidate_prompt(candidate, vocab);
         let (want, margin) = common::greedy(&mut whole, &prompt, TOKENS);
         if margin < 0.5 {
             continue;
         }
         assert_eq!(
-            generated(&mut split, &prompt, TOKENS),
+            common::generated(&mut split, &prompt, TOKENS),
             want,
             "prompt {prompt:?}"
         );
@@ -299,27 +278,18 @@ fn cuda_two_gpus_match_one() {
         assert!(a.max_rel < 1e-3 && a.same_argmax, "{family}: {a:?}");
     }
     let path = d.join("smollm2-shape.gguf");
-    fx::write_runnable_gguf(
-        &fx::smollm2_135m(),
-        T::F16,
-        &path,
-        Data::Random { seed: 11 },
-    )
-    .unwrap();
-    common::sharpen(&path, 50.0);
+    common::sharpened_smollm2(&path);
     let (mut whole, mut split) = (single(&path, Device::Cuda, 256), pair(&path, 256));
     let vocab = whole.model.spec.vocab as u32;
     let mut clear = 0;
     for candidate in 0..24u32 {
-        let prompt: Vec<u32> = (0..8)
-            .map(|i| (candidate * 7919 + i * 104_729) % vocab)
-            .collect();
+        let prompt = common::candidate_prompt(candidate, vocab);
         let (want, margin) = common::greedy(&mut whole, &prompt, 32);
         if margin < 0.5 {
             continue;
         }
         assert_eq!(
-            generated(&mut split, &prompt, 32),
+            common::generated(&mut split, &prompt, 32),
             want,
             "prompt {prompt:?}"
         );

@@ -6,7 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use fathom_checkpoint::Checkpoint;
-use fathom_engine::{Engine, Tokenizer};
+use fathom_engine::{Engine, Sampler, SamplingParams, Tokenizer};
+use fathom_fixtures::{self as fx, Data, GgufTensorType};
 use fathom_plan::{Available, Device, KvDtype, MemoryPlan, PlanInputs};
 use fathom_spec::ModelSpec;
 
@@ -179,4 +180,40 @@ pub fn greedy(engine: &mut Engine, prompt: &[u32], n: usize) -> (Vec<u32>, f32) 
         seq.push(order[0] as u32);
     }
     (seq[prompt.len()..].to_vec(), margin)
+}
+
+/// Greedy sampling that never stops at an end-of-generation token.
+pub fn greedy_sampler() -> Sampler {
+    Sampler::new(SamplingParams {
+        temperature: 0.0,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    })
+}
+
+/// `engine`'s own greedy generation of `n` tokens after `prompt` (prefill,
+/// then decode steps through the KV cache).
+pub fn generated(engine: &mut Engine, prompt: &[u32], n: usize) -> Vec<u32> {
+    engine
+        .generate(prompt, n, &mut greedy_sampler(), &[], &mut |_| true)
+        .unwrap();
+    engine.tokens()[prompt.len()..].to_vec()
+}
+
+/// Candidate prompt `c`: 8 token ids spread over a vocabulary of `vocab`.
+pub fn candidate_prompt(c: u32, vocab: u32) -> Vec<u32> {
+    (0..8).map(|i| (c * 7919 + i * 104_729) % vocab).collect()
+}
+
+/// SmolLM2's shape in F16 cut to 4 layers, random weights, its logits
+/// sharpened ([`sharpen`]) so that greedy choices are clear: written to
+/// `path`. Four layers keep a reference that recomputes every prefix
+/// cheap.
+pub fn sharpened_smollm2(path: &Path) {
+    let model = fx::reshaped(
+        &fx::smollm2_135m(),
+        serde_json::json!({"num_hidden_layers": 4}),
+    );
+    fx::write_runnable_gguf(&model, GgufTensorType::F16, path, Data::Random { seed: 11 }).unwrap();
+    sharpen(path, 50.0);
 }
