@@ -14,6 +14,15 @@
 
 #define WARP 32
 
+// Programmatic dependent launch (sm_90): the host lets each kernel start
+// while the one before it on the stream is still running, so its blocks are
+// resident when that one ends (hiding the gap between kernels, about a
+// microsecond each, ~600 of them in an 8B decode step). Every kernel's
+// first statement waits, before touching memory, until the kernel before
+// has finished and its writes are visible, then lets the next kernel be
+// launched. Without the launch attribute both are no-ops.
+#define FATHOM_PDL() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+
 // Weight type ids: ggml's ids for block types, 100 + bits for MLX affine.
 enum {
   T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7,
@@ -469,10 +478,10 @@ __device__ __forceinline__ float chunk_dot(const float* q, const float* d, const
 
 template <int T, int NT, bool GLU>
 __device__ void matvec(const Weights w, const Weights w2, const float* __restrict__ x,
-                       float* __restrict__ out, int ntok, int split, int act) {
+                       float* __restrict__ out, int ntok, int split, int act, int block) {
   __shared__ float parts[MV_WARPS][NT][GLU ? 2 : 1];
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
-  const int r = blockIdx.x * (MV_WARPS / split) + warp / split, part = warp % split;
+  const int r = block * (MV_WARPS / split) + warp / split, part = warp % split;
   float acc[NT], acc2[NT];
 #pragma unroll
   for (int t = 0; t < NT; t++) acc[t] = acc2[t] = 0.0f;
@@ -531,6 +540,30 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
     }
     out[(size_t)lane * w.rows + r] = GLU ? glu_act(s, act) * s2 : s;
   }
+}
+
+// One token through up to MV_SEGMENTS matrices of one type and width in one
+// launch (a layer's q, k and v: one launch keeps the device full where the
+// small K and V projections alone would not). Segment i takes blocks
+// first[i] .. first[i + 1], each of MV_WARPS / split[i] rows.
+#define MV_SEGMENTS 3
+struct Segments {
+  Weights w[MV_SEGMENTS];
+  float* out[MV_SEGMENTS];
+  int split[MV_SEGMENTS];
+  int first[MV_SEGMENTS + 1];
+};
+
+template <int T>
+__device__ __forceinline__ void matvec_segments(const Segments& s, const float* __restrict__ x, int ntok) {
+  const int b = blockIdx.x;
+  // Selects rather than an indexed parameter (which would go to the stack).
+  const int i = (b >= s.first[1]) + (b >= s.first[2]);
+  const Weights w = i == 0 ? s.w[0] : i == 1 ? s.w[1] : s.w[2];
+  float* out = i == 0 ? s.out[0] : i == 1 ? s.out[1] : s.out[2];
+  const int split = i == 0 ? s.split[0] : i == 1 ? s.split[1] : s.split[2];
+  const int first = i == 0 ? s.first[0] : i == 1 ? s.first[1] : s.first[2];
+  matvec<T, 1, false>(w, w, x, out, ntok, split, 0, b - first);
 }
 
 // ---------------------------------------------------------------------------
@@ -631,33 +664,33 @@ __device__ void dequant_rows(const Weights w, int row0, __half* __restrict__ out
 
 #define FATHOM_WEIGHT_KERNELS(NAME, T)                                                         \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8)                               \
-      mv1_##NAME(const Weights w, const float* x, float* out, int ntok, int split) {            \
-    matvec<T, 1, false>(w, w, x, out, ntok, split, 0);                                          \
+      mv1_##NAME(const Segments s, const float* x, int ntok) { FATHOM_PDL();                    \
+    matvec_segments<T>(s, x, ntok);                                                          \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8)                               \
-      mv_##NAME(const Weights w, const float* x, float* out, int ntok, int split) {             \
-    matvec<T, MV_MAX_TOKENS, false>(w, w, x, out, ntok, split, 0);                              \
+      mv_##NAME(const Weights w, const float* x, float* out, int ntok, int split) { FATHOM_PDL(); \
+    matvec<T, MV_MAX_TOKENS, false>(w, w, x, out, ntok, split, 0, blockIdx.x);                  \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8) mvglu1_##NAME(                \
       const Weights gate, const Weights up, const float* x, float* out, int ntok, int split,   \
-      int act) {                                                                                \
-    matvec<T, 1, true>(gate, up, x, out, ntok, split, act);                                     \
+      int act) { FATHOM_PDL();                                                                                \
+    matvec<T, 1, true>(gate, up, x, out, ntok, split, act, blockIdx.x);                         \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8) mvglu_##NAME(                 \
       const Weights gate, const Weights up, const float* x, float* out, int ntok, int split,   \
-      int act) {                                                                                \
-    matvec<T, MV_MAX_TOKENS, true>(gate, up, x, out, ntok, split, act);                         \
+      int act) { FATHOM_PDL();                                                                                \
+    matvec<T, MV_MAX_TOKENS, true>(gate, up, x, out, ntok, split, act, blockIdx.x);             \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(256) mm_##NAME(const Weights w, const float* x, \
-                                                              float* out, int ntok) {          \
+                                                              float* out, int ntok) { FATHOM_PDL();          \
     matmat<T>(w, x, out, ntok);                                                                \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(256) embed_##NAME(                              \
-      const Weights w, const unsigned int* tokens, float scale, float* out) {                  \
+      const Weights w, const unsigned int* tokens, float scale, float* out) { FATHOM_PDL();                  \
     embed_rows<T>(w, tokens, scale, out);                                                      \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(128) dequant_##NAME(const Weights w, int row0,  \
-                                                                   __half* out) {              \
+                                                                   __half* out) { FATHOM_PDL();              \
     dequant_rows<T>(w, row0, out);                                                             \
   }
 
@@ -679,7 +712,7 @@ FATHOM_WEIGHT_KERNELS(a4, T_A4)
 FATHOM_WEIGHT_KERNELS(a8, T_A8)
 
 // x (f32) to f16 (bf16 = 0) or bf16 (1), n values, round to nearest even.
-extern "C" __global__ void to_half(const float* x, long long n, int bf16, unsigned short* out) {
+extern "C" __global__ void to_half(const float* x, long long n, int bf16, unsigned short* out) { FATHOM_PDL();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x)
     out[i] = bf16 ? __bfloat16_as_ushort(__float2bfloat16_rn(x[i])) : __half_as_ushort(__float2half_rn(x[i]));
@@ -694,7 +727,7 @@ extern "C" __global__ void to_half(const float* x, long long n, int bf16, unsign
 // a norm), written back to x.
 #define RMS_HELD 8
 extern "C" __global__ void __launch_bounds__(1024)
-rms_norm(float* x, const float* add, const float* w, float eps, int width, float* out) {
+rms_norm(float* x, const float* add, const float* w, float eps, int width, float* out) { FATHOM_PDL();
   __shared__ float part[32];
   float* xr = x + (size_t)blockIdx.x * width;
   const float* ar = add ? add + (size_t)blockIdx.x * width : nullptr;
@@ -735,26 +768,26 @@ rms_norm(float* x, const float* add, const float* w, float eps, int width, float
 }
 
 // x[i] += b[i % width] over n values.
-extern "C" __global__ void add_bias(float* x, const float* b, int width, long long n) {
+extern "C" __global__ void add_bias(float* x, const float* b, int width, long long n) { FATHOM_PDL();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x)
     x[i] += b[i % width];
 }
 
-extern "C" __global__ void add(float* dst, const float* src, long long n) {
+extern "C" __global__ void add(float* dst, const float* src, long long n) { FATHOM_PDL();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x)
     dst[i] += src[i];
 }
 
-extern "C" __global__ void fill_zero(float* x, long long n) {
+extern "C" __global__ void fill_zero(float* x, long long n) { FATHOM_PDL();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x)
     x[i] = 0.0f;
 }
 
 // gate = act(gate) * up; act 0 = silu, 1 = gelu (tanh approximation).
-extern "C" __global__ void glu(float* gate, const float* up, long long n, int act) {
+extern "C" __global__ void glu(float* gate, const float* up, long long n, int act) { FATHOM_PDL();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
     gate[i] = glu_act(gate[i], act) * up[i];
@@ -762,14 +795,14 @@ extern "C" __global__ void glu(float* gate, const float* up, long long n, int ac
 }
 
 // dst[i] = src[rows[i]], one block a row.
-extern "C" __global__ void gather_rows(const float* src, const unsigned int* rows, int width, float* dst) {
+extern "C" __global__ void gather_rows(const float* src, const unsigned int* rows, int width, float* dst) { FATHOM_PDL();
   const size_t from = (size_t)rows[blockIdx.x] * width, to = (size_t)blockIdx.x * width;
   for (int c = threadIdx.x; c < width; c += blockDim.x) dst[to + c] = src[from + c];
 }
 
 // dst[rows[i]] += weights[i] * src[i], one block a row (rows distinct).
 extern "C" __global__ void scatter_rows(const float* src, const unsigned int* rows, const float* weights,
-                                        int width, float* dst) {
+                                        int width, float* dst) { FATHOM_PDL();
   const size_t to = (size_t)rows[blockIdx.x] * width, from = (size_t)blockIdx.x * width;
   const float wgt = weights[blockIdx.x];
   for (int c = threadIdx.x; c < width; c += blockDim.x) dst[to + c] += wgt * src[from + c];
@@ -779,7 +812,7 @@ extern "C" __global__ void scatter_rows(const float* src, const unsigned int* ro
 // one thread a pair; the angle in f64 (at positions in the tens of
 // thousands an f32 angle is off by hundredths of a radian).
 extern "C" __global__ void rope(float* x, const int* pos, int n_heads, int head_dim, double theta,
-                                int neox, const float* freqs) {
+                                int neox, const float* freqs) { FATHOM_PDL();
   const int half = head_dim / 2;
   const double p = (double)pos[blockIdx.x];
   float* hd = x + ((size_t)blockIdx.x * n_heads + blockIdx.y) * head_dim;
@@ -844,7 +877,7 @@ __device__ __forceinline__ float kv_round(float v, int dtype) {
 // launch. One thread a value; for q8_0 the runs are whole 32-value blocks
 // (head dims are multiples of 32 for a q8_0 cache), one warp a block.
 extern "C" __global__ void round_to_kv(float* a, long long na, float* b, long long nb, float* c,
-                                       long long nc, int dtype) {
+                                       long long nc, int dtype) { FATHOM_PDL();
   const long long n = na + nb + nc;
   for (long long i0 = (long long)blockIdx.x * blockDim.x; i0 < n; i0 += (long long)gridDim.x * blockDim.x) {
     const long long i = i0 + threadIdx.x;
@@ -897,7 +930,7 @@ __device__ __forceinline__ unsigned long long kv_block(const KvDesc& kv, const S
 #define ATT_WARPS 4
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 attention(StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out,
-          int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale) {
+          int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale) { FATHOM_PDL();
   __shared__ float qs[ATT_MAX_DIM];
   __shared__ float part_acc[ATT_WARPS][ATT_MAX_DIM];
   __shared__ float part_m[ATT_WARPS], part_l[ATT_WARPS];
@@ -1220,7 +1253,7 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
 
 // Combines the splits of attention_split: one block per (row, query head).
 extern "C" __global__ void __launch_bounds__(128)
-attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float* out) {
+attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float* out) { FATHOM_PDL();
   const int row = blockIdx.x, h = blockIdx.y;
   const float* p = part + ((size_t)row * n_heads + h) * nsplit * (value_dim + 2);
   float mt = -INFINITY;
@@ -1249,7 +1282,7 @@ attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float
 #define FATHOM_ATT_SPLIT(NAME, DT, VPL, H)                                                          \
   extern "C" __global__ void __launch_bounds__(ATT_SPLIT_WARPS * 32) attention_split_##NAME##_##VPL##_##H( \
       StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out, float* part,      \
-      int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale) {                   \
+      int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale) { FATHOM_PDL();                   \
     attention_split_body<DT, VPL, H>(st, kv, q, k, v, out, part, n_heads, n_kv_heads, key_dim, value_dim,  \
                                      window, scale);                                                       \
   }
@@ -1272,7 +1305,7 @@ FATHOM_ATT_SPLIT_DIMS(q8_0, KV_Q8_0)
 // Stores row blockIdx.x's K (blockIdx.y = 0) or V (1) into the cache at its
 // position. One thread a 32-value block.
 extern "C" __global__ void __launch_bounds__(256) kv_write(StepDesc st, KvDesc kv, const float* k,
-                                                          const float* v, int k_width, int v_width) {
+                                                          const float* v, int k_width, int v_width) { FATHOM_PDL();
   // One block a (row, K or V, 256 values); one thread a value, one warp a
   // q8_0 block.
   const int row = blockIdx.x, is_v = blockIdx.y;
@@ -1310,7 +1343,7 @@ extern "C" __global__ void __launch_bounds__(256) kv_write(StepDesc st, KvDesc k
 // largest (ties to the higher expert id, as the CPU's max_by does), each
 // (id u32, p f32), renormalized when asked.
 extern "C" __global__ void route_experts(const float* logits, int n_experts, int k, int normalize,
-                                         unsigned int* routes) {
+                                         unsigned int* routes) { FATHOM_PDL();
   const int row = blockIdx.x, lane = threadIdx.x;
   const float* x = logits + (size_t)row * n_experts;
   float mx = -INFINITY;

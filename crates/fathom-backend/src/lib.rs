@@ -34,6 +34,7 @@ pub use host::{HostBytes, HostMatrix, MatrixStorage, MatrixView};
 pub const ENV_VARS: &[(&str, &str)] = &[
     ("FATHOM_CUDA_LIB_DIR", "unset"),
     ("FATHOM_CUDA_GRAPHS", "1"),
+    ("FATHOM_CUDA_PDL", "1"),
     ("FATHOM_NCCL_LIB_DIR", "unset"),
     ("FATHOM_NVCC", "unset"),
     (
@@ -269,6 +270,15 @@ pub trait Backend: Send {
 
     /// `gate[r] = act(gate[r]) × up[r]`, `width` values a row.
     fn glu(&mut self, gate: Buf, up: Buf, rows: usize, width: usize, act: Glu);
+
+    /// Several projections of the same input (a layer's q, k and v):
+    /// `outs[i] = x · ws[i]ᵀ`. A backend may run them in one pass; the
+    /// default is one matmul each.
+    fn matmul_many(&mut self, ws: &[MatrixId], x: Buf, rows: usize, outs: &[Buf]) {
+        for (&w, &out) in ws.iter().zip(outs) {
+            self.matmul(w, x, rows, out);
+        }
+    }
 
     /// A gated FFN's input side: `out = act(x · gateᵀ) × (x · upᵀ)`, with
     /// `up_out` as room for the up projection. A backend may fuse the two

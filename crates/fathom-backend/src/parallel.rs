@@ -206,6 +206,12 @@ impl<B: Backend, R: Reduce<B>> Backend for TensorParallel<B, R> {
             .for_each(|r| r.matmul(w, x, rows, out));
     }
 
+    fn matmul_many(&mut self, ws: &[MatrixId], x: Buf, rows: usize, outs: &[Buf]) {
+        self.ranks
+            .iter_mut()
+            .for_each(|r| r.matmul_many(ws, x, rows, outs));
+    }
+
     fn rms_norm(&mut self, x: Buf, w: VectorId, eps: f32, rows: usize, width: usize, out: Buf) {
         self.ranks
             .iter_mut()

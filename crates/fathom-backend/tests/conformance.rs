@@ -585,6 +585,57 @@ fn test_matmul_glu(h: &mut Harness, rng: &mut Rng) {
     }
 }
 
+/// matmul_many: q, k and v projections of one input (one launch for one
+/// token on the GPU when they share a type, each with its own rows and
+/// warps a row), two of them, and a mixed-type set (one matmul each),
+/// against the f64 reference of each.
+fn test_matmul_many(h: &mut Harness, rng: &mut Rng) {
+    let cols = 2048;
+    let shapes = [(512, Buf::Q), (128, Buf::K), (128, Buf::V)];
+    for kind in all_kinds() {
+        let loaded: Vec<_> = shapes
+            .iter()
+            .map(|&(rows, out)| {
+                let (m, values) = random_matrix(rng, kind, rows, cols);
+                (h.b.load_matrix(m).expect("loads"), values, rows, out)
+            })
+            .collect();
+        for (count, n) in [(3, 1), (2, 1), (3, 2)] {
+            let x = rng.vec(n * cols);
+            h.set(Buf::Norm, &x, cols);
+            let ws: Vec<_> = loaded[..count].iter().map(|l| l.0).collect();
+            let outs: Vec<_> = loaded[..count].iter().map(|l| l.3).collect();
+            h.b.matmul_many(&ws, Buf::Norm, n, &outs);
+            for (_, values, rows, out) in &loaded[..count] {
+                let got = h.get(*out, n, *rows);
+                let want = reference_matmul(values, *rows, cols, &x, n);
+                h.check(
+                    "matmul_many",
+                    &format!("{} {rows}x{cols} of {count} x{n}", kind_name(kind)),
+                    &got,
+                    &want,
+                    TOL_MATMUL,
+                );
+            }
+        }
+    }
+    let mixed = [Ok(WeightType::Q4_K), Ok(WeightType::Q6_K)];
+    let (ma, va) = random_matrix(rng, mixed[0], 256, cols);
+    let (mb, vb) = random_matrix(rng, mixed[1], 256, cols);
+    let ids = [
+        h.b.load_matrix(ma).expect("loads"),
+        h.b.load_matrix(mb).expect("loads"),
+    ];
+    let x = rng.vec(cols);
+    h.set(Buf::Norm, &x, cols);
+    h.b.matmul_many(&ids, Buf::Norm, 1, &[Buf::Q, Buf::K]);
+    for (out, values) in [(Buf::Q, &va), (Buf::K, &vb)] {
+        let got = h.get(out, 1, 256);
+        let want = reference_matmul(values, 256, cols, &x, 1);
+        h.check("matmul_many", "Q4_K + Q6_K x1", &got, &want, TOL_MATMUL);
+    }
+}
+
 fn rms_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f64> {
     let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
     let inv = 1.0 / (ss / x.len() as f64 + eps as f64).sqrt();
@@ -1198,6 +1249,7 @@ fn conformance() {
         test_matmul(&mut h, &mut rng, false);
         test_elementwise(&mut h, &mut rng);
         test_matmul_glu(&mut h, &mut rng);
+        test_matmul_many(&mut h, &mut rng);
         test_shards(&mut h, &mut rng);
         test_rope(&mut h, &mut rng);
         test_moe(&mut h, &mut rng);

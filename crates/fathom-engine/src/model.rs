@@ -400,9 +400,12 @@ impl Model {
             s.n_kv_heads * s.key_dim,
             s.n_kv_heads * s.value_dim,
         );
-        backend.matmul(layer.wq, Buf::Norm, t_n, Buf::Q);
-        backend.matmul(layer.wk, Buf::Norm, t_n, Buf::K);
-        backend.matmul(layer.wv, Buf::Norm, t_n, Buf::V);
+        backend.matmul_many(
+            &[layer.wq, layer.wk, layer.wv],
+            Buf::Norm,
+            t_n,
+            &[Buf::Q, Buf::K, Buf::V],
+        );
         if let Some([bq, bk, bv]) = layer.bias {
             backend.add_bias(Buf::Q, bq, t_n, qw);
             backend.add_bias(Buf::K, bk, t_n, kw);

@@ -171,6 +171,22 @@ struct WeightsArg {
     bf16: i32,
 }
 
+/// Up to `MV_SEGMENTS` matrices for one launch of a one-token
+/// matrix-vector kernel (`struct Segments` in fathom.cu): segment i's
+/// blocks are `first[i] .. first[i + 1]`, unused ones start at the end.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct Segments {
+    w: [WeightsArg; MV_SEGMENTS],
+    out: [u64; MV_SEGMENTS],
+    split: [i32; MV_SEGMENTS],
+    first: [i32; MV_SEGMENTS + 1],
+}
+
+/// Matrices one launch of the one-token kernel takes (`MV_SEGMENTS` in
+/// fathom.cu).
+const MV_SEGMENTS: usize = 3;
+
 /// Per-step row and sequence tables (`struct StepDesc` in fathom.cu).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -814,6 +830,38 @@ impl CudaBackend {
         width.div_ceil(4).next_multiple_of(32).clamp(32, 1024) as u32
     }
 
+    /// One token of x (at `xp`) through each matrix into its output
+    /// address, in one launch of the one-token kernel: each matrix's rows
+    /// take their own blocks (and warps a row). All of one type and width.
+    fn matvec_one(&mut self, parts: &[(DevMatrix, u64)], mut xp: u64) {
+        let kind = parts[0].0.kind;
+        let mut s = Segments {
+            w: [parts[0].0.arg; MV_SEGMENTS],
+            out: [0; MV_SEGMENTS],
+            split: [1; MV_SEGMENTS],
+            first: [0; MV_SEGMENTS + 1],
+        };
+        let mut blocks = 0;
+        for (i, (m, out)) in parts.iter().enumerate() {
+            let (wr, wc) = (m.arg.rows as usize, m.arg.cols as usize);
+            let split = Self::matvec_split(wr, wc / Self::matvec_chunk(kind, 1));
+            (s.w[i], s.out[i], s.split[i]) = (m.arg, *out, split as i32);
+            s.first[i] = blocks as i32;
+            blocks += wr.div_ceil(MV_WARPS / split);
+        }
+        for f in &mut s.first[parts.len()..] {
+            *f = blocks as i32;
+        }
+        let mut n = 1i32;
+        let f = self.k.mv1[kind];
+        self.launch(
+            f,
+            (blocks as u32, 1, 1),
+            32 * MV_WARPS as u32,
+            &mut args![s, xp, n],
+        );
+    }
+
     /// Warps a matrix-vector kernel gives a weight row whose walk takes
     /// `chunks` steps of a lane: on more than 2,048 rows one warp reading a
     /// whole row measured faster (H200: 4096 rows, 12 µs against 13.8 µs
@@ -1246,13 +1294,11 @@ impl Backend for CudaBackend {
             return;
         }
         let mut arg = m.arg;
-        if rows <= MV_MAX_TOKENS {
+        if rows == 1 {
+            self.matvec_one(&[(m, op)], xp);
+        } else if rows <= MV_MAX_TOKENS {
             let mut n = rows as i32;
-            let f = if rows == 1 {
-                self.k.mv1[m.kind]
-            } else {
-                self.k.mv[m.kind]
-            };
+            let f = self.k.mv[m.kind];
             let split = Self::matvec_split(wr, wc / Self::matvec_chunk(m.kind, rows));
             let mut sp = split as i32;
             let grid = wr.div_ceil(MV_WARPS / split) as u32;
@@ -1356,6 +1402,34 @@ impl Backend for CudaBackend {
             Self::norm_threads(width),
             &mut args![dp, sp, wp, eps, w, op],
         );
+    }
+
+    /// One launch for one token through matrices of one type and width
+    /// (q, k and v, as `matvec_one` takes them); otherwise one matmul each.
+    fn matmul_many(&mut self, ws: &[MatrixId], x: Buf, rows: usize, outs: &[Buf]) {
+        let first = self.matrices[ws[0].0 as usize];
+        let fused = rows == 1
+            && ws.len() <= MV_SEGMENTS
+            && first.kind != kind_of_type(WeightType::F32)
+            && ws.iter().all(|w| {
+                let m = self.matrices[w.0 as usize];
+                m.kind == first.kind && m.arg.cols == first.arg.cols
+            });
+        if !fused {
+            for (&w, &out) in ws.iter().zip(outs) {
+                self.matmul(w, x, rows, out);
+            }
+            return;
+        }
+        let xp = self.buf(x, first.arg.cols as usize * 4);
+        let mut parts = [(first, 0u64); MV_SEGMENTS];
+        for (i, (&w, &out)) in ws.iter().zip(outs).enumerate() {
+            let m = self.matrices[w.0 as usize];
+            parts[i] = (m, self.buf(out, m.arg.rows as usize * 4));
+        }
+        if self.ready() {
+            self.matvec_one(&parts[..ws.len()], xp);
+        }
     }
 
     fn matmul_glu(

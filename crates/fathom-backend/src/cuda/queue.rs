@@ -69,12 +69,15 @@ pub(super) struct LaunchQueue {
     graphs: Vec<Graph>,
     clock: u64,
     enabled: bool,
+    /// Launch with programmatic stream serialization (every kernel of
+    /// ours waits for its predecessor itself: `FATHOM_PDL` in fathom.cu).
+    pdl: bool,
     pub stats: GraphStats,
 }
 
-/// Whether graphs are used: `FATHOM_CUDA_GRAPHS=0` turns them off.
-fn graphs_enabled() -> bool {
-    std::env::var("FATHOM_CUDA_GRAPHS").map_or(true, |v| v != "0")
+/// Whether `var` is on: anything but `0` (and unset) is.
+fn switch(var: &str) -> bool {
+    std::env::var(var).map_or(true, |v| v != "0")
 }
 
 impl LaunchQueue {
@@ -86,7 +89,8 @@ impl LaunchQueue {
             previous: Vec::new(),
             graphs: Vec::new(),
             clock: 0,
-            enabled: graphs_enabled(),
+            enabled: switch("FATHOM_CUDA_GRAPHS"),
+            pdl: switch("FATHOM_CUDA_PDL"),
             stats: GraphStats::default(),
         }
     }
@@ -223,11 +227,35 @@ impl LaunchQueue {
             for &(at, _) in &self.spans[args] {
                 ptrs.push(words[at..].as_mut_ptr() as *mut c_void);
             }
+            let mut attr = sys::CUlaunchAttribute {
+                id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+                pad: [0; 4],
+                // SAFETY: a plain-old-data union, all zeroes a valid value.
+                value: unsafe { std::mem::zeroed() },
+            };
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let config = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: 0,
+                hStream: stream,
+                attrs: &mut attr,
+                numAttrs: self.pdl as u32,
+            };
             // SAFETY: the kernel, geometry and argument values were recorded
             // from a launch the backend checked (see `CudaBackend::launch`);
-            // the values live in `words` until the call returns.
-            unsafe { result::launch_kernel(f, grid, (block, 1, 1), 0, stream, &mut ptrs) }
-                .map_err(|e| device_err("kernel launch", e))?;
+            // the values live in `words` and the attribute in `attr` until
+            // the call returns. Every kernel of ours waits for its
+            // predecessor before touching memory (FATHOM_PDL), which makes
+            // the early launch safe.
+            unsafe {
+                sys::cuLaunchKernelEx(&config, f, ptrs.as_mut_ptr(), std::ptr::null_mut()).result()
+            }
+            .map_err(|e| device_err("kernel launch", e))?;
         }
         Ok(())
     }
