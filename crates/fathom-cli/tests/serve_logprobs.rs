@@ -61,6 +61,11 @@ fn chat_logprobs_describe_the_answer_s_tokens_whole_and_streamed() {
     let choice = &v["choices"][0];
     let content = choice["message"]["content"].as_str().unwrap();
     let entries = choice["logprobs"]["content"].as_array().unwrap();
+    assert_eq!(
+        choice["logprobs"].get("refusal"),
+        Some(&serde_json::Value::Null),
+        "OpenAI's chat logprobs carry refusal: null"
+    );
     assert_eq!(entries.len(), 12, "one entry per generated token: {v}");
     let mut bytes = Vec::new();
     for e in entries {

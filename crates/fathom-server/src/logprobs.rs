@@ -1,5 +1,6 @@
 //! The `logprobs` object of a response, in OpenAI's two shapes: chat's
-//! `{"content": [{"token", "logprob", "bytes", "top_logprobs"}]}`, and
+//! `{"content": [{"token", "logprob", "bytes", "top_logprobs"}], "refusal":
+//! null}`, and
 //! the legacy completions object of parallel arrays `tokens`,
 //! `token_logprobs`, `top_logprobs` and `text_offset`.
 //!
@@ -36,7 +37,9 @@ impl LogprobsWriter {
     /// The object with no tokens.
     pub fn empty(&self) -> Value {
         match self.route {
-            Route::Chat => json!({"content": []}),
+            // OpenAI's chat object also carries `refusal` (the logprobs of
+            // a refusal message, which a local model never sends).
+            Route::Chat => json!({"content": [], "refusal": null}),
             Route::Completion => json!({
                 "tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": [],
             }),
