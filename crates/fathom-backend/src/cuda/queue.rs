@@ -69,6 +69,8 @@ pub(super) struct LaunchQueue {
     graphs: Vec<Graph>,
     clock: u64,
     enabled: bool,
+    /// Room for one launch's argument pointers, kept between launches.
+    ptrs: Vec<*mut c_void>,
     /// Launch with programmatic stream serialization (every kernel of
     /// ours waits for its predecessor itself: `FATHOM_PDL` in fathom.cu).
     pdl: bool,
@@ -89,6 +91,7 @@ impl LaunchQueue {
             previous: Vec::new(),
             graphs: Vec::new(),
             clock: 0,
+            ptrs: Vec::with_capacity(32),
             enabled: switch("FATHOM_CUDA_GRAPHS"),
             pdl: switch("FATHOM_CUDA_PDL"),
             stats: GraphStats::default(),
@@ -209,7 +212,7 @@ impl LaunchQueue {
         } else {
             &mut self.sig
         };
-        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(16);
+        let ptrs = &mut self.ptrs;
         for entry in &self.entries {
             let (f, grid, block, args) = match entry {
                 Entry::Gemm(g) => {
@@ -296,7 +299,9 @@ impl LaunchQueue {
         }
         self.graphs.push(Graph {
             exec,
-            sig: std::mem::take(&mut self.sig),
+            // A copy: the queue's own signature keeps its capacity, so the
+            // steps after a capture record without growing it.
+            sig: self.sig.clone(),
             last_used: self.clock,
         });
         // SAFETY: just instantiated in this context.
