@@ -187,11 +187,11 @@ impl Bench {
         println!("{line}");
     }
 
-    /// Every matmul of one SmolLM2 decode step: 30 layers of q, k, v, o,
-    /// gate, up, down in `ty`, then the Q8_0 lm_head tied to the
-    /// embeddings.
-    fn decode_token(&mut self, ty: WeightType) {
-        let label = format!("token  {:5} SmolLM2-135M matmuls", ty.name());
+    /// Every matmul of one SmolLM2 decode step of `n` sequences: 30
+    /// layers of q, k, v, o, gate, up, down in `ty`, then the Q8_0 lm_head
+    /// tied to the embeddings; tok/s counts all `n` tokens.
+    fn decode_token(&mut self, ty: WeightType, n: usize) {
+        let label = format!("token  {:5} SmolLM2-135M matmuls x{n:<2}", ty.name());
         if !self.wants(&label) {
             return;
         }
@@ -217,11 +217,11 @@ impl Bench {
             weights(WeightType::Q8_0, VOCAB, HIDDEN, &mut self.rng),
         ));
         let bytes: usize = mats.iter().map(|m| m.3.len()).sum();
-        let x: Vec<f32> = (0..FFN).map(|i| (i as f32 * 0.37).sin()).collect();
-        let mut out = vec![0.0f32; VOCAB];
+        let x: Vec<f32> = (0..n * FFN).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut out = vec![0.0f32; n * VOCAB];
         let mut q = vec![
             0u8;
-            activation_row_bytes(WeightType::Q4_K, FFN)
+            n * activation_row_bytes(WeightType::Q4_K, FFN)
                 .max(activation_row_bytes(ty, FFN))
         ];
         let mut line = format!("{label} ({:.1} MB)", bytes as f64 / 1e6);
@@ -234,14 +234,14 @@ impl Bench {
                         cols: *cols,
                         data,
                     };
-                    matmul(pool, &w, &x[..*cols], 1, &mut out[..*rows], &mut q);
+                    matmul(pool, &w, &x[..n * cols], n, &mut out[..n * rows], &mut q);
                 }
             });
             line += &format!(
-                " | {}t {:6.2} ms/token {:6.1} tok/s {:5.1} GB/s",
+                " | {}t {:6.2} ms/step {:6.1} tok/s {:5.1} GB/s",
                 pool.n_threads(),
                 s * 1e3,
-                1.0 / s,
+                n as f64 / s,
                 bytes as f64 / s / 1e9
             );
         }
@@ -259,7 +259,9 @@ fn main() {
         streams: Vec::new(),
     };
     println!("fathom-kernels matmul benchmark, {} kernels", isa_name());
-    b.decode_token(WeightType::Q4_1);
+    for n in [1, 4, 16, 64] {
+        b.decode_token(WeightType::Q4_1, n);
+    }
     b.decode(WeightType::Q8_0, VOCAB, HIDDEN);
     let decode_types = [
         WeightType::Q4_1,
