@@ -242,12 +242,13 @@ pub(crate) fn matmul_with(
     };
     let kernel = kernel_for(isa, ty, n_tokens);
 
-    // Chunks of whole 4-row tiles, about eight per worker, handed out
-    // first come first served so a worker that lost its core to another
-    // process does not hold up the rest.
+    // Chunks of whole 8-row groups (the batch kernel's; two 4-row tiles),
+    // about eight per worker, handed out first come first served so a
+    // worker that lost its core to another process does not hold up the
+    // rest.
     let per_chunk = rows
         .div_ceil(pool.n_threads() * 8)
-        .next_multiple_of(4)
+        .next_multiple_of(8)
         .max(16);
     let n_chunks = rows.div_ceil(per_chunk);
     let next = AtomicUsize::new(0);
