@@ -154,9 +154,11 @@ impl Bench {
         self.streams.push((ty, stream));
     }
 
-    /// Prefill of `PREFILL` tokens through `rows x cols`.
-    fn prefill(&mut self, ty: WeightType, rows: usize, cols: usize) {
-        let label = format!("prefill {:5} {rows:>5}x{cols:<5} x{PREFILL}", ty.name());
+    /// `n` tokens through `rows x cols` with the weights in cache: prefill
+    /// (`PREFILL` tokens) or a decode batch.
+    fn tokens(&mut self, ty: WeightType, rows: usize, cols: usize, n: usize) {
+        let kind = if n == PREFILL { "prefill" } else { "batch" };
+        let label = format!("{kind} {:5} {rows:>5}x{cols:<5} x{n}", ty.name());
         if !self.wants(&label) {
             return;
         }
@@ -167,15 +169,13 @@ impl Bench {
             cols,
             data: &data,
         };
-        let x: Vec<f32> = (0..PREFILL * cols)
-            .map(|i| (i as f32 * 0.37).sin())
-            .collect();
-        let mut out = vec![0.0f32; PREFILL * rows];
-        let mut q = vec![0u8; PREFILL * activation_row_bytes(ty, cols)];
-        let flops = 2.0 * (rows * cols * PREFILL) as f64;
+        let x: Vec<f32> = (0..n * cols).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut out = vec![0.0f32; n * rows];
+        let mut q = vec![0u8; n * activation_row_bytes(ty, cols)];
+        let flops = 2.0 * (rows * cols * n) as f64;
         let mut line = label;
         for pool in &self.pools {
-            let s = time(|| matmul(pool, &w, &x, PREFILL, &mut out, &mut q));
+            let s = time(|| matmul(pool, &w, &x, n, &mut out, &mut q));
             line += &format!(
                 " | {}t {:6.1} GFLOP/s {:8.2} ms",
                 pool.n_threads(),
@@ -282,7 +282,9 @@ fn main() {
     }
     for ty in decode_types {
         for (rows, cols) in shapes(ty, false) {
-            b.prefill(ty, rows, cols);
+            for n in [16, PREFILL] {
+                b.tokens(ty, rows, cols, n);
+            }
         }
     }
 }

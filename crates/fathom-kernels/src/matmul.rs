@@ -2,9 +2,9 @@
 //! over the pool; each worker walks its rows in tiles of R rows x T tokens
 //! so a weight block is unpacked once per T tokens and an activation block
 //! loaded once per R rows. Decode (one token) streams the weights; prefill
-//! reuses each weight tile across tokens from L1. The 32-value block types
-//! take a decode-batch kernel from two tokens on instead (`x86::q32::batch`):
-//! it unpacks each block of eight rows once for all tokens.
+//! reuses each weight tile across tokens from L1. The 32-value block types,
+//! Q4_K and Q5_K take a decode-batch kernel from a few tokens on instead
+//! (`x86::batch`): it unpacks each block of eight rows once for all tokens.
 
 use crate::isa::Isa;
 use crate::pool::Pool;
@@ -311,23 +311,12 @@ impl SendPtr {
 // token rows.
 unsafe impl Sync for SendPtr {}
 
-/// Tokens from which a matmul takes the decode-batch kernel (where the
-/// type has one) over the tiles: measured faster from two tokens to
-/// prefill's 512; one token streams the weights, which the tiles
-/// prefetch for.
-const BATCH_TOKENS: usize = 2;
-
 fn kernel_for(isa: Isa, ty: WeightType, n_tokens: usize) -> KernelFn {
     #[cfg(target_arch = "x86_64")]
+    if let Some(k) =
+        crate::x86::batch_kernel(isa, ty, n_tokens).or_else(|| crate::x86::kernel(isa, ty))
     {
-        let batch = if n_tokens >= BATCH_TOKENS {
-            crate::x86::batch_kernel(isa, ty)
-        } else {
-            None
-        };
-        if let Some(k) = batch.or_else(|| crate::x86::kernel(isa, ty)) {
-            return k;
-        }
+        return k;
     }
     let _ = (isa, n_tokens);
     portable_kernel

@@ -10,6 +10,7 @@
 //! inherit the caller's: the same generic tile compiles once for AVX2 and
 //! once for AVX-512 VNNI, picking its integer dot product through [`Dot`].
 
+pub(crate) mod batch;
 pub(crate) mod float;
 pub(crate) mod kquant;
 pub(crate) mod ops;
@@ -37,7 +38,7 @@ macro_rules! entries {
 // accumulators fit beside its operands; the k-quants also hold 4 x 2
 // integer sums. AVX2 has 16 registers, so half the tokens. The 32-value
 // block types take their tiles for single tokens only (4 x 1): from two
-// tokens on, their `batch` kernels are faster.
+// tokens on, their `batch` kernels are faster (`batch_kernel`).
 entries! {"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni":
     q4_0_vnni = drive::<q32::Q32<q32::Q4_0, Vnni>, 4, 1>;
     q4_1_vnni = drive::<q32::Q32<q32::Q4_1, Vnni>, 4, 1>;
@@ -52,11 +53,13 @@ entries! {"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni":
     f32_vnni = drive::<float::Float<float::F32>, 4, 4>;
     f16_vnni = drive::<float::Float<float::F16>, 4, 4>;
     bf16_vnni = drive::<float::Float<float::BF16>, 4, 4>;
-    q4_0_vnni_batch = q32::batch::<q32::Q4_0, Vnni>;
-    q4_1_vnni_batch = q32::batch::<q32::Q4_1, Vnni>;
-    q5_0_vnni_batch = q32::batch::<q32::Q5_0, Vnni>;
-    q5_1_vnni_batch = q32::batch::<q32::Q5_1, Vnni>;
-    q8_0_vnni_batch = q32::batch::<q32::Q8_0, Vnni>;
+    q4_0_vnni_batch = batch::batch::<q32::Q32<q32::Q4_0, Vnni>>;
+    q4_1_vnni_batch = batch::batch::<q32::Q32<q32::Q4_1, Vnni>>;
+    q5_0_vnni_batch = batch::batch::<q32::Q32<q32::Q5_0, Vnni>>;
+    q5_1_vnni_batch = batch::batch::<q32::Q32<q32::Q5_1, Vnni>>;
+    q8_0_vnni_batch = batch::batch::<q32::Q32<q32::Q8_0, Vnni>>;
+    q4_k_vnni_batch = batch::batch::<kquant::K45<Vnni, false>>;
+    q5_k_vnni_batch = batch::batch::<kquant::K45<Vnni, true>>;
 }
 
 entries! {"avx2,fma,f16c":
@@ -73,28 +76,41 @@ entries! {"avx2,fma,f16c":
     f32_avx2 = drive::<float::Float<float::F32>, 4, 2>;
     f16_avx2 = drive::<float::Float<float::F16>, 4, 2>;
     bf16_avx2 = drive::<float::Float<float::BF16>, 4, 2>;
-    q4_0_avx2_batch = q32::batch::<q32::Q4_0, Avx2>;
-    q4_1_avx2_batch = q32::batch::<q32::Q4_1, Avx2>;
-    q5_0_avx2_batch = q32::batch::<q32::Q5_0, Avx2>;
-    q5_1_avx2_batch = q32::batch::<q32::Q5_1, Avx2>;
-    q8_0_avx2_batch = q32::batch::<q32::Q8_0, Avx2>;
+    q4_0_avx2_batch = batch::batch::<q32::Q32<q32::Q4_0, Avx2>>;
+    q4_1_avx2_batch = batch::batch::<q32::Q32<q32::Q4_1, Avx2>>;
+    q5_0_avx2_batch = batch::batch::<q32::Q32<q32::Q5_0, Avx2>>;
+    q5_1_avx2_batch = batch::batch::<q32::Q32<q32::Q5_1, Avx2>>;
+    q8_0_avx2_batch = batch::batch::<q32::Q32<q32::Q8_0, Avx2>>;
+    q4_k_avx2_batch = batch::batch::<kquant::K45<Avx2, false>>;
+    q5_k_avx2_batch = batch::batch::<kquant::K45<Avx2, true>>;
 }
 
-/// The decode-batch kernel for `ty` at `isa`, where there is one (the
-/// 32-value block types on AVX2 and AVX-512).
-pub(crate) fn batch_kernel(isa: Isa, ty: WeightType) -> Option<KernelFn> {
+/// The decode-batch kernel for `ty` at `isa` and `n_tokens`, where it
+/// beats the tiles: the 32-value block types from two tokens, Q4_K and
+/// Q5_K (whose scales cost more to unpack per group) from four, up to
+/// prefill's 512 (matmul bench). One token streams the weights, which the
+/// tiles prefetch for.
+pub(crate) fn batch_kernel(isa: Isa, ty: WeightType, n_tokens: usize) -> Option<KernelFn> {
     use WeightType as W;
+    let from = if ty.block_elems() == 256 { 4 } else { 2 };
+    if n_tokens < from {
+        return None;
+    }
     let k: KernelFn = match (isa, ty) {
         (Isa::Avx512, W::Q4_0) => q4_0_vnni_batch,
         (Isa::Avx512, W::Q4_1) => q4_1_vnni_batch,
         (Isa::Avx512, W::Q5_0) => q5_0_vnni_batch,
         (Isa::Avx512, W::Q5_1) => q5_1_vnni_batch,
         (Isa::Avx512, W::Q8_0) => q8_0_vnni_batch,
+        (Isa::Avx512, W::Q4_K) => q4_k_vnni_batch,
+        (Isa::Avx512, W::Q5_K) => q5_k_vnni_batch,
         (Isa::Avx2, W::Q4_0) => q4_0_avx2_batch,
         (Isa::Avx2, W::Q4_1) => q4_1_avx2_batch,
         (Isa::Avx2, W::Q5_0) => q5_0_avx2_batch,
         (Isa::Avx2, W::Q5_1) => q5_1_avx2_batch,
         (Isa::Avx2, W::Q8_0) => q8_0_avx2_batch,
+        (Isa::Avx2, W::Q4_K) => q4_k_avx2_batch,
+        (Isa::Avx2, W::Q5_K) => q5_k_avx2_batch,
         _ => return None,
     };
     Some(k)

@@ -13,17 +13,19 @@
 //! one FMA per block serve two rows; the scale vector is built once per
 //! block for all rows from one eight-wide f16 conversion.
 //!
-//! [`batch`] serves decode batches (several tokens, one weight stream):
-//! it unpacks a block of eight rows once, turns it so each register holds
-//! one quant dword of all eight rows, and applies it to every token with
-//! the token's dword broadcast; each integer result is then already one
-//! lane per row, so the float work per token is one conversion and two
-//! FMAs for eight rows rather than per row pair.
+//! Their decode-batch [`Pass`] (several tokens, one weight stream)
+//! unpacks a block of eight rows once and applies it to every token; each
+//! integer result is one lane per row, so the float work per token is one
+//! conversion and two FMAs for eight rows rather than per row pair.
 
 // Tiles index several arrays by the same row, token or block index;
 // iterator chains would hide that the indices line up.
 #![allow(clippy::needless_range_loop)]
 
+use super::batch::{
+    dwords, f16_halves, group_rows, transpose4, AccumulatorStore, Accumulators, Pass, GROUP,
+    PASS_GROUPS, PREFETCH_AHEAD,
+};
 use super::{prefetch_distance, prefetch_l2, Dot};
 use crate::matmul::{Job, Tile, TOKEN_BLOCK};
 use crate::quant::Q8S_BYTES;
@@ -274,185 +276,98 @@ impl<B: Block32, D: Dot> Tile for Q32<B, D> {
     }
 }
 
-/// Rows the decode-batch kernel unpacks together: one 32-bit lane each.
-const GROUP: usize = 8;
-
-/// Groups per pass: a pass walks the blocks once and, per block, reads the
-/// tokens' activation headers once for all its groups.
-const PASS_GROUPS: usize = 4;
-
-/// How far ahead in a row [`batch`] prefetches weights, in bytes.
-const PREFETCH_AHEAD: usize = 128;
-
-/// The row of each lane of [`batch`]'s registers: the 4 x 4 dword
+/// The row of each lane of the [`Pass`] registers: the 4 x 4 dword
 /// transpose of row pairs leaves the pairs' first rows in the low half.
 const LANE_ROWS: [usize; GROUP] = [0, 2, 4, 6, 1, 3, 5, 7];
 
-/// 4 x 4 transpose of dwords within each 128-bit half: dword k of half h
-/// of `q[p]` goes to dword p of half h of result k.
-#[inline(always)]
-unsafe fn transpose(q: [__m256i; 4]) -> [__m256i; 4] {
-    let a = _mm256_unpacklo_epi32(q[0], q[1]);
-    let b = _mm256_unpackhi_epi32(q[0], q[1]);
-    let c = _mm256_unpacklo_epi32(q[2], q[3]);
-    let d = _mm256_unpackhi_epi32(q[2], q[3]);
-    [
-        _mm256_unpacklo_epi64(a, c),
-        _mm256_unpackhi_epi64(a, c),
-        _mm256_unpacklo_epi64(b, d),
-        _mm256_unpackhi_epi64(b, d),
-    ]
-}
-
-/// The decode-batch kernel for block layout `B` with integer dot `D`:
-/// rows in passes of [`PASS_GROUPS`] groups of [`GROUP`], tokens in
-/// blocks of [`TOKEN_BLOCK`].
-///
-/// # Safety
-/// As [`KernelFn`](crate::matmul::KernelFn).
-#[inline(always)]
-pub(crate) unsafe fn batch<B: Block32, D: Dot>(job: &Job, rows: Range<usize>) {
-    let mut t0 = 0;
-    while t0 < job.n_tokens {
-        let t1 = (t0 + TOKEN_BLOCK).min(job.n_tokens);
-        let mut r = rows.start;
-        while r < rows.end {
-            let end = (r + GROUP * PASS_GROUPS).min(rows.end);
-            batch_pass::<B, D>(job, r..end, t0..t1);
-            r = end;
-        }
-        t0 = t1;
-    }
-}
-
-/// One pass of [`batch`]: `rows` (at most `GROUP * PASS_GROUPS`) against
-/// `tokens` (at most `TOKEN_BLOCK`). A short last group repeats its last
-/// row and keeps only the real ones.
-#[inline(always)]
-unsafe fn batch_pass<B: Block32, D: Dot>(job: &Job, rows: Range<usize>, tokens: Range<usize>) {
-    let nt = tokens.len();
-    let groups = rows.len().div_ceil(GROUP);
-    // Q8_0's signed quants: VNNI takes them offset by 128 as unsigned
-    // bytes (an offset of -128 d, like Q4_0's -8 d); AVX2's `vpmaddubsw`
-    // would saturate on those, so it moves the signs to the activations.
-    let signed = matches!(B::OFFSET, Offset::None);
-    let biased = signed && D::WIDE_U8;
-    let sign_moved = signed && !D::WIDE_U8;
-    let has_offset = !sign_moved;
-    // Weights are prefetched into L2 two cache lines ahead in their row,
-    // and the next pass's first lines while this one starts: a pass reads
-    // its rows side by side, more streams than the hardware prefetcher
-    // follows, and it stops at each 4 KiB page of the mmap.
-    let next_pass = GROUP * PASS_GROUPS * job.w_stride;
-    let lead_blocks = PREFETCH_AHEAD.div_ceil(B::BYTES);
-    let a = job.a.add(tokens.start * job.a_stride);
-    let last = rows.end - 1;
-    // Only the used accumulators are set: zeroing all 8 KiB cost a few
-    // per cent of a decode step.
-    let mut acc = [[MaybeUninit::<__m256>::uninit(); TOKEN_BLOCK]; PASS_GROUPS];
-    for a in &mut acc[..groups] {
-        for v in &mut a[..nt] {
-            v.write(_mm256_setzero_ps());
-        }
-    }
-    // Per token, this block's activation scale d_x and d_x times its sum.
-    let mut dx = [0.0f32; TOKEN_BLOCK];
-    let mut sx = [0.0f32; TOKEN_BLOCK];
-    for b in 0..job.cols / 32 {
-        for t in 0..nt {
-            let h = (a.add(t * job.a_stride + b * Q8S_BYTES) as *const i32).read_unaligned();
-            let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
-            dx[t] = d;
-            sx[t] = d * (h >> 16) as f32;
-        }
-        for g in 0..groups {
-            let r0 = rows.start + g * GROUP;
-            let row = |i: usize| job.w.add((r0 + i).min(last) * job.w_stride + b * B::BYTES);
-            for i in 0..GROUP {
-                prefetch_l2(row(i).wrapping_add(PREFETCH_AHEAD));
-                if b < lead_blocks {
-                    prefetch_l2(row(i).wrapping_add(next_pass));
-                }
-            }
-            let mut lo = [_mm256_setzero_si256(); 4];
-            let mut hi = [_mm256_setzero_si256(); 4];
-            for p in 0..4 {
-                (lo[p], hi[p]) = B::pair::<D>(row(2 * p), row(2 * p + 1));
-            }
-            // Register k: quants 4k..4k+4 of the rows in `LANE_ROWS` order.
-            let (w03, w47) = (transpose(lo), transpose(hi));
-            let w = [
-                w03[0], w03[1], w03[2], w03[3], w47[0], w47[1], w47[2], w47[3],
-            ];
-            let bits = _mm256_setr_epi32(
-                B::scale_bits(row(LANE_ROWS[0])),
-                B::scale_bits(row(LANE_ROWS[1])),
-                B::scale_bits(row(LANE_ROWS[2])),
-                B::scale_bits(row(LANE_ROWS[3])),
-                B::scale_bits(row(LANE_ROWS[4])),
-                B::scale_bits(row(LANE_ROWS[5])),
-                B::scale_bits(row(LANE_ROWS[6])),
-                B::scale_bits(row(LANE_ROWS[7])),
-            );
-            // Low f16s (d) to the low half, high ones (m) to the high half.
-            let halves = _mm256_permute4x64_epi64(
-                _mm256_shuffle_epi8(
-                    bits,
-                    _mm256_broadcastsi128_si256(_mm_setr_epi8(
-                        0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15,
-                    )),
-                ),
-                0b11_01_10_00,
-            );
-            let dw = _mm256_cvtph_ps(_mm256_castsi256_si128(halves));
-            let cw = match B::OFFSET {
-                Offset::None => _mm256_mul_ps(dw, _mm256_set1_ps(-128.0)),
-                Offset::Scaled(k) => _mm256_mul_ps(dw, _mm256_set1_ps(k)),
-                Offset::Min => _mm256_cvtph_ps(_mm256_extracti128_si256(halves, 1)),
-            };
-            // The unsigned operands; `w` keeps Q8_0's signs for AVX2.
-            let mut u = w;
-            for k in 0..8 {
-                if biased {
-                    u[k] = _mm256_xor_si256(w[k], _mm256_set1_epi8(-128));
-                } else if sign_moved {
-                    u[k] = _mm256_sign_epi8(w[k], w[k]);
-                }
-            }
+/// The decode-batch pass of block layout `B` with integer dot `D`.
+impl<B: Block32, D: Dot> Pass for Q32<B, D> {
+    #[inline(always)]
+    unsafe fn pass(job: &Job, rows: Range<usize>, tokens: Range<usize>) {
+        let nt = tokens.len();
+        let groups = rows.len().div_ceil(GROUP);
+        // Q8_0's signed quants: VNNI takes them offset by 128 as unsigned
+        // bytes (an offset of -128 d, like Q4_0's -8 d); AVX2's `vpmaddubsw`
+        // would saturate on those, so it moves the signs to the activations.
+        let signed = matches!(B::OFFSET, Offset::None);
+        let biased = signed && D::WIDE_U8;
+        let sign_moved = signed && !D::WIDE_U8;
+        let has_offset = !sign_moved;
+        // Weights are prefetched into L2 ahead in their row, and the next
+        // pass's first lines while this one starts.
+        let next_pass = GROUP * PASS_GROUPS * job.w_stride;
+        let lead_blocks = PREFETCH_AHEAD.div_ceil(B::BYTES);
+        let a = job.a.add(tokens.start * job.a_stride);
+        let mut store: AccumulatorStore = [[MaybeUninit::uninit(); TOKEN_BLOCK]; PASS_GROUPS];
+        let mut acc = Accumulators::new(&mut store, groups, nt);
+        // Per token, this block's activation scale d_x and d_x times its sum.
+        let mut dx = [0.0f32; TOKEN_BLOCK];
+        let mut sx = [0.0f32; TOKEN_BLOCK];
+        for b in 0..job.cols / 32 {
             for t in 0..nt {
-                let x = a.add(t * job.a_stride + b * Q8S_BYTES + 4) as *const i32;
-                let mut s = [_mm256_setzero_si256(); 8];
-                for k in 0..8 {
-                    s[k] = _mm256_set1_epi32(x.add(k).read_unaligned());
-                    if sign_moved {
-                        s[k] = _mm256_sign_epi8(s[k], w[k]);
+                let h = (a.add(t * job.a_stride + b * Q8S_BYTES) as *const i32).read_unaligned();
+                let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+                dx[t] = d;
+                sx[t] = d * (h >> 16) as f32;
+            }
+            for g in 0..groups {
+                let ptrs = group_rows(job, &rows, g, b, B::BYTES);
+                for p in ptrs {
+                    prefetch_l2(p.wrapping_add(PREFETCH_AHEAD));
+                    if b < lead_blocks {
+                        prefetch_l2(p.wrapping_add(next_pass));
                     }
                 }
-                let i = D::dot_u8i8_8(&u, &s, B::MAX_U);
-                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(dx[t]));
-                let mut v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), scale, acc[g][t].assume_init());
-                if has_offset {
-                    v = _mm256_fmadd_ps(cw, _mm256_set1_ps(sx[t]), v);
+                let mut lo = [_mm256_setzero_si256(); 4];
+                let mut hi = [_mm256_setzero_si256(); 4];
+                for p in 0..4 {
+                    (lo[p], hi[p]) = B::pair::<D>(ptrs[2 * p], ptrs[2 * p + 1]);
                 }
-                acc[g][t].write(v);
+                // Register k: quants 4k..4k+4 of the rows in `LANE_ROWS` order.
+                let (w03, w47) = (transpose4(lo), transpose4(hi));
+                let w = [
+                    w03[0], w03[1], w03[2], w03[3], w47[0], w47[1], w47[2], w47[3],
+                ];
+                let (dw, mw) = f16_halves(dwords(&LANE_ROWS.map(|r| ptrs[r]), 0));
+                let cw = match B::OFFSET {
+                    Offset::None => _mm256_mul_ps(dw, _mm256_set1_ps(-128.0)),
+                    Offset::Scaled(k) => _mm256_mul_ps(dw, _mm256_set1_ps(k)),
+                    Offset::Min => mw,
+                };
+                // The unsigned operands; `w` keeps Q8_0's signs for AVX2.
+                let mut u = w;
+                for k in 0..8 {
+                    if biased {
+                        u[k] = _mm256_xor_si256(w[k], _mm256_set1_epi8(-128));
+                    } else if sign_moved {
+                        u[k] = _mm256_sign_epi8(w[k], w[k]);
+                    }
+                }
+                for t in 0..nt {
+                    let x = a.add(t * job.a_stride + b * Q8S_BYTES + 4) as *const i32;
+                    let mut s = [_mm256_setzero_si256(); 8];
+                    for k in 0..8 {
+                        s[k] = _mm256_set1_epi32(x.add(k).read_unaligned());
+                        if sign_moved {
+                            s[k] = _mm256_sign_epi8(s[k], w[k]);
+                        }
+                    }
+                    let i = D::dot_u8i8_8(&u, &s, B::MAX_U);
+                    let scale = _mm256_mul_ps(dw, _mm256_set1_ps(dx[t]));
+                    let mut v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), scale, acc.get(g, t));
+                    if has_offset {
+                        v = _mm256_fmadd_ps(cw, _mm256_set1_ps(sx[t]), v);
+                    }
+                    acc.set(g, t, v);
+                }
             }
         }
-    }
-    // Lane j holds row LANE_ROWS[j]; put rows in order.
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for g in 0..groups {
-        let r0 = rows.start + g * GROUP;
-        let n = (rows.end - r0).min(GROUP);
-        for t in 0..nt {
-            let v = _mm256_permutevar8x32_ps(acc[g][t].assume_init(), order);
-            let out = job.out.add((tokens.start + t) * job.out_stride + r0);
-            if n == GROUP {
-                _mm256_storeu_ps(out, v);
-            } else {
-                let mut lanes = [0.0f32; GROUP];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-                std::ptr::copy_nonoverlapping(lanes.as_ptr(), out, n);
-            }
-        }
+        // Lane j holds row LANE_ROWS[j]; put rows in order.
+        acc.store(
+            job,
+            &rows,
+            &tokens,
+            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
+        );
     }
 }
