@@ -48,8 +48,8 @@ pub(crate) enum Offset {
 pub(crate) trait Block32 {
     const BYTES: usize;
     const OFFSET: Offset;
-    /// The largest unsigned quant the tiles multiply (Q8_0's are signed;
-    /// their magnitudes reach 128).
+    /// The largest unsigned operand the batch pass multiplies: the quant
+    /// itself, or for Q8_0 on AVX2 its magnitude (up to 128).
     const MAX_U: i32;
     /// The four bytes at the start of the block: the f16 scale, then the
     /// f16 min (Q4_1, Q5_1) or bytes of no interest.
