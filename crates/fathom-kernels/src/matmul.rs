@@ -692,8 +692,10 @@ pub(crate) mod tests {
     /// on every kernel family, with row counts that leave part groups
     /// and passes and widths of an odd number of blocks: each output
     /// within the quantization bound of the f32 product, each SIMD output
-    /// within float reordering of the portable one, and the portable
-    /// kernel equal to the one-row one-token reference bit for bit.
+    /// within float reordering of the portable one and equal bit for bit
+    /// to its token's output alone (sequences decoded together give what
+    /// each gives alone), and the portable kernel equal to the one-row
+    /// one-token reference bit for bit.
     #[test]
     fn decode_batches_match_reference_on_every_isa() {
         let pools = [Pool::new(1), Pool::new(3)];
@@ -758,6 +760,12 @@ pub(crate) mod tests {
                         }
                     }
                     for isa in Isa::available() {
+                        // Each token alone: a row's output must not depend
+                        // on what else shares the matmul.
+                        let alone: Vec<f32> = x
+                            .chunks_exact(cols)
+                            .flat_map(|xt| run(isa, &pools[0], &weights, xt, 1))
+                            .collect();
                         for pool in &pools {
                             let got = run(isa, pool, &weights, &x, n);
                             for i in 0..want.len() {
@@ -770,6 +778,17 @@ pub(crate) mod tests {
                                     i % rows,
                                     got[i],
                                     portable[i]
+                                );
+                                assert_eq!(
+                                    got[i].to_bits(),
+                                    alone[i].to_bits(),
+                                    "{} {isa:?} x{} {rows}x{cols}x{n} [{}][{}]: {} batched, {} alone",
+                                    ty.name(),
+                                    pool.n_threads(),
+                                    i / rows,
+                                    i % rows,
+                                    got[i],
+                                    alone[i]
                                 );
                             }
                         }

@@ -113,13 +113,17 @@ impl<D: Dot, const FIVE: bool> Tile for K45<D, FIVE> {
         let bytes = if FIVE { 176 } else { 144 };
         let qs_at = if FIVE { 48 } else { 16 };
         let low4 = _mm256_set1_epi8(0x0f);
-        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        debug_assert!(R <= 4);
+        // Rows in lanes 0..R, as the batch pass keeps them.
+        let mut acc = [_mm_setzero_ps(); T];
         let ahead = prefetch_distance(R, w_stride);
         let splat = splat16_masks();
         for b in 0..cols / 256 {
             let (dx, bsums) = act_header::<T>(a, a_stride, b);
             let mut scales = [_mm256_setzero_si256(); R];
-            let mut d = [0.0f32; R];
+            let mut d = [0.0f32; 4];
+            let mut dmins = [0.0f32; 4];
+            let mut imin = [[_mm256_setzero_si256(); R]; T];
             let mut isum = [[_mm256_setzero_si256(); T]; R];
             for r in 0..R {
                 let p = w.add(r * w_stride + b * bytes);
@@ -136,11 +140,9 @@ impl<D: Dot, const FIVE: bool> Tile for K45<D, FIVE> {
                 // groups: [m0, m0, m1, m1, ...] as i16 against the sums.
                 let m8 = _mm_cvtsi64_si128(m as i64);
                 let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-                let (dr, dmin) = f16x2(p);
-                d[r] = dr;
+                (d[r], dmins[r]) = f16x2(p);
                 for t in 0..T {
-                    let mi = _mm256_cvtepi32_ps(_mm256_madd_epi16(bsums[t], mins));
-                    acc[r][t] = _mm256_fmadd_ps(mi, _mm256_set1_ps(-dmin * dx[t]), acc[r][t]);
+                    imin[t][r] = _mm256_madd_epi16(bsums[t], mins);
                 }
             }
             for c in 0..4 {
@@ -175,15 +177,41 @@ impl<D: Dot, const FIVE: bool> Tile for K45<D, FIVE> {
                     }
                 }
             }
-            for r in 0..R {
-                for t in 0..T {
-                    let i = _mm256_cvtepi32_ps(isum[r][t]);
-                    acc[r][t] = _mm256_fmadd_ps(i, _mm256_set1_ps(d[r] * dx[t]), acc[r][t]);
+            // The batch pass's float operations in its order, so a row's
+            // output does not depend on how many tokens share the matmul.
+            let (d, dmins) = (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmins.as_ptr()));
+            for t in 0..T {
+                let mut rows = [_mm256_setzero_si256(); R];
+                for r in 0..R {
+                    rows[r] = isum[r][t];
                 }
+                let dxt = _mm_set1_ps(dx[t]);
+                let v = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums(&rows)), _mm_mul_ps(d, dxt), acc[t]);
+                acc[t] = _mm_fnmadd_ps(
+                    _mm_cvtepi32_ps(row_sums(&imin[t])),
+                    _mm_mul_ps(dmins, dxt),
+                    v,
+                );
             }
         }
-        finish(&acc)
+        let mut out = [[0.0f32; R]; T];
+        for t in 0..T {
+            let mut lanes = [0.0f32; 4];
+            _mm_storeu_ps(lanes.as_mut_ptr(), acc[t]);
+            out[t].copy_from_slice(&lanes[..R]);
+        }
+        out
     }
+}
+
+/// The sums of the eight i32 lanes of each of `v` (at most four), in
+/// lanes 0..R.
+#[inline(always)]
+unsafe fn row_sums<const R: usize>(v: &[__m256i; R]) -> __m128i {
+    let mut x = [_mm256_setzero_si256(); 4];
+    x[..R].copy_from_slice(v);
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(x[0], x[1]), _mm256_hadd_epi32(x[2], x[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
 }
 
 /// `(v >> shift) & mask` per 32-bit lane.
