@@ -5,6 +5,8 @@
 //! reuses each weight tile across tokens from L1. The 32-value block types,
 //! Q4_K and Q5_K take a decode-batch kernel from a few tokens on instead
 //! (`x86::batch`): it unpacks each block of eight rows once for all tokens.
+//! Tiles and batch pass do the same float operations per row and block, so
+//! which one runs, and what else shares the matmul, never changes a row.
 
 use crate::isa::Isa;
 use crate::pool::Pool;
