@@ -154,9 +154,11 @@ impl Bench {
         self.streams.push((ty, stream));
     }
 
-    /// Prefill of `PREFILL` tokens through `rows x cols`.
-    fn prefill(&mut self, ty: WeightType, rows: usize, cols: usize) {
-        let label = format!("prefill {:5} {rows:>5}x{cols:<5} x{PREFILL}", ty.name());
+    /// `n` tokens through `rows x cols` with the weights in cache: prefill
+    /// (`PREFILL` tokens) or a decode batch.
+    fn tokens(&mut self, ty: WeightType, rows: usize, cols: usize, n: usize) {
+        let kind = if n == PREFILL { "prefill" } else { "batch" };
+        let label = format!("{kind} {:5} {rows:>5}x{cols:<5} x{n}", ty.name());
         if !self.wants(&label) {
             return;
         }
@@ -167,15 +169,13 @@ impl Bench {
             cols,
             data: &data,
         };
-        let x: Vec<f32> = (0..PREFILL * cols)
-            .map(|i| (i as f32 * 0.37).sin())
-            .collect();
-        let mut out = vec![0.0f32; PREFILL * rows];
-        let mut q = vec![0u8; PREFILL * activation_row_bytes(ty, cols)];
-        let flops = 2.0 * (rows * cols * PREFILL) as f64;
+        let x: Vec<f32> = (0..n * cols).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut out = vec![0.0f32; n * rows];
+        let mut q = vec![0u8; n * activation_row_bytes(ty, cols)];
+        let flops = 2.0 * (rows * cols * n) as f64;
         let mut line = label;
         for pool in &self.pools {
-            let s = time(|| matmul(pool, &w, &x, PREFILL, &mut out, &mut q));
+            let s = time(|| matmul(pool, &w, &x, n, &mut out, &mut q));
             line += &format!(
                 " | {}t {:6.1} GFLOP/s {:8.2} ms",
                 pool.n_threads(),
@@ -187,11 +187,11 @@ impl Bench {
         println!("{line}");
     }
 
-    /// Every matmul of one SmolLM2 decode step: 30 layers of q, k, v, o,
-    /// gate, up, down in `ty`, then the Q8_0 lm_head tied to the
-    /// embeddings.
-    fn decode_token(&mut self, ty: WeightType) {
-        let label = format!("token  {:5} SmolLM2-135M matmuls", ty.name());
+    /// Every matmul of one SmolLM2 decode step of `n` sequences: 30
+    /// layers of q, k, v, o, gate, up, down in `ty`, then the Q8_0 lm_head
+    /// tied to the embeddings; tok/s counts all `n` tokens.
+    fn decode_token(&mut self, ty: WeightType, n: usize) {
+        let label = format!("token  {:5} SmolLM2-135M matmuls x{n:<2}", ty.name());
         if !self.wants(&label) {
             return;
         }
@@ -217,11 +217,11 @@ impl Bench {
             weights(WeightType::Q8_0, VOCAB, HIDDEN, &mut self.rng),
         ));
         let bytes: usize = mats.iter().map(|m| m.3.len()).sum();
-        let x: Vec<f32> = (0..FFN).map(|i| (i as f32 * 0.37).sin()).collect();
-        let mut out = vec![0.0f32; VOCAB];
+        let x: Vec<f32> = (0..n * FFN).map(|i| (i as f32 * 0.37).sin()).collect();
+        let mut out = vec![0.0f32; n * VOCAB];
         let mut q = vec![
             0u8;
-            activation_row_bytes(WeightType::Q4_K, FFN)
+            n * activation_row_bytes(WeightType::Q4_K, FFN)
                 .max(activation_row_bytes(ty, FFN))
         ];
         let mut line = format!("{label} ({:.1} MB)", bytes as f64 / 1e6);
@@ -234,14 +234,14 @@ impl Bench {
                         cols: *cols,
                         data,
                     };
-                    matmul(pool, &w, &x[..*cols], 1, &mut out[..*rows], &mut q);
+                    matmul(pool, &w, &x[..n * cols], n, &mut out[..n * rows], &mut q);
                 }
             });
             line += &format!(
-                " | {}t {:6.2} ms/token {:6.1} tok/s {:5.1} GB/s",
+                " | {}t {:6.2} ms/step {:6.1} tok/s {:5.1} GB/s",
                 pool.n_threads(),
                 s * 1e3,
-                1.0 / s,
+                n as f64 / s,
                 bytes as f64 / s / 1e9
             );
         }
@@ -259,7 +259,9 @@ fn main() {
         streams: Vec::new(),
     };
     println!("fathom-kernels matmul benchmark, {} kernels", isa_name());
-    b.decode_token(WeightType::Q4_1);
+    for n in [1, 4, 16, 64] {
+        b.decode_token(WeightType::Q4_1, n);
+    }
     b.decode(WeightType::Q8_0, VOCAB, HIDDEN);
     let decode_types = [
         WeightType::Q4_1,
@@ -280,7 +282,9 @@ fn main() {
     }
     for ty in decode_types {
         for (rows, cols) in shapes(ty, false) {
-            b.prefill(ty, rows, cols);
+            for n in [16, PREFILL] {
+                b.tokens(ty, rows, cols, n);
+            }
         }
     }
 }

@@ -2,11 +2,15 @@
 //! over the pool; each worker walks its rows in tiles of R rows x T tokens
 //! so a weight block is unpacked once per T tokens and an activation block
 //! loaded once per R rows. Decode (one token) streams the weights; prefill
-//! reuses each weight tile across tokens from L1.
+//! reuses each weight tile across tokens from L1. The 32-value block types,
+//! Q4_K and Q5_K take a decode-batch kernel from a few tokens on instead
+//! (`x86::batch`): it unpacks each block of eight rows once for all tokens.
+//! Tiles and batch pass do the same float operations per row and block, so
+//! which one runs, and what else shares the matmul, never changes a row.
 
 use crate::isa::Isa;
 use crate::pool::Pool;
-use crate::quant::{self, f16_at, Q8K_BYTES, Q8S_BYTES};
+use crate::quant::{self, f16_at};
 use crate::{WeightType, Weights};
 use fathom_ggml::ActFormat;
 use std::ops::Range;
@@ -89,7 +93,7 @@ pub(crate) type KernelFn = unsafe fn(&Job, Range<usize>);
 
 /// Tokens per pass over a worker's rows: 64 activation rows of the widest
 /// SmolLM2/Llama inputs stay in L2 while each weight tile stays in L1.
-const TOKEN_BLOCK: usize = 64;
+pub(crate) const TOKEN_BLOCK: usize = 64;
 
 /// Walks `rows` x all tokens in tiles of `R` x `T`, with 1-row and 1-token
 /// tiles for the remainders.
@@ -238,14 +242,15 @@ pub(crate) fn matmul_with(
         out: out.as_mut_ptr(),
         out_stride: rows,
     };
-    let kernel = kernel_for(isa, ty);
+    let kernel = kernel_for(isa, ty, n_tokens);
 
-    // Chunks of whole 4-row tiles, about eight per worker, handed out
-    // first come first served so a worker that lost its core to another
-    // process does not hold up the rest.
+    // Chunks of whole 8-row groups (the batch kernel's; two 4-row tiles),
+    // about eight per worker, handed out first come first served so a
+    // worker that lost its core to another process does not hold up the
+    // rest.
     let per_chunk = rows
         .div_ceil(pool.n_threads() * 8)
-        .next_multiple_of(4)
+        .next_multiple_of(8)
         .max(16);
     let n_chunks = rows.div_ceil(per_chunk);
     let next = AtomicUsize::new(0);
@@ -308,25 +313,54 @@ impl SendPtr {
 // token rows.
 unsafe impl Sync for SendPtr {}
 
-fn kernel_for(isa: Isa, ty: WeightType) -> KernelFn {
+fn kernel_for(isa: Isa, ty: WeightType, n_tokens: usize) -> KernelFn {
     #[cfg(target_arch = "x86_64")]
-    if let Some(k) = crate::x86::kernel(isa, ty) {
+    if let Some(k) =
+        crate::x86::batch_kernel(isa, ty, n_tokens).or_else(|| crate::x86::kernel(isa, ty))
+    {
         return k;
     }
-    let _ = isa;
+    let _ = (isa, n_tokens);
     portable_kernel
 }
 
-/// The reference kernel: one row and one token at a time, in plain Rust.
+/// The portable kernel: for quantized types, each weight block is
+/// unpacked once ([`Unpacked`]) and dotted with the block of every token
+/// of a [`TOKEN_BLOCK`], each token's sum kept in block order, so every
+/// output equals [`dot_portable`]'s bit for bit.
 ///
 /// # Safety
 /// As [`KernelFn`].
 unsafe fn portable_kernel(job: &Job, rows: Range<usize>) {
+    let token = |t: usize| std::slice::from_raw_parts(job.a.add(t * job.a_stride), job.a_stride);
     for r in rows {
         let wr = std::slice::from_raw_parts(job.w.add(r * job.w_stride), job.w_stride);
-        for t in 0..job.n_tokens {
-            let ar = std::slice::from_raw_parts(job.a.add(t * job.a_stride), job.a_stride);
-            *job.out.add(t * job.out_stride + r) = dot_portable(job.ty, wr, ar, job.cols);
+        let format = job.ty.activation();
+        if format == ActFormat::F32 {
+            for t in 0..job.n_tokens {
+                *job.out.add(t * job.out_stride + r) = dot_portable(job.ty, wr, token(t), job.cols);
+            }
+            continue;
+        }
+        let (bb, ab) = (job.ty.block_bytes(), format.block_bytes());
+        let mut t0 = 0;
+        while t0 < job.n_tokens {
+            let t1 = (t0 + TOKEN_BLOCK).min(job.n_tokens);
+            let mut sums = [0.0f32; TOKEN_BLOCK];
+            for (b, wb) in wr
+                .chunks_exact(bb)
+                .take(job.cols / job.ty.block_elems())
+                .enumerate()
+            {
+                let u = Unpacked::new(job.ty, wb);
+                for (t, sum) in (t0..t1).zip(&mut sums) {
+                    *sum += u.dot(&token(t)[b * ab..(b + 1) * ab]);
+                }
+            }
+            for (t, sum) in (t0..t1).zip(sums) {
+                *job.out.add(t * job.out_stride + r) = sum;
+            }
+            t0 = t1;
         }
     }
 }
@@ -335,141 +369,150 @@ fn i16_at(b: &[u8], at: usize) -> i32 {
     i16::from_le_bytes([b[at], b[at + 1]]) as i32
 }
 
+/// One quantized weight block as the dot products read it: the stored
+/// quants as small integers (unsigned but for Q8_0, Q3_K and Q6_K) and
+/// its scales, unpacked once for any number of activation blocks.
+struct Unpacked {
+    /// 32 quants for the `Q8S` types, 256 for the k-quants.
+    q: [i8; 256],
+    d: f32,
+    /// `Q8S`: the offset `c` (-8 d, -16 d or the min); `Q8K`: `dmin`.
+    c: f32,
+    /// `Q8K`: the scale and min of each 16-value group (a 32-value
+    /// sub-block's twice), integers as the block stores them.
+    sc: [i32; 16],
+    m: [i32; 16],
+    format: ActFormat,
+}
+
+impl Unpacked {
+    fn new(ty: WeightType, wb: &[u8]) -> Unpacked {
+        let mut u = Unpacked {
+            q: [0; 256],
+            d: 0.0,
+            c: 0.0,
+            sc: [0; 16],
+            m: [0; 16],
+            format: ty.activation(),
+        };
+        let quants = |q: &mut [i8], f: &dyn Fn(usize) -> i8| {
+            q.iter_mut().enumerate().for_each(|(j, v)| *v = f(j));
+        };
+        match ty {
+            WeightType::Q4_0 => {
+                quants(&mut u.q[..32], &|j| quant::q4_quant(wb, 2, j) as i8);
+                (u.d, u.c) = (f16_at(wb, 0), -8.0 * f16_at(wb, 0));
+            }
+            WeightType::Q4_1 => {
+                quants(&mut u.q[..32], &|j| quant::q4_quant(wb, 4, j) as i8);
+                (u.d, u.c) = (f16_at(wb, 0), f16_at(wb, 2));
+            }
+            WeightType::Q5_0 => {
+                quants(&mut u.q[..32], &|j| quant::q5_quant(wb, 6, j) as i8);
+                (u.d, u.c) = (f16_at(wb, 0), -16.0 * f16_at(wb, 0));
+            }
+            WeightType::Q5_1 => {
+                quants(&mut u.q[..32], &|j| quant::q5_quant(wb, 8, j) as i8);
+                (u.d, u.c) = (f16_at(wb, 0), f16_at(wb, 2));
+            }
+            WeightType::Q8_0 => {
+                quants(&mut u.q[..32], &|j| wb[2 + j] as i8);
+                u.d = f16_at(wb, 0);
+            }
+            WeightType::Q2_K => {
+                quants(&mut u.q, &|i| quant::q2k_quant(wb, i) as i8);
+                for (g, &s) in wb[..16].iter().enumerate() {
+                    (u.sc[g], u.m[g]) = ((s & 15) as i32, (s >> 4) as i32);
+                }
+                (u.d, u.c) = (f16_at(wb, 80), f16_at(wb, 82));
+            }
+            WeightType::Q3_K => {
+                quants(&mut u.q, &|i| quant::q3k_quant(wb, i));
+                let sc = quant::q3k_scales(&wb[96..108]);
+                u.sc.iter_mut().zip(sc).for_each(|(s, v)| *s = v as i32);
+                u.d = f16_at(wb, 108);
+            }
+            WeightType::Q4_K | WeightType::Q5_K => {
+                if ty == WeightType::Q4_K {
+                    quants(&mut u.q, &|i| quant::q4k_quant(wb, i) as i8);
+                } else {
+                    quants(&mut u.q, &|i| quant::q5k_quant(wb, i) as i8);
+                }
+                let (sc, m) = quant::k4_scales(&wb[4..16]);
+                for g in 0..16 {
+                    (u.sc[g], u.m[g]) = (sc[g / 2] as i32, m[g / 2] as i32);
+                }
+                (u.d, u.c) = (f16_at(wb, 0), f16_at(wb, 2));
+            }
+            WeightType::Q6_K => {
+                quants(&mut u.q, &|i| quant::q6k_quant(wb, i));
+                for (s, &v) in u.sc.iter_mut().zip(&wb[192..208]) {
+                    *s = v as i8 as i32;
+                }
+                u.d = f16_at(wb, 208);
+            }
+            WeightType::F32 | WeightType::F16 | WeightType::BF16 => {
+                unreachable!("float weights are not unpacked")
+            }
+        }
+        u
+    }
+
+    /// This block's term of a dot product with activation block `ab`,
+    /// with the SIMD kernels' integer sums and their float arithmetic in
+    /// the same order.
+    fn dot(&self, ab: &[u8]) -> f32 {
+        let dot = |r: Range<usize>| -> i32 {
+            self.q[r.clone()]
+                .iter()
+                .zip(&ab[4 + r.start..4 + r.end])
+                .map(|(&w, &x)| w as i32 * x as i8 as i32)
+                .sum()
+        };
+        if self.format == ActFormat::Q8S {
+            let dx = f16_at(ab, 0);
+            return dot(0..32) as f32 * (self.d * dx) + self.c * (dx * i16_at(ab, 2) as f32);
+        }
+        // Integer sums per 16-value group; a 32-value sub-block's scale
+        // and min times its two groups' sums is the same integer.
+        let isum: i32 = (0..16)
+            .map(|g| self.sc[g] * dot(16 * g..16 * (g + 1)))
+            .sum();
+        let imin: i32 = (0..16).map(|g| self.m[g] * i16_at(ab, 260 + 2 * g)).sum();
+        let dx = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
+        isum as f32 * (self.d * dx) - imin as f32 * (self.c * dx)
+    }
+}
+
 /// One weight row (`w`) dotted with one activation row (`a`, in
 /// `ty.activation()`), with the SIMD kernels' integer arithmetic per
 /// block and float arithmetic per block in the same order.
 pub(crate) fn dot_portable(ty: WeightType, w: &[u8], a: &[u8], cols: usize) -> f32 {
     let bb = ty.block_bytes();
-    match ty.activation() {
-        ActFormat::F32 => {
-            let x = a[..4 * cols]
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-            let w = w[..cols * bb].chunks_exact(bb);
-            match ty {
-                WeightType::F32 => w
-                    .zip(x)
-                    .map(|(c, x)| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * x)
-                    .sum(),
-                WeightType::F16 => w.zip(x).map(|(c, x)| f16_at(c, 0) * x).sum(),
-                _ => w
-                    .zip(x)
-                    .map(|(c, x)| crate::ops::bf16_to_f32(u16::from_le_bytes([c[0], c[1]])) * x)
-                    .sum(),
-            }
-        }
-        ActFormat::Q8S => {
-            let mut sum = 0.0f32;
-            for (wb, ab) in w
-                .chunks_exact(bb)
-                .zip(a.chunks_exact(Q8S_BYTES))
-                .take(cols / 32)
-            {
-                // The weight quants as stored (unsigned but for Q8_0), then
-                // one integer dot, as the SIMD tiles do.
-                let mut wq = [0i32; 32];
-                let (d, c) = match ty {
-                    WeightType::Q4_0 => {
-                        wq.iter_mut()
-                            .enumerate()
-                            .for_each(|(j, q)| *q = quant::q4_quant(wb, 2, j) as i32);
-                        (f16_at(wb, 0), -8.0 * f16_at(wb, 0))
-                    }
-                    WeightType::Q4_1 => {
-                        wq.iter_mut()
-                            .enumerate()
-                            .for_each(|(j, q)| *q = quant::q4_quant(wb, 4, j) as i32);
-                        (f16_at(wb, 0), f16_at(wb, 2))
-                    }
-                    WeightType::Q5_0 => {
-                        wq.iter_mut()
-                            .enumerate()
-                            .for_each(|(j, q)| *q = quant::q5_quant(wb, 6, j) as i32);
-                        (f16_at(wb, 0), -16.0 * f16_at(wb, 0))
-                    }
-                    WeightType::Q5_1 => {
-                        wq.iter_mut()
-                            .enumerate()
-                            .for_each(|(j, q)| *q = quant::q5_quant(wb, 8, j) as i32);
-                        (f16_at(wb, 0), f16_at(wb, 2))
-                    }
-                    _ => {
-                        wq.iter_mut()
-                            .zip(&wb[2..34])
-                            .for_each(|(q, &v)| *q = v as i8 as i32);
-                        (f16_at(wb, 0), 0.0)
-                    }
-                };
-                let i: i32 = wq
-                    .iter()
-                    .zip(&ab[4..36])
-                    .map(|(&w, &x)| w * x as i8 as i32)
-                    .sum();
-                let dx = f16_at(ab, 0);
-                sum += i as f32 * (d * dx) + c * (dx * i16_at(ab, 2) as f32);
-            }
-            sum
-        }
-        ActFormat::Q8K => {
-            let mut sum = 0.0f32;
-            for (wb, ab) in w
-                .chunks_exact(bb)
-                .zip(a.chunks_exact(Q8K_BYTES))
-                .take(cols / 256)
-            {
-                // The stored weight values as small integers (signed for
-                // Q3_K and Q6_K), then integer dots per scale group.
-                let mut wq = [0i32; 256];
-                for (i, q) in wq.iter_mut().enumerate() {
-                    *q = match ty {
-                        WeightType::Q2_K => quant::q2k_quant(wb, i) as i32,
-                        WeightType::Q3_K => quant::q3k_quant(wb, i) as i32,
-                        WeightType::Q4_K => quant::q4k_quant(wb, i) as i32,
-                        WeightType::Q5_K => quant::q5k_quant(wb, i) as i32,
-                        _ => quant::q6k_quant(wb, i) as i32,
-                    };
-                }
-                let xq = &ab[4..260];
-                let group = |g: usize, size: usize| -> i32 {
-                    let r = g * size..(g + 1) * size;
-                    wq[r.clone()]
-                        .iter()
-                        .zip(&xq[r])
-                        .map(|(&w, &x)| w * x as i8 as i32)
-                        .sum()
-                };
-                let bsum = |g: usize| i16_at(ab, 260 + 2 * g);
-                let (d, dmin, isum, imin): (f32, f32, i32, i32) = match ty {
-                    WeightType::Q2_K => {
-                        let isum = (0..16).map(|g| (wb[g] & 15) as i32 * group(g, 16)).sum();
-                        let imin = (0..16).map(|g| (wb[g] >> 4) as i32 * bsum(g)).sum();
-                        (f16_at(wb, 80), f16_at(wb, 82), isum, imin)
-                    }
-                    WeightType::Q3_K => {
-                        let sc = quant::q3k_scales(&wb[96..108]);
-                        let isum = (0..16).map(|g| sc[g] as i32 * group(g, 16)).sum();
-                        (f16_at(wb, 108), 0.0, isum, 0)
-                    }
-                    WeightType::Q4_K | WeightType::Q5_K => {
-                        let (sc, m) = quant::k4_scales(&wb[4..16]);
-                        let isum = (0..8).map(|s| sc[s] as i32 * group(s, 32)).sum();
-                        let imin = (0..8)
-                            .map(|s| m[s] as i32 * (bsum(2 * s) + bsum(2 * s + 1)))
-                            .sum();
-                        (f16_at(wb, 0), f16_at(wb, 2), isum, imin)
-                    }
-                    _ => {
-                        let isum = (0..16)
-                            .map(|g| wb[192 + g] as i8 as i32 * group(g, 16))
-                            .sum();
-                        (f16_at(wb, 208), 0.0, isum, 0)
-                    }
-                };
-                let dx = f32::from_le_bytes([ab[0], ab[1], ab[2], ab[3]]);
-                sum += isum as f32 * (d * dx) - imin as f32 * (dmin * dx);
-            }
-            sum
-        }
+    let format = ty.activation();
+    if format != ActFormat::F32 {
+        let ab = format.block_bytes();
+        return w
+            .chunks_exact(bb)
+            .zip(a.chunks_exact(ab))
+            .take(cols / ty.block_elems())
+            .map(|(wb, ab)| Unpacked::new(ty, wb).dot(ab))
+            .fold(0.0, |sum, term| sum + term);
+    }
+    let x = a[..4 * cols]
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+    let w = w[..cols * bb].chunks_exact(bb);
+    match ty {
+        WeightType::F32 => w
+            .zip(x)
+            .map(|(c, x)| f32::from_le_bytes([c[0], c[1], c[2], c[3]]) * x)
+            .sum(),
+        WeightType::F16 => w.zip(x).map(|(c, x)| f16_at(c, 0) * x).sum(),
+        _ => w
+            .zip(x)
+            .map(|(c, x)| crate::ops::bf16_to_f32(u16::from_le_bytes([c[0], c[1]])) * x)
+            .sum(),
     }
 }
 
@@ -640,6 +683,116 @@ pub(crate) mod tests {
                                 got[i],
                                 portable[i]
                             );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Decode-batch sizes (1..=17, 33, 64 and one past a token block)
+    /// on every kernel family, with row counts that leave part groups
+    /// and passes and widths of an odd number of blocks: each output
+    /// within the quantization bound of the f32 product, each SIMD output
+    /// within float reordering of the portable one and equal bit for bit
+    /// to its token's output alone (sequences decoded together give what
+    /// each gives alone), and the portable kernel equal to the one-row
+    /// one-token reference bit for bit.
+    #[test]
+    fn decode_batches_match_reference_on_every_isa() {
+        let pools = [Pool::new(1), Pool::new(3)];
+        let mut rng = Rng::new(3);
+        let counts: Vec<usize> = (1..=17).chain([33, 64, 65]).collect();
+        for ty in WeightType::ALL {
+            let widths = if ty.block_elems() == 256 {
+                [768, 256]
+            } else {
+                [96, 224]
+            };
+            for (rows, cols) in [(19, widths[0]), (300, widths[1])] {
+                let w = random_weights(ty, rows, cols, &mut rng);
+                let weights = Weights {
+                    ty,
+                    rows,
+                    cols,
+                    data: &w,
+                };
+                let row_bytes = ty.row_bytes(cols);
+                // The activation rows the kernels read: x itself for
+                // float weights.
+                let act_bytes = match ty.activation() {
+                    ActFormat::F32 => 4 * cols,
+                    _ => activation_row_bytes(ty, cols),
+                };
+                for &n in &counts {
+                    let x = random_activations(n * cols, &mut rng);
+                    let (want, tol, mag) = reference(ty, &w, rows, cols, &x, n);
+                    let portable = run(Isa::Portable, &pools[0], &weights, &x, n);
+                    let mut q: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
+                    if ty.activation() != ActFormat::F32 {
+                        q = vec![0u8; n * act_bytes];
+                        for (xr, qr) in x.chunks_exact(cols).zip(q.chunks_exact_mut(act_bytes)) {
+                            quantize_rows(Isa::Portable, ty.activation(), xr, qr);
+                        }
+                    }
+                    for t in 0..n {
+                        for r in 0..rows {
+                            let i = t * rows + r;
+                            let one = dot_portable(
+                                ty,
+                                &w[r * row_bytes..(r + 1) * row_bytes],
+                                &q[t * act_bytes..(t + 1) * act_bytes],
+                                cols,
+                            );
+                            assert_eq!(
+                                portable[i].to_bits(),
+                                one.to_bits(),
+                                "{} portable {rows}x{cols}x{n} [{t}][{r}]: {} vs {one}",
+                                ty.name(),
+                                portable[i]
+                            );
+                            assert!(
+                                (portable[i] - want[i]).abs() <= tol[i],
+                                "{} portable {rows}x{cols}x{n} [{t}][{r}]: {} vs {} (tol {})",
+                                ty.name(),
+                                portable[i],
+                                want[i],
+                                tol[i]
+                            );
+                        }
+                    }
+                    for isa in Isa::available() {
+                        // Each token alone: a row's output must not depend
+                        // on what else shares the matmul.
+                        let alone: Vec<f32> = x
+                            .chunks_exact(cols)
+                            .flat_map(|xt| run(isa, &pools[0], &weights, xt, 1))
+                            .collect();
+                        for pool in &pools {
+                            let got = run(isa, pool, &weights, &x, n);
+                            for i in 0..want.len() {
+                                assert!(
+                                    (got[i] - portable[i]).abs() <= 4e-6 * mag[i] + 1e-6,
+                                    "{} {isa:?} x{} {rows}x{cols}x{n} [{}][{}]: {} vs portable {}",
+                                    ty.name(),
+                                    pool.n_threads(),
+                                    i / rows,
+                                    i % rows,
+                                    got[i],
+                                    portable[i]
+                                );
+                                assert_eq!(
+                                    got[i].to_bits(),
+                                    alone[i].to_bits(),
+                                    "{} {isa:?} x{} {rows}x{cols}x{n} [{}][{}]: {} batched, {} alone",
+                                    ty.name(),
+                                    pool.n_threads(),
+                                    i / rows,
+                                    i % rows,
+                                    got[i],
+                                    alone[i]
+                                );
+                            }
                         }
                     }
                 }

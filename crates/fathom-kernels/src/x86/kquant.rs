@@ -14,11 +14,17 @@
 // iterator chains would hide that the indices line up.
 #![allow(clippy::needless_range_loop)]
 
+use super::batch::{
+    dwords, f16_halves, group_rows, transpose8, AccumulatorStore, Accumulators, Pass, GROUP,
+    PASS_GROUPS,
+};
 use super::{f16x2, hsum, prefetch_distance, prefetch_l2, Dot};
-use crate::matmul::Tile;
+use crate::matmul::{Job, Tile, TOKEN_BLOCK};
 use crate::quant::Q8K_BYTES;
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+use std::ops::Range;
 
 /// Q4_K and Q5_K (`FIVE`): the same scales, mins and nibble order, Q5_K
 /// adding a fifth bit per value from `qh`.
@@ -107,13 +113,17 @@ impl<D: Dot, const FIVE: bool> Tile for K45<D, FIVE> {
         let bytes = if FIVE { 176 } else { 144 };
         let qs_at = if FIVE { 48 } else { 16 };
         let low4 = _mm256_set1_epi8(0x0f);
-        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        debug_assert!(R <= 4);
+        // Rows in lanes 0..R, as the batch pass keeps them.
+        let mut acc = [_mm_setzero_ps(); T];
         let ahead = prefetch_distance(R, w_stride);
         let splat = splat16_masks();
         for b in 0..cols / 256 {
             let (dx, bsums) = act_header::<T>(a, a_stride, b);
             let mut scales = [_mm256_setzero_si256(); R];
-            let mut d = [0.0f32; R];
+            let mut d = [0.0f32; 4];
+            let mut dmins = [0.0f32; 4];
+            let mut imin = [[_mm256_setzero_si256(); R]; T];
             let mut isum = [[_mm256_setzero_si256(); T]; R];
             for r in 0..R {
                 let p = w.add(r * w_stride + b * bytes);
@@ -130,11 +140,9 @@ impl<D: Dot, const FIVE: bool> Tile for K45<D, FIVE> {
                 // groups: [m0, m0, m1, m1, ...] as i16 against the sums.
                 let m8 = _mm_cvtsi64_si128(m as i64);
                 let mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
-                let (dr, dmin) = f16x2(p);
-                d[r] = dr;
+                (d[r], dmins[r]) = f16x2(p);
                 for t in 0..T {
-                    let mi = _mm256_cvtepi32_ps(_mm256_madd_epi16(bsums[t], mins));
-                    acc[r][t] = _mm256_fmadd_ps(mi, _mm256_set1_ps(-dmin * dx[t]), acc[r][t]);
+                    imin[t][r] = _mm256_madd_epi16(bsums[t], mins);
                 }
             }
             for c in 0..4 {
@@ -169,14 +177,183 @@ impl<D: Dot, const FIVE: bool> Tile for K45<D, FIVE> {
                     }
                 }
             }
-            for r in 0..R {
-                for t in 0..T {
-                    let i = _mm256_cvtepi32_ps(isum[r][t]);
-                    acc[r][t] = _mm256_fmadd_ps(i, _mm256_set1_ps(d[r] * dx[t]), acc[r][t]);
+            // The batch pass's float operations in its order, so a row's
+            // output does not depend on how many tokens share the matmul.
+            let (d, dmins) = (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmins.as_ptr()));
+            for t in 0..T {
+                let mut rows = [_mm256_setzero_si256(); R];
+                for r in 0..R {
+                    rows[r] = isum[r][t];
+                }
+                let dxt = _mm_set1_ps(dx[t]);
+                let v = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums(&rows)), _mm_mul_ps(d, dxt), acc[t]);
+                acc[t] = _mm_fnmadd_ps(
+                    _mm_cvtepi32_ps(row_sums(&imin[t])),
+                    _mm_mul_ps(dmins, dxt),
+                    v,
+                );
+            }
+        }
+        let mut out = [[0.0f32; R]; T];
+        for t in 0..T {
+            let mut lanes = [0.0f32; 4];
+            _mm_storeu_ps(lanes.as_mut_ptr(), acc[t]);
+            out[t].copy_from_slice(&lanes[..R]);
+        }
+        out
+    }
+}
+
+/// The sums of the eight i32 lanes of each of `v` (at most four), in
+/// lanes 0..R.
+#[inline(always)]
+unsafe fn row_sums<const R: usize>(v: &[__m256i; R]) -> __m128i {
+    let mut x = [_mm256_setzero_si256(); 4];
+    x[..R].copy_from_slice(v);
+    let h = _mm256_hadd_epi32(_mm256_hadd_epi32(x[0], x[1]), _mm256_hadd_epi32(x[2], x[3]));
+    _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
+}
+
+/// `(v >> shift) & mask` per 32-bit lane.
+#[inline(always)]
+unsafe fn bits(v: __m256i, shift: usize, mask: i32) -> __m256i {
+    _mm256_and_si256(
+        _mm256_srl_epi32(v, _mm_cvtsi32_si128(shift as i32)),
+        _mm256_set1_epi32(mask),
+    )
+}
+
+/// The decode-batch pass of Q4_K and Q5_K: per group and super-block the
+/// eight rows' scales and mins as i32 lanes, unpacked from their 12 bytes
+/// in every lane at once; per 64-value chunk the rows' 32 quant bytes
+/// transposed (8 x 8 dwords) and split into the two sub-blocks' nibbles.
+/// Each token's sub-block dots times their scales sum exactly as integers,
+/// and the mins meet the token's 16-value sums through `madd`; floats
+/// enter once per super-block, as in the tiles.
+impl<D: Dot, const FIVE: bool> Pass for K45<D, FIVE> {
+    #[inline(always)]
+    unsafe fn pass(job: &Job, rows: Range<usize>, tokens: Range<usize>) {
+        let bytes = if FIVE { 176 } else { 144 };
+        let qs_at = if FIVE { 48 } else { 16 };
+        let max_u = if FIVE { 31 } else { 15 };
+        let nt = tokens.len();
+        let groups = rows.len().div_ceil(GROUP);
+        let a = job.a.add(tokens.start * job.a_stride);
+        let low4 = _mm256_set1_epi8(0x0f);
+        let next_pass = GROUP * PASS_GROUPS * job.w_stride;
+        let mut store: AccumulatorStore = [[MaybeUninit::uninit(); TOKEN_BLOCK]; PASS_GROUPS];
+        let mut acc = Accumulators::new(&mut store, groups, nt);
+        let mut isum = [_mm256_setzero_si256(); TOKEN_BLOCK];
+        for b in 0..job.cols / 256 {
+            for g in 0..groups {
+                let p = group_rows(job, &rows, g, b, bytes);
+                for row in p {
+                    for line in (0..bytes).step_by(64) {
+                        prefetch_l2(row.wrapping_add(bytes + line));
+                        if b == 0 {
+                            prefetch_l2(row.wrapping_add(next_pass + line));
+                        }
+                    }
+                }
+                let (dw, dmin) = f16_halves(dwords(&p, 0));
+                let (s0, s1, s2) = (dwords(&p, 4), dwords(&p, 8), dwords(&p, 12));
+                // As `quant::k4_scales`, from byte j of each lane's words.
+                let mut sc = [_mm256_setzero_si256(); 8];
+                // Each min twice per lane, as i16, against a pair of sums.
+                let mut mins = [_mm256_setzero_si256(); 8];
+                for j in 0..4 {
+                    let top = 8 * j + 6;
+                    sc[j] = bits(s0, 8 * j, 63);
+                    sc[j + 4] = _mm256_or_si256(
+                        bits(s2, 8 * j, 15),
+                        _mm256_slli_epi32(bits(s0, top, 3), 4),
+                    );
+                    let m = [
+                        bits(s1, 8 * j, 63),
+                        _mm256_or_si256(
+                            bits(s2, 8 * j + 4, 15),
+                            _mm256_slli_epi32(bits(s1, top, 3), 4),
+                        ),
+                    ];
+                    for (h, m) in m.into_iter().enumerate() {
+                        mins[j + 4 * h] = _mm256_or_si256(m, _mm256_slli_epi32(m, 16));
+                    }
+                }
+                let qh = if FIVE {
+                    let mut h = [_mm256_setzero_si256(); 8];
+                    for i in 0..GROUP {
+                        h[i] = _mm256_loadu_si256(p[i].add(16) as *const __m256i);
+                    }
+                    transpose8(h)
+                } else {
+                    [_mm256_setzero_si256(); 8]
+                };
+                for c in 0..4 {
+                    let mut q = [_mm256_setzero_si256(); 8];
+                    for i in 0..GROUP {
+                        q[i] = _mm256_loadu_si256(p[i].add(qs_at + 32 * c) as *const __m256i);
+                    }
+                    // Register k: quant bytes 4k..4k+4 of row i in lane i;
+                    // low nibbles sub-block 2c, high ones 2c + 1.
+                    let q = transpose8(q);
+                    for half in 0..2 {
+                        let s = 2 * c + half;
+                        let mut w = [_mm256_setzero_si256(); 8];
+                        for k in 0..8 {
+                            w[k] = if half == 0 {
+                                _mm256_and_si256(q[k], low4)
+                            } else {
+                                _mm256_and_si256(_mm256_srli_epi16(q[k], 4), low4)
+                            };
+                            if FIVE {
+                                let bit = _mm256_and_si256(
+                                    _mm256_srl_epi16(qh[k], _mm_cvtsi32_si128(s as i32)),
+                                    _mm256_set1_epi8(1),
+                                );
+                                w[k] = _mm256_or_si256(w[k], _mm256_slli_epi16(bit, 4));
+                            }
+                        }
+                        for t in 0..nt {
+                            let x =
+                                a.add(t * job.a_stride + b * Q8K_BYTES + 4 + 32 * s) as *const i32;
+                            let mut xs = [_mm256_setzero_si256(); 8];
+                            for k in 0..8 {
+                                xs[k] = _mm256_set1_epi32(x.add(k).read_unaligned());
+                            }
+                            let i = _mm256_mullo_epi32(D::dot_u8i8_8(&w, &xs, max_u), sc[s]);
+                            isum[t] = if s == 0 {
+                                i
+                            } else {
+                                _mm256_add_epi32(isum[t], i)
+                            };
+                        }
+                    }
+                }
+                for t in 0..nt {
+                    let x = a.add(t * job.a_stride + b * Q8K_BYTES);
+                    let dx = _mm256_set1_ps((x as *const f32).read_unaligned());
+                    let sums = x.add(260) as *const i32;
+                    let mut imin = _mm256_setzero_si256();
+                    for j in 0..8 {
+                        let pair = _mm256_set1_epi32(sums.add(j).read_unaligned());
+                        imin = D::madd_acc(imin, mins[j], pair);
+                    }
+                    let v = _mm256_fmadd_ps(
+                        _mm256_cvtepi32_ps(isum[t]),
+                        _mm256_mul_ps(dw, dx),
+                        acc.get(g, t),
+                    );
+                    let v = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin, dx), v);
+                    acc.set(g, t, v);
                 }
             }
         }
-        finish(&acc)
+        acc.store(
+            job,
+            &rows,
+            &tokens,
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        );
     }
 }
 

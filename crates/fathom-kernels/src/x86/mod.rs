@@ -10,6 +10,7 @@
 //! inherit the caller's: the same generic tile compiles once for AVX2 and
 //! once for AVX-512 VNNI, picking its integer dot product through [`Dot`].
 
+pub(crate) mod batch;
 pub(crate) mod float;
 pub(crate) mod kquant;
 pub(crate) mod ops;
@@ -21,50 +22,98 @@ use crate::WeightType;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// Defines kernel entry points: `drive` over a tile type with R x T
-/// tiles, compiled for one feature set.
+/// Defines kernel entry points: a generic kernel (`drive` over a tile
+/// type with R x T tiles, or the decode-batch kernel over a block layout),
+/// compiled for one feature set.
 macro_rules! entries {
-    ($features:literal: $($name:ident = $tile:ty, $r:literal x $t:literal;)*) => {$(
+    ($features:literal: $($name:ident = $kernel:expr;)*) => {$(
         #[target_feature(enable = $features)]
         unsafe fn $name(job: &Job, rows: Range<usize>) {
-            drive::<$tile, $r, $t>(job, rows)
+            ($kernel)(job, rows)
         }
     )*};
 }
 
 // Tile shapes: with AVX-512's 32 vector registers a 4 x 4 tile's 16
 // accumulators fit beside its operands; the k-quants also hold 4 x 2
-// integer sums. AVX2 has 16 registers, so half the tokens.
+// integer sums. AVX2 has 16 registers, so half the tokens. The 32-value
+// block types take their tiles for single tokens only (4 x 1): from two
+// tokens on, their `batch` kernels are faster (`batch_kernel`).
 entries! {"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni":
-    q4_0_vnni = q32::Q32<q32::Q4_0, Vnni>, 4 x 4;
-    q4_1_vnni = q32::Q32<q32::Q4_1, Vnni>, 4 x 4;
-    q5_0_vnni = q32::Q32<q32::Q5_0, Vnni>, 4 x 4;
-    q5_1_vnni = q32::Q32<q32::Q5_1, Vnni>, 4 x 4;
-    q8_0_vnni = q32::Q32<q32::Q8_0, Vnni>, 4 x 4;
-    q4_k_vnni = kquant::K45<Vnni, false>, 4 x 2;
-    q5_k_vnni = kquant::K45<Vnni, true>, 4 x 2;
-    q2_k_vnni = kquant::K16<kquant::Q2K, Vnni>, 4 x 2;
-    q3_k_vnni = kquant::K16<kquant::Q3K, Vnni>, 4 x 2;
-    q6_k_vnni = kquant::K16<kquant::Q6K, Vnni>, 4 x 2;
-    f32_vnni = float::Float<float::F32>, 4 x 4;
-    f16_vnni = float::Float<float::F16>, 4 x 4;
-    bf16_vnni = float::Float<float::BF16>, 4 x 4;
+    q4_0_vnni = drive::<q32::Q32<q32::Q4_0, Vnni>, 4, 1>;
+    q4_1_vnni = drive::<q32::Q32<q32::Q4_1, Vnni>, 4, 1>;
+    q5_0_vnni = drive::<q32::Q32<q32::Q5_0, Vnni>, 4, 1>;
+    q5_1_vnni = drive::<q32::Q32<q32::Q5_1, Vnni>, 4, 1>;
+    q8_0_vnni = drive::<q32::Q32<q32::Q8_0, Vnni>, 4, 1>;
+    q4_k_vnni = drive::<kquant::K45<Vnni, false>, 4, 2>;
+    q5_k_vnni = drive::<kquant::K45<Vnni, true>, 4, 2>;
+    q2_k_vnni = drive::<kquant::K16<kquant::Q2K, Vnni>, 4, 2>;
+    q3_k_vnni = drive::<kquant::K16<kquant::Q3K, Vnni>, 4, 2>;
+    q6_k_vnni = drive::<kquant::K16<kquant::Q6K, Vnni>, 4, 2>;
+    f32_vnni = drive::<float::Float<float::F32>, 4, 4>;
+    f16_vnni = drive::<float::Float<float::F16>, 4, 4>;
+    bf16_vnni = drive::<float::Float<float::BF16>, 4, 4>;
+    q4_0_vnni_batch = batch::batch::<q32::Q32<q32::Q4_0, Vnni>>;
+    q4_1_vnni_batch = batch::batch::<q32::Q32<q32::Q4_1, Vnni>>;
+    q5_0_vnni_batch = batch::batch::<q32::Q32<q32::Q5_0, Vnni>>;
+    q5_1_vnni_batch = batch::batch::<q32::Q32<q32::Q5_1, Vnni>>;
+    q8_0_vnni_batch = batch::batch::<q32::Q32<q32::Q8_0, Vnni>>;
+    q4_k_vnni_batch = batch::batch::<kquant::K45<Vnni, false>>;
+    q5_k_vnni_batch = batch::batch::<kquant::K45<Vnni, true>>;
 }
 
 entries! {"avx2,fma,f16c":
-    q4_0_avx2 = q32::Q32<q32::Q4_0, Avx2>, 4 x 2;
-    q4_1_avx2 = q32::Q32<q32::Q4_1, Avx2>, 4 x 2;
-    q5_0_avx2 = q32::Q32<q32::Q5_0, Avx2>, 4 x 2;
-    q5_1_avx2 = q32::Q32<q32::Q5_1, Avx2>, 4 x 2;
-    q8_0_avx2 = q32::Q32<q32::Q8_0, Avx2>, 4 x 2;
-    q4_k_avx2 = kquant::K45<Avx2, false>, 2 x 2;
-    q5_k_avx2 = kquant::K45<Avx2, true>, 2 x 2;
-    q2_k_avx2 = kquant::K16<kquant::Q2K, Avx2>, 2 x 2;
-    q3_k_avx2 = kquant::K16<kquant::Q3K, Avx2>, 2 x 2;
-    q6_k_avx2 = kquant::K16<kquant::Q6K, Avx2>, 2 x 2;
-    f32_avx2 = float::Float<float::F32>, 4 x 2;
-    f16_avx2 = float::Float<float::F16>, 4 x 2;
-    bf16_avx2 = float::Float<float::BF16>, 4 x 2;
+    q4_0_avx2 = drive::<q32::Q32<q32::Q4_0, Avx2>, 4, 1>;
+    q4_1_avx2 = drive::<q32::Q32<q32::Q4_1, Avx2>, 4, 1>;
+    q5_0_avx2 = drive::<q32::Q32<q32::Q5_0, Avx2>, 4, 1>;
+    q5_1_avx2 = drive::<q32::Q32<q32::Q5_1, Avx2>, 4, 1>;
+    q8_0_avx2 = drive::<q32::Q32<q32::Q8_0, Avx2>, 4, 1>;
+    q4_k_avx2 = drive::<kquant::K45<Avx2, false>, 2, 2>;
+    q5_k_avx2 = drive::<kquant::K45<Avx2, true>, 2, 2>;
+    q2_k_avx2 = drive::<kquant::K16<kquant::Q2K, Avx2>, 2, 2>;
+    q3_k_avx2 = drive::<kquant::K16<kquant::Q3K, Avx2>, 2, 2>;
+    q6_k_avx2 = drive::<kquant::K16<kquant::Q6K, Avx2>, 2, 2>;
+    f32_avx2 = drive::<float::Float<float::F32>, 4, 2>;
+    f16_avx2 = drive::<float::Float<float::F16>, 4, 2>;
+    bf16_avx2 = drive::<float::Float<float::BF16>, 4, 2>;
+    q4_0_avx2_batch = batch::batch::<q32::Q32<q32::Q4_0, Avx2>>;
+    q4_1_avx2_batch = batch::batch::<q32::Q32<q32::Q4_1, Avx2>>;
+    q5_0_avx2_batch = batch::batch::<q32::Q32<q32::Q5_0, Avx2>>;
+    q5_1_avx2_batch = batch::batch::<q32::Q32<q32::Q5_1, Avx2>>;
+    q8_0_avx2_batch = batch::batch::<q32::Q32<q32::Q8_0, Avx2>>;
+    q4_k_avx2_batch = batch::batch::<kquant::K45<Avx2, false>>;
+    q5_k_avx2_batch = batch::batch::<kquant::K45<Avx2, true>>;
+}
+
+/// The decode-batch kernel for `ty` at `isa` and `n_tokens`, where it
+/// beats the tiles: the 32-value block types from two tokens, Q4_K and
+/// Q5_K (whose scales cost more to unpack per group) from four, up to
+/// prefill's 512 (matmul bench). One token streams the weights, which the
+/// tiles prefetch for.
+pub(crate) fn batch_kernel(isa: Isa, ty: WeightType, n_tokens: usize) -> Option<KernelFn> {
+    use WeightType as W;
+    let from = if ty.block_elems() == 256 { 4 } else { 2 };
+    if n_tokens < from {
+        return None;
+    }
+    let k: KernelFn = match (isa, ty) {
+        (Isa::Avx512, W::Q4_0) => q4_0_vnni_batch,
+        (Isa::Avx512, W::Q4_1) => q4_1_vnni_batch,
+        (Isa::Avx512, W::Q5_0) => q5_0_vnni_batch,
+        (Isa::Avx512, W::Q5_1) => q5_1_vnni_batch,
+        (Isa::Avx512, W::Q8_0) => q8_0_vnni_batch,
+        (Isa::Avx512, W::Q4_K) => q4_k_vnni_batch,
+        (Isa::Avx512, W::Q5_K) => q5_k_vnni_batch,
+        (Isa::Avx2, W::Q4_0) => q4_0_avx2_batch,
+        (Isa::Avx2, W::Q4_1) => q4_1_avx2_batch,
+        (Isa::Avx2, W::Q5_0) => q5_0_avx2_batch,
+        (Isa::Avx2, W::Q5_1) => q5_1_avx2_batch,
+        (Isa::Avx2, W::Q8_0) => q8_0_avx2_batch,
+        (Isa::Avx2, W::Q4_K) => q4_k_avx2_batch,
+        (Isa::Avx2, W::Q5_K) => q5_k_avx2_batch,
+        _ => return None,
+    };
+    Some(k)
 }
 
 /// The SIMD kernel for `ty` at `isa`; none for the portable level.
@@ -104,12 +153,18 @@ pub(crate) fn kernel(isa: Isa, ty: WeightType) -> Option<KernelFn> {
 
 /// The integer multiply-accumulate the quantized tiles are built from.
 pub(crate) trait Dot {
+    /// Whether [`Dot::dot_u8i8`] takes unsigned bytes up to 255 times
+    /// signed ones up to 127 without saturating.
+    const WIDE_U8: bool;
     /// Per 32-bit lane, the sum of four products of unsigned bytes of `u`
     /// and signed bytes of `s`. The AVX2 form saturates pairs at i16, which
     /// callers avoid by keeping `u * s * 2 <= 32767`.
     unsafe fn dot_u8i8(u: __m256i, s: __m256i) -> __m256i;
     /// `acc` plus [`Dot::dot_u8i8`].
     unsafe fn dot_u8i8_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
+    /// Per 32-bit lane, the sum of [`Dot::dot_u8i8`] over eight pairs,
+    /// whose unsigned bytes are at most `max_u`.
+    unsafe fn dot_u8i8_8(u: &[__m256i; 8], s: &[__m256i; 8], max_u: i32) -> __m256i;
     /// `acc` plus, per 32-bit lane, the sum of two i16 products.
     unsafe fn madd_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i;
     /// Byte i of the result is 0xff where bit i of `bits` is set.
@@ -123,6 +178,8 @@ pub(crate) struct Avx2;
 pub(crate) struct Vnni;
 
 impl Dot for Avx2 {
+    const WIDE_U8: bool = false;
+
     #[inline(always)]
     unsafe fn dot_u8i8(u: __m256i, s: __m256i) -> __m256i {
         _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
@@ -131,6 +188,24 @@ impl Dot for Avx2 {
     #[inline(always)]
     unsafe fn dot_u8i8_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         _mm256_add_epi32(acc, Self::dot_u8i8(u, s))
+    }
+
+    /// Adds `vpmaddubsw` results as i16 while they cannot saturate
+    /// (each is at most 2 * 127 * `max_u`), widening once per run.
+    #[inline(always)]
+    unsafe fn dot_u8i8_8(u: &[__m256i; 8], s: &[__m256i; 8], max_u: i32) -> __m256i {
+        let run = (32767 / (2 * 127 * max_u)).max(1) as usize;
+        let mut acc = _mm256_setzero_si256();
+        let mut k = 0;
+        while k < 8 {
+            let mut sum = _mm256_maddubs_epi16(u[k], s[k]);
+            for j in k + 1..(k + run).min(8) {
+                sum = _mm256_add_epi16(sum, _mm256_maddubs_epi16(u[j], s[j]));
+            }
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(sum, _mm256_set1_epi16(1)));
+            k += run;
+        }
+        acc
     }
 
     #[inline(always)]
@@ -157,6 +232,8 @@ impl Dot for Avx2 {
 }
 
 impl Dot for Vnni {
+    const WIDE_U8: bool = true;
+
     #[inline(always)]
     unsafe fn dot_u8i8(u: __m256i, s: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
@@ -165,6 +242,17 @@ impl Dot for Vnni {
     #[inline(always)]
     unsafe fn dot_u8i8_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(acc, u, s)
+    }
+
+    /// Two chains of four, so a token's sum waits on four `vpdpbusd`
+    /// latencies rather than eight.
+    #[inline(always)]
+    unsafe fn dot_u8i8_8(u: &[__m256i; 8], s: &[__m256i; 8], _max_u: i32) -> __m256i {
+        let mut acc = [_mm256_setzero_si256(); 2];
+        for k in 0..8 {
+            acc[k % 2] = _mm256_dpbusd_epi32(acc[k % 2], u[k], s[k]);
+        }
+        _mm256_add_epi32(acc[0], acc[1])
     }
 
     /// The saturating form: LLVM splits `vpdpwssd` back into `vpmaddwd` +

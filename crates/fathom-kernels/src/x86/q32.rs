@@ -12,16 +12,27 @@
 //! to the first row and the high four to the second, so one conversion and
 //! one FMA per block serve two rows; the scale vector is built once per
 //! block for all rows from one eight-wide f16 conversion.
+//!
+//! Their decode-batch [`Pass`] (several tokens, one weight stream)
+//! unpacks a block of eight rows once and applies it to every token; each
+//! integer result is one lane per row, so the float work per token is one
+//! conversion and two FMAs for eight rows rather than per row pair.
 
 // Tiles index several arrays by the same row, token or block index;
 // iterator chains would hide that the indices line up.
 #![allow(clippy::needless_range_loop)]
 
+use super::batch::{
+    dwords, f16_halves, group_rows, transpose4, AccumulatorStore, Accumulators, Pass, GROUP,
+    PASS_GROUPS, PREFETCH_AHEAD,
+};
 use super::{prefetch_distance, prefetch_l2, Dot};
-use crate::matmul::Tile;
+use crate::matmul::{Job, Tile, TOKEN_BLOCK};
 use crate::quant::Q8S_BYTES;
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
+use std::mem::MaybeUninit;
+use std::ops::Range;
 
 /// How a block offsets its quants.
 pub(crate) enum Offset {
@@ -37,12 +48,9 @@ pub(crate) enum Offset {
 pub(crate) trait Block32 {
     const BYTES: usize;
     const OFFSET: Offset;
-    /// The four bytes at the start of the block: the f16 scale, then the
-    /// f16 min (Q4_1, Q5_1) or bytes of no interest.
-    #[inline(always)]
-    unsafe fn scale_bits(p: *const u8) -> i32 {
-        (p as *const i32).read_unaligned()
-    }
+    /// The largest unsigned operand the batch pass multiplies: the quant
+    /// itself, or for Q8_0 on AVX2 its magnitude (up to 128).
+    const MAX_U: i32;
     /// Quants 0..16 of the blocks at `p0` and `p1`, then quants 16..32, as
     /// `[p0 | p1]` registers.
     unsafe fn pair<D: Dot>(p0: *const u8, p1: *const u8) -> (__m256i, __m256i);
@@ -92,6 +100,7 @@ pub(crate) struct Q8_0;
 impl Block32 for Q4_0 {
     const BYTES: usize = 18;
     const OFFSET: Offset = Offset::Scaled(-8.0);
+    const MAX_U: i32 = 15;
     #[inline(always)]
     unsafe fn pair<D: Dot>(p0: *const u8, p1: *const u8) -> (__m256i, __m256i) {
         nibble_pair(p0.add(2), p1.add(2))
@@ -101,6 +110,7 @@ impl Block32 for Q4_0 {
 impl Block32 for Q4_1 {
     const BYTES: usize = 20;
     const OFFSET: Offset = Offset::Min;
+    const MAX_U: i32 = 15;
     #[inline(always)]
     unsafe fn pair<D: Dot>(p0: *const u8, p1: *const u8) -> (__m256i, __m256i) {
         nibble_pair(p0.add(4), p1.add(4))
@@ -110,6 +120,7 @@ impl Block32 for Q4_1 {
 impl Block32 for Q5_0 {
     const BYTES: usize = 22;
     const OFFSET: Offset = Offset::Scaled(-16.0);
+    const MAX_U: i32 = 31;
     #[inline(always)]
     unsafe fn pair<D: Dot>(p0: *const u8, p1: *const u8) -> (__m256i, __m256i) {
         fifth_bit_pair::<D>(nibble_pair(p0.add(6), p1.add(6)), p0.add(2), p1.add(2))
@@ -119,6 +130,7 @@ impl Block32 for Q5_0 {
 impl Block32 for Q5_1 {
     const BYTES: usize = 24;
     const OFFSET: Offset = Offset::Min;
+    const MAX_U: i32 = 31;
     #[inline(always)]
     unsafe fn pair<D: Dot>(p0: *const u8, p1: *const u8) -> (__m256i, __m256i) {
         fifth_bit_pair::<D>(nibble_pair(p0.add(8), p1.add(8)), p0.add(4), p1.add(4))
@@ -128,6 +140,7 @@ impl Block32 for Q5_1 {
 impl Block32 for Q8_0 {
     const BYTES: usize = 34;
     const OFFSET: Offset = Offset::None;
+    const MAX_U: i32 = 128;
     #[inline(always)]
     unsafe fn pair<D: Dot>(p0: *const u8, p1: *const u8) -> (__m256i, __m256i) {
         let a = _mm256_loadu_si256(p0.add(2) as *const __m256i);
@@ -139,23 +152,103 @@ impl Block32 for Q8_0 {
     }
 }
 
-/// `v` with its 32-bit lane `i` (0..4) set to `x`.
-#[inline(always)]
-unsafe fn insert_u32(v: __m128i, x: i32, i: usize) -> __m128i {
-    match i {
-        0 => _mm_insert_epi32(v, x, 0),
-        1 => _mm_insert_epi32(v, x, 1),
-        2 => _mm_insert_epi32(v, x, 2),
-        _ => _mm_insert_epi32(v, x, 3),
-    }
-}
-
 /// The tile for block layout `B` with integer dot `D`.
 pub(crate) struct Q32<B, D>(PhantomData<(B, D)>);
 
+/// How `B`'s quants meet the activations under `D`: Q8_0's signed quants
+/// go to VNNI offset by 128 as unsigned bytes (an offset of -128 d, like
+/// Q4_0's -8 d); AVX2's `vpmaddubsw` would saturate on those, so there the
+/// signs move to the activations and there is no offset term.
+#[derive(Clone, Copy)]
+struct Signs {
+    biased: bool,
+    moved: bool,
+}
+
+impl Signs {
+    #[inline(always)]
+    fn of<B: Block32, D: Dot>() -> Signs {
+        let signed = matches!(B::OFFSET, Offset::None);
+        Signs {
+            biased: signed && D::WIDE_U8,
+            moved: signed && !D::WIDE_U8,
+        }
+    }
+
+    /// The unsigned operand for quants `w`.
+    #[inline(always)]
+    unsafe fn unsigned(self, w: __m256i) -> __m256i {
+        if self.biased {
+            _mm256_xor_si256(w, _mm256_set1_epi8(-128))
+        } else if self.moved {
+            _mm256_sign_epi8(w, w)
+        } else {
+            w
+        }
+    }
+
+    /// The signed operand for activations `x` against quants `w`.
+    #[inline(always)]
+    unsafe fn signed(self, x: __m256i, w: __m256i) -> __m256i {
+        if self.moved {
+            _mm256_sign_epi8(x, w)
+        } else {
+            x
+        }
+    }
+}
+
+/// The scales `d` and offsets `c` (see [`Offset`]) of the blocks whose
+/// first bytes are at `p`, lane i from `p[i]`.
+#[inline(always)]
+unsafe fn scales<B: Block32>(p: &[*const u8; GROUP]) -> (__m256, __m256) {
+    let (d, m) = f16_halves(dwords(p, 0));
+    let c = match B::OFFSET {
+        Offset::None => _mm256_mul_ps(d, _mm256_set1_ps(-128.0)),
+        Offset::Scaled(k) => _mm256_mul_ps(d, _mm256_set1_ps(k)),
+        Offset::Min => m,
+    };
+    (d, c)
+}
+
+/// One block's term added to the row accumulators `acc`, the same float
+/// operations in the same order in the tile and in the batch pass, so a
+/// row's output does not depend on how many tokens share the matmul.
+#[inline(always)]
+unsafe fn add_block(
+    acc: __m256,
+    i: __m256i,
+    d: __m256,
+    c: __m256,
+    dx: f32,
+    sx: f32,
+    offset: bool,
+) -> __m256 {
+    let v = _mm256_fmadd_ps(
+        _mm256_cvtepi32_ps(i),
+        _mm256_mul_ps(d, _mm256_set1_ps(dx)),
+        acc,
+    );
+    if offset {
+        _mm256_fmadd_ps(c, _mm256_set1_ps(sx), v)
+    } else {
+        v
+    }
+}
+
+/// The activation scale d_x of the block at `p` and d_x times its sum.
+#[inline(always)]
+unsafe fn act_scales(p: *const u8) -> (f32, f32) {
+    let h = (p as *const i32).read_unaligned();
+    let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+    (d, d * (h >> 16) as f32)
+}
+
 impl<B: Block32, D: Dot> Tile for Q32<B, D> {
     /// Rows pair up (an odd last row pairs with itself and keeps only its
-    /// half); `R <= 4`.
+    /// half); `R <= 4`. A pair's integer dot leaves four partial sums per
+    /// row, which two horizontal adds turn into one lane per row before
+    /// the floats: `[r0, r2, r0, r2 | r1, r3, r1, r3]`.
     #[inline(always)]
     unsafe fn tile<const R: usize, const T: usize>(
         w: *const u8,
@@ -165,94 +258,117 @@ impl<B: Block32, D: Dot> Tile for Q32<B, D> {
         cols: usize,
     ) -> [[f32; R]; T] {
         debug_assert!(R <= 4);
-        let pairs = R.div_ceil(2);
-        let signed = matches!(B::OFFSET, Offset::None);
-        let mut acc = [[_mm256_setzero_ps(); T]; 2];
-        // Offset terms, lane r for row r.
-        let mut bias = [_mm_setzero_ps(); T];
+        let signs = Signs::of::<B, D>();
+        let mut acc = [_mm256_setzero_ps(); T];
         let ahead = prefetch_distance(R, w_stride);
         for b in 0..cols / 32 {
-            let mut xlo = [_mm256_setzero_si256(); T];
-            let mut xhi = [_mm256_setzero_si256(); T];
-            let mut headers = _mm_setzero_si128();
-            for t in 0..T {
-                let p = a.add(t * a_stride + b * Q8S_BYTES);
-                headers = insert_u32(headers, (p as *const i32).read_unaligned(), t);
-                xlo[t] = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(4) as *const __m128i));
-                xhi[t] = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(20) as *const __m128i));
-            }
-            // All tokens' scales and sums at once: d_x from the low f16 of
-            // each header, s_x = d_x * (the high i16).
-            let dx = _mm_cvtph_ps(_mm_shuffle_epi8(
-                headers,
-                _mm_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1),
-            ));
-            let sx = _mm_mul_ps(dx, _mm_cvtepi32_ps(_mm_srai_epi32(headers, 16)));
-            let dx = _mm256_castps128_ps256(dx);
             let row = |r: usize| w.add(r.min(R - 1) * w_stride + b * B::BYTES);
             if T == 1 {
                 for r in 0..R {
                     prefetch_l2(row(r).wrapping_add(ahead));
                 }
             }
-            // [d0, m0, d1, m1, d2, m2, d3, m3] (m meaningful for Offset::Min).
-            let mut bits = _mm_setzero_si128();
-            for r in 0..R {
-                bits = insert_u32(bits, B::scale_bits(row(r)), r);
+            let (d, c) = scales::<B>(&LANE_ROWS.map(|r| row(r % 4)));
+            let mut q = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 2];
+            for k in 0..2 {
+                q[k] = B::pair::<D>(row(2 * k), row(2 * k + 1));
             }
-            let scales = _mm256_cvtph_ps(bits);
-            for k in 0..pairs {
-                let (lo, hi) = B::pair::<D>(row(2 * k), row(2 * k + 1));
-                let (e, f) = (4 * k as i32, 4 * k as i32 + 2);
-                let d = _mm256_permutevar8x32_ps(scales, _mm256_setr_epi32(e, e, e, e, f, f, f, f));
-                let (ulo, uhi) = if signed {
-                    (_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(hi, hi))
-                } else {
-                    (lo, hi)
-                };
-                for t in 0..T {
-                    let (slo, shi) = if signed {
-                        (_mm256_sign_epi8(xlo[t], lo), _mm256_sign_epi8(xhi[t], hi))
-                    } else {
-                        (xlo[t], xhi[t])
-                    };
-                    let i = D::dot_u8i8_acc(D::dot_u8i8(ulo, slo), uhi, shi);
-                    let s =
-                        _mm256_mul_ps(d, _mm256_permutevar8x32_ps(dx, _mm256_set1_epi32(t as i32)));
-                    acc[k][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), s, acc[k][t]);
+            for t in 0..T {
+                let p = a.add(t * a_stride + b * Q8S_BYTES);
+                let xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(4) as *const __m128i));
+                let xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(20) as *const __m128i));
+                let mut i = [_mm256_setzero_si256(); 2];
+                for k in 0..2 {
+                    let (lo, hi) = q[k];
+                    i[k] = D::dot_u8i8_acc(
+                        D::dot_u8i8(signs.unsigned(lo), signs.signed(xlo, lo)),
+                        signs.unsigned(hi),
+                        signs.signed(xhi, hi),
+                    );
                 }
-            }
-            let c = match B::OFFSET {
-                Offset::None => None,
-                Offset::Scaled(k) => Some(_mm_mul_ps(
-                    _mm256_castps256_ps128(_mm256_permutevar8x32_ps(
-                        scales,
-                        _mm256_setr_epi32(0, 2, 4, 6, 0, 0, 0, 0),
-                    )),
-                    _mm_set1_ps(k),
-                )),
-                Offset::Min => Some(_mm256_castps256_ps128(_mm256_permutevar8x32_ps(
-                    scales,
-                    _mm256_setr_epi32(1, 3, 5, 7, 0, 0, 0, 0),
-                ))),
-            };
-            if let Some(c) = c {
-                for t in 0..T {
-                    bias[t] =
-                        _mm_fmadd_ps(c, _mm_permutevar_ps(sx, _mm_set1_epi32(t as i32)), bias[t]);
-                }
+                let h = _mm256_hadd_epi32(i[0], i[1]);
+                let (dx, sx) = act_scales(p);
+                acc[t] = add_block(acc[t], _mm256_hadd_epi32(h, h), d, c, dx, sx, !signs.moved);
             }
         }
         let mut out = [[0.0f32; R]; T];
         for t in 0..T {
-            // Lanes 0..4 of pair k sum to row 2k, lanes 4..8 to row 2k + 1.
-            let h = _mm256_hadd_ps(acc[0][t], acc[1][t]);
-            let h = _mm256_hadd_ps(h, h);
-            let rows = _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-            let mut lanes = [0.0f32; 4];
-            _mm_storeu_ps(lanes.as_mut_ptr(), _mm_add_ps(rows, bias[t]));
-            out[t].copy_from_slice(&lanes[..R]);
+            let mut lanes = [0.0f32; GROUP];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[t]);
+            for r in 0..R {
+                out[t][r] = lanes[[0, 4, 1, 5][r]];
+            }
         }
         out
+    }
+}
+
+/// The row of each lane of the [`Pass`] registers: the 4 x 4 dword
+/// transpose of row pairs leaves the pairs' first rows in the low half.
+const LANE_ROWS: [usize; GROUP] = [0, 2, 4, 6, 1, 3, 5, 7];
+
+/// The decode-batch pass of block layout `B` with integer dot `D`.
+impl<B: Block32, D: Dot> Pass for Q32<B, D> {
+    #[inline(always)]
+    unsafe fn pass(job: &Job, rows: Range<usize>, tokens: Range<usize>) {
+        let nt = tokens.len();
+        let groups = rows.len().div_ceil(GROUP);
+        let signs = Signs::of::<B, D>();
+        // Weights are prefetched into L2 ahead in their row, and the next
+        // pass's first lines while this one starts.
+        let next_pass = GROUP * PASS_GROUPS * job.w_stride;
+        let lead_blocks = PREFETCH_AHEAD.div_ceil(B::BYTES);
+        let a = job.a.add(tokens.start * job.a_stride);
+        let mut store: AccumulatorStore = [[MaybeUninit::uninit(); TOKEN_BLOCK]; PASS_GROUPS];
+        let mut acc = Accumulators::new(&mut store, groups, nt);
+        // Per token, this block's activation scale d_x and d_x times its sum.
+        let mut dx = [0.0f32; TOKEN_BLOCK];
+        let mut sx = [0.0f32; TOKEN_BLOCK];
+        for b in 0..job.cols / 32 {
+            for t in 0..nt {
+                (dx[t], sx[t]) = act_scales(a.add(t * job.a_stride + b * Q8S_BYTES));
+            }
+            for g in 0..groups {
+                let ptrs = group_rows(job, &rows, g, b, B::BYTES);
+                for p in ptrs {
+                    prefetch_l2(p.wrapping_add(PREFETCH_AHEAD));
+                    if b < lead_blocks {
+                        prefetch_l2(p.wrapping_add(next_pass));
+                    }
+                }
+                let mut lo = [_mm256_setzero_si256(); 4];
+                let mut hi = [_mm256_setzero_si256(); 4];
+                for p in 0..4 {
+                    (lo[p], hi[p]) = B::pair::<D>(ptrs[2 * p], ptrs[2 * p + 1]);
+                }
+                // Register k: quants 4k..4k+4 of the rows in `LANE_ROWS` order.
+                let (w03, w47) = (transpose4(lo), transpose4(hi));
+                let w = [
+                    w03[0], w03[1], w03[2], w03[3], w47[0], w47[1], w47[2], w47[3],
+                ];
+                let (d, c) = scales::<B>(&LANE_ROWS.map(|r| ptrs[r]));
+                let mut u = w;
+                for k in 0..8 {
+                    u[k] = signs.unsigned(w[k]);
+                }
+                for t in 0..nt {
+                    let x = a.add(t * job.a_stride + b * Q8S_BYTES + 4) as *const i32;
+                    let mut s = [_mm256_setzero_si256(); 8];
+                    for k in 0..8 {
+                        s[k] = signs.signed(_mm256_set1_epi32(x.add(k).read_unaligned()), w[k]);
+                    }
+                    let i = D::dot_u8i8_8(&u, &s, B::MAX_U);
+                    let v = add_block(acc.get(g, t), i, d, c, dx[t], sx[t], !signs.moved);
+                    acc.set(g, t, v);
+                }
+            }
+        }
+        // Lane j holds row LANE_ROWS[j]; put rows in order.
+        acc.store(
+            job,
+            &rows,
+            &tokens,
+            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
+        );
     }
 }
