@@ -266,6 +266,30 @@ pub(crate) fn f32_to_f16_row_with(isa: Isa, src: &[f32], dst: &mut [u16]) {
     })
 }
 
+/// Stores a row as f16 in little-endian bytes (the KV cache's layout),
+/// without a staging copy when the bytes are 2-aligned, as the cache's
+/// rows are.
+pub fn f32_to_f16_bytes_row(src: &[f32], dst: &mut [u8]) {
+    assert_eq!(
+        src.len() * 2,
+        dst.len(),
+        "f32_to_f16_bytes_row: {} values for {} bytes",
+        src.len(),
+        dst.len()
+    );
+    if cfg!(target_endian = "little") {
+        // SAFETY: every bit pattern is a valid u16, and `align_to_mut`
+        // hands back only the correctly aligned middle part.
+        let (head, halves, tail) = unsafe { dst.align_to_mut::<u16>() };
+        if head.is_empty() && tail.is_empty() {
+            return f32_to_f16_row(src, halves);
+        }
+    }
+    for (d, &s) in dst.chunks_exact_mut(2).zip(src) {
+        d.copy_from_slice(&f32_to_f16(s).to_le_bytes());
+    }
+}
+
 /// Loads an f16 row, for the KV cache.
 pub fn f16_to_f32_row(src: &[u16], dst: &mut [f32]) {
     f16_to_f32_row_with(Isa::detected(), src, dst)
@@ -297,6 +321,41 @@ pub fn f16_bytes_to_f32_row(src: &[u8], dst: &mut [f32]) {
             *h = u16::from_le_bytes([b[0], b[1]]);
         }
         f16_to_f32_row(&halves[..d.len()], d);
+    }
+}
+
+/// `dst.len() / width` rows of `width` f16 values stored as little-endian
+/// bytes, row r at byte `r × stride` of `src` (one KV head's rows in a
+/// cache block), loaded in one call: a block of keys costs one dispatch,
+/// not one a position.
+pub fn f16_bytes_to_f32_rows(src: &[u8], stride: usize, width: usize, dst: &mut [f32]) {
+    let rows = dst.len() / width.max(1);
+    assert!(
+        rows * width == dst.len() && (rows == 0 || (rows - 1) * stride + 2 * width <= src.len()),
+        "f16_bytes_to_f32_rows: {rows} rows of {width} at stride {stride} in {} bytes",
+        src.len()
+    );
+    if cfg!(target_endian = "little") && stride.is_multiple_of(2) {
+        // SAFETY: every bit pattern is a valid u16, and `align_to` hands
+        // back only the correctly aligned middle part.
+        let (head, halves, _) = unsafe { src.align_to::<u16>() };
+        if head.is_empty() && (rows == 0 || (rows - 1) * stride / 2 + width <= halves.len()) {
+            let isa = Isa::detected();
+            dispatch!(
+                isa,
+                simd::f16_rows_to_f32(halves, stride / 2, width, dst),
+                {
+                    for (r, d) in dst.chunks_exact_mut(width).enumerate() {
+                        let row = &halves[r * stride / 2..r * stride / 2 + width];
+                        d.iter_mut().zip(row).for_each(|(d, &h)| *d = f16_to_f32(h));
+                    }
+                    return;
+                }
+            )
+        }
+    }
+    for (r, d) in dst.chunks_exact_mut(width).enumerate() {
+        f16_bytes_to_f32_row(&src[r * stride..r * stride + 2 * width], d);
     }
 }
 
@@ -572,6 +631,41 @@ mod tests {
             f16_to_f32_row_with(Isa::Portable, &halves, &mut a);
             f16_to_f32_row_with(isa, &halves, &mut b);
             assert_eq!(a, b, "{isa:?}");
+        }
+    }
+
+    #[test]
+    fn f16_byte_rows_equal_each_value_stored_alone() {
+        let x = data(131, 3);
+        let want: Vec<u8> = x
+            .iter()
+            .flat_map(|&v| f32_to_f16(v).to_le_bytes())
+            .collect();
+        // A 2-aligned row (the cache's) and one at an odd address.
+        let mut bytes = vec![0u8; want.len() + 2];
+        for at in [0, 1] {
+            f32_to_f16_bytes_row(&x, &mut bytes[at..at + want.len()]);
+            assert_eq!(&bytes[at..at + want.len()], &want[..], "offset {at}");
+        }
+    }
+
+    #[test]
+    fn f16_strided_rows_load_as_each_row_alone() {
+        // 5 rows of 64 values, 384 bytes apart (one head of a 3-head KV
+        // row), at an aligned and at an odd start.
+        let halves: Vec<u16> = (0..1000u16).map(|i| i.wrapping_mul(37) & 0x7bff).collect();
+        let bytes: Vec<u8> = halves.iter().flat_map(|h| h.to_le_bytes()).collect();
+        for at in [0, 1] {
+            let src = &bytes[at..];
+            let mut want = vec![0.0; 5 * 64];
+            for (r, d) in want.chunks_exact_mut(64).enumerate() {
+                f16_bytes_to_f32_row(&src[r * 384..r * 384 + 128], d);
+            }
+            let mut got = vec![0.0; 5 * 64];
+            f16_bytes_to_f32_rows(src, 384, 64, &mut got);
+            // Bits: an odd start reads NaN patterns too.
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "start {at}");
         }
     }
 

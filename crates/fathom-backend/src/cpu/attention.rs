@@ -217,14 +217,7 @@ fn attend_tile(
                 .cache
                 .as_ref()
                 .expect("positions before the chunk are cached");
-            for i in 0..n {
-                cache.load(
-                    block_start + i,
-                    g,
-                    &mut kbuf[i * dk..(i + 1) * dk],
-                    &mut vbuf[i * dv..(i + 1) * dv],
-                );
-            }
+            cache.load_block(block_start, n, g, &mut kbuf[..n * dk], &mut vbuf[..n * dv]);
         }
         let key = |i: usize| -> (&[f32], &[f32]) {
             if from_cache {

@@ -151,11 +151,7 @@ fn store(dtype: KvDtype, src: &[f32], dst: &mut [u8]) {
                 d.copy_from_slice(&s.to_le_bytes());
             }
         }
-        KvDtype::F16 => {
-            for (d, s) in dst.chunks_exact_mut(2).zip(src) {
-                d.copy_from_slice(&ops::f32_to_f16(*s).to_le_bytes());
-            }
-        }
+        KvDtype::F16 => ops::f32_to_f16_bytes_row(src, dst),
         KvDtype::Bf16 => {
             for (d, s) in dst.chunks_exact_mut(2).zip(src) {
                 d.copy_from_slice(&fathom_ggml::f32_to_bf16(*s).to_le_bytes());
@@ -183,18 +179,49 @@ fn load(dtype: KvDtype, src: &[u8], dst: &mut [f32]) {
 }
 
 impl LayerKv<'_> {
-    /// Loads K and V of KV head `head` at `pos` into `k` and `v`. Heads are
-    /// whole q8_0 blocks (head dims are multiples of 32, checked at load),
-    /// so each head dequantizes on its own.
-    pub fn load(&self, pos: usize, head: usize, k: &mut [f32], v: &mut [f32]) {
-        let (ko, vo) = self.group.offsets(self.table, self.layer, pos);
+    /// Loads K and V of KV head `head` at positions `pos .. pos + n` into
+    /// rows of `k` and `v` (`head_k` / `head_v` values each). A cache
+    /// block's slots are consecutive rows, so each run of positions within
+    /// one block is one strided load. Heads are whole q8_0 blocks (head
+    /// dims are multiples of 32, checked at load), so each head
+    /// dequantizes on its own.
+    pub fn load_block(&self, pos: usize, n: usize, head: usize, k: &mut [f32], v: &mut [f32]) {
+        let g = self.group;
+        let (dk, dv) = (self.head_k, self.head_v);
         let (kb, vb) = (
-            self.dtype.row_bytes(self.head_k as u64) as usize,
-            self.dtype.row_bytes(self.head_v as u64) as usize,
+            self.dtype.row_bytes(dk as u64) as usize,
+            self.dtype.row_bytes(dv as u64) as usize,
         );
-        let ks = ko + head * kb;
-        load(self.dtype, &self.group.data[ks..ks + kb], k);
-        let vs = vo + head * vb;
-        load(self.dtype, &self.group.data[vs..vs + vb], v);
+        let mut i = 0;
+        while i < n {
+            let p = pos + i;
+            let slot = g.ring.map_or(p, |ring| p % ring) % BLOCK;
+            let run = (BLOCK - slot).min(n - i);
+            let (ko, vo) = g.offsets(self.table, self.layer, p);
+            let (ks, vs) = (ko + head * kb, vo + head * vb);
+            let (kd, vd) = (
+                &mut k[i * dk..(i + run) * dk],
+                &mut v[i * dv..(i + run) * dv],
+            );
+            if self.dtype == KvDtype::F16 {
+                ops::f16_bytes_to_f32_rows(&g.data[ks..], g.k_row, dk, kd);
+                ops::f16_bytes_to_f32_rows(&g.data[vs..], g.v_row, dv, vd);
+            } else {
+                for j in 0..run {
+                    let (kr, vr) = (ks + j * g.k_row, vs + j * g.v_row);
+                    load(
+                        self.dtype,
+                        &g.data[kr..kr + kb],
+                        &mut kd[j * dk..(j + 1) * dk],
+                    );
+                    load(
+                        self.dtype,
+                        &g.data[vr..vr + vb],
+                        &mut vd[j * dv..(j + 1) * dv],
+                    );
+                }
+            }
+            i += run;
+        }
     }
 }

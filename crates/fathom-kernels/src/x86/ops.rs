@@ -231,6 +231,15 @@ pub(crate) unsafe fn f16_to_f32_row(src: &[u16], dst: &mut [f32]) {
     }
 }
 
+/// `dst.len() / width` rows of `width` f16 values, row r at `r × stride`
+/// of `src`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn f16_rows_to_f32(src: &[u16], stride: usize, width: usize, dst: &mut [f32]) {
+    for (r, d) in dst.chunks_exact_mut(width).enumerate() {
+        f16_to_f32_row(&src[r * stride..r * stride + width], d);
+    }
+}
+
 /// Largest magnitude of the `n` (a multiple of 8) values at `x`.
 #[inline(always)]
 unsafe fn amax(x: *const f32, n: usize) -> f32 {
