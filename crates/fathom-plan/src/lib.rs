@@ -394,7 +394,7 @@ impl MemoryPlan {
         let host = (inputs.device == Device::Cuda).then(|| {
             let host = device::host_plan(whole, &inputs, &s.activations);
             match shard {
-                Some(shard) => host.with_terms(tensor_parallel::host_terms(shard.size), &inputs),
+                Some(shard) => host.with_terms(tensor_parallel::host_terms(shard), &inputs),
                 None => host,
             }
         });

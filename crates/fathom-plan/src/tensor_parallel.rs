@@ -230,6 +230,10 @@ pub struct Shard {
     /// heads than devices).
     pub kv_replicas: u64,
     pub weights: Vec<WeightShare>,
+    /// The largest one-device share of a row-split tensor (name, bytes):
+    /// a row split takes a range of every row, which is copied on the host
+    /// (one share at a time) while it is loaded onto its device.
+    pub largest_row_share: (String, u64),
 }
 
 fn invalid(size: u64, expected: String) -> PlanError {
@@ -401,6 +405,7 @@ pub fn shard(spec: &ModelSpec, size: u64) -> Result<Shard, PlanError> {
         })
         .collect();
     let mut tensors = Vec::with_capacity(spec.tensors.len());
+    let mut largest_row_share = (String::new(), 0);
     for t in &spec.tensors {
         let c = classify(t);
         let parts = match c.role {
@@ -423,6 +428,9 @@ pub fn shard(spec: &ModelSpec, size: u64) -> Result<Shard, PlanError> {
             // splits where its scales do (checked as their own tensors).
             split_tensor(t, axis, parts, size, row_axis && c.gguf)?
         };
+        if c.role.split() == Split::Row && parts > 1 && share.bytes > largest_row_share.1 {
+            largest_row_share = (t.name.clone(), share.bytes);
+        }
         let group = &mut weights[Role::ALL.iter().position(|&r| r == c.role).unwrap_or(0)];
         group.tensors += 1;
         group.bytes = group.bytes.saturating_add(t.bytes);
@@ -446,6 +454,7 @@ pub fn shard(spec: &ModelSpec, size: u64) -> Result<Shard, PlanError> {
         kv_replicas: (size / spec.n_kv_heads.max(1)).max(1),
         spec: sharded,
         weights,
+        largest_row_share,
     })
 }
 
@@ -559,8 +568,10 @@ impl SizeOption {
     }
 }
 
-/// What one process driving `size` devices adds to the host budget.
-pub fn host_terms(size: u64) -> Vec<Term> {
+/// What one process driving `shard.size` devices adds to the host budget.
+pub fn host_terms(shard: &Shard) -> Vec<Term> {
+    let size = shard.size;
+    let (name, bytes) = &shard.largest_row_share;
     vec![
         Term {
             name: "nccl_library",
@@ -573,6 +584,13 @@ pub fn host_terms(size: u64) -> Vec<Term> {
             derivation: format!(
                 "one process, {size} contexts: the libraries load once; each device after the first keeps a context and a cuBLAS handle, {} each (an estimate until measured)",
                 format_binary(HOST_BYTES_PER_EXTRA_DEVICE)
+            ),
+        },
+        Term {
+            name: "row_split_copy",
+            bytes: *bytes,
+            derivation: format!(
+                "a row-split tensor's share is a range of every row, copied on the host while loaded onto its device, one at a time: the largest, {name}"
             ),
         },
     ]

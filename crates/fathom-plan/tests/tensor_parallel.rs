@@ -177,6 +177,20 @@ fn llama_3_1_70b_per_device_by_hand() {
             .map(|w| w.device_bytes)
             .sum();
         assert_eq!(whole, 4_205_330_432);
+        // The host copies one row-split share at a time: the largest is a
+        // down projection's, 28672 x 8192 BF16 / N.
+        let host = p.host.as_ref().unwrap();
+        let copy = host
+            .terms
+            .iter()
+            .find(|t| t.name == "row_split_copy")
+            .unwrap();
+        assert_eq!(copy.bytes, 234_881_024 * 2 / n, "N = {n}");
+        assert!(
+            copy.derivation.contains("mlp.down_proj"),
+            "{}",
+            copy.derivation
+        );
     }
 }
 
