@@ -219,27 +219,37 @@ fn bad_requests_are_clear_errors() {
     }
 }
 
+/// `run` answers through the model's chat template: its answer is exactly
+/// what `generate` continues the templated conversation with (SmolLM2's
+/// template adds its default system message), and no template marker
+/// leaks. (What the model answers is its own business: with that system
+/// message, llama.cpp's greedy answer starts "L'Étoile, la" too, and the
+/// words after are near-ties.)
 #[test]
 fn run_answers_one_message_with_the_chat_template() {
     let model = smollm2();
-    let out = fathom(
+    let model = model.to_str().unwrap();
+    let common = ["-n", "24", "--temp", "0", "-c", "512"];
+    let run = fathom(
         &[
-            "run",
-            model.to_str().unwrap(),
-            "-p",
-            "What is the capital of France?",
-            "-n",
-            "24",
-            "--temp",
-            "0",
-            "-c",
-            "512",
-        ],
+            &["run", model, "-p", "What is the capital of France?"][..],
+            &common,
+        ]
+        .concat(),
         &[],
     );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let answer = stdout(&out);
-    assert!(answer.contains("Paris"), "{answer}");
+    assert!(run.status.success(), "{}", stderr(&run));
+    let templated = "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by \
+                     Hugging Face<|im_end|>\n<|im_start|>user\nWhat is the capital of \
+                     France?<|im_end|>\n<|im_start|>assistant\n";
+    let generate = fathom(
+        &[&["generate", model, "-p", templated][..], &common].concat(),
+        &[],
+    );
+    assert!(generate.status.success(), "{}", stderr(&generate));
+    let answer = stdout(&run);
+    assert!(!answer.trim().is_empty(), "an answer");
+    assert_eq!(answer.trim(), stdout(&generate).trim());
     assert!(
         !answer.contains("<|im_end|>") && !answer.contains("<|im_start|>"),
         "{answer}"
