@@ -10,19 +10,33 @@ pub const ISA_VAR: &str = "FATHOM_ISA";
 /// The variables the kernels read, with their defaults.
 pub const ENV_VARS: &[(&str, &str)] = &[(ISA_VAR, "auto")];
 
-/// A kernel family. Each level implies the ones before it.
+/// A kernel family of this architecture. Each level implies the ones
+/// before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Isa {
     /// Plain Rust; the reference the SIMD paths are tested against.
     Portable,
     /// AVX2 + FMA + F16C: integer dots through `vpmaddubsw`.
+    #[cfg(target_arch = "x86_64")]
     Avx2,
     /// The above plus AVX-512 F/BW/VL/VNNI: integer dots through
     /// `vpdpbusd`/`vpdpwssd` on 256-bit registers (Zen 4 runs 512-bit ones
     /// as two halves, so wider vectors would only add shuffles) and 32
     /// vector registers for larger tiles.
+    #[cfg(target_arch = "x86_64")]
     Avx512,
+    /// aarch64's baseline NEON: integer dots through `smull` + `sadalp`.
+    #[cfg(target_arch = "aarch64")]
+    Neon,
 }
+
+/// The values `FATHOM_ISA` accepts on this architecture.
+#[cfg(target_arch = "x86_64")]
+const EXPECTED: &str = "auto, portable, avx2 or avx512";
+#[cfg(target_arch = "aarch64")]
+const EXPECTED: &str = "auto, portable or neon";
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+const EXPECTED: &str = "auto or portable";
 
 /// `FATHOM_ISA` names a kernel family this build or CPU cannot run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,7 +55,7 @@ impl fmt::Display for IsaError {
         match self {
             IsaError::Unknown(value) => write!(
                 f,
-                "{ISA_VAR}={value:?}: expected auto, portable, avx2 or avx512 (empty or unset means auto)"
+                "{ISA_VAR}={value:?}: expected {EXPECTED} (empty or unset means auto)"
             ),
             IsaError::Unsupported { requested, best } => write!(
                 f,
@@ -49,6 +63,7 @@ impl fmt::Display for IsaError {
                  (the best it runs is {best}; {})",
                 match *requested {
                     "avx2" => "they need AVX2, FMA and F16C",
+                    "neon" => "they need NEON",
                     _ => "they need AVX2, FMA, F16C and AVX-512 F, BW, VL and VNNI",
                 }
             ),
@@ -76,8 +91,12 @@ impl Isa {
     pub(crate) fn name(self) -> &'static str {
         match self {
             Isa::Portable => "portable",
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx2 => "avx2",
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => "avx512-vnni",
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => "neon",
         }
     }
 
@@ -86,10 +105,18 @@ impl Isa {
     #[cfg(test)]
     pub(crate) fn available() -> Vec<Isa> {
         let best = best();
-        [Isa::Portable, Isa::Avx2, Isa::Avx512]
-            .into_iter()
-            .filter(|&i| i as u8 <= best as u8)
-            .collect()
+        [
+            Isa::Portable,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512,
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon,
+        ]
+        .into_iter()
+        .filter(|&i| i as u8 <= best as u8)
+        .collect()
     }
 }
 
@@ -101,19 +128,29 @@ fn from_env() -> Result<Isa, IsaError> {
 /// `FATHOM_ISA`'s value on a CPU whose best family is `best`: case and
 /// surrounding whitespace are ignored; empty and `auto` mean `best`;
 /// `avx512-vnni` (what [`isa_name`] prints) is accepted for `avx512`.
+/// Another architecture's families are unknown names here.
 fn parse(value: &str, best: Isa) -> Result<Isa, IsaError> {
     let wanted = match value.trim().to_ascii_lowercase().as_str() {
         "" | "auto" => return Ok(best),
         "portable" => Isa::Portable,
+        #[cfg(target_arch = "x86_64")]
         "avx2" => Isa::Avx2,
+        #[cfg(target_arch = "x86_64")]
         "avx512" | "avx512-vnni" => Isa::Avx512,
+        #[cfg(target_arch = "aarch64")]
+        "neon" => Isa::Neon,
         _ => return Err(IsaError::Unknown(value.to_string())),
     };
     if wanted as u8 > best as u8 {
         return Err(IsaError::Unsupported {
             requested: match wanted {
+                #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 => "avx2",
-                _ => "avx512",
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => "avx512",
+                #[cfg(target_arch = "aarch64")]
+                Isa::Neon => "neon",
+                Isa::Portable => unreachable!("every CPU runs the portable kernels"),
             },
             best: best.name(),
         });
@@ -143,12 +180,19 @@ fn detect() -> Isa {
     }
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+/// NEON is part of the aarch64 baseline.
+#[cfg(target_arch = "aarch64")]
+fn detect() -> Isa {
+    Isa::Neon
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn detect() -> Isa {
     Isa::Portable
 }
 
-/// The kernel family in use ("portable", "avx2" or "avx512-vnni"), for
+/// The kernel family in use ("portable", "avx2", "avx512-vnni" or
+/// "neon"), for
 /// benchmark and diagnostic output.
 pub fn isa_name() -> &'static str {
     Isa::detected().name()
@@ -164,6 +208,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(target_arch = "x86_64")]
     fn forced_families_parse_and_are_bounded_by_the_cpu() {
         for (value, want) in [
             ("", Isa::Avx512),
@@ -192,6 +237,34 @@ mod tests {
         assert!(
             err.to_string()
                 .contains("expected auto, portable, avx2 or avx512"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    #[cfg(target_arch = "aarch64")]
+    fn forced_families_parse_and_are_bounded_by_the_cpu() {
+        for (value, want) in [
+            ("", Isa::Neon),
+            ("auto", Isa::Neon),
+            (" NEON ", Isa::Neon),
+            ("portable", Isa::Portable),
+        ] {
+            assert_eq!(parse(value, Isa::Neon), Ok(want), "{value:?}");
+        }
+        assert_eq!(detect(), Isa::Neon);
+        let err = parse("neon", Isa::Portable).unwrap_err();
+        assert_eq!(
+            err,
+            IsaError::Unsupported {
+                requested: "neon",
+                best: "portable"
+            }
+        );
+        let err = parse("avx2", Isa::Neon).unwrap_err();
+        assert_eq!(err, IsaError::Unknown("avx2".into()));
+        assert!(
+            err.to_string().contains("expected auto, portable or neon"),
             "{err}"
         );
     }
