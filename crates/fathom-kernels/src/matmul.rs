@@ -320,7 +320,11 @@ fn kernel_for(isa: Isa, ty: WeightType, n_tokens: usize) -> KernelFn {
     {
         return k;
     }
-    let _ = (isa, n_tokens);
+    #[cfg(target_arch = "aarch64")]
+    if let Some(k) = crate::aarch64::kernel(isa, ty) {
+        return k;
+    }
+    let _ = (isa, ty, n_tokens);
     portable_kernel
 }
 
