@@ -1,5 +1,6 @@
 //! aarch64 NEON kernels: tiles for Q4_0, Q4_1 and Q8_0 weights against
-//! `Q8S` activations; every other type runs the portable kernel.
+//! `Q8S` activations and for Q4_K and Q6_K against `Q8K`; every other
+//! type runs the portable kernel.
 //!
 //! NEON is part of the aarch64 baseline, so nothing here needs run-time
 //! detection; functions are `unsafe` because raw pointers must cover the
@@ -15,6 +16,12 @@
 //! intrinsics. One vector lane per weight row carries the float
 //! arithmetic, so a row's output is the same whatever tile it is in and
 //! however many tokens share the matmul.
+//!
+//! The k-quant tiles take one row at a time: a block's 256 quants are
+//! unpacked a 64- or 128-value run at a time and dotted with every token
+//! of the tile, scaled per sub-block in i32; the block's float term is
+//! the portable kernel's expression, summed in the same order, so those
+//! outputs equal the portable ones bit for bit.
 
 // Tiles index several arrays by the same row or token index; iterator
 // chains would hide that the indices line up.
@@ -22,7 +29,7 @@
 
 use crate::isa::Isa;
 use crate::matmul::{drive, Job, KernelFn, Tile};
-use crate::quant::Q8S_BYTES;
+use crate::quant::{k4_scales, Q8K_BYTES, Q8S_BYTES};
 use crate::WeightType;
 use std::arch::aarch64::*;
 use std::marker::PhantomData;
@@ -195,6 +202,141 @@ impl<B: Block32> Tile for Q32<B> {
     }
 }
 
+/// A 256-value k-quant block layout.
+trait Block256 {
+    const BYTES: usize;
+    /// The f16 scale `d` and min scale `dmin` (0 where there is none) of
+    /// the block at `w`.
+    unsafe fn scales(w: *const u8) -> (f32, f32);
+    /// Per `Q8K` activation block `a[t]`, the dot of the block at `w`
+    /// with its quants, each sub-block's weighted by its scale, and the
+    /// sum of the sub-blocks' mins times their activation sums.
+    unsafe fn dots<const T: usize>(w: *const u8, a: [*const u8; T]) -> [(i32, i32); T];
+}
+
+/// Four i32 partial sums of the dot of 16 quants `w` with the 16
+/// activation quants at `x`.
+#[inline(always)]
+unsafe fn dot16(w: int8x16_t, x: *const u8) -> int32x4_t {
+    let x = vld1q_s8(x as *const i8);
+    let s = vpaddlq_s16(vmull_s8(vget_low_s8(w), vget_low_s8(x)));
+    vpadalq_s16(s, vmull_high_s8(w, x))
+}
+
+struct Q4K;
+struct Q6K;
+
+impl Block256 for Q4K {
+    const BYTES: usize = 144;
+    #[inline(always)]
+    unsafe fn scales(w: *const u8) -> (f32, f32) {
+        let [d, dmin] = (w as *const [u16; 2]).read_unaligned();
+        (crate::ops::f16_to_f32(d), crate::ops::f16_to_f32(dmin))
+    }
+
+    /// 64 values per run of 32 bytes: low nibbles are sub-block 2c, high
+    /// nibbles 2c + 1.
+    #[inline(always)]
+    unsafe fn dots<const T: usize>(w: *const u8, a: [*const u8; T]) -> [(i32, i32); T] {
+        let (sc, m) = k4_scales(&*(w.add(4) as *const [u8; 12]));
+        let mut acc = [vdupq_n_s32(0); T];
+        for c in 0..4 {
+            let q = [vld1q_u8(w.add(16 + 32 * c)), vld1q_u8(w.add(32 + 32 * c))];
+            let lo = q.map(|v| vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f))));
+            let hi = q.map(|v| vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)));
+            for t in 0..T {
+                let x = a[t].add(4 + 64 * c);
+                let l = vaddq_s32(dot16(lo[0], x), dot16(lo[1], x.add(16)));
+                let h = vaddq_s32(dot16(hi[0], x.add(32)), dot16(hi[1], x.add(48)));
+                acc[t] = vmlaq_n_s32(acc[t], l, sc[2 * c] as i32);
+                acc[t] = vmlaq_n_s32(acc[t], h, sc[2 * c + 1] as i32);
+            }
+        }
+        let m = vreinterpretq_s16_u16(vmovl_u8(vld1_u8(m.as_ptr())));
+        let mut out = [(0, 0); T];
+        for t in 0..T {
+            let b = a[t].add(260) as *const i16;
+            // Sub-block j's activation sum: its two 16-value groups'.
+            let sums = vpaddq_s16(vld1q_s16(b), vld1q_s16(b.add(8)));
+            let mins = vmlal_high_s16(vmull_s16(vget_low_s16(sums), vget_low_s16(m)), sums, m);
+            out[t] = (vaddvq_s32(acc[t]), vaddvq_s32(mins));
+        }
+        out
+    }
+}
+
+impl Block256 for Q6K {
+    const BYTES: usize = 210;
+    #[inline(always)]
+    unsafe fn scales(w: *const u8) -> (f32, f32) {
+        let d = (w.add(208) as *const u16).read_unaligned();
+        (crate::ops::f16_to_f32(d), 0.0)
+    }
+
+    /// 128 values per half block: 64 bytes of low nibbles and 32 of
+    /// high bit pairs; the 32-value run j takes nibbles from bytes
+    /// 32 (j % 2) on (low for j < 2, high after) and bits 2j..2j+2 of the
+    /// high bytes. Each 16 values have their own signed scale.
+    #[inline(always)]
+    unsafe fn dots<const T: usize>(w: *const u8, a: [*const u8; T]) -> [(i32, i32); T] {
+        let sc = w.add(192) as *const i8;
+        let mut acc = [vdupq_n_s32(0); T];
+        for n in 0..2 {
+            let ql = w.add(64 * n);
+            let qh = [vld1q_u8(w.add(128 + 32 * n)), vld1q_u8(w.add(144 + 32 * n))];
+            for j in 0..4 {
+                let q: [int8x16_t; 2] = std::array::from_fn(|k| {
+                    let l = vld1q_u8(ql.add(32 * (j % 2) + 16 * k));
+                    let low = if j < 2 {
+                        vandq_u8(l, vdupq_n_u8(0x0f))
+                    } else {
+                        vshrq_n_u8::<4>(l)
+                    };
+                    let high = vshlq_u8(qh[k], vdupq_n_s8(4 - 2 * j as i8));
+                    let v = vorrq_u8(low, vandq_u8(high, vdupq_n_u8(0x30)));
+                    vsubq_s8(vreinterpretq_s8_u8(v), vdupq_n_s8(32))
+                });
+                let g = 8 * n + 2 * j;
+                for t in 0..T {
+                    let x = a[t].add(4 + 128 * n + 32 * j);
+                    acc[t] = vmlaq_n_s32(acc[t], dot16(q[0], x), *sc.add(g) as i32);
+                    acc[t] = vmlaq_n_s32(acc[t], dot16(q[1], x.add(16)), *sc.add(g + 1) as i32);
+                }
+            }
+        }
+        acc.map(|v| (vaddvq_s32(v), 0))
+    }
+}
+
+/// The k-quant tile for block layout `B`.
+struct K256<B>(PhantomData<B>);
+
+impl<B: Block256> Tile for K256<B> {
+    #[inline(always)]
+    unsafe fn tile<const R: usize, const T: usize>(
+        w: *const u8,
+        w_stride: usize,
+        a: *const u8,
+        a_stride: usize,
+        cols: usize,
+    ) -> [[f32; R]; T] {
+        let mut out = [[0.0f32; R]; T];
+        for r in 0..R {
+            for b in 0..cols / 256 {
+                let p = w.add(r * w_stride + b * B::BYTES);
+                let x: [*const u8; T] =
+                    std::array::from_fn(|t| a.add(t * a_stride + b * Q8K_BYTES));
+                let (d, dmin) = B::scales(p);
+                for (t, (isum, imin)) in B::dots::<T>(p, x).into_iter().enumerate() {
+                    let dx = (x[t] as *const f32).read_unaligned();
+                    out[t][r] += isum as f32 * (d * dx) - imin as f32 * (dmin * dx);
+                }
+            }
+        }
+        out
+    }
+}
+
 // Tiles of 4 rows x 4 tokens: a block's quants of four rows (8
 // registers), four accumulators and the integer sums fit NEON's 32
 // registers. One token (decode) takes `drive`'s 4 x 1 remainder tiles.
@@ -210,6 +352,16 @@ unsafe fn q8_0(job: &Job, rows: Range<usize>) {
     drive::<Q32<Q8_0>, 4, 4>(job, rows)
 }
 
+// The k-quants go a row at a time (a row's block is unpacked once for
+// four tokens).
+unsafe fn q4_k(job: &Job, rows: Range<usize>) {
+    drive::<K256<Q4K>, 1, 4>(job, rows)
+}
+
+unsafe fn q6_k(job: &Job, rows: Range<usize>) {
+    drive::<K256<Q6K>, 1, 4>(job, rows)
+}
+
 /// The NEON kernel for `ty` at `isa`; none for the portable level or a
 /// type without one.
 pub(crate) fn kernel(isa: Isa, ty: WeightType) -> Option<KernelFn> {
@@ -220,6 +372,8 @@ pub(crate) fn kernel(isa: Isa, ty: WeightType) -> Option<KernelFn> {
         WeightType::Q4_0 => q4_0,
         WeightType::Q4_1 => q4_1,
         WeightType::Q8_0 => q8_0,
+        WeightType::Q4_K => q4_k,
+        WeightType::Q6_K => q6_k,
         _ => return None,
     };
     Some(k)
