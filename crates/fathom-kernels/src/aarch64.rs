@@ -1,6 +1,6 @@
 //! aarch64 NEON kernels: tiles for Q4_0, Q4_1 and Q8_0 weights against
-//! `Q8S` activations and for Q4_K and Q6_K against `Q8K`; every other
-//! type runs the portable kernel.
+//! `Q8S` activations and for Q4_K and Q6_K against `Q8K`, and the two
+//! activation quantizers; every other type runs the portable kernel.
 //!
 //! NEON is part of the aarch64 baseline, so nothing here needs run-time
 //! detection; functions are `unsafe` because raw pointers must cover the
@@ -29,7 +29,7 @@
 
 use crate::isa::Isa;
 use crate::matmul::{drive, Job, KernelFn, Tile};
-use crate::quant::{k4_scales, Q8K_BYTES, Q8S_BYTES};
+use crate::quant::{k4_scales, q8_scale, Q8K_BYTES, Q8S_BYTES};
 use crate::WeightType;
 use std::arch::aarch64::*;
 use std::marker::PhantomData;
@@ -360,6 +360,54 @@ unsafe fn q4_k(job: &Job, rows: Range<usize>) {
 
 unsafe fn q6_k(job: &Job, rows: Range<usize>) {
     drive::<K256<Q6K>, 1, 4>(job, rows)
+}
+
+/// The largest magnitude in `x` (NaNs ignored, as `f32::max` does).
+fn amax(x: &[f32]) -> f32 {
+    x.chunks_exact(4).fold(0.0, |m, c| {
+        // SAFETY: `c` holds four floats; NEON is baseline on aarch64.
+        unsafe { vmaxnmvq_f32(vabsq_f32(vld1q_f32(c.as_ptr()))) }.max(m)
+    })
+}
+
+/// Quantizes 16 values under inverse scale `id` as the portable
+/// quantizers do (round half to even, saturating) and returns their sum.
+fn quantize16(x: &[f32], id: f32, out: &mut [u8]) -> i32 {
+    assert!(x.len() == 16 && out.len() == 16);
+    // SAFETY: both slices hold 16 elements; NEON is baseline on aarch64.
+    unsafe {
+        let v: [int32x4_t; 4] = std::array::from_fn(|k| {
+            vcvtnq_s32_f32(vmulq_n_f32(vld1q_f32(x.as_ptr().add(4 * k)), id))
+        });
+        let lo = vqmovn_high_s32(vqmovn_s32(v[0]), v[1]);
+        let hi = vqmovn_high_s32(vqmovn_s32(v[2]), v[3]);
+        let q = vqmovn_high_s16(vqmovn_s16(lo), hi);
+        vst1q_s8(out.as_mut_ptr() as *mut i8, q);
+        vaddlvq_s8(q) as i32
+    }
+}
+
+/// `quant::quantize_q8s`, bit for bit.
+pub(crate) fn quantize_q8s(src: &[f32], dst: &mut [u8]) {
+    for (x, out) in src.chunks_exact(32).zip(dst.chunks_exact_mut(Q8S_BYTES)) {
+        let (d, id) = q8_scale(amax(x));
+        let sum =
+            quantize16(&x[..16], id, &mut out[4..20]) + quantize16(&x[16..], id, &mut out[20..]);
+        out[0..2].copy_from_slice(&crate::ops::f32_to_f16(d).to_le_bytes());
+        out[2..4].copy_from_slice(&(sum as i16).to_le_bytes());
+    }
+}
+
+/// `quant::quantize_q8k`, bit for bit.
+pub(crate) fn quantize_q8k(src: &[f32], dst: &mut [u8]) {
+    for (x, out) in src.chunks_exact(256).zip(dst.chunks_exact_mut(Q8K_BYTES)) {
+        let (d, id) = q8_scale(amax(x));
+        out[0..4].copy_from_slice(&d.to_le_bytes());
+        for (g, xs) in x.chunks_exact(16).enumerate() {
+            let sum = quantize16(xs, id, &mut out[4 + 16 * g..20 + 16 * g]);
+            out[260 + 2 * g..262 + 2 * g].copy_from_slice(&(sum as i16).to_le_bytes());
+        }
+    }
 }
 
 /// The NEON kernel for `ty` at `isa`; none for the portable level or a

@@ -41,6 +41,15 @@ fn quantize_rows(isa: Isa, format: ActFormat, x: &[f32], dst: &mut [u8]) {
         }
         return;
     }
+    #[cfg(target_arch = "aarch64")]
+    if isa == Isa::Neon {
+        match format {
+            ActFormat::Q8S => crate::aarch64::quantize_q8s(x, dst),
+            ActFormat::Q8K => crate::aarch64::quantize_q8k(x, dst),
+            ActFormat::F32 => {}
+        }
+        return;
+    }
     let _ = isa;
     match format {
         ActFormat::Q8S => quant::quantize_q8s(x, dst),
