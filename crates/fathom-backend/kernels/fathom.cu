@@ -23,6 +23,21 @@
 // launched. Without the launch attribute both are no-ops.
 #define FATHOM_PDL() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
 
+// Weight bytes a matrix-vector kernel asks L2 for before its wait, at most
+// (0: none). Weights never change, so a kernel whose blocks are resident
+// early (above) starts streaming its rows while the kernel before it (a
+// norm, rope, attention: little memory traffic) still runs. Only the first
+// blocks of the grid (scheduled first) prefetch, PREFETCH_ROW bytes of each
+// of their rows: a kernel asking for more than L2 holds would have its
+// early lines evicted before use (measured: 8B F16 2.5% slower with 4 KiB
+// of every row). Set by the host at start-up (FATHOM_CUDA_PREFETCH).
+__device__ unsigned long long fathom_prefetch_bytes = 0;
+#define PREFETCH_ROW 4096ull
+
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 // Weight type ids: ggml's ids for block types, 100 + bits for MLX affine.
 enum {
   T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7,
@@ -44,6 +59,21 @@ struct Weights {
   int group;               // affine group size
   int bf16;                // affine scales/biases are bf16 (else f16)
 };
+
+// PREFETCH_ROW bytes of the row that this warp of one-token matrix-vector block
+// `block` reads (`split` warps a row, `mats` matrices read alike), asked of
+// L2 (a 128-byte line a lane), when the grid's blocks up to this one stay
+// within fathom_prefetch_bytes (affine scales and biases are left to the walk).
+__device__ __forceinline__ void prefetch_row(const Weights& w, int block, int split, int per_block, int mats) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const unsigned long long n = min(w.row_bytes, PREFETCH_ROW);
+  if ((blockIdx.x + 1ull) * (per_block / split) * mats * n > fathom_prefetch_bytes) return;
+  const int r = block * (per_block / split) + warp / split;
+  if (r >= w.rows) return;
+  const uint8_t* p = w.data + (unsigned long long)r * w.row_bytes;
+  for (unsigned long long o = 128ull * ((warp % split) * 32 + lane); o < n; o += 128ull * 32 * split)
+    prefetch_l2(p + o);
+}
 
 // An f16 at a 2-byte aligned address (every scale of every block type is).
 __device__ __forceinline__ float f16_at(const uint8_t* p) {
@@ -566,6 +596,16 @@ __device__ __forceinline__ void matvec_segments(const Segments& s, const float* 
   matvec<T, 1, false>(w, w, x, out, ntok, split, 0, b - first);
 }
 
+// prefetch_row for the segment block blockIdx.x belongs to.
+__device__ __forceinline__ void prefetch_segments(const Segments& s) {
+  const int b = blockIdx.x;
+  const int i = (b >= s.first[1]) + (b >= s.first[2]);
+  const Weights w = i == 0 ? s.w[0] : i == 1 ? s.w[1] : s.w[2];
+  const int split = i == 0 ? s.split[0] : i == 1 ? s.split[1] : s.split[2];
+  const int first = i == 0 ? s.first[0] : i == 1 ? s.first[1] : s.first[2];
+  prefetch_row(w, b - first, split, MV_WARPS, 1);
+}
+
 // ---------------------------------------------------------------------------
 // Matrix-matrix products for prefill: 64 weight rows x 64 tokens a block,
 // 32 values of depth a step, weights decoded into shared memory as f32.
@@ -664,7 +704,9 @@ __device__ void dequant_rows(const Weights w, int row0, __half* __restrict__ out
 
 #define FATHOM_WEIGHT_KERNELS(NAME, T)                                                         \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8)                               \
-      mv1_##NAME(const Segments s, const float* x, int ntok) { FATHOM_PDL();                    \
+      mv1_##NAME(const Segments s, const float* x, int ntok) {                                  \
+    prefetch_segments(s);                                                                       \
+    FATHOM_PDL();                                                                               \
     matvec_segments<T>(s, x, ntok);                                                          \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8)                               \
@@ -673,12 +715,15 @@ __device__ void dequant_rows(const Weights w, int row0, __half* __restrict__ out
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8) mvglu1_##NAME(                \
       const Weights gate, const Weights up, const float* x, float* out, int ntok, int split,   \
-      int act) { FATHOM_PDL();                                                                                \
+      int act) {                                                                                \
+    prefetch_row(gate, blockIdx.x, split, MV_WARPS, 2);                                         \
+    prefetch_row(up, blockIdx.x, split, MV_WARPS, 2);                                           \
+    FATHOM_PDL();                                                                               \
     matvec<T, 1, true>(gate, up, x, out, ntok, split, act, blockIdx.x);                         \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8) mvglu_##NAME(                 \
       const Weights gate, const Weights up, const float* x, float* out, int ntok, int split,   \
-      int act) { FATHOM_PDL();                                                                                \
+      int act) { FATHOM_PDL();                                                                  \
     matvec<T, MV_MAX_TOKENS, true>(gate, up, x, out, ntok, split, act, blockIdx.x);             \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(256) mm_##NAME(const Weights w, const float* x, \
@@ -808,29 +853,43 @@ extern "C" __global__ void scatter_rows(const float* src, const unsigned int* ro
   for (int c = threadIdx.x; c < width; c += blockDim.x) dst[to + c] += wgt * src[from + c];
 }
 
-// Rope of head blockIdx.y of row blockIdx.x at position pos[blockIdx.x],
-// one thread a pair; the angle in f64 (at positions in the tens of
-// thousands an f32 angle is off by hundredths of a radian).
+// Rope of pair i of a head_dim head at position p: the (cos, sin) of its
+// angle, computed in f64 (at positions in the tens of thousands an f32 angle
+// is off by hundredths of a radian), and the pair's two indices.
+__device__ __forceinline__ void rope_pair(double p, int i, int head_dim, double theta, int neox,
+                                          const float* freqs, float* cf, float* sf, int* a, int* b) {
+  double freq = pow(theta, -2.0 * (double)i / (double)head_dim);
+  if (freqs) freq /= (double)freqs[i];
+  // Reduce to [-pi, pi] in f64, then the fast f32 sine (absolute error
+  // ~1e-6 there): library sincos keeps a large-argument path in local memory.
+  const double two_pi = 6.283185307179586;
+  double angle = p * freq;
+  angle -= two_pi * rint(angle / two_pi);
+  __sincosf((float)angle, sf, cf);
+  const int half = head_dim / 2;
+  *a = neox ? i : 2 * i;
+  *b = neox ? i + half : 2 * i + 1;
+}
+
+// Rope of one head at position p, from src into dst (the same head in
+// place, or a copy): pair i is thread `first + k * step`'s.
+__device__ __forceinline__ void rope_head(const float* src, float* dst, double p, int head_dim,
+                                          double theta, int neox, const float* freqs, int first, int step) {
+  for (int i = first; i < head_dim / 2; i += step) {
+    float cf, sf;
+    int a, b;
+    rope_pair(p, i, head_dim, theta, neox, freqs, &cf, &sf, &a, &b);
+    const float x0 = src[a], x1 = src[b];
+    dst[a] = x0 * cf - x1 * sf;
+    dst[b] = x0 * sf + x1 * cf;
+  }
+}
+
+// Rope of head blockIdx.y of row blockIdx.x at position pos[blockIdx.x].
 extern "C" __global__ void rope(float* x, const int* pos, int n_heads, int head_dim, double theta,
                                 int neox, const float* freqs) { FATHOM_PDL();
-  const int half = head_dim / 2;
-  const double p = (double)pos[blockIdx.x];
   float* hd = x + ((size_t)blockIdx.x * n_heads + blockIdx.y) * head_dim;
-  for (int i = threadIdx.x; i < half; i += blockDim.x) {
-    double freq = pow(theta, -2.0 * (double)i / (double)head_dim);
-    if (freqs) freq /= (double)freqs[i];
-    // Reduce to [-pi, pi] in f64, then the fast f32 sine (absolute error
-    // ~1e-6 there): library sincos keeps a large-argument path in local memory.
-    const double two_pi = 6.283185307179586;
-    double angle = p * freq;
-    angle -= two_pi * rint(angle / two_pi);
-    float sf, cf;
-    __sincosf((float)angle, &sf, &cf);
-    const int a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
-    const float x0 = hd[a], x1 = hd[b];
-    hd[a] = x0 * cf - x1 * sf;
-    hd[b] = x0 * sf + x1 * cf;
-  }
+  rope_head(hd, hd, (double)pos[blockIdx.x], head_dim, theta, neox, freqs, threadIdx.x, blockDim.x);
 }
 
 // ---------------------------------------------------------------------------
@@ -1111,6 +1170,51 @@ __device__ __forceinline__ void att_dots(const uint8_t* kp, const float* qs, int
   }
 }
 
+// A split attention block's row and keys: positions lo ..= hi of the row's
+// sequence (runs of 32 from the window's first position, cut evenly among
+// the splits).
+struct AttRange {
+  int seq, pos, start, lo, hi;
+};
+__device__ __forceinline__ AttRange att_range(const StepDesc& st, int window, int row, int split, int nsplit) {
+  AttRange a;
+  a.seq = st.row_seq[row];
+  a.pos = st.row_pos[row];
+  a.start = st.seq_start[a.seq];
+  const int first = window > 0 ? max(0, a.pos + 1 - window) : 0;
+  const int runs = (a.pos - first + 1 + WARP - 1) / WARP;
+  const int per = (runs + nsplit - 1) / nsplit;
+  a.lo = first + split * per * WARP;
+  a.hi = min(a.pos, a.lo + per * WARP - 1);
+  return a;
+}
+
+// Asks L2 for the lines of a `bytes`-long run at p.
+__device__ __forceinline__ void prefetch_run(const uint8_t* p, int bytes) {
+  for (uintptr_t a = (uintptr_t)p & ~(uintptr_t)127; a < (uintptr_t)p + bytes; a += 128) prefetch_l2((const void*)a);
+}
+
+// Before its wait, a split attention block asks L2 for the cached K and V
+// head rows it will read (positions below the sequence's start, written by
+// earlier steps): at a short context a lane's loads of one key, one after
+// another from DRAM, were most of the kernel's time. Off with the weight
+// prefetch (fathom_prefetch_bytes = 0); not for value dims above 256 (VPL
+// 16), whose kernels have no registers to spare for it.
+template <int DT>
+__device__ __forceinline__ void attention_prefetch(const StepDesc& st, const KvDesc& kv, int n_heads,
+                                                   int n_kv_heads, int key_dim, int value_dim, int window, int h) {
+  if (fathom_prefetch_bytes == 0) return;
+  const int chunks = (n_heads / n_kv_heads + h - 1) / h, g = blockIdx.y / chunks;
+  const AttRange ar = att_range(st, window, blockIdx.x, blockIdx.z, gridDim.z);
+  const int kh = kv_head_bytes(DT, key_dim), vh = kv_head_bytes(DT, value_dim);
+  for (int p = ar.lo + threadIdx.x; p <= min(ar.hi, ar.start - 1); p += blockDim.x) {
+    int slot;
+    const unsigned long long base = kv_block(kv, st, ar.seq, p, &slot);
+    prefetch_run(kv.base + base + (unsigned long long)slot * kv.k_row + (unsigned long long)g * kh, kh);
+    prefetch_run(kv.base + base + 16ull * kv.k_row + (unsigned long long)slot * kv.v_row + (unsigned long long)g * vh, vh);
+  }
+}
+
 template <int DT, int VPL, int H>
 __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __restrict__ q,
                                      const float* __restrict__ k, const float* __restrict__ v,
@@ -1125,19 +1229,15 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
   const int group = n_heads / n_kv_heads, chunks = (group + H - 1) / H;
   const int g = blockIdx.y / chunks, h0 = g * group + (blockIdx.y % chunks) * H;
   const int nq = min(H, g * group + group - h0);
-  const int seq = st.row_seq[row], pos = st.row_pos[row];
-  const int start = st.seq_start[seq], row0 = st.seq_row0[seq];
+  const AttRange ar = att_range(st, window, row, split, nsplit);
+  const int seq = ar.seq, start = ar.start, lo = ar.lo, hi = ar.hi;
+  const int row0 = st.seq_row0[seq];
   for (int i = threadIdx.x; i < H * key_dim; i += blockDim.x) {
     const int h = i / key_dim, d = i % key_dim;
     sm[h * ATT_MAX_DIM + d] = h < nq ? q[((size_t)row * n_heads + h0 + h) * key_dim + d] : 0.0f;
   }
   __syncthreads();
   const int kh = kv_head_bytes(DT, key_dim), vh = kv_head_bytes(DT, value_dim);
-  const int first = window > 0 ? max(0, pos + 1 - window) : 0;
-  // This split's keys: runs of 32 from `first`, cut evenly.
-  const int runs = (pos - first + 1 + WARP - 1) / WARP;
-  const int per = (runs + nsplit - 1) / nsplit;
-  const int lo = first + split * per * WARP, hi = min(pos, lo + per * WARP - 1);
   const float sl2 = scale * 1.4426950408889634f;
   float m[H], l[H], acc[H][VPL];
 #pragma unroll
@@ -1251,6 +1351,220 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
   }
 }
 
+// ---------------------------------------------------------------------------
+// Prefill attention on tensor cores (f16 cache): a warp takes 16 queries —
+// RT = 16 / GP rows of one sequence times GP query heads of one GQA group
+// (the group padded to a power of two) — so that each K and V row staged in
+// shared memory serves all of them, and both products run as
+// mma.m16n8k16 (f16 in, f32 accumulate). Q, K and V hold f16 values already
+// (rounded to the cache's precision), so Q·K is exact up to the order of the
+// f32 sums; the softmax weights P are split into an f16 head and an f16
+// remainder (two products with V) to keep about 22 bits, as the f32 paths do.
+// A block is 4 warps over 4 × RT consecutive rows of one sequence; the grid
+// walks each sequence's rows in such tiles (x) and the KV heads (y). Keys
+// come in tiles of 32: below the sequence's start from the cache, from there
+// on from the step's own k and v rows.
+#define ATT_MMA_WARPS 4
+#define ATT_MMA_KEYS 32
+
+__device__ __forceinline__ void mma_16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ unsigned half2_bits(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *(const unsigned*)&h;
+}
+
+// The f16 head of (lo, hi) as bits, and the f16 remainder in *rest.
+__device__ __forceinline__ unsigned half2_split(float lo, float hi, unsigned* rest) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  const float2 back = __half22float2(h);
+  *rest = half2_bits(lo - back.x, hi - back.y);
+  return *(const unsigned*)&h;
+}
+
+template <int D>
+__device__ void attention_mma_body(StepDesc st, KvDesc kv, const float* __restrict__ q, const float* __restrict__ k,
+                                   const float* __restrict__ v, float* __restrict__ out, int n_seqs, int rows,
+                                   int n_heads, int n_kv_heads, int gp, int window, float scale) {
+  constexpr int STRIDE = D + 8;  // halves a staged row: 16 bytes of padding spread the banks
+  __shared__ __align__(16) __half ks[ATT_MMA_KEYS * STRIDE];
+  __shared__ __align__(16) __half vs[ATT_MMA_KEYS * STRIDE];
+  const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+  const int group = n_heads / n_kv_heads, g = blockIdx.y, rt = 16 / gp, br = ATT_MMA_WARPS * rt;
+  // This block's sequence and tile.
+  int seq = 0, tile = blockIdx.x, tokens = 0;
+  for (; seq < n_seqs; seq++) {
+    tokens = (seq + 1 < n_seqs ? st.seq_row0[seq + 1] : rows) - st.seq_row0[seq];
+    const int tiles = (tokens + br - 1) / br;
+    if (tile < tiles) break;
+    tile -= tiles;
+  }
+  if (seq >= n_seqs) return;
+  const int start = st.seq_start[seq], row0 = st.seq_row0[seq];
+  const int t0 = tile * br;  // the block's first row within the sequence
+  const int block_last = start + min(t0 + br, tokens) - 1;
+  const int block_first = window > 0 ? max(0, start + t0 + 1 - window) : 0;
+  // The two queries (fragment rows lane / 4 and lane / 4 + 8) this lane holds.
+  int qpos[2], qrow[2], qhead[2];
+  bool qok[2];
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    const int m = lane / 4 + 8 * i, r = t0 + warp * rt + m / gp, gh = m % gp;
+    qok[i] = r < tokens && gh < group;
+    qpos[i] = start + r;
+    qrow[i] = row0 + r;
+    qhead[i] = g * group + gh;
+  }
+  const int warp_last = start + min(t0 + warp * rt + rt, tokens) - 1;
+  const int warp_first = window > 0 ? max(0, start + t0 + warp * rt + 1 - window) : 0;
+  // Q fragments (row-major A): D / 16 steps of depth.
+  unsigned aq[D / 16][4];
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ks++) {
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      const int i = j & 1, d = ks * 16 + (lane % 4) * 2 + (j >> 1) * 8;
+      float2 x = make_float2(0.0f, 0.0f);
+      if (qok[i]) x = *(const float2*)(q + ((size_t)qrow[i] * n_heads + qhead[i]) * D + d);
+      aq[ks][j] = half2_bits(x.x, x.y);
+    }
+  }
+  float o[D / 8][4], mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+  const float sl2 = scale * 1.4426950408889634f;
+  const int kh = kv_head_bytes(KV_F16, D);
+  for (int base = block_first; base <= block_last; base += ATT_MMA_KEYS) {
+    // Stage 32 keys' K and V rows as f16 (zeros past the range: a masked
+    // weight of 0 must not meet a NaN).
+    for (int c = threadIdx.x; c < ATT_MMA_KEYS * D / 8; c += blockDim.x) {
+      const int key = c / (D / 8), part = c % (D / 8), p = base + key;
+      uint4 kk = make_uint4(0u, 0u, 0u, 0u), vv = kk;
+      if (p <= block_last) {
+        if (p < start) {
+          int slot;
+          const unsigned long long b = kv_block(kv, st, seq, p, &slot);
+          kk = *(const uint4*)(kv.base + b + (unsigned long long)slot * kv.k_row + (unsigned long long)g * kh + 16 * part);
+          vv = *(const uint4*)(kv.base + b + 16ull * kv.k_row + (unsigned long long)slot * kv.v_row +
+                               (unsigned long long)g * kh + 16 * part);
+        } else {
+          const size_t r = ((size_t)(row0 + p - start) * n_kv_heads + g) * D + 8 * part;
+          const float4 k0 = *(const float4*)(k + r), k1 = *(const float4*)(k + r + 4);
+          const float4 v0 = *(const float4*)(v + r), v1 = *(const float4*)(v + r + 4);
+          kk = make_uint4(half2_bits(k0.x, k0.y), half2_bits(k0.z, k0.w), half2_bits(k1.x, k1.y), half2_bits(k1.z, k1.w));
+          vv = make_uint4(half2_bits(v0.x, v0.y), half2_bits(v0.z, v0.w), half2_bits(v1.x, v1.y), half2_bits(v1.z, v1.w));
+        }
+      }
+      *(uint4*)(ks + key * STRIDE + 8 * part) = kk;
+      *(uint4*)(vs + key * STRIDE + 8 * part) = vv;
+    }
+    __syncthreads();
+    if (base <= warp_last && base + ATT_MMA_KEYS - 1 >= warp_first) {
+      // S = Q K^T: 4 tiles of 8 keys.
+      float sc[4][4];
+#pragma unroll
+      for (int n = 0; n < 4; n++) {
+        sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+        const __half* kr = ks + (n * 8 + lane / 4) * STRIDE + (lane % 4) * 2;
+#pragma unroll
+        for (int s2 = 0; s2 < D / 16; s2++)
+          mma_16816(sc[n], aq[s2], *(const unsigned*)(kr + s2 * 16), *(const unsigned*)(kr + s2 * 16 + 8));
+      }
+      // Mask, scale to log2 units, online softmax per query (a query's 32
+      // scores lie across the 4 lanes of a quad).
+      float alpha[2];
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        float tmax = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+          for (int j = 0; j < 2; j++) {
+            const int p = base + n * 8 + (lane % 4) * 2 + j;
+            const bool ok = qok[i] && p <= qpos[i] && (window <= 0 || p > qpos[i] - window);
+            const float x = ok ? sc[n][2 * i + j] * sl2 : -INFINITY;
+            sc[n][2 * i + j] = x;
+            tmax = fmaxf(tmax, x);
+          }
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+        const float mnew = fmaxf(mx[i], tmax);
+        const float muse = mnew == -INFINITY ? 0.0f : mnew;
+        alpha[i] = exp2f(mx[i] - muse);
+        mx[i] = mnew;
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 4; n++)
+#pragma unroll
+          for (int j = 0; j < 2; j++) {
+            const float e = exp2f(sc[n][2 * i + j] - muse);
+            sc[n][2 * i + j] = e;
+            sum += e;
+          }
+        l[i] = l[i] * alpha[i] + sum;
+      }
+#pragma unroll
+      for (int n = 0; n < D / 8; n++) {
+        o[n][0] *= alpha[0];
+        o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1];
+        o[n][3] *= alpha[1];
+      }
+      // O += P V, P as f16 head + remainder; V fragments by ldmatrix.trans.
+#pragma unroll
+      for (int kk2 = 0; kk2 < 2; kk2++) {
+        unsigned ph[4], pl[4];
+        ph[0] = half2_split(sc[2 * kk2][0], sc[2 * kk2][1], &pl[0]);
+        ph[1] = half2_split(sc[2 * kk2][2], sc[2 * kk2][3], &pl[1]);
+        ph[2] = half2_split(sc[2 * kk2 + 1][0], sc[2 * kk2 + 1][1], &pl[2]);
+        ph[3] = half2_split(sc[2 * kk2 + 1][2], sc[2 * kk2 + 1][3], &pl[3]);
+        const int mi = lane / 8, key = kk2 * 16 + (mi & 1) * 8 + lane % 8;
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          const __half* addr = vs + key * STRIDE + (n + (mi >> 1)) * 8;
+          unsigned b[4];
+          const unsigned sa = (unsigned)__cvta_generic_to_shared(addr);
+          asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                       : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+                       : "r"(sa));
+          mma_16816(o[n], ph, b[0], b[1]);
+          mma_16816(o[n], pl, b[0], b[1]);
+          mma_16816(o[n + 1], ph, b[2], b[3]);
+          mma_16816(o[n + 1], pl, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    float lt = l[i];
+    lt += __shfl_xor_sync(0xffffffffu, lt, 1);
+    lt += __shfl_xor_sync(0xffffffffu, lt, 2);
+    if (!qok[i]) continue;
+    const float inv = 1.0f / lt;
+    float* orow = out + ((size_t)qrow[i] * n_heads + qhead[i]) * D + (lane % 4) * 2;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) *(float2*)(orow + n * 8) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+  }
+}
+
+#define FATHOM_ATT_MMA(D)                                                                                  \
+  extern "C" __global__ void __launch_bounds__(ATT_MMA_WARPS * 32) attention_mma_##D(                    \
+      StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out, int n_seqs,     \
+      int rows, int n_heads, int n_kv_heads, int gp, int window, float scale) {                           \
+    FATHOM_PDL();                                                                                          \
+    attention_mma_body<D>(st, kv, q, k, v, out, n_seqs, rows, n_heads, n_kv_heads, gp, window, scale);    \
+  }
+FATHOM_ATT_MMA(64)
+FATHOM_ATT_MMA(128)
+
 // Combines the splits of attention_split: one block per (row, query head).
 extern "C" __global__ void __launch_bounds__(128)
 attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float* out) { FATHOM_PDL();
@@ -1282,7 +1596,9 @@ attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float
 #define FATHOM_ATT_SPLIT(NAME, DT, VPL, H)                                                          \
   extern "C" __global__ void __launch_bounds__(ATT_SPLIT_WARPS * 32) attention_split_##NAME##_##VPL##_##H( \
       StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out, float* part,      \
-      int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale) { FATHOM_PDL();                   \
+      int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale) {                         \
+    if (VPL < 16) attention_prefetch<DT>(st, kv, n_heads, n_kv_heads, key_dim, value_dim, window, H);     \
+    FATHOM_PDL();                                                                                          \
     attention_split_body<DT, VPL, H>(st, kv, q, k, v, out, part, n_heads, n_kv_heads, key_dim, value_dim,  \
                                      window, scale);                                                       \
   }
@@ -1302,28 +1618,14 @@ FATHOM_ATT_SPLIT_DIMS(bf16, KV_BF16)
 FATHOM_ATT_SPLIT_DIMS(f32, KV_F32)
 FATHOM_ATT_SPLIT_DIMS(q8_0, KV_Q8_0)
 
-// Stores row blockIdx.x's K (blockIdx.y = 0) or V (1) into the cache at its
-// position. One thread a 32-value block.
-extern "C" __global__ void __launch_bounds__(256) kv_write(StepDesc st, KvDesc kv, const float* k,
-                                                          const float* v, int k_width, int v_width) { FATHOM_PDL();
-  // One block a (row, K or V, 256 values); one thread a value, one warp a
-  // q8_0 block.
-  const int row = blockIdx.x, is_v = blockIdx.y;
-  const int width = is_v ? v_width : k_width;
-  const int i = blockIdx.z * blockDim.x + threadIdx.x;
-  if (blockIdx.z * blockDim.x >= width) return;
-  const float* src = (is_v ? v : k) + (size_t)row * width;
-  const int seq = st.row_seq[row], p = st.row_pos[row];
-  int slot;
-  const unsigned long long base = kv_block(kv, st, seq, p, &slot);
-  uint8_t* dst = kv.base + base +
-                 (is_v ? 16ull * kv.k_row + (unsigned long long)slot * kv.v_row
-                       : (unsigned long long)slot * kv.k_row);
-  const float x = i < width ? src[i] : 0.0f;
-  if (kv.dtype == KV_Q8_0) {
+// Stores value i of a K or V cache row whose bytes start at dst, one thread
+// a value: lanes past the row pass in_row = false, and for q8_0 every lane
+// of the warp calls (a warp holds one 32-value block).
+__device__ __forceinline__ void kv_store(uint8_t* dst, int i, float x, bool in_row, int dtype) {
+  if (dtype == KV_Q8_0) {
     float d, id;
-    q8_scale(warp_max(fabsf(x)), &d, &id);
-    if (i >= width) return;
+    q8_scale(warp_max(in_row ? fabsf(x) : 0.0f), &d, &id);
+    if (!in_row) return;
     uint8_t* o = dst + (i / 32) * 34;
     // A 16-bit store (every q8_0 block starts on an even byte: block,
     // layer and row sizes are all even). With two byte stores of the f16
@@ -1332,10 +1634,70 @@ extern "C" __global__ void __launch_bounds__(256) kv_write(StepDesc st, KvDesc k
     // store was checked byte for byte (tests/conformance.rs, cuda_kv_bytes).
     if (i % 32 == 0) *(unsigned short*)o = __half_as_ushort(__float2half_rn(d));
     o[2 + i % 32] = (uint8_t)(int8_t)(int)rintf(x * id);
-  } else if (i < width) {
-    if (kv.dtype == KV_F16) ((__half*)dst)[i] = __float2half_rn(x);
-    else if (kv.dtype == KV_BF16) ((__nv_bfloat16*)dst)[i] = __float2bfloat16_rn(x);
+  } else if (in_row) {
+    if (dtype == KV_F16) ((__half*)dst)[i] = __float2half_rn(x);
+    else if (dtype == KV_BF16) ((__nv_bfloat16*)dst)[i] = __float2bfloat16_rn(x);
     else ((float*)dst)[i] = x;
+  }
+}
+
+// Bytes of (row's block, this layer) where the row's K (or V) row starts.
+__device__ __forceinline__ uint8_t* kv_row_at(const KvDesc& kv, const StepDesc& st, int row, bool is_v) {
+  int slot;
+  const unsigned long long base = kv_block(kv, st, st.row_seq[row], st.row_pos[row], &slot);
+  return kv.base + base +
+         (is_v ? 16ull * kv.k_row + (unsigned long long)slot * kv.v_row : (unsigned long long)slot * kv.k_row);
+}
+
+// Stores row blockIdx.x's K (blockIdx.y = 0) or V (1) into the cache at its
+// position: one block a (row, K or V, 256 values), one thread a value.
+extern "C" __global__ void __launch_bounds__(256) kv_write(StepDesc st, KvDesc kv, const float* k,
+                                                          const float* v, int k_width, int v_width) { FATHOM_PDL();
+  const int row = blockIdx.x, is_v = blockIdx.y;
+  const int width = is_v ? v_width : k_width;
+  const int i = blockIdx.z * blockDim.x + threadIdx.x;
+  if (blockIdx.z * blockDim.x >= width) return;
+  const float* src = (is_v ? v : k) + (size_t)row * width;
+  kv_store(kv_row_at(kv, st, row, is_v), i, i < width ? src[i] : 0.0f, i < width, kv.dtype);
+}
+
+// The step's q, k and v made ready for attention in one launch (one token a
+// step runs ~12 launches a layer): rope of q and k, every head rounded in
+// place to what the cache will hold (q only against an f16 cache, as
+// round_to_kv does), and when `store`, K and V written to the cache (before
+// attention only without a ring: attention reads the cache below each
+// sequence's start, the step's own rows from k and v). A warp a head, four
+// heads a block (a block a head made a 512-token step 39 us a layer: tiny
+// blocks in a dozen waves); block (row, y) takes heads 4y .. 4y + 3 of q's
+// n_heads, then k's n_kv_heads, then v's.
+#define RK_WARPS 4
+extern "C" __global__ void __launch_bounds__(RK_WARPS * 32) rope_kv(
+    StepDesc st, KvDesc kv, float* q, float* k, float* v, int n_heads, int n_kv_heads, int key_dim,
+    int value_dim, double theta, int neox, const float* freqs, int store) { FATHOM_PDL();
+  __shared__ float heads[RK_WARPS][ATT_MAX_DIM];
+  const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+  const int row = blockIdx.x, h = blockIdx.y * RK_WARPS + warp;
+  if (h >= n_heads + 2 * n_kv_heads) return;  // a whole warp: only warp syncs below
+  float* hs = heads[warp];
+  const bool is_q = h < n_heads, is_v = h >= n_heads + n_kv_heads;
+  const int g = is_q ? h : is_v ? h - n_heads - n_kv_heads : h - n_heads;
+  const int dim = is_v ? value_dim : key_dim;
+  float* x = (is_q ? q : is_v ? v : k) + ((size_t)row * (is_q ? n_heads : n_kv_heads) + g) * dim;
+  if (is_v) {
+    for (int i = lane; i < dim; i += WARP) hs[i] = x[i];
+  } else {
+    rope_head(x, hs, (double)st.row_pos[row], dim, theta, neox, freqs, lane, WARP);
+  }
+  __syncwarp();
+  const bool round = !is_q || kv.dtype == KV_F16;
+  uint8_t* dst = store && !is_q ? kv_row_at(kv, st, row, is_v) + g * kv_head_bytes(kv.dtype, dim) : nullptr;
+  for (int i0 = 0; i0 < dim; i0 += WARP) {  // the same trip count for every lane
+    const int i = i0 + lane;
+    const bool in = i < dim;
+    const float val = in ? hs[i] : 0.0f;
+    const float r = round ? kv_round(val, kv.dtype) : val;
+    if (in) x[i] = r;
+    if (dst) kv_store(dst, i, r, in, kv.dtype);
   }
 }
 

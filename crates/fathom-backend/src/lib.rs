@@ -330,6 +330,26 @@ pub trait Backend: Send {
     /// attend to). The sequences' blocks are reserved.
     fn kv_write(&mut self, layer: usize, step: &Step, k: Buf, v: Buf, shape: &AttentionShape);
 
+    /// A layer's attention from its projected rows: rope of `io.q` and
+    /// `io.k`, [`Backend::attention`], then [`Backend::kv_write`] of the
+    /// step's K and V. One call so that a GPU can run the rope, the
+    /// rounding to the cache's precision and the cache store as one launch
+    /// (at one token a step, launches are a fifth of a small model's time);
+    /// the default is the four ops.
+    fn attend(
+        &mut self,
+        layer: usize,
+        shape: &AttentionShape,
+        step: &Step,
+        io: AttentionIo,
+        rope: &RopeParams,
+    ) {
+        self.rope(io.q, step, shape.n_heads, shape.key_dim, rope);
+        self.rope(io.k, step, shape.n_kv_heads, shape.key_dim, rope);
+        self.attention(layer, shape, step, io);
+        self.kv_write(layer, step, io.k, io.v, shape);
+    }
+
     /// MoE routing: per row, the `k` experts of highest softmax(logits)
     /// (`n_experts` logits a row), with their probabilities (renormalized
     /// to sum to one when `normalize`), into [`Buf::ExpertRoutes`].

@@ -303,6 +303,19 @@ impl<B: Backend, R: Reduce<B>> Backend for TensorParallel<B, R> {
             .for_each(|r| r.kv_write(layer, step, k, v, shape));
     }
 
+    fn attend(
+        &mut self,
+        layer: usize,
+        shape: &AttentionShape,
+        step: &Step,
+        io: AttentionIo,
+        rope: &RopeParams,
+    ) {
+        self.ranks
+            .iter_mut()
+            .for_each(|r| r.attend(layer, shape, step, io, rope));
+    }
+
     fn route_experts(
         &mut self,
         logits: Buf,

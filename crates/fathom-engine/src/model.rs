@@ -415,16 +415,13 @@ impl Model {
             backend.head_norm(Buf::Q, qn, self.eps, t_n, qw, s.key_dim);
             backend.head_norm(Buf::K, kn, self.eps, t_n, kw, s.key_dim);
         }
-        backend.rope(Buf::Q, step, s.n_heads, s.key_dim, &layer.rope);
-        backend.rope(Buf::K, step, s.n_kv_heads, s.key_dim, &layer.rope);
         let io = AttentionIo {
             q: Buf::Q,
             k: Buf::K,
             v: Buf::V,
             out: Buf::AttnOut,
         };
-        backend.attention(li, s, step, io);
-        backend.kv_write(li, step, Buf::K, Buf::V, s);
+        backend.attend(li, s, step, io, &layer.rope);
         backend.matmul(layer.wo, Buf::AttnOut, t_n, Buf::BranchOut);
         backend.all_reduce(Buf::BranchOut, t_n, self.spec.hidden as usize);
         self.add_branch(backend, layer.post_attn_norm, t_n, Some(layer.ffn_norm));

@@ -69,6 +69,16 @@ const MV_MAX_TOKENS: usize = 8;
 const MV_WARPS: usize = 4;
 /// Largest head dims the attention kernel holds per lane.
 const ATT_MAX_DIM: usize = 512;
+/// Heads a `rope_kv` block takes, a warp each (`RK_WARPS` in fathom.cu).
+const ROPE_KV_WARPS: usize = 4;
+/// Warps of a tensor-core prefill attention block (`ATT_MMA_WARPS` in
+/// fathom.cu), and its threads.
+const ATT_MMA_WARPS: usize = 4;
+const ATT_MMA_THREADS: u32 = 32 * ATT_MMA_WARPS as u32;
+/// Rows a sequence a step needs on average (prefill chunks) to take the
+/// tensor-core attention kernel.
+const ATT_MMA_MIN_ROWS: usize = 8;
+
 /// Threads of an attention block: `ATT_WARPS` (fathom.cu) warps that split
 /// the key positions of one (row, head).
 const ATT_THREADS: u32 = 4 * 32;
@@ -247,14 +257,53 @@ struct Kernels {
     gather_rows: sys::CUfunction,
     scatter_rows: sys::CUfunction,
     rope: sys::CUfunction,
+    rope_kv: sys::CUfunction,
     round_to_kv: sys::CUfunction,
     attention: sys::CUfunction,
     /// `attention_split_<dtype>_<vpl>_<heads>`, indexed by
     /// (dtype, ATT_VPL index, ATT_HEADS index); null where not compiled.
     attention_split: [[[sys::CUfunction; 4]; 4]; 4],
     attention_merge: sys::CUfunction,
+    /// `attention_mma_<D>` for head dims 64 and 128 (f16 cache, prefill).
+    attention_mma: [sys::CUfunction; 2],
     kv_write: sys::CUfunction,
     route_experts: sys::CUfunction,
+}
+
+/// Weight bytes a matrix-vector kernel asks L2 for before it waits for the
+/// kernel ahead of it (fathom.cu's `fathom_prefetch_bytes`): the first 4 KiB
+/// of the rows of its first blocks, up to a third of the H200's 50 MB L2, so
+/// that the lines stay until read. The weight stream then starts while a
+/// norm or attention still runs.
+const PREFETCH_BYTES: u64 = 16 << 20;
+
+/// `FATHOM_CUDA_PREFETCH` (bytes; 0 turns the weight and KV prefetch off),
+/// else [`PREFETCH_BYTES`].
+fn prefetch_bytes() -> Result<u64, BackendError> {
+    match std::env::var("FATHOM_CUDA_PREFETCH") {
+        Err(_) => Ok(PREFETCH_BYTES),
+        Ok(v) => v.trim().parse().map_err(|_| BackendError::Device {
+            backend: "cuda",
+            message: format!(
+                "FATHOM_CUDA_PREFETCH={v:?} is not a byte count (weight bytes a kernel \
+                 prefetches, e.g. {PREFETCH_BYTES}; 0 turns the prefetch off)"
+            ),
+        }),
+    }
+}
+
+/// Writes the prefetch budget into the loaded module's global.
+fn set_prefetch(module: sys::CUmodule, bytes: u64) -> Result<(), BackendError> {
+    let name = CString::new("fathom_prefetch_bytes").expect("no NUL");
+    // SAFETY: the module is loaded; the global is an 8-byte unsigned long
+    // long (checked by size below) that no kernel runs against yet.
+    unsafe {
+        let (ptr, size) = result::module::get_global(module, name)
+            .map_err(|e| device_err("finding fathom_prefetch_bytes in the kernels", e))?;
+        assert_eq!(size, 8, "fathom_prefetch_bytes is an unsigned long long");
+        result::memcpy_htod_sync(ptr, &[bytes])
+            .map_err(|e| device_err("setting fathom_prefetch_bytes", e))
+    }
 }
 
 impl Kernels {
@@ -290,6 +339,7 @@ impl Kernels {
             gather_rows: get("gather_rows")?,
             scatter_rows: get("scatter_rows")?,
             rope: get("rope")?,
+            rope_kv: get("rope_kv")?,
             round_to_kv: get("round_to_kv")?,
             attention: get("attention")?,
             attention_split: {
@@ -306,6 +356,7 @@ impl Kernels {
                 t
             },
             attention_merge: get("attention_merge")?,
+            attention_mma: [get("attention_mma_64")?, get("attention_mma_128")?],
             kv_write: get("kv_write")?,
             route_experts: get("route_experts")?,
         })
@@ -413,6 +464,10 @@ pub struct CudaBackend {
     sm_count: usize,
     /// Pieces attention cuts key ranges into, when a test sets it.
     forced_splits: Option<usize>,
+    /// What the f16 staging of x holds since the last kernel launch:
+    /// (address of x, values, bf16). A layer's q, k and v (and gate and
+    /// up) products of one input convert it once.
+    x16_holds: Option<(u64, i64, i32)>,
 }
 
 // SAFETY: the raw handles (stream, module, functions, cuBLAS handle) belong
@@ -479,6 +534,7 @@ impl CudaBackend {
         let module = unsafe { result::module::load_data(image.as_ptr() as *const c_void) }
             .map_err(|e| device_err("loading the kernels (sm_90 / compute_90 fatbin)", e))?;
         let k = Kernels::load(module)?;
+        set_prefetch(module, prefetch_bytes()?)?;
         let (free2, _) = info("cuMemGetInfo")?;
         startup.module = free1.saturating_sub(free2) as u64;
 
@@ -600,6 +656,7 @@ impl CudaBackend {
             ),
             sm_count,
             forced_splits: None,
+            x16_holds: None,
         })
     }
 
@@ -715,6 +772,8 @@ impl CudaBackend {
         if self.error.is_some() {
             return;
         }
+        // Any kernel may write the buffer the staging was converted from.
+        self.x16_holds = None;
         self.queue.push(f, grid, block, args);
         if self.eager {
             self.issue(false);
@@ -800,6 +859,8 @@ impl CudaBackend {
     }
 
     fn htod<T>(&mut self, dst: u64, src: &[T]) {
+        // The copy may land in the buffer the f16 staging came from.
+        self.x16_holds = None;
         if self.error.is_some() || src.is_empty() {
             return;
         }
@@ -1060,9 +1121,12 @@ impl CudaBackend {
         let ty = if bf16 { blas::R_16BF } else { blas::R_16F };
         let (mut xp, mut n, mut bf, mut x16) =
             (x, (rows * wc) as i64, bf16 as i32, self.upload.x16);
-        let f = self.k.to_half;
-        let grid = Self::grid_for(n as usize, 256).min(4096);
-        self.launch(f, (grid, 1, 1), 256, &mut args![xp, n, bf, x16]);
+        let holds = Some((xp, n, bf));
+        if self.x16_holds != holds {
+            let f = self.k.to_half;
+            let grid = Self::grid_for(n as usize, 256).min(4096);
+            self.launch(f, (grid, 1, 1), 256, &mut args![xp, n, bf, x16]);
+        }
         let gemm = |s: &mut Self, a: u64, m_rows: usize, c: u64| {
             // Column-major: out' (wr × rows, ldc wr) = W' (wc × m)ᵀ · x' (wc × rows).
             s.gemm(blas::Gemm {
@@ -1079,6 +1143,7 @@ impl CudaBackend {
         };
         if bf16 || m.kind == kind_of_type(WeightType::F16) {
             gemm(self, m.arg.data, wr, out);
+            self.x16_holds = holds;
             return;
         }
         let chunk =
@@ -1092,6 +1157,187 @@ impl CudaBackend {
             gemm(self, self.upload.w16, nr, out + 4 * r0 as u64);
             r0 += nr;
         }
+        // The dequant launches write only the weight staging.
+        self.x16_holds = holds;
+    }
+
+    /// Attention of the step's rows; `rounded`: q, k and v already hold
+    /// the cache's precision (rope_kv did it).
+    fn attention_of(
+        &mut self,
+        layer: usize,
+        shape: &AttentionShape,
+        step: &Step,
+        io: AttentionIo,
+        rounded: bool,
+    ) {
+        let AttentionIo { q, k, v, out } = io;
+        let s = *shape;
+        assert!(
+            s.key_dim <= ATT_MAX_DIM && s.value_dim <= ATT_MAX_DIM,
+            "attention: head dims {}/{} above {ATT_MAX_DIM}",
+            s.key_dim,
+            s.value_dim
+        );
+        assert!(s.n_kv_heads > 0 && s.n_heads.is_multiple_of(s.n_kv_heads));
+        let rows = step.rows;
+        let mut qp = self.buf(q, rows * s.n_heads * s.key_dim * 4);
+        let mut kp = self.buf(k, rows * s.n_kv_heads * s.key_dim * 4);
+        let mut vp = self.buf(v, rows * s.n_kv_heads * s.value_dim * 4);
+        let mut op = self.buf(out, rows * s.n_heads * s.value_dim * 4);
+        let mut kv = self.kv_desc(layer, shape);
+        if rows == 0 || !self.ready() {
+            return;
+        }
+        // The step's own rows read what the cache will hold, as on the CPU:
+        // K and V in the cache's precision, q in f16 against an f16 cache.
+        let q_values = if self.kv.dtype == KvDtype::F16 {
+            rows * s.n_heads * s.key_dim
+        } else {
+            0
+        };
+        if !rounded {
+            self.round_to_kv(
+                [
+                    (kp, rows * s.n_kv_heads * s.key_dim),
+                    (vp, rows * s.n_kv_heads * s.value_dim),
+                    (qp, q_values),
+                ],
+                kv.dtype,
+            );
+        }
+        let group = self.slots[layer].map(|(g, _)| g);
+        let mut st = self.upload_step(step, group);
+        let (mut nh, mut nkv, mut dk, mut dv) = (
+            s.n_heads as i32,
+            s.n_kv_heads as i32,
+            s.key_dim as i32,
+            s.value_dim as i32,
+        );
+        let mut window = s.window.map(|w| w as i32).unwrap_or(0);
+        let mut scale = s.scale;
+        if let Some((f, gp, tiles)) = self.attention_mma_plan(shape, step) {
+            let (mut n_seqs, mut rows, mut gp) = (step.seqs.len() as i32, rows as i32, gp as i32);
+            self.launch(
+                f,
+                (tiles as u32, s.n_kv_heads as u32, 1),
+                ATT_MMA_THREADS,
+                &mut args![st, kv, qp, kp, vp, op, n_seqs, rows, nh, nkv, gp, window, scale],
+            );
+            return;
+        }
+        // The split kernels read 8 key values and 2..16 value dims at a
+        // time (aligned vector loads); other head dims take the one-block
+        // kernel.
+        let vpl = ATT_VPL.iter().position(|&n| 32 * n >= s.value_dim);
+        let split_path = s.key_dim.is_multiple_of(8)
+            && s.value_dim.is_multiple_of(8)
+            && vpl.is_some_and(|i| s.value_dim.is_multiple_of(ATT_VPL[i]));
+        let Some(vpl) = vpl.filter(|_| split_path) else {
+            let f = self.k.attention;
+            self.launch(
+                f,
+                (rows as u32, s.n_heads as u32, 1),
+                ATT_THREADS,
+                &mut args![st, kv, qp, kp, vp, op, nh, nkv, dk, dv, window, scale],
+            );
+            return;
+        };
+        // Query heads a block: the GQA group, in chunks of a power of two.
+        let group = s.n_heads / s.n_kv_heads;
+        let most = if ATT_VPL[vpl] == 16 { 2 } else { 8 };
+        let heads = group.next_power_of_two().min(most);
+        let hi = ATT_HEADS
+            .iter()
+            .position(|&h| h == heads)
+            .expect("a power of two up to 8");
+        let chunks = group.div_ceil(heads);
+        let blocks = rows * s.n_kv_heads * chunks;
+        // Pieces of the key range: enough blocks for 4 a multiprocessor,
+        // at least ATTENTION_SPLIT_KEYS keys each, as many as the partials
+        // hold.
+        let keys = step
+            .seqs
+            .iter()
+            .map(|q| q.start + q.tokens)
+            .max()
+            .unwrap_or(0);
+        let keys = s.window.map_or(keys, |w| keys.min(w));
+        let want = self.forced_splits.unwrap_or_else(|| {
+            (4 * self.sm_count)
+                .div_ceil(blocks)
+                .min(keys.div_ceil(ATTENTION_SPLIT_KEYS as usize))
+        });
+        let per_split = rows * s.n_heads * (s.value_dim + 2) * 4;
+        let fit = (self.partials.1 / per_split as u64) as usize;
+        let splits = want.min(ATTENTION_MAX_SPLITS as usize).min(fit).max(1);
+        let mut part = self.partials.0;
+        let f = self.k.attention_split[kv.dtype as usize][vpl][hi];
+        self.launch(
+            f,
+            (rows as u32, (s.n_kv_heads * chunks) as u32, splits as u32),
+            ATT_THREADS,
+            &mut args![st, kv, qp, kp, vp, op, part, nh, nkv, dk, dv, window, scale],
+        );
+        if splits > 1 {
+            let mut n = splits as i32;
+            let f = self.k.attention_merge;
+            self.launch(
+                f,
+                (rows as u32, s.n_heads as u32, 1),
+                128,
+                &mut args![part, n, nh, dv, op],
+            );
+        }
+    }
+
+    /// The tensor-core prefill kernel for this step, when it applies: an
+    /// f16 cache, equal key and value dims of 64 or 128, GQA groups of up to
+    /// 16 query heads, and at least `ATT_MMA_MIN_ROWS` rows a sequence on
+    /// average (decode rows alone go to the split kernels, which also cut
+    /// long contexts across blocks). Returns the kernel, the group padded to
+    /// a power of two, and the grid's tiles (each sequence's rows in runs of
+    /// a block's `4 × 16 / padded group` rows).
+    fn attention_mma_plan(
+        &self,
+        shape: &AttentionShape,
+        step: &Step,
+    ) -> Option<(sys::CUfunction, usize, usize)> {
+        let group = shape.n_heads / shape.n_kv_heads;
+        let gp = group.next_power_of_two();
+        let f = match shape.key_dim {
+            64 => self.k.attention_mma[0],
+            128 => self.k.attention_mma[1],
+            _ => return None,
+        };
+        let fits = self.kv.dtype == KvDtype::F16
+            && shape.value_dim == shape.key_dim
+            && gp <= 16
+            && step.rows >= ATT_MMA_MIN_ROWS * step.seqs.len();
+        if !fits || self.forced_splits.is_some() {
+            return None;
+        }
+        let block_rows = ATT_MMA_WARPS * (16 / gp);
+        let tiles = step
+            .seqs
+            .iter()
+            .map(|q| q.tokens.div_ceil(block_rows))
+            .sum();
+        Some((f, gp, tiles))
+    }
+
+    /// Device address of a rope's frequency factors (0 for none), checked
+    /// to cover a head's pairs.
+    fn rope_freqs(&self, rope: &RopeParams, head_dim: usize) -> u64 {
+        rope.freqs.map_or(0, |v| {
+            let (p, l) = self.vectors[v.0 as usize];
+            assert!(
+                l >= head_dim / 2,
+                "rope: {l} frequency factors for {} pairs",
+                head_dim / 2
+            );
+            p
+        })
     }
 
     /// Rounds three runs of values (address, count) to the KV dtype's
@@ -1536,18 +1782,7 @@ impl Backend for CudaBackend {
             "rope: head_dim {head_dim} is odd"
         );
         let mut xp = self.buf(x, step.rows * n_heads * head_dim * 4);
-        let mut freqs = match rope.freqs {
-            Some(v) => {
-                let (p, l) = self.vectors[v.0 as usize];
-                assert!(
-                    l >= head_dim / 2,
-                    "rope: {l} frequency factors for {} pairs",
-                    head_dim / 2
-                );
-                p
-            }
-            None => 0,
-        };
+        let mut freqs = self.rope_freqs(rope, head_dim);
         if step.rows == 0 || !self.ready() {
             return;
         }
@@ -1589,111 +1824,59 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&mut self, layer: usize, shape: &AttentionShape, step: &Step, io: AttentionIo) {
-        let AttentionIo { q, k, v, out } = io;
+        self.attention_of(layer, shape, step, io, false);
+    }
+
+    fn attend(
+        &mut self,
+        layer: usize,
+        shape: &AttentionShape,
+        step: &Step,
+        io: AttentionIo,
+        rope: &RopeParams,
+    ) {
         let s = *shape;
         assert!(
-            s.key_dim <= ATT_MAX_DIM && s.value_dim <= ATT_MAX_DIM,
-            "attention: head dims {}/{} above {ATT_MAX_DIM}",
+            s.key_dim.max(s.value_dim) <= ATT_MAX_DIM && s.key_dim.is_multiple_of(2),
+            "attend: head dims {}/{} (even key dims up to {ATT_MAX_DIM})",
             s.key_dim,
             s.value_dim
         );
-        assert!(s.n_kv_heads > 0 && s.n_heads.is_multiple_of(s.n_kv_heads));
         let rows = step.rows;
-        let mut qp = self.buf(q, rows * s.n_heads * s.key_dim * 4);
-        let mut kp = self.buf(k, rows * s.n_kv_heads * s.key_dim * 4);
-        let mut vp = self.buf(v, rows * s.n_kv_heads * s.value_dim * 4);
-        let mut op = self.buf(out, rows * s.n_heads * s.value_dim * 4);
+        let mut qp = self.buf(io.q, rows * s.n_heads * s.key_dim * 4);
+        let mut kp = self.buf(io.k, rows * s.n_kv_heads * s.key_dim * 4);
+        let mut vp = self.buf(io.v, rows * s.n_kv_heads * s.value_dim * 4);
+        let mut freqs = self.rope_freqs(rope, s.key_dim);
         let mut kv = self.kv_desc(layer, shape);
         if rows == 0 || !self.ready() {
             return;
         }
-        // The step's own rows read what the cache will hold, as on the CPU:
-        // K and V in the cache's precision, q in f16 against an f16 cache.
-        let q_values = if self.kv.dtype == KvDtype::F16 {
-            rows * s.n_heads * s.key_dim
-        } else {
-            0
-        };
-        self.round_to_kv(
-            [
-                (kp, rows * s.n_kv_heads * s.key_dim),
-                (vp, rows * s.n_kv_heads * s.value_dim),
-                (qp, q_values),
-            ],
-            kv.dtype,
-        );
         let group = self.slots[layer].map(|(g, _)| g);
         let mut st = self.upload_step(step, group);
+        // A ring's slots may hold positions this step still attends to:
+        // there the store waits for attention (kv_write).
+        let early = kv.ring == 0;
         let (mut nh, mut nkv, mut dk, mut dv) = (
             s.n_heads as i32,
             s.n_kv_heads as i32,
             s.key_dim as i32,
             s.value_dim as i32,
         );
-        let mut window = s.window.map(|w| w as i32).unwrap_or(0);
-        let mut scale = s.scale;
-        // The split kernels read 8 key values and 2..16 value dims at a
-        // time (aligned vector loads); other head dims take the one-block
-        // kernel.
-        let vpl = ATT_VPL.iter().position(|&n| 32 * n >= s.value_dim);
-        let split_path = s.key_dim.is_multiple_of(8)
-            && s.value_dim.is_multiple_of(8)
-            && vpl.is_some_and(|i| s.value_dim.is_multiple_of(ATT_VPL[i]));
-        let Some(vpl) = vpl.filter(|_| split_path) else {
-            let f = self.k.attention;
-            self.launch(
-                f,
-                (rows as u32, s.n_heads as u32, 1),
-                ATT_THREADS,
-                &mut args![st, kv, qp, kp, vp, op, nh, nkv, dk, dv, window, scale],
-            );
-            return;
-        };
-        // Query heads a block: the GQA group, in chunks of a power of two.
-        let group = s.n_heads / s.n_kv_heads;
-        let most = if ATT_VPL[vpl] == 16 { 2 } else { 8 };
-        let heads = group.next_power_of_two().min(most);
-        let hi = ATT_HEADS
-            .iter()
-            .position(|&h| h == heads)
-            .expect("a power of two up to 8");
-        let chunks = group.div_ceil(heads);
-        let blocks = rows * s.n_kv_heads * chunks;
-        // Pieces of the key range: enough blocks for 4 a multiprocessor,
-        // at least ATTENTION_SPLIT_KEYS keys each, as many as the partials
-        // hold.
-        let keys = step
-            .seqs
-            .iter()
-            .map(|q| q.start + q.tokens)
-            .max()
-            .unwrap_or(0);
-        let keys = s.window.map_or(keys, |w| keys.min(w));
-        let want = self.forced_splits.unwrap_or_else(|| {
-            (4 * self.sm_count)
-                .div_ceil(blocks)
-                .min(keys.div_ceil(ATTENTION_SPLIT_KEYS as usize))
-        });
-        let per_split = rows * s.n_heads * (s.value_dim + 2) * 4;
-        let fit = (self.partials.1 / per_split as u64) as usize;
-        let splits = want.min(ATTENTION_MAX_SPLITS as usize).min(fit).max(1);
-        let mut part = self.partials.0;
-        let f = self.k.attention_split[kv.dtype as usize][vpl][hi];
+        let (mut theta, mut neox, mut store) = (rope.theta as f64, rope.neox as i32, early as i32);
+        let f = self.k.rope_kv;
         self.launch(
             f,
-            (rows as u32, (s.n_kv_heads * chunks) as u32, splits as u32),
-            ATT_THREADS,
-            &mut args![st, kv, qp, kp, vp, op, part, nh, nkv, dk, dv, window, scale],
+            (
+                rows as u32,
+                (s.n_heads + 2 * s.n_kv_heads).div_ceil(ROPE_KV_WARPS) as u32,
+                1,
+            ),
+            32 * ROPE_KV_WARPS as u32,
+            &mut args![st, kv, qp, kp, vp, nh, nkv, dk, dv, theta, neox, freqs, store],
         );
-        if splits > 1 {
-            let mut n = splits as i32;
-            let f = self.k.attention_merge;
-            self.launch(
-                f,
-                (rows as u32, s.n_heads as u32, 1),
-                128,
-                &mut args![part, n, nh, dv, op],
-            );
+        self.attention_of(layer, shape, step, io, true);
+        if !early {
+            self.kv_write(layer, step, io.k, io.v, shape);
         }
     }
 

@@ -346,6 +346,8 @@ impl crate::parallel::Reduce<super::CudaBackend> for NcclSum {
             // before it is issued first, and the rest of the step follows
             // eagerly.
             rank.go_eager();
+            // The sum rewrites x, which the f16 staging may have come from.
+            rank.x16_holds = None;
             self.buffers[d] = rank.buf(x, count * 4);
             self.streams[d] = rank.stream.cast();
         }
