@@ -1153,10 +1153,13 @@ __device__ __forceinline__ void kv_loadn(const uint8_t* head, int i0, float* o) 
   }
 }
 
-// dot[h] += q_h . k over key_dim values, k in dtype DT.
+// dot[h] += q_h . k over key_dim values, k in dtype DT. Unrolled 8 deep
+// (where the registers allow) so that a lane's loads of its key row (16 for
+// 128 f16 dims) go out together: each lane reads another position's row,
+// and these loads were the kernel's latency chain.
 template <int DT, int H>
 __device__ __forceinline__ void att_dots(const uint8_t* kp, const float* qs, int key_dim, float* dot) {
-#pragma unroll 2
+#pragma unroll(H <= 4 && (DT == KV_F16 || DT == KV_BF16) ? 8 : 2)
   for (int i0 = 0; i0 < key_dim; i0 += 8) {
     float kk[8];
     kv_loadn<DT, 8>(kp, i0, kk);
@@ -1281,8 +1284,10 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
 #pragma unroll
       for (int j = 0; j < VPL; j++) acc[h][j] *= rescale;
     }
+    // Unrolled so that several positions' V loads are in flight (4 rows
+    // deep spilled where the accumulators fill the registers).
     const int n = min(WARP, hi - p0 + 1);
-#pragma unroll 4
+#pragma unroll(VPL * H <= 16 && DT != KV_F32 ? 8 : 4)
     for (int jj = 0; jj < n; jj++) {
       const uint8_t* vr = (const uint8_t*)__shfl_sync(0xffffffffu, (unsigned long long)vp, jj);
       float wgt[H];
@@ -1741,5 +1746,84 @@ extern "C" __global__ void route_experts(const float* logits, int n_experts, int
   }
   if (normalize && lane == 0) {
     for (int s = 0; s < k; s++) out[2 * s + 1] = __float_as_uint(__uint_as_float(out[2 * s + 1]) / total);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Greedy picks of the logits rows, so that a greedy step reads back 8 bytes
+// a row instead of the vocabulary's logits: per row the index of the first
+// largest value, NaN skipped (0 when there is none), and with up to
+// GREEDY_BANNED ids banned (ignore_eos) that index unless it is banned, else
+// the same scan with the banned ids counted as -inf — what the CPU's argmax
+// and the sampler's candidate pass give. One block a row.
+#define GREEDY_BANNED 8
+#define GREEDY_THREADS 1024
+struct Banned {
+  int n;
+  unsigned int ids[GREEDY_BANNED];
+};
+
+// (value, index) pick: `none` (index UINT_MAX) loses to anything; a larger
+// value wins, then the lower index.
+__device__ __forceinline__ void greedy_keep(float* v, unsigned int* i, float ov, unsigned int oi) {
+  if (oi != 0xffffffffu && (*i == 0xffffffffu || ov > *v || (ov == *v && oi < *i))) {
+    *v = ov;
+    *i = oi;
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(GREEDY_THREADS)
+greedy_rows(const float* logits, int width, Banned banned, unsigned int* out) { FATHOM_PDL();
+  __shared__ float sv[2][GREEDY_THREADS / WARP];
+  __shared__ unsigned int si[2][GREEDY_THREADS / WARP];
+  const float* x = logits + (size_t)blockIdx.x * width;
+  float v[2] = {0.0f, 0.0f};
+  unsigned int idx[2] = {0xffffffffu, 0xffffffffu};
+  // Each thread walks its values in increasing index, so a strict > keeps
+  // the first of equal values.
+  for (int i = threadIdx.x; i < width; i += blockDim.x) {
+    const float a = x[i];
+    if (a != a) continue;
+    if (idx[0] == 0xffffffffu || a > v[0]) {
+      v[0] = a;
+      idx[0] = i;
+    }
+    if (idx[1] == 0xffffffffu || a > v[1]) {
+      bool ban = false;
+#pragma unroll
+      for (int b = 0; b < GREEDY_BANNED; b++) ban |= b < banned.n && banned.ids[b] == (unsigned int)i;
+      const float a2 = ban ? -INFINITY : a;
+      if (idx[1] == 0xffffffffu || a2 > v[1]) {
+        v[1] = a2;
+        idx[1] = i;
+      }
+    }
+  }
+  const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    for (int o = 16; o > 0; o >>= 1)
+      greedy_keep(&v[k], &idx[k], __shfl_xor_sync(0xffffffffu, v[k], o), __shfl_xor_sync(0xffffffffu, idx[k], o));
+    if (lane == 0) {
+      sv[k][warp] = v[k];
+      si[k][warp] = idx[k];
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned int pick[2];
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+      float bv = sv[k][0];
+      unsigned int bi = si[k][0];
+      for (int w = 1; w < (int)(blockDim.x / WARP); w++) greedy_keep(&bv, &bi, sv[k][w], si[k][w]);
+      pick[k] = bi == 0xffffffffu ? 0u : bi;
+    }
+    // The sampler's rule: the argmax stands unless it is banned.
+    bool ban = false;
+#pragma unroll
+    for (int b = 0; b < GREEDY_BANNED; b++) ban |= b < banned.n && banned.ids[b] == pick[0];
+    out[2 * blockIdx.x] = pick[0];
+    out[2 * blockIdx.x + 1] = ban ? pick[1] : pick[0];
   }
 }

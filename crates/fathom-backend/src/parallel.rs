@@ -380,6 +380,10 @@ impl<B: Backend, R: Reduce<B>> Backend for TensorParallel<B, R> {
         self.ranks[0].logits(rows, width)
     }
 
+    fn greedy(&mut self, rows: usize, width: usize, banned: &[u32], out: &mut [[u32; 2]]) {
+        self.ranks[0].greedy(rows, width, banned, out)
+    }
+
     fn take_error(&mut self) -> Option<BackendError> {
         let mut first = None;
         for (d, r) in self.ranks.iter_mut().enumerate() {

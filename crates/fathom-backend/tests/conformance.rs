@@ -473,7 +473,19 @@ fn test_matmul<B: Backend + ?Sized>(h: &mut Harness<B>, rng: &mut Rng, only_pref
             768,
             2048,
             all.clone(),
-            vec![1, 3, 8, 9, 77],
+            vec![1, 3, 8, 9, 37, 64, 77],
+        ),
+        // Decode batches on a matrix of rows not a multiple of 16.
+        (
+            "100x2048",
+            100,
+            2048,
+            vec![
+                Ok(WeightType::F16),
+                Ok(WeightType::BF16),
+                Ok(WeightType::Q8_0),
+            ],
+            vec![16, 40],
         ),
         (
             "SmolLM2 ffn_up 1536x576",
@@ -564,7 +576,13 @@ fn test_matmul_glu(h: &mut Harness, rng: &mut Rng) {
             h.b.load_matrix(gm).expect("loads"),
             h.b.load_matrix(um).expect("loads"),
         );
-        for (n, act) in [(1, Glu::Silu), (3, Glu::GeluTanh), (9, Glu::Silu)] {
+        for (n, act) in [
+            (1, Glu::Silu),
+            (3, Glu::GeluTanh),
+            (9, Glu::Silu),
+            (30, Glu::GeluTanh),
+            (64, Glu::Silu),
+        ] {
             let x = rng.vec(n * cols);
             h.set(Buf::Norm, &x, cols);
             h.b.matmul_glu([g, u], Buf::Norm, n, act, [Buf::FfnGate, Buf::FfnUp], rows);
@@ -600,7 +618,7 @@ fn test_matmul_many(h: &mut Harness, rng: &mut Rng) {
                 (h.b.load_matrix(m).expect("loads"), values, rows, out)
             })
             .collect();
-        for (count, n) in [(3, 1), (2, 1), (3, 2)] {
+        for (count, n) in [(3, 1), (2, 1), (3, 2), (3, 24), (2, 57)] {
             let x = rng.vec(n * cols);
             h.set(Buf::Norm, &x, cols);
             let ws: Vec<_> = loaded[..count].iter().map(|l| l.0).collect();
@@ -1238,6 +1256,75 @@ fn test_shards(h: &mut Harness, rng: &mut Rng) {
     }
 }
 
+/// The greedy sampler's pick, written out: the first largest value, NaN
+/// skipped, `banned` ids counted as −∞; 0 when every value is NaN.
+fn greedy_reference(row: &[f32], banned: &[u32]) -> u32 {
+    let mut best: Option<(u32, f32)> = None;
+    for (i, &v) in row.iter().enumerate() {
+        let v = if banned.contains(&(i as u32)) {
+            f32::NEG_INFINITY
+        } else {
+            v
+        };
+        if v.is_nan() {
+            continue;
+        }
+        if best.is_none_or(|(_, b)| v > b) {
+            best = Some((i as u32, v));
+        }
+    }
+    best.map_or(0, |(i, _)| i)
+}
+
+/// greedy: each logits row's pick without and with banned ids, exactly,
+/// on rows built to hit a tie, a banned maximum, NaN, −∞ and all-NaN.
+fn test_greedy<B: Backend + ?Sized>(h: &mut Harness<B>, rng: &mut Rng) {
+    let (rows, width) = (9, 4096);
+    let banned = [7u32, 2, 4000];
+    let mut x = rng.vec(rows * width);
+    let row = |r: usize| r * width..(r + 1) * width;
+    x[row(1)][3] = 9.0; // a tie: the first wins
+    x[row(1)][4095] = 9.0;
+    x[row(2)][7] = 9.0; // a banned maximum, then a tie among the rest
+    x[row(2)][11] = 8.0;
+    x[row(2)][12] = 8.0;
+    x[row(3)][..100].fill(f32::NAN); // NaN before the maximum
+    x[row(3)][50] = 9.0;
+    x[row(3)][200] = 8.5;
+    x[row(4)].fill(f32::NAN); // nothing to pick
+    x[row(5)].fill(f32::NEG_INFINITY); // −∞ everywhere but a NaN
+    x[row(5)][0] = f32::NAN;
+    x[row(6)].fill(f32::NAN); // only banned ids hold numbers
+    x[row(6)][2] = 1.0;
+    x[row(6)][4000] = 2.0;
+    x[row(7)][4000] = f32::INFINITY; // +∞, banned
+    h.set(Buf::Logits, &x, width);
+    let mut got = vec![[u32::MAX; 2]; rows];
+    h.b.greedy(rows, width, &banned, &mut got);
+    if let Some(e) = h.b.take_error() {
+        panic!("{}: device error: {e}", h.b.name());
+    }
+    for (r, g) in got.iter().enumerate() {
+        // The sampler's rule: the argmax, unless it is banned.
+        let plain = greedy_reference(&x[row(r)], &[]);
+        let want = if banned.contains(&plain) {
+            [plain, greedy_reference(&x[row(r)], &banned)]
+        } else {
+            [plain, plain]
+        };
+        let ok = *g == want;
+        let line = format!(
+            "{:5} greedy             row {r}: got {g:?} want {want:?} {}",
+            h.b.name(),
+            if ok { "ok" } else { "FAIL" }
+        );
+        println!("{line}");
+        if !ok {
+            h.failures.push(line);
+        }
+    }
+}
+
 #[test]
 fn conformance() {
     let mut failures = Vec::new();
@@ -1253,6 +1340,7 @@ fn conformance() {
         test_shards(&mut h, &mut rng);
         test_rope(&mut h, &mut rng);
         test_moe(&mut h, &mut rng);
+        test_greedy(&mut h, &mut rng);
         failures.extend(h.finish());
         ran += 1;
     }
@@ -1316,14 +1404,19 @@ fn cuda_attention_splits() {
 }
 
 /// Rough speed of attention over a 4,096-position f16 cache (Llama-3.1-8B
-/// heads: 32 query, 8 KV, 128 dims), one layer: a decode row and a
-/// 256-token prefill chunk at the end of the context. Prints only.
+/// heads: 32 query, 8 KV, 128 dims), one layer: a decode row, 16 rows and
+/// a 256-token prefill chunk at the end of the context; then a serving
+/// step's decode rows, one each of 64 sequences of 256 positions. Prints
+/// only.
 #[test]
 fn cuda_attention_speed() {
     let arena = arena();
     let ctx = 4096usize;
     let blocks = (ctx / 16) as u64;
-    let mut g = group(KvDtype::F16, 8, 128, 128, 1, None, blocks);
+    // Room for the 64 short sequences too (16 blocks each).
+    let (batch, batch_ctx) = (64usize, 256usize);
+    let pool = blocks.max((batch * batch_ctx / 16) as u64);
+    let mut g = group(KvDtype::F16, 8, 128, 128, 1, None, pool);
     g.tokens = ctx as u64;
     g.blocks_per_sequence = blocks;
     let kv = KvLayout {
@@ -1384,6 +1477,54 @@ fn cuda_attention_speed() {
             s * 1e6
         );
     }
+    let per_seq = batch_ctx / 16;
+    let tables: Vec<Vec<Vec<u32>>> = (0..batch)
+        .map(|i| {
+            vec![(0..per_seq as u32)
+                .map(|b| (i * per_seq) as u32 + b)
+                .collect()]
+        })
+        .collect();
+    for t in &tables {
+        let seqs = [StepSeq {
+            start: 0,
+            tokens: batch_ctx,
+            tables: t,
+        }];
+        let step = Step {
+            seqs: &seqs,
+            rows: batch_ctx,
+        };
+        h.set(Buf::K, &rng.vec(batch_ctx * 1024), 1024);
+        h.set(Buf::V, &rng.vec(batch_ctx * 1024), 1024);
+        h.b.kv_write(0, &step, Buf::K, Buf::V, &shape);
+    }
+    let seqs: Vec<StepSeq> = tables
+        .iter()
+        .map(|t| StepSeq {
+            start: batch_ctx - 1,
+            tokens: 1,
+            tables: t,
+        })
+        .collect();
+    let step = Step {
+        seqs: &seqs,
+        rows: batch,
+    };
+    h.b.attention(0, &shape, &step, IO);
+    let _ = h.get(Buf::Logits, 1, 8);
+    let t = std::time::Instant::now();
+    for _ in 0..20 {
+        h.b.attention(0, &shape, &step, IO);
+    }
+    let _ = h.get(Buf::Logits, 1, 8);
+    let s = t.elapsed().as_secs_f64() / 20.0;
+    let bytes = (batch * batch_ctx * 2 * 1024 * 2) as f64;
+    println!(
+        "speed attention f16 32/8x128 {batch} seqs x ctx {batch_ctx}: {:9.1} us a layer ({:.0} GB/s of K and V)",
+        s * 1e6,
+        bytes / s / 1e9
+    );
 }
 
 /// The CUDA backend's other prefill path (the tiled f32 kernel, which the
@@ -1613,8 +1754,9 @@ fn cuda_kv_bytes() {
 }
 
 /// Rough speed of the matmul kernels on Llama-3.1-8B's ffn_gate shape
-/// (14336×4096): decode (1 token, weight bytes / time against the HBM
-/// bandwidth) and a 512-token prefill chunk. Prints only; a first look,
+/// (14336×4096): decode (1 and 8 tokens, weight bytes / time against the
+/// HBM bandwidth), decode batches of 16 and 64 (cuBLAS), and a 256-token
+/// prefill chunk. Prints only; a first look,
 /// not a benchmark (host-side timing around queued launches, then a sync).
 #[test]
 fn cuda_speed() {
@@ -1644,6 +1786,8 @@ fn cuda_speed() {
         for (tokens, reps, tiled) in [
             (1usize, 200, false),
             (8, 100, false),
+            (16, 100, false),
+            (64, 50, false),
             (256, 10, true),
             (256, 10, false),
         ] {

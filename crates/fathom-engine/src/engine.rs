@@ -49,6 +49,9 @@ struct StepScratch {
     last_rows: Vec<usize>,
     /// Rows projected to logits at once: the plan's logits rows (its batch).
     group: usize,
+    /// Each segment's greedy picks from its last logits, `[plain, without
+    /// the end-of-generation ids]` (`Backend::greedy`), one per batch row.
+    greedy: Vec<[u32; 2]>,
 }
 
 /// Rows of one segment of a step whose logits the step hands out before
@@ -91,16 +94,18 @@ fn project_rows(
 
 /// Runs one step: the layers, then the logits of the `wanted` rows (see
 /// [`ScoreRows`]; `on_logits(k, row, logits)` gets entry k's rows), then
-/// each segment's last logits, read back (a GPU synchronizes here); any
-/// device failure of the step becomes an error. A function of the parts
-/// it uses, so a caller may lend the segments' tokens from the engine's
-/// histories.
+/// each segment's last logits and their greedy picks (`banned`: the ids
+/// `ignore_eos` bans), which are read back (a GPU synchronizes here; the
+/// logits themselves only when a sampler asks for them); any device
+/// failure of the step becomes an error. A function of the parts it uses,
+/// so a caller may lend the segments' tokens from the engine's histories.
 fn run_step(
     model: &Model,
     backend: &mut dyn Backend,
     scratch: &mut StepScratch,
     segments: &mut [Segment],
     wanted: &[ScoreRows],
+    banned: &[u32],
     on_logits: &mut dyn FnMut(usize, usize, &[f32]),
 ) -> Result<(), EngineError> {
     model.run_layers(backend, segments, &mut scratch.ids)?;
@@ -124,7 +129,13 @@ fn run_step(
         )?;
     }
     model.project_last(backend, segments, &mut scratch.last_rows);
-    backend.logits(segments.len(), model.spec.vocab as usize);
+    let n = segments.len();
+    backend.greedy(
+        n,
+        model.spec.vocab as usize,
+        banned,
+        &mut scratch.greedy[..n],
+    );
     match backend.take_error() {
         Some(e) => Err(e.into()),
         None => Ok(()),
@@ -262,6 +273,7 @@ impl Engine {
                 ids: Vec::with_capacity(step_tokens),
                 last_rows: Vec::with_capacity(step_tokens),
                 group: (i.batch as usize).max(1),
+                greedy: vec![[0; 2]; (i.batch as usize).max(1)],
             },
             end_of_generation: tokenizer.end_of_generation_ids().collect(),
             step_tokens,
@@ -363,6 +375,7 @@ impl Engine {
                 &mut self.scratch,
                 &mut segments,
                 &[],
+                &self.end_of_generation,
                 &mut |_, _, _| {},
             )?;
             drop(segments);
@@ -424,7 +437,17 @@ impl Engine {
     /// Samples from logits row `row` of the last step (segment `row`),
     /// with `history` (the sequence so far) for the penalties. The row
     /// stays the model's: [`Engine::token_logprob`] reads it afterwards.
+    /// A plain greedy sampler takes the step's greedy pick, so its logits
+    /// are never read back.
     pub fn sample(&mut self, row: usize, sampler: &mut Sampler, history: &[u32]) -> u32 {
+        if sampler.is_plain_greedy() {
+            let [plain, unbanned] = self.scratch.greedy[row];
+            return if sampler.params.ignore_eos {
+                unbanned
+            } else {
+                plain
+            };
+        }
         let vocab = self.model.spec.vocab as usize;
         let logits = &self.backend.logits(row + 1, vocab)[row * vocab..];
         let banned: &[u32] = if sampler.params.ignore_eos {
@@ -476,6 +499,7 @@ impl Engine {
             &mut self.scratch,
             segments,
             wanted,
+            &self.end_of_generation,
             on_logits,
         )
     }
@@ -535,7 +559,6 @@ impl Engine {
                 tokens: chunk,
             }])?;
         }
-        let vocab = self.model.spec.vocab as usize;
         let mut token = first;
         let started = Instant::now();
         for _ in 0..n {
@@ -543,7 +566,7 @@ impl Engine {
                 seq: &mut seq,
                 tokens: &[token],
             }])?;
-            token = fathom_kernels::ops::argmax(self.backend.logits(1, vocab)) as u32;
+            token = self.scratch.greedy[0][0];
         }
         let elapsed = started.elapsed();
         self.kv.release(&mut seq);

@@ -73,6 +73,14 @@ impl Sampler {
         (z >> 40) as f32 / (1u64 << 24) as f32
     }
 
+    /// Greedy with no bias and no penalties: the pick is the argmax (of
+    /// the logits, or with the `banned` ids as −∞), which a GPU finds
+    /// without reading the logits back (`Backend::greedy`).
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature <= 0.0 && p.logit_bias.is_empty() && !self.penalizes()
+    }
+
     /// Picks the next token from `logits`, which are left as the model
     /// gave them (so log-probabilities can be read from them afterwards):
     /// bias, penalties and `banned` (tokens never picked) act on
@@ -85,8 +93,7 @@ impl Sampler {
         candidates: &mut [(u32, f32)],
         banned: &[u32],
     ) -> u32 {
-        let p = &self.params;
-        if p.temperature <= 0.0 && p.logit_bias.is_empty() && !self.penalizes() {
+        if self.is_plain_greedy() {
             // Greedy: the argmax, unless it is banned (`ignore_eos`); only
             // then the candidate pass below (128k candidates a row would
             // cost a batch of 64 rows milliseconds a step).
@@ -101,7 +108,7 @@ impl Sampler {
             *c = (i as u32, l);
         }
         // Entry i is token i until the candidates are reordered below.
-        for &(id, bias) in &p.logit_bias {
+        for &(id, bias) in &self.params.logit_bias {
             if let Some(c) = cands.get_mut(id as usize) {
                 c.1 += bias;
             }

@@ -43,8 +43,8 @@ use fathom_plan::kv::KV_BLOCK_TOKENS;
 use fathom_plan::KvDtype;
 
 use crate::{
-    AttentionIo, AttentionShape, Backend, BackendError, Buf, DeviceMemory, Glu, HostMatrix,
-    KvLayout, MatrixId, MatrixStorage, RopeParams, Step, VectorId, WeightType,
+    greedy_from_rows, AttentionIo, AttentionShape, Backend, BackendError, Buf, DeviceMemory, Glu,
+    HostMatrix, KvLayout, MatrixId, MatrixStorage, RopeParams, Step, VectorId, WeightType,
 };
 
 /// The kernel argument array: a pointer to each (local, mutable) argument
@@ -90,6 +90,17 @@ const ATT_VPL: [usize; 4] = [2, 4, 8, 16];
 /// Query heads a block of the split attention kernels takes at once; at
 /// 16 value dims a lane only the first two are compiled (more spill).
 const ATT_HEADS: [usize; 4] = [1, 2, 4, 8];
+/// Banned ids the greedy-pick kernel takes (`GREEDY_BANNED` in fathom.cu),
+/// and its threads.
+const GREEDY_BANNED: usize = 8;
+const GREEDY_THREADS: u32 = 1024;
+/// The kernel's `Banned` argument.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct Banned {
+    n: i32,
+    ids: [u32; GREEDY_BANNED],
+}
 /// Largest expert count the routing kernel's chosen-set holds.
 const MAX_EXPERTS: usize = 256;
 /// Parts of the step area (`CudaBackend::stage`): rows and sequences,
@@ -268,6 +279,7 @@ struct Kernels {
     attention_mma: [sys::CUfunction; 2],
     kv_write: sys::CUfunction,
     route_experts: sys::CUfunction,
+    greedy_rows: sys::CUfunction,
 }
 
 /// Weight bytes a matrix-vector kernel asks L2 for before it waits for the
@@ -359,6 +371,7 @@ impl Kernels {
             attention_mma: [get("attention_mma_64")?, get("attention_mma_128")?],
             kv_write: get("kv_write")?,
             route_experts: get("route_experts")?,
+            greedy_rows: get("greedy_rows")?,
         })
     }
 }
@@ -436,6 +449,8 @@ pub struct CudaBackend {
     /// them once after a step, then the sampler reads them again).
     logits_held: usize,
     routes: Vec<u32>,
+    /// Greedy picks read back (two a logits row).
+    greedy_host: Vec<u32>,
     routes_k: usize,
     routes_rows: usize,
     /// Launches recorded since the last issue.
@@ -592,11 +607,11 @@ impl CudaBackend {
         for (i, s) in slots.iter().enumerate() {
             arena_abs[i] = s.map(|(o, b)| (base + arena_base + o, b));
         }
-        let logits_len = arena
+        let (logits_rows, logits_len) = arena
             .iter()
             .find(|b| b.id == Buf::Logits)
-            .map(|b| (b.rows * b.width) as usize)
-            .unwrap_or(0);
+            .map(|b| (b.rows as usize, (b.rows * b.width) as usize))
+            .unwrap_or((0, 0));
         // The host plan's logits, page-locked (host memory, not the device's).
         let logits = pinned::PinnedF32::new(logits_len)
             .map_err(|e| device_err("allocating page-locked host memory for the logits", e))?;
@@ -637,6 +652,7 @@ impl CudaBackend {
             logits,
             logits_held: 0,
             routes: vec![0; routes_len],
+            greedy_host: vec![0; 2 * logits_rows],
             routes_k: 0,
             routes_rows: 0,
             queue: queue::LaunchQueue::new(),
@@ -2057,6 +2073,50 @@ impl Backend for CudaBackend {
             self.logits_held = n;
         }
         &mut self.logits[..n]
+    }
+
+    fn greedy(&mut self, rows: usize, width: usize, banned: &[u32], out: &mut [[u32; 2]]) {
+        // The picks go to the attention partials, idle after the last layer.
+        let on_device = banned.len() <= GREEDY_BANNED
+            && 2 * rows <= self.greedy_host.len()
+            && 8 * rows as u64 <= self.partials.1;
+        if !on_device {
+            greedy_from_rows(self.logits(rows, width), width, banned, out);
+            return;
+        }
+        let mut src = self.buf(Buf::Logits, rows * width * 4);
+        if rows == 0 || !self.ready() {
+            return;
+        }
+        let mut b = Banned {
+            n: banned.len() as i32,
+            ids: [0; GREEDY_BANNED],
+        };
+        b.ids[..banned.len()].copy_from_slice(banned);
+        let (mut w, mut dst) = (width as i32, self.partials.0);
+        let f = self.k.greedy_rows;
+        self.launch(
+            f,
+            (rows as u32, 1, 1),
+            GREEDY_THREADS,
+            &mut args![src, w, b, dst],
+        );
+        self.issue(true);
+        let mut host = std::mem::take(&mut self.greedy_host);
+        if self.error.is_none() {
+            // SAFETY: `host` holds 2 × rows u32 (checked above) and the
+            // partials at least 8 × rows bytes; pageable memory is read once
+            // the stream reaches the copy (synchronized below).
+            let r = unsafe { result::memcpy_dtoh_async(&mut host[..2 * rows], dst, self.stream) };
+            if let Err(e) = r {
+                self.fail("reading the greedy picks", e);
+            }
+            self.sync();
+        }
+        for (o, p) in out.iter_mut().zip(host.chunks_exact(2)) {
+            *o = [p[0], p[1]];
+        }
+        self.greedy_host = host;
     }
 
     fn take_error(&mut self) -> Option<BackendError> {
