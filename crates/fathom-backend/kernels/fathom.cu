@@ -506,7 +506,42 @@ __device__ __forceinline__ float chunk_dot(const float* q, const float* d, const
   return acc;
 }
 
-template <int T, int NT, bool GLU>
+// One token against Q8_0 and Q4_0 weights with int8 activations (the x8
+// kernels): x quantized once per 32 values as the CPU quantizes these
+// types' activations (Q8S: scale max|x| / 127 held as f16, quants rounded
+// half to even; quantize_x8), X8_BLOCK bytes a block — the scale as f32 at
+// byte 0, the 32 quants from byte 8. A lane's 8 weights then meet 8
+// activation bytes in two dp4a: a quarter of the activation bytes and of
+// the instructions of the f32 path, which bound these kernels more than
+// their weight bytes did (Q8_0 read 1.95 TB/s of weights against 3.3 for
+// F16).
+#define X8_BLOCK 40
+template <int T>
+struct HasX8 {
+  static constexpr bool value = T == T_Q8_0 || T == T_Q4_0;
+};
+
+// d_w x (weights 8c .. 8c + 7 of row r . the 8 quants xq), without x's scale.
+template <int T>
+__device__ __forceinline__ float dot8_x8(const Weights& w, int r, int c, uint2 xq) {
+  const uint8_t* row = w.data + (unsigned long long)r * w.row_bytes;
+  if (T == T_Q8_0) {
+    const uint8_t* b = row + (c >> 2) * 34;
+    const uint2 v = load_bytes8<2>(b + 2 + (c & 3) * 8);
+    return f16_at(b) * (float)__dp4a((int)v.x, (int)xq.x, __dp4a((int)v.y, (int)xq.y, 0));
+  } else {  // Q4_0: quants q - 8, the low nibbles of bytes 0..15 then the high ones
+    const uint8_t* b = row + (c >> 2) * 18;
+    const int j0 = (c & 3) * 8, shift = 4 * (j0 >> 4);
+    const uint2 v = load_bytes8<2>(b + 2 + (j0 & 15));
+    const int lo = (int)((v.x >> shift) & 0x0f0f0f0fu), hi = (int)((v.y >> shift) & 0x0f0f0f0fu);
+    const int dot = __dp4a(lo, (int)xq.x, __dp4a(hi, (int)xq.y, 0));
+    const int sum = __dp4a(0x01010101, (int)xq.x, __dp4a(0x01010101, (int)xq.y, 0));
+    return f16_at(b) * (float)(dot - 8 * sum);
+  }
+}
+
+// X8: x is quantize_x8's blocks (one token, HasX8<T> types only).
+template <int T, int NT, bool GLU, bool X8 = false>
 __device__ void matvec(const Weights w, const Weights w2, const float* __restrict__ x,
                        float* __restrict__ out, int ntok, int split, int act, int block) {
   __shared__ float parts[MV_WARPS][NT][GLU ? 2 : 1];
@@ -516,7 +551,19 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
 #pragma unroll
   for (int t = 0; t < NT; t++) acc[t] = acc2[t] = 0.0f;
   // One token (the registers of more would spill): 32 values a chunk.
-  if constexpr (Chunk<T>::value && NT == 1) {
+  if constexpr (X8) {
+    static_assert(HasX8<T>::value && NT == 1, "x8: one token of Q8_0 or Q4_0");
+    const uint8_t* x8 = (const uint8_t*)x;
+    const int chunks = r < w.rows ? w.cols / 8 : 0;
+#pragma unroll 4
+    for (int c = lane + part * WARP; c < chunks; c += WARP * split) {
+      const uint8_t* xb = x8 + (c >> 2) * X8_BLOCK;
+      const float dx = *(const float*)xb;
+      const uint2 xq = *(const uint2*)(xb + 8 + 8 * (c & 3));
+      acc[0] += dx * dot8_x8<T>(w, r, c, xq);
+      if (GLU) acc2[0] += dx * dot8_x8<T>(w2, r, c, xq);
+    }
+  } else if constexpr (Chunk<T>::value && NT == 1) {
     const int chunks = r < w.rows ? w.cols / 32 : 0;
 #pragma unroll(GLU ? 1 : 2)
     for (int c = lane + part * WARP; c < chunks; c += WARP * split) {
@@ -584,7 +631,7 @@ struct Segments {
   int first[MV_SEGMENTS + 1];
 };
 
-template <int T>
+template <int T, bool X8 = false>
 __device__ __forceinline__ void matvec_segments(const Segments& s, const float* __restrict__ x, int ntok) {
   const int b = blockIdx.x;
   // Selects rather than an indexed parameter (which would go to the stack).
@@ -593,7 +640,7 @@ __device__ __forceinline__ void matvec_segments(const Segments& s, const float* 
   float* out = i == 0 ? s.out[0] : i == 1 ? s.out[1] : s.out[2];
   const int split = i == 0 ? s.split[0] : i == 1 ? s.split[1] : s.split[2];
   const int first = i == 0 ? s.first[0] : i == 1 ? s.first[1] : s.first[2];
-  matvec<T, 1, false>(w, w, x, out, ntok, split, 0, b - first);
+  matvec<T, 1, false, X8>(w, w, x, out, ntok, split, 0, b - first);
 }
 
 // prefetch_row for the segment block blockIdx.x belongs to.
@@ -738,6 +785,25 @@ __device__ void dequant_rows(const Weights w, int row0, __half* __restrict__ out
                                                                    __half* out) { FATHOM_PDL();              \
     dequant_rows<T>(w, row0, out);                                                             \
   }
+
+// The one-token kernels on int8 activations (HasX8 types).
+#define FATHOM_X8_KERNELS(NAME, T)                                                              \
+  extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8)                               \
+      mv1x8_##NAME(const Segments s, const float* x, int ntok) {                                \
+    prefetch_segments(s);                                                                       \
+    FATHOM_PDL();                                                                               \
+    matvec_segments<T, true>(s, x, ntok);                                                       \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8) mvglu1x8_##NAME(              \
+      const Weights gate, const Weights up, const float* x, float* out, int ntok, int split,   \
+      int act) {                                                                                \
+    prefetch_row(gate, blockIdx.x, split, MV_WARPS, 2);                                         \
+    prefetch_row(up, blockIdx.x, split, MV_WARPS, 2);                                           \
+    FATHOM_PDL();                                                                               \
+    matvec<T, 1, true, true>(gate, up, x, out, ntok, split, act, blockIdx.x);                   \
+  }
+FATHOM_X8_KERNELS(q8_0, T_Q8_0)
+FATHOM_X8_KERNELS(q4_0, T_Q4_0)
 
 FATHOM_WEIGHT_KERNELS(f32, T_F32)
 FATHOM_WEIGHT_KERNELS(f16, T_F16)
@@ -914,6 +980,19 @@ __device__ __forceinline__ int kv_head_bytes(int dtype, int dim) {
 __device__ __forceinline__ void q8_scale(float amax, float* d, float* id) {
   *d = amax / 127.0f;
   *id = amax > 0.0f ? 127.0f / amax : 0.0f;
+}
+
+// x (n values, a multiple of 32) as X8_BLOCK-byte blocks for the x8
+// kernels: a warp a block.
+extern "C" __global__ void quantize_x8(const float* x, int n, uint8_t* out) { FATHOM_PDL();
+  const int b = (blockIdx.x * blockDim.x + threadIdx.x) / WARP, lane = threadIdx.x % WARP;
+  if (32 * b >= n) return;  // whole warps
+  const float v = x[32 * b + lane];
+  float d, id;
+  q8_scale(warp_max(fabsf(v)), &d, &id);
+  uint8_t* o = out + (size_t)b * X8_BLOCK;
+  if (lane == 0) *(float*)o = __half2float(__float2half_rn(d));
+  o[8 + lane] = (uint8_t)(int8_t)(int)rintf(v * id);
 }
 
 // v rounded to a KV dtype's precision. For q8_0 the 32 lanes of the warp

@@ -256,6 +256,11 @@ struct Kernels {
     /// The same over a gate and an up matrix, writing act(gate) × up.
     mvglu1: [sys::CUfunction; 16],
     mvglu: [sys::CUfunction; 16],
+    /// One token on int8 activations (`quantize_x8`): Q8_0 and Q4_0 only
+    /// (null for the other kinds).
+    mv1x8: [sys::CUfunction; 16],
+    mvglu1x8: [sys::CUfunction; 16],
+    quantize_x8: sys::CUfunction,
     mm: [sys::CUfunction; 16],
     embed: [sys::CUfunction; 16],
     dequant: [sys::CUfunction; 16],
@@ -334,11 +339,23 @@ impl Kernels {
             }
             Ok(out)
         };
+        // Kinds with int8-activation kernels (`HasX8` in fathom.cu).
+        let x8_table = |prefix: &str| -> Result<[sys::CUfunction; 16], BackendError> {
+            let mut out = [std::ptr::null_mut(); 16];
+            for ty in [WeightType::Q8_0, WeightType::Q4_0] {
+                let kind = kind_of_type(ty);
+                out[kind] = get(&format!("{prefix}_{}", KINDS[kind]))?;
+            }
+            Ok(out)
+        };
         Ok(Kernels {
             mv1: table("mv1")?,
             mv: table("mv")?,
             mvglu1: table("mvglu1")?,
             mvglu: table("mvglu")?,
+            mv1x8: x8_table("mv1x8")?,
+            mvglu1x8: x8_table("mvglu1x8")?,
+            quantize_x8: get("quantize_x8")?,
             mm: table("mm")?,
             embed: table("embed")?,
             dequant: table("dequant")?,
@@ -930,13 +947,35 @@ impl CudaBackend {
             *f = blocks as i32;
         }
         let mut n = 1i32;
-        let f = self.k.mv1[kind];
+        let x8 = self.x8_input(kind, parts[0].0.arg.cols as usize, xp);
+        let f = if let Some(x8p) = x8 {
+            xp = x8p;
+            self.k.mv1x8[kind]
+        } else {
+            self.k.mv1[kind]
+        };
         self.launch(
             f,
             (blocks as u32, 1, 1),
             32 * MV_WARPS as u32,
             &mut args![s, xp, n],
         );
+    }
+
+    /// One token of x (`cols` values at `xp`) for weights of `kind`: on
+    /// the int8-activation kernels where the kind has them, quantized into
+    /// the f16 staging (1.25 bytes a value, where 2 are planned), whose
+    /// address it returns; else `None`, and the f32 kernels read x itself.
+    fn x8_input(&mut self, kind: usize, cols: usize, xp: u64) -> Option<u64> {
+        if self.k.mv1x8[kind].is_null() || !cols.is_multiple_of(32) || cols > self.upload.x16_cols {
+            return None;
+        }
+        let (mut x, mut n, mut out) = (xp, cols as i32, self.upload.x16);
+        // A warp a 32-value block, 8 a launch block.
+        let f = self.k.quantize_x8;
+        let grid = (cols / 32).div_ceil(8) as u32;
+        self.launch(f, (grid, 1, 1), 256, &mut args![x, n, out]);
+        Some(out)
     }
 
     /// Warps a matrix-vector kernel gives a weight row whose walk takes
@@ -1723,7 +1762,15 @@ impl Backend for CudaBackend {
         if rows == 0 || !self.ready() {
             return;
         }
-        let f = if rows == 1 {
+        let x8 = if rows == 1 {
+            self.x8_input(g.kind, wc, xp)
+        } else {
+            None
+        };
+        let f = if let Some(x8p) = x8 {
+            xp = x8p;
+            self.k.mvglu1x8[g.kind]
+        } else if rows == 1 {
             self.k.mvglu1[g.kind]
         } else {
             self.k.mvglu[g.kind]
