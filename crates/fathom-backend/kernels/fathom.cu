@@ -510,33 +510,39 @@ __device__ __forceinline__ float chunk_dot(const float* q, const float* d, const
 // kernels): x quantized once per 32 values as the CPU quantizes these
 // types' activations (Q8S: scale max|x| / 127 held as f16, quants rounded
 // half to even; quantize_x8), X8_BLOCK bytes a block — the scale as f32 at
-// byte 0, the 32 quants from byte 8. A lane's 8 weights then meet 8
-// activation bytes in two dp4a: a quarter of the activation bytes and of
-// the instructions of the f32 path, which bound these kernels more than
-// their weight bytes did (Q8_0 read 1.95 TB/s of weights against 3.3 for
-// F16).
-#define X8_BLOCK 40
+// byte 0, the quants' sum (int) at byte 4, the 32 quants from byte 16. A
+// lane takes a whole weight block: its bytes as the aligned words covering
+// them (scale included), the activations as two 16-byte loads, eight dp4a.
+// The f32 path's lanes of 8 values spent five or six loads on 8 values,
+// which bound these kernels more than their weight bytes did (Q8_0 read
+// 1.95 TB/s of weights against 3.3 for F16).
+#define X8_BLOCK 48
 template <int T>
 struct HasX8 {
   static constexpr bool value = T == T_Q8_0 || T == T_Q4_0;
 };
 
-// d_w x (weights 8c .. 8c + 7 of row r . the 8 quants xq), without x's scale.
+// d_w x (weight block c of row r . the block's quants in xq), without x's
+// scale; xsum is the quants' sum (Q4_0's zero point of 8).
 template <int T>
-__device__ __forceinline__ float dot8_x8(const Weights& w, int r, int c, uint2 xq) {
+__device__ __forceinline__ float dot32_x8(const Weights& w, int r, int c, const int* xq, int xsum) {
   const uint8_t* row = w.data + (unsigned long long)r * w.row_bytes;
   if (T == T_Q8_0) {
-    const uint8_t* b = row + (c >> 2) * 34;
-    const uint2 v = load_bytes8<2>(b + 2 + (c & 3) * 8);
-    return f16_at(b) * (float)__dp4a((int)v.x, (int)xq.x, __dp4a((int)v.y, (int)xq.y, 0));
+    const Window<34> v(row + (unsigned long long)c * 34);
+    int dot = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) dot = __dp4a((int)v.word(2 + 4 * k), xq[k], dot);
+    return __half2float(__ushort_as_half((unsigned short)(v.word(0) & 0xffffu))) * (float)dot;
   } else {  // Q4_0: quants q - 8, the low nibbles of bytes 0..15 then the high ones
-    const uint8_t* b = row + (c >> 2) * 18;
-    const int j0 = (c & 3) * 8, shift = 4 * (j0 >> 4);
-    const uint2 v = load_bytes8<2>(b + 2 + (j0 & 15));
-    const int lo = (int)((v.x >> shift) & 0x0f0f0f0fu), hi = (int)((v.y >> shift) & 0x0f0f0f0fu);
-    const int dot = __dp4a(lo, (int)xq.x, __dp4a(hi, (int)xq.y, 0));
-    const int sum = __dp4a(0x01010101, (int)xq.x, __dp4a(0x01010101, (int)xq.y, 0));
-    return f16_at(b) * (float)(dot - 8 * sum);
+    const Window<18> v(row + (unsigned long long)c * 18);
+    int dot = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      const unsigned int u = v.word(2 + 4 * k);
+      dot = __dp4a((int)(u & 0x0f0f0f0fu), xq[k], dot);
+      dot = __dp4a((int)((u >> 4) & 0x0f0f0f0fu), xq[k + 4], dot);
+    }
+    return __half2float(__ushort_as_half((unsigned short)(v.word(0) & 0xffffu))) * (float)(dot - 8 * xsum);
   }
 }
 
@@ -554,14 +560,16 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
   if constexpr (X8) {
     static_assert(HasX8<T>::value && NT == 1, "x8: one token of Q8_0 or Q4_0");
     const uint8_t* x8 = (const uint8_t*)x;
-    const int chunks = r < w.rows ? w.cols / 8 : 0;
-#pragma unroll 4
-    for (int c = lane + part * WARP; c < chunks; c += WARP * split) {
-      const uint8_t* xb = x8 + (c >> 2) * X8_BLOCK;
+    const int blocks = r < w.rows ? w.cols / 32 : 0;
+#pragma unroll 2
+    for (int c = lane + part * WARP; c < blocks; c += WARP * split) {
+      const uint8_t* xb = x8 + (size_t)c * X8_BLOCK;
       const float dx = *(const float*)xb;
-      const uint2 xq = *(const uint2*)(xb + 8 + 8 * (c & 3));
-      acc[0] += dx * dot8_x8<T>(w, r, c, xq);
-      if (GLU) acc2[0] += dx * dot8_x8<T>(w2, r, c, xq);
+      const int xsum = *(const int*)(xb + 4);
+      const uint4 a = *(const uint4*)(xb + 16), b = *(const uint4*)(xb + 32);
+      const int xq[8] = {(int)a.x, (int)a.y, (int)a.z, (int)a.w, (int)b.x, (int)b.y, (int)b.z, (int)b.w};
+      acc[0] += dx * dot32_x8<T>(w, r, c, xq, xsum);
+      if (GLU) acc2[0] += dx * dot32_x8<T>(w2, r, c, xq, xsum);
     }
   } else if constexpr (Chunk<T>::value && NT == 1) {
     const int chunks = r < w.rows ? w.cols / 32 : 0;
@@ -990,9 +998,16 @@ extern "C" __global__ void quantize_x8(const float* x, int n, uint8_t* out) { FA
   const float v = x[32 * b + lane];
   float d, id;
   q8_scale(warp_max(fabsf(v)), &d, &id);
+  const int q = (int)rintf(v * id);
+  float sum = (float)q;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
   uint8_t* o = out + (size_t)b * X8_BLOCK;
-  if (lane == 0) *(float*)o = __half2float(__float2half_rn(d));
-  o[8 + lane] = (uint8_t)(int8_t)(int)rintf(v * id);
+  if (lane == 0) {
+    *(float*)o = __half2float(__float2half_rn(d));
+    *(int*)(o + 4) = (int)sum;
+  }
+  o[16 + lane] = (uint8_t)(int8_t)q;
 }
 
 // v rounded to a KV dtype's precision. For q8_0 the 32 lanes of the warp

@@ -964,7 +964,7 @@ impl CudaBackend {
 
     /// One token of x (`cols` values at `xp`) for weights of `kind`: on
     /// the int8-activation kernels where the kind has them, quantized into
-    /// the f16 staging (1.25 bytes a value, where 2 are planned), whose
+    /// the f16 staging (1.5 bytes a value, where 2 are planned), whose
     /// address it returns; else `None`, and the f32 kernels read x itself.
     fn x8_input(&mut self, kind: usize, cols: usize, xp: u64) -> Option<u64> {
         if self.k.mv1x8[kind].is_null() || !cols.is_multiple_of(32) || cols > self.upload.x16_cols {
@@ -994,12 +994,13 @@ impl CudaBackend {
 
     /// Values a matrix-vector lane decodes per step for `rows` rows of x on
     /// weights of `kind`: the one-token kernels of these types take 32 at
-    /// once (`Chunk<T>` in fathom.cu), the rest 8. A mismatch with the
-    /// kernels would only cost speed (`matvec_split`), never correctness.
+    /// once (`Chunk<T>` in fathom.cu; Q8_0 and Q4_0 a block on int8
+    /// activations), the rest 8. A mismatch with the kernels would only cost
+    /// speed (`matvec_split`), never correctness.
     fn matvec_chunk(kind: usize, rows: usize) -> usize {
-        use WeightType::{Q4_K, Q5_K, Q6_K};
+        use WeightType::{Q4_0, Q4_K, Q5_K, Q6_K, Q8_0};
         match WeightType::ALL.get(kind) {
-            Some(Q4_K | Q5_K | Q6_K) if rows == 1 => 32,
+            Some(Q4_K | Q5_K | Q6_K | Q8_0 | Q4_0) if rows == 1 => 32,
             _ => 8,
         }
     }
