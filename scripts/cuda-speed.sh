@@ -8,7 +8,7 @@
 #   FATHOM         a release `fathom` built elsewhere (the GPU machine needs no Rust)
 #   LLAMA_BIN_DIR  llama.cpp's CUDA tools (build-llamacpp-cuda.sh); llama-quantize makes the Q4_K_M file
 # Env: ROUNDS (2) alternating rounds; REPS (3) repetitions inside each run; FILES to pick a subset
-# (names below, space-separated).
+# (space-separated; the default five, or also llama8b-q4_0.gguf): only those files are written.
 set -uo pipefail
 fathom=${1:?usage: cuda-speed.sh FATHOM LLAMA_BIN_DIR WORK_DIR OUT_DIR}
 llama=${2:?llama bin dir}
@@ -20,15 +20,20 @@ mkdir -p "$work" "$out"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,clocks.max.mem --format=csv \
     | tee "$out/gpu.csv"
 
+files=${FILES:-"smollm2-q4_1.gguf llama8b-f16.gguf llama8b-q8_0.gguf llama8b-q4_k_m.gguf qwen3moe-q4_0.gguf"}
+wants() { [[ " $files " == *" $1 "* ]]; }
 fixture() { # like type file [layers]
     [[ -f "$work/$3" ]] || "$fathom" bench fixture --like "$1" --type "$2" ${4:+--layers "$4"} "$work/$3" >/dev/null 2>&1
 }
-fixture smollm2-135m Q4_1 smollm2-q4_1.gguf
-fixture llama-3.1-8b F16 llama8b-f16.gguf
-fixture llama-3.1-8b Q8_0 llama8b-q8_0.gguf
-fixture qwen3-30b-a3b Q4_0 qwen3moe-q4_0.gguf
-[[ -f "$work/llama8b-q4_k_m.gguf" ]] || "$llama/llama-quantize" "$work/llama8b-f16.gguf" \
-    "$work/llama8b-q4_k_m.gguf" Q4_K_M 16 >/dev/null 2>&1
+# Only the files asked for (Q4_K_M is llama-quantize's of the F16).
+wants smollm2-q4_1.gguf && fixture smollm2-135m Q4_1 smollm2-q4_1.gguf
+{ wants llama8b-f16.gguf || wants llama8b-q4_k_m.gguf; } && fixture llama-3.1-8b F16 llama8b-f16.gguf
+wants llama8b-q8_0.gguf && fixture llama-3.1-8b Q8_0 llama8b-q8_0.gguf
+wants llama8b-q4_0.gguf && fixture llama-3.1-8b Q4_0 llama8b-q4_0.gguf
+wants qwen3moe-q4_0.gguf && fixture qwen3-30b-a3b Q4_0 qwen3moe-q4_0.gguf
+if wants llama8b-q4_k_m.gguf && [[ ! -f "$work/llama8b-q4_k_m.gguf" ]]; then
+    "$llama/llama-quantize" "$work/llama8b-f16.gguf" "$work/llama8b-q4_k_m.gguf" Q4_K_M 16 >/dev/null 2>&1
+fi
 ls -l "$work"
 
 # Device-to-device copy bandwidth (read + write), as the ceiling's reference.
@@ -44,7 +49,6 @@ print(f"{2 * n / dt:.4e}")
 PY
 echo "copy bandwidth (read + write): $(cat "$out/copy.txt") B/s"
 
-files=${FILES:-"smollm2-q4_1.gguf llama8b-f16.gguf llama8b-q8_0.gguf llama8b-q4_k_m.gguf qwen3moe-q4_0.gguf"}
 for f in $files; do
     for round in $(seq "$rounds"); do
         "$fathom" bench "$work/$f" --device cuda -p 512 -n 128 -r "$reps" --json 2>/dev/null \
