@@ -506,34 +506,75 @@ __device__ __forceinline__ float chunk_dot(const float* q, const float* d, const
   return acc;
 }
 
-// One token against Q8_0 and Q4_0 weights with int8 activations (the x8
-// kernels): x quantized once per 32 values as the CPU quantizes these
-// types' activations (Q8S: scale max|x| / 127 held as f16, quants rounded
-// half to even; quantize_x8), X8_BLOCK bytes a block — the scale as f32 at
-// byte 0, the quants' sum (int) at byte 4, the 32 quants from byte 16. A
-// lane takes a whole weight block: its bytes as the aligned words covering
-// them (scale included), the activations as two 16-byte loads, eight dp4a.
-// The f32 path's lanes of 8 values spent five or six loads on 8 values,
-// which bound these kernels more than their weight bytes did (Q8_0 read
-// 1.95 TB/s of weights against 3.3 for F16).
+// One token against Q8_0, Q4_0 and Q4_K weights with int8 activations (the
+// x8 kernels): x quantized once per 32 values as the CPU quantizes Q8_0's
+// and Q4_0's activations (Q8S: scale max|x| / 127 held as f16, quants
+// rounded half to even; quantize_x8), X8_BLOCK bytes a block — the scale as
+// f32 at byte 0, the quants' sum (int) at byte 4, the 32 quants from byte
+// 16. A lane takes a whole Q8_0/Q4_0 block (its bytes as the aligned words
+// covering them, scale included) or two sub-blocks of a Q4_K block (the
+// low and high nibbles of 32 quant bytes), the activations as 16-byte
+// loads, and dp4a. The f32 paths' lanes spent five or more loads on 8
+// values, which bound these kernels more than their weight bytes did (Q8_0
+// read 1.95 TB/s of weights against 3.3 for F16).
 #define X8_BLOCK 48
 template <int T>
 struct HasX8 {
-  static constexpr bool value = T == T_Q8_0 || T == T_Q4_0;
+  static constexpr bool value = T == T_Q8_0 || T == T_Q4_0 || T == T_Q4_K;
+};
+// Activation blocks (32 values) a lane's task covers.
+template <int T>
+struct X8Task {
+  static constexpr int blocks = T == T_Q4_K ? 2 : 1;
 };
 
-// d_w x (weight block c of row r . the block's quants in xq), without x's
-// scale; xsum is the quants' sum (Q4_0's zero point of 8).
+// One activation block of quantize_x8.
+struct X8Block {
+  float d;
+  int sum;
+  int q[8];
+};
+__device__ __forceinline__ X8Block x8_block(const uint8_t* x8, int i) {
+  const uint8_t* xb = x8 + (size_t)i * X8_BLOCK;
+  const uint2 h = *(const uint2*)xb;
+  const uint4 a = *(const uint4*)(xb + 16), b = *(const uint4*)(xb + 32);
+  return {__uint_as_float(h.x), (int)h.y, {(int)a.x, (int)a.y, (int)a.z, (int)a.w, (int)b.x, (int)b.y, (int)b.z, (int)b.w}};
+}
+
+// Task c of row r (X8Task<T>::blocks weight blocks or sub-blocks) against
+// its activation blocks xb.
 template <int T>
-__device__ __forceinline__ float dot32_x8(const Weights& w, int r, int c, const int* xq, int xsum) {
+__device__ __forceinline__ float dot_x8(const Weights& w, int r, int c, const X8Block* xb) {
   const uint8_t* row = w.data + (unsigned long long)r * w.row_bytes;
-  if (T == T_Q8_0) {
+  if (T == T_Q4_K) {
+    // Sub-blocks 2p (low nibbles) and 2p + 1 (high) of block c / 4: quant
+    // bytes 32p .. 32p + 32, scales and mins 2p and 2p + 1.
+    const uint8_t* b = row + (unsigned long long)(c >> 2) * 144;
+    const int p = c & 3;
+    const uint4 q0 = *(const uint4*)(b + 16 + 32 * p), q1 = *(const uint4*)(b + 32 + 32 * p);
+    const unsigned int u[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    int lo = 0, hi = 0;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      lo = __dp4a((int)(u[k] & 0x0f0f0f0fu), xb[0].q[k], lo);
+      hi = __dp4a((int)((u[k] >> 4) & 0x0f0f0f0fu), xb[X8Task<T>::blocks - 1].q[k], hi);
+    }
+    float sc0, m0, sc1, m1;
+    k4_scale(b + 4, 2 * p, &sc0, &m0);
+    k4_scale(b + 4, 2 * p + 1, &sc1, &m1);
+    const float2 dd = __half22float2(*(const __half2*)b);
+    const X8Block& x1 = xb[X8Task<T>::blocks - 1];
+    return xb[0].d * (dd.x * sc0 * (float)lo - dd.y * m0 * (float)xb[0].sum) +
+           x1.d * (dd.x * sc1 * (float)hi - dd.y * m1 * (float)x1.sum);
+  } else if (T == T_Q8_0) {
+    const int* xq = xb[0].q;
     const Window<34> v(row + (unsigned long long)c * 34);
     int dot = 0;
 #pragma unroll
     for (int k = 0; k < 8; k++) dot = __dp4a((int)v.word(2 + 4 * k), xq[k], dot);
-    return __half2float(__ushort_as_half((unsigned short)(v.word(0) & 0xffffu))) * (float)dot;
+    return xb[0].d * __half2float(__ushort_as_half((unsigned short)(v.word(0) & 0xffffu))) * (float)dot;
   } else {  // Q4_0: quants q - 8, the low nibbles of bytes 0..15 then the high ones
+    const int* xq = xb[0].q;
     const Window<18> v(row + (unsigned long long)c * 18);
     int dot = 0;
 #pragma unroll
@@ -542,7 +583,8 @@ __device__ __forceinline__ float dot32_x8(const Weights& w, int r, int c, const 
       dot = __dp4a((int)(u & 0x0f0f0f0fu), xq[k], dot);
       dot = __dp4a((int)((u >> 4) & 0x0f0f0f0fu), xq[k + 4], dot);
     }
-    return __half2float(__ushort_as_half((unsigned short)(v.word(0) & 0xffffu))) * (float)(dot - 8 * xsum);
+    return xb[0].d * __half2float(__ushort_as_half((unsigned short)(v.word(0) & 0xffffu))) *
+           (float)(dot - 8 * xb[0].sum);
   }
 }
 
@@ -558,18 +600,17 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
   for (int t = 0; t < NT; t++) acc[t] = acc2[t] = 0.0f;
   // One token (the registers of more would spill): 32 values a chunk.
   if constexpr (X8) {
-    static_assert(HasX8<T>::value && NT == 1, "x8: one token of Q8_0 or Q4_0");
+    static_assert(HasX8<T>::value && NT == 1, "x8: one token of Q8_0, Q4_0 or Q4_K");
+    constexpr int B = X8Task<T>::blocks;
     const uint8_t* x8 = (const uint8_t*)x;
-    const int blocks = r < w.rows ? w.cols / 32 : 0;
+    const int tasks = r < w.rows ? w.cols / (32 * B) : 0;
 #pragma unroll 2
-    for (int c = lane + part * WARP; c < blocks; c += WARP * split) {
-      const uint8_t* xb = x8 + (size_t)c * X8_BLOCK;
-      const float dx = *(const float*)xb;
-      const int xsum = *(const int*)(xb + 4);
-      const uint4 a = *(const uint4*)(xb + 16), b = *(const uint4*)(xb + 32);
-      const int xq[8] = {(int)a.x, (int)a.y, (int)a.z, (int)a.w, (int)b.x, (int)b.y, (int)b.z, (int)b.w};
-      acc[0] += dx * dot32_x8<T>(w, r, c, xq, xsum);
-      if (GLU) acc2[0] += dx * dot32_x8<T>(w2, r, c, xq, xsum);
+    for (int c = lane + part * WARP; c < tasks; c += WARP * split) {
+      X8Block xb[B];
+#pragma unroll
+      for (int i = 0; i < B; i++) xb[i] = x8_block(x8, B * c + i);
+      acc[0] += dot_x8<T>(w, r, c, xb);
+      if (GLU) acc2[0] += dot_x8<T>(w2, r, c, xb);
     }
   } else if constexpr (Chunk<T>::value && NT == 1) {
     const int chunks = r < w.rows ? w.cols / 32 : 0;
@@ -812,6 +853,7 @@ __device__ void dequant_rows(const Weights w, int row0, __half* __restrict__ out
   }
 FATHOM_X8_KERNELS(q8_0, T_Q8_0)
 FATHOM_X8_KERNELS(q4_0, T_Q4_0)
+FATHOM_X8_KERNELS(q4_k, T_Q4_K)
 
 FATHOM_WEIGHT_KERNELS(f32, T_F32)
 FATHOM_WEIGHT_KERNELS(f16, T_F16)

@@ -256,8 +256,8 @@ struct Kernels {
     /// The same over a gate and an up matrix, writing act(gate) × up.
     mvglu1: [sys::CUfunction; 16],
     mvglu: [sys::CUfunction; 16],
-    /// One token on int8 activations (`quantize_x8`): Q8_0 and Q4_0 only
-    /// (null for the other kinds).
+    /// One token on int8 activations (`quantize_x8`): Q8_0, Q4_0 and Q4_K
+    /// only (null for the other kinds).
     mv1x8: [sys::CUfunction; 16],
     mvglu1x8: [sys::CUfunction; 16],
     quantize_x8: sys::CUfunction,
@@ -342,7 +342,7 @@ impl Kernels {
         // Kinds with int8-activation kernels (`HasX8` in fathom.cu).
         let x8_table = |prefix: &str| -> Result<[sys::CUfunction; 16], BackendError> {
             let mut out = [std::ptr::null_mut(); 16];
-            for ty in [WeightType::Q8_0, WeightType::Q4_0] {
+            for ty in [WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_K] {
                 let kind = kind_of_type(ty);
                 out[kind] = get(&format!("{prefix}_{}", KINDS[kind]))?;
             }
@@ -995,12 +995,14 @@ impl CudaBackend {
     /// Values a matrix-vector lane decodes per step for `rows` rows of x on
     /// weights of `kind`: the one-token kernels of these types take 32 at
     /// once (`Chunk<T>` in fathom.cu; Q8_0 and Q4_0 a block on int8
-    /// activations), the rest 8. A mismatch with the kernels would only cost
-    /// speed (`matvec_split`), never correctness.
+    /// activations) or 64 (Q4_K on int8 activations), the rest 8. A mismatch
+    /// with the kernels would only cost speed (`matvec_split`), never
+    /// correctness.
     fn matvec_chunk(kind: usize, rows: usize) -> usize {
         use WeightType::{Q4_0, Q4_K, Q5_K, Q6_K, Q8_0};
         match WeightType::ALL.get(kind) {
-            Some(Q4_K | Q5_K | Q6_K | Q8_0 | Q4_0) if rows == 1 => 32,
+            Some(Q4_K) if rows == 1 => 64,
+            Some(Q5_K | Q6_K | Q8_0 | Q4_0) if rows == 1 => 32,
             _ => 8,
         }
     }
