@@ -25,6 +25,9 @@ use fathom_plan::kv::KvGroup;
 use fathom_plan::KvDtype;
 
 pub use error::BackendError;
+pub use fathom_kernels::WeightType;
+pub use fathom_plan::activations::Buf;
+pub use host::{HostBytes, HostMatrix, MatrixStorage, MatrixView};
 
 /// A greedy sampler's pick from one row of logits, `[plain, with banned]`:
 /// the index of the first largest value, NaN skipped (0 when there is
@@ -57,9 +60,6 @@ pub fn greedy_from_rows(logits: &[f32], width: usize, banned: &[u32], out: &mut 
         *o = greedy_pick(row, banned);
     }
 }
-pub use fathom_kernels::WeightType;
-pub use fathom_plan::activations::Buf;
-pub use host::{HostBytes, HostMatrix, MatrixStorage, MatrixView};
 
 /// The variables the backends, their build and their GPU test scripts
 /// read, with their defaults (docs/environment-variables.md has the rules).

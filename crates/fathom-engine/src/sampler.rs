@@ -327,6 +327,32 @@ mod tests {
         assert_eq!(logits, [3.0, 2.0, -1.0], "the logits stay the model's");
     }
 
+    /// The engine gives a plain greedy sampler the backend's pick
+    /// (`fathom_backend::greedy_pick`, and the CUDA kernel checked against
+    /// the same rule): the two must agree, with and without banned ids.
+    #[test]
+    fn the_backends_greedy_pick_is_the_samplers() {
+        let nan = f32::NAN;
+        let rows: [&[f32]; 7] = [
+            &[0.1, 3.0, -1.0, 2.9, 3.0],
+            &[9.0, 1.0, 9.0, 2.0, 1.0],
+            &[nan, 2.0, nan, 2.0, 1.0],
+            &[nan; 5],
+            &[nan, f32::NEG_INFINITY, f32::NEG_INFINITY, nan, 0.0],
+            &[nan, 5.0, nan, 5.0, nan],
+            &[1.0, f32::INFINITY, 2.0, f32::INFINITY, 0.0],
+        ];
+        for row in rows {
+            for banned in [&[][..], &[1], &[1, 3], &[0, 2, 4]] {
+                let mut c = vec![(0, 0.0); row.len()];
+                let want = sampler(0.0, 1).sample(row, &[], &mut c, banned);
+                let [plain, with] = fathom_backend::greedy_pick(row, banned);
+                let got = if banned.is_empty() { plain } else { with };
+                assert_eq!(got, want, "{row:?} banned {banned:?}");
+            }
+        }
+    }
+
     #[test]
     fn banned_tokens_are_never_picked() {
         let mut c = vec![(0, 0.0); 3];
