@@ -798,24 +798,31 @@ __device__ void dequant_rows(const Weights w, int row0, __half* __restrict__ out
   }
 }
 
-#define FATHOM_WEIGHT_KERNELS(NAME, T)                                                         \
+// The one-token kernels of type T: mv1<SUFFIX>_<NAME> (a launch over up to
+// three matrices) and mvglu1<SUFFIX>_<NAME> (gate and up with the
+// activation), on f32 activations (X8 false, no suffix) or quantize_x8's
+// (X8 true). Both ask L2 for their first rows before the dependency wait.
+#define FATHOM_ONE_TOKEN_KERNELS(SUFFIX, NAME, T, X8)                                           \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8)                               \
-      mv1_##NAME(const Segments s, const float* x, int ntok) {                                  \
+      mv1##SUFFIX##_##NAME(const Segments s, const float* x, int ntok) {                        \
     prefetch_segments(s);                                                                       \
     FATHOM_PDL();                                                                               \
-    matvec_segments<T>(s, x, ntok);                                                          \
+    matvec_segments<T, X8>(s, x, ntok);                                                         \
   }                                                                                             \
-  extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8)                               \
-      mv_##NAME(const Weights w, const float* x, float* out, int ntok, int split) { FATHOM_PDL(); \
-    matvec<T, MV_MAX_TOKENS, false>(w, w, x, out, ntok, split, 0, blockIdx.x);                  \
-  }                                                                                             \
-  extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8) mvglu1_##NAME(                \
+  extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8) mvglu1##SUFFIX##_##NAME(      \
       const Weights gate, const Weights up, const float* x, float* out, int ntok, int split,   \
       int act) {                                                                                \
     prefetch_row(gate, blockIdx.x, split, MV_WARPS, 2);                                         \
     prefetch_row(up, blockIdx.x, split, MV_WARPS, 2);                                           \
     FATHOM_PDL();                                                                               \
-    matvec<T, 1, true>(gate, up, x, out, ntok, split, act, blockIdx.x);                         \
+    matvec<T, 1, true, X8>(gate, up, x, out, ntok, split, act, blockIdx.x);                     \
+  }
+
+#define FATHOM_WEIGHT_KERNELS(NAME, T)                                                         \
+  FATHOM_ONE_TOKEN_KERNELS(, NAME, T, false)                                                    \
+  extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8)                               \
+      mv_##NAME(const Weights w, const float* x, float* out, int ntok, int split) { FATHOM_PDL(); \
+    matvec<T, MV_MAX_TOKENS, false>(w, w, x, out, ntok, split, 0, blockIdx.x);                  \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8) mvglu_##NAME(                 \
       const Weights gate, const Weights up, const float* x, float* out, int ntok, int split,   \
@@ -836,24 +843,9 @@ __device__ void dequant_rows(const Weights w, int row0, __half* __restrict__ out
   }
 
 // The one-token kernels on int8 activations (HasX8 types).
-#define FATHOM_X8_KERNELS(NAME, T)                                                              \
-  extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8)                               \
-      mv1x8_##NAME(const Segments s, const float* x, int ntok) {                                \
-    prefetch_segments(s);                                                                       \
-    FATHOM_PDL();                                                                               \
-    matvec_segments<T, true>(s, x, ntok);                                                       \
-  }                                                                                             \
-  extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8) mvglu1x8_##NAME(              \
-      const Weights gate, const Weights up, const float* x, float* out, int ntok, int split,   \
-      int act) {                                                                                \
-    prefetch_row(gate, blockIdx.x, split, MV_WARPS, 2);                                         \
-    prefetch_row(up, blockIdx.x, split, MV_WARPS, 2);                                           \
-    FATHOM_PDL();                                                                               \
-    matvec<T, 1, true, true>(gate, up, x, out, ntok, split, act, blockIdx.x);                   \
-  }
-FATHOM_X8_KERNELS(q8_0, T_Q8_0)
-FATHOM_X8_KERNELS(q4_0, T_Q4_0)
-FATHOM_X8_KERNELS(q4_k, T_Q4_K)
+FATHOM_ONE_TOKEN_KERNELS(x8, q8_0, T_Q8_0, true)
+FATHOM_ONE_TOKEN_KERNELS(x8, q4_0, T_Q4_0, true)
+FATHOM_ONE_TOKEN_KERNELS(x8, q4_k, T_Q4_K, true)
 
 FATHOM_WEIGHT_KERNELS(f32, T_F32)
 FATHOM_WEIGHT_KERNELS(f16, T_F16)
