@@ -506,26 +506,58 @@ __device__ __forceinline__ float chunk_dot(const float* q, const float* d, const
   return acc;
 }
 
-// One token against Q8_0, Q4_0 and Q4_K weights with int8 activations (the
+// One token against Q8_0, Q4_0, Q4_K and Q6_K weights with int8 activations (the
 // x8 kernels): x quantized once per 32 values as the CPU quantizes Q8_0's
 // and Q4_0's activations (Q8S: scale max|x| / 127 held as f16, quants
 // rounded half to even; quantize_x8), X8_BLOCK bytes a block — the scale as
 // f32 at byte 0, the quants' sum (int) at byte 4, the 32 quants from byte
 // 16. A lane takes a whole Q8_0/Q4_0 block (its bytes as the aligned words
-// covering them, scale included) or two sub-blocks of a Q4_K block (the
-// low and high nibbles of 32 quant bytes), the activations as 16-byte
-// loads, and dp4a. The f32 paths' lanes spent five or more loads on 8
+// covering them, scale included) or two 32-value runs of a Q4_K or Q6_K
+// block (the low and high nibbles of 32 quant bytes; for Q6_K with their
+// high bits from 32 more), the activations as 16-byte loads, and dp4a. The f32 paths' lanes spent five or more loads on 8
 // values, which bound these kernels more than their weight bytes did (Q8_0
 // read 1.95 TB/s of weights against 3.3 for F16).
 #define X8_BLOCK 48
+
+// q8_0 of 32 values: d = amax / 127 stored as f16, q = round-half-even(v * 127 / amax).
+__device__ __forceinline__ void q8_scale(float amax, float* d, float* id) {
+  *d = amax / 127.0f;
+  *id = amax > 0.0f ? 127.0f / amax : 0.0f;
+}
+
+// Activation block b of out from the warp's 32 lanes, value v each (lane
+// order). Every lane of the warp calls. quantize_x8 and the kernels whose
+// output feeds a one-token x8 matmul (norms, attention) write their values
+// through it, so the matmul needs no quantize_x8 launch of its own.
+__device__ __forceinline__ void x8_store(float v, uint8_t* out, size_t b) {
+  const int lane = threadIdx.x % WARP;
+  float d, id;
+  q8_scale(warp_max(fabsf(v)), &d, &id);
+  const int q = (int)rintf(v * id);
+  float sum = (float)q;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  uint8_t* o = out + b * X8_BLOCK;
+  if (lane == 0) {
+    *(float*)o = __half2float(__float2half_rn(d));
+    *(int*)(o + 4) = (int)sum;
+  }
+  o[16 + lane] = (uint8_t)(int8_t)q;
+}
 template <int T>
 struct HasX8 {
-  static constexpr bool value = T == T_Q8_0 || T == T_Q4_0 || T == T_Q4_K;
+  static constexpr bool value = T == T_Q8_0 || T == T_Q4_0 || T == T_Q4_K || T == T_Q6_K;
 };
-// Activation blocks (32 values) a lane's task covers.
+// Activation blocks (32 values) a lane's task covers, and which: task c's
+// i-th. Q4_K: its values 64c .. 64c + 64. Q6_K: the two 32-value runs of
+// one half block whose low 4 bits share quant bytes (ql), values
+// 128h + 32j + 64i of block b for c = 4b + 2h + j.
 template <int T>
 struct X8Task {
-  static constexpr int blocks = T == T_Q4_K ? 2 : 1;
+  static constexpr int blocks = T == T_Q4_K || T == T_Q6_K ? 2 : 1;
+  __device__ static __forceinline__ int block(int c, int i) {
+    return T == T_Q6_K ? 8 * (c >> 2) + 4 * ((c >> 1) & 1) + (c & 1) + 2 * i : blocks * c + i;
+  }
 };
 
 // One activation block of quantize_x8.
@@ -566,6 +598,30 @@ __device__ __forceinline__ float dot_x8(const Weights& w, int r, int c, const X8
     const X8Block& x1 = xb[X8Task<T>::blocks - 1];
     return xb[0].d * (dd.x * sc0 * (float)lo - dd.y * m0 * (float)xb[0].sum) +
            x1.d * (dd.x * sc1 * (float)hi - dd.y * m1 * (float)x1.sum);
+  } else if (T == T_Q6_K) {
+    // 210-byte blocks (2-byte aligned): ql (low 4 bits) at 0, qh (high 2
+    // bits, four values a byte) at 128, 16 int8 scales (one per 16
+    // values) at 192, d at 208. Task (h, j): ql bytes 64h + 32j .. + 32,
+    // low nibbles for run 0 and high for run 1; qh bytes 32h .. + 32, bits
+    // 2j (run 0) and 4 + 2j (run 1); quants are q - 32.
+    const uint8_t* b = row + (unsigned long long)(c >> 2) * 210;
+    const int h = (c >> 1) & 1, j = c & 1;
+    const Window<32> ql(b + 64 * h + 32 * j), qh(b + 128 + 32 * h);
+    int dot[4] = {0, 0, 0, 0};  // run 0 values 0..15, 16..31, run 1 the same
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+      const unsigned int l = ql.word(4 * k), hb = qh.word(4 * k);
+      const unsigned int q0 = (l & 0x0f0f0f0fu) | (((hb >> (2 * j)) & 0x03030303u) << 4);
+      const unsigned int q1 = ((l >> 4) & 0x0f0f0f0fu) | (((hb >> (4 + 2 * j)) & 0x03030303u) << 4);
+      dot[k / 4] = __dp4a((int)__vsub4(q0, 0x20202020u), xb[0].q[k], dot[k / 4]);
+      dot[2 + k / 4] = __dp4a((int)__vsub4(q1, 0x20202020u), xb[1].q[k], dot[2 + k / 4]);
+    }
+    const Window<8> sc(b + 192 + 8 * h);
+    const unsigned int s0 = sc.word(0) >> (16 * j), s1 = sc.word(4) >> (16 * j);
+    const float d = __half2float(__ushort_as_half(*(const unsigned short*)(b + 208)));
+    const float run0 = (float)(int8_t)(s0 & 0xffu) * (float)dot[0] + (float)(int8_t)((s0 >> 8) & 0xffu) * (float)dot[1];
+    const float run1 = (float)(int8_t)(s1 & 0xffu) * (float)dot[2] + (float)(int8_t)((s1 >> 8) & 0xffu) * (float)dot[3];
+    return d * (xb[0].d * run0 + xb[1].d * run1);
   } else if (T == T_Q8_0) {
     const int* xq = xb[0].q;
     const Window<34> v(row + (unsigned long long)c * 34);
@@ -600,7 +656,7 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
   for (int t = 0; t < NT; t++) acc[t] = acc2[t] = 0.0f;
   // One token (the registers of more would spill): 32 values a chunk.
   if constexpr (X8) {
-    static_assert(HasX8<T>::value && NT == 1, "x8: one token of Q8_0, Q4_0 or Q4_K");
+    static_assert(HasX8<T>::value && NT == 1, "x8: one token of Q8_0, Q4_0, Q4_K or Q6_K");
     constexpr int B = X8Task<T>::blocks;
     const uint8_t* x8 = (const uint8_t*)x;
     const int tasks = r < w.rows ? w.cols / (32 * B) : 0;
@@ -608,7 +664,7 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
     for (int c = lane + part * WARP; c < tasks; c += WARP * split) {
       X8Block xb[B];
 #pragma unroll
-      for (int i = 0; i < B; i++) xb[i] = x8_block(x8, B * c + i);
+      for (int i = 0; i < B; i++) xb[i] = x8_block(x8, X8Task<T>::block(c, i));
       acc[0] += dot_x8<T>(w, r, c, xb);
       if (GLU) acc2[0] += dot_x8<T>(w2, r, c, xb);
     }
@@ -846,6 +902,7 @@ __device__ void dequant_rows(const Weights w, int row0, __half* __restrict__ out
 FATHOM_ONE_TOKEN_KERNELS(x8, q8_0, T_Q8_0, true)
 FATHOM_ONE_TOKEN_KERNELS(x8, q4_0, T_Q4_0, true)
 FATHOM_ONE_TOKEN_KERNELS(x8, q4_k, T_Q4_K, true)
+FATHOM_ONE_TOKEN_KERNELS(x8, q6_k, T_Q6_K, true)
 
 FATHOM_WEIGHT_KERNELS(f32, T_F32)
 FATHOM_WEIGHT_KERNELS(f16, T_F16)
@@ -877,15 +934,24 @@ extern "C" __global__ void to_half(const float* x, long long n, int bf16, unsign
 // between the sum and the scaling, so a row is read once and no thread
 // waits on a chain of loads; in place is allowed (a thread writes only
 // the values it read). With `add`, x += add first (the residual add before
-// a norm), written back to x.
+// a norm), written back to x. The norm's weights never change, so they are
+// read before the wait for the kernel ahead. With `x8` (width a multiple of
+// 32; one row), the output is also written as int8 activation blocks.
 #define RMS_HELD 8
 extern "C" __global__ void __launch_bounds__(1024)
-rms_norm(float* x, const float* add, const float* w, float eps, int width, float* out) { FATHOM_PDL();
+rms_norm(float* x, const float* add, const float* w, float eps, int width, float* out, uint8_t* x8) {
+  const int n = blockDim.x;
+  float wv[RMS_HELD];
+#pragma unroll
+  for (int k = 0; k < RMS_HELD; k++) {
+    const int i = threadIdx.x + k * n;
+    wv[k] = i < width ? w[i] : 0.0f;
+  }
+  FATHOM_PDL();
   __shared__ float part[32];
   float* xr = x + (size_t)blockIdx.x * width;
   const float* ar = add ? add + (size_t)blockIdx.x * width : nullptr;
   float* o = out + (size_t)blockIdx.x * width;
-  const int n = blockDim.x;
   float v[RMS_HELD];
   float ss = 0.0f;
 #pragma unroll
@@ -912,12 +978,21 @@ rms_norm(float* x, const float* add, const float* w, float eps, int width, float
   float total = 0.0f;
   for (int i = 0; i < n / WARP; i++) total += part[i];
   const float inv = 1.0f / sqrtf(total / (float)width + eps);
+  // i < width is the same for a whole warp when x8 is asked for.
 #pragma unroll
   for (int k = 0; k < RMS_HELD; k++) {
     const int i = threadIdx.x + k * n;
-    if (i < width) o[i] = v[k] * inv * w[i];
+    if (i < width) {
+      const float y = v[k] * inv * wv[k];
+      o[i] = y;
+      if (x8) x8_store(y, x8, i / WARP);
+    }
   }
-  for (int i = threadIdx.x + RMS_HELD * n; i < width; i += n) o[i] = xr[i] * inv * w[i];
+  for (int i = threadIdx.x + RMS_HELD * n; i < width; i += n) {
+    const float y = xr[i] * inv * w[i];
+    o[i] = y;
+    if (x8) x8_store(y, x8, i / WARP);
+  }
 }
 
 // x[i] += b[i % width] over n values.
@@ -1018,30 +1093,12 @@ __device__ __forceinline__ int kv_head_bytes(int dtype, int dim) {
   return dtype == KV_F32 ? 4 * dim : dtype == KV_Q8_0 ? (dim / 32) * 34 : 2 * dim;
 }
 
-// q8_0 of 32 values: d = amax / 127 stored as f16, q = round-half-even(v * 127 / amax).
-__device__ __forceinline__ void q8_scale(float amax, float* d, float* id) {
-  *d = amax / 127.0f;
-  *id = amax > 0.0f ? 127.0f / amax : 0.0f;
-}
-
 // x (n values, a multiple of 32) as X8_BLOCK-byte blocks for the x8
 // kernels: a warp a block.
 extern "C" __global__ void quantize_x8(const float* x, int n, uint8_t* out) { FATHOM_PDL();
   const int b = (blockIdx.x * blockDim.x + threadIdx.x) / WARP, lane = threadIdx.x % WARP;
   if (32 * b >= n) return;  // whole warps
-  const float v = x[32 * b + lane];
-  float d, id;
-  q8_scale(warp_max(fabsf(v)), &d, &id);
-  const int q = (int)rintf(v * id);
-  float sum = (float)q;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  uint8_t* o = out + (size_t)b * X8_BLOCK;
-  if (lane == 0) {
-    *(float*)o = __half2float(__float2half_rn(d));
-    *(int*)(o + 4) = (int)sum;
-  }
-  o[16 + lane] = (uint8_t)(int8_t)q;
+  x8_store(x[32 * b + lane], out, b);
 }
 
 // v rounded to a KV dtype's precision. For q8_0 the 32 lanes of the warp
@@ -1349,7 +1406,7 @@ __device__ __forceinline__ void attention_prefetch(const StepDesc& st, const KvD
 template <int DT, int VPL, int H>
 __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __restrict__ q,
                                      const float* __restrict__ k, const float* __restrict__ v,
-                                     float* __restrict__ out, float* __restrict__ part, int n_heads,
+                                     float* __restrict__ out, float* __restrict__ part, uint8_t* x8, int n_heads,
                                      int n_kv_heads, int key_dim, int value_dim, int window, float scale) {
   // q of the block's heads during the walk; the warps' partial outputs after.
   constexpr int QS = H * ATT_MAX_DIM, PS = ATT_SPLIT_WARPS * H * 32 * VPL;
@@ -1363,9 +1420,13 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
   const AttRange ar = att_range(st, window, row, split, nsplit);
   const int seq = ar.seq, start = ar.start, lo = ar.lo, hi = ar.hi;
   const int row0 = st.seq_row0[seq];
-  for (int i = threadIdx.x; i < H * key_dim; i += blockDim.x) {
-    const int h = i / key_dim, d = i % key_dim;
-    sm[h * ATT_MAX_DIM + d] = h < nq ? q[((size_t)row * n_heads + h0 + h) * key_dim + d] : 0.0f;
+  // key_dim is a multiple of 8 here: q as float4s (one load a thread for
+  // four heads of 128 dims).
+  const int k4 = key_dim / 4;
+  for (int i = threadIdx.x; i < H * k4; i += blockDim.x) {
+    const int h = i / k4, d = 4 * (i % k4);
+    *(float4*)(sm + h * ATT_MAX_DIM + d) =
+        h < nq ? *(const float4*)(q + ((size_t)row * n_heads + h0 + h) * key_dim + d) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   __syncthreads();
   const int kh = kv_head_bytes(DT, key_dim), vh = kv_head_bytes(DT, value_dim);
@@ -1465,6 +1526,8 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
 #pragma unroll
         for (int w = 0; w < ATT_SPLIT_WARPS; w++) sum += sm[(w * H + h) * WARP * VPL + i] * f[w];
         o[i] = sum * inv;
+        // value_dim is a multiple of 32 when x8 is asked for: whole warps.
+        if (x8) x8_store(sum * inv, x8, (((size_t)row * n_heads + hq) * value_dim + i) / WARP);
       }
     } else {
       float* o = part + (((size_t)row * n_heads + hq) * nsplit + split) * (value_dim + 2);
@@ -1698,9 +1761,11 @@ __device__ void attention_mma_body(StepDesc st, KvDesc kv, const float* __restri
 FATHOM_ATT_MMA(64)
 FATHOM_ATT_MMA(128)
 
-// Combines the splits of attention_split: one block per (row, query head).
+// Combines the splits of attention_split: one block per (row, query head);
+// with x8 (value_dim a multiple of 32), the output also as int8 activation
+// blocks for the one-token x8 matmul after it.
 extern "C" __global__ void __launch_bounds__(128)
-attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float* out) { FATHOM_PDL();
+attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float* out, uint8_t* x8) { FATHOM_PDL();
   const int row = blockIdx.x, h = blockIdx.y;
   const float* p = part + ((size_t)row * n_heads + h) * nsplit * (value_dim + 2);
   float mt = -INFINITY;
@@ -1721,6 +1786,7 @@ attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float
       if (ps[1] > 0.0f) sum += ps[2 + i] * exp2f(ps[0] - mt);
     }
     o[i] = sum * inv;
+    if (x8) x8_store(sum * inv, x8, (((size_t)row * n_heads + h) * value_dim + i) / WARP);
   }
 }
 
@@ -1729,10 +1795,10 @@ attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float
 #define FATHOM_ATT_SPLIT(NAME, DT, VPL, H)                                                          \
   extern "C" __global__ void __launch_bounds__(ATT_SPLIT_WARPS * 32) attention_split_##NAME##_##VPL##_##H( \
       StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out, float* part,      \
-      int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale) {                         \
+      uint8_t* x8, int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale) {             \
     if (VPL < 16) attention_prefetch<DT>(st, kv, n_heads, n_kv_heads, key_dim, value_dim, window, H);     \
     FATHOM_PDL();                                                                                          \
-    attention_split_body<DT, VPL, H>(st, kv, q, k, v, out, part, n_heads, n_kv_heads, key_dim, value_dim,  \
+    attention_split_body<DT, VPL, H>(st, kv, q, k, v, out, part, x8, n_heads, n_kv_heads, key_dim, value_dim, \
                                      window, scale);                                                       \
   }
 #define FATHOM_ATT_SPLIT_HEADS(NAME, DT, VPL) \

@@ -654,6 +654,61 @@ fn test_matmul_many(h: &mut Harness, rng: &mut Rng) {
     }
 }
 
+/// One token through a norm and then matmuls of its output: on the GPU
+/// the norm also writes int8 activation blocks that the x8 kernels read
+/// instead of quantizing again, reused by consecutive matmuls of one input
+/// whatever their type (Q4_K, Q6_K, Q8_0, Q4_0, then F16 on the f32 path),
+/// for the plain and the residual-add norm.
+fn test_norm_then_matmul(h: &mut Harness, rng: &mut Rng) {
+    let (rows, cols) = (256, 4096);
+    let kinds = [
+        WeightType::Q4_K,
+        WeightType::Q6_K,
+        WeightType::Q8_0,
+        WeightType::Q4_0,
+        WeightType::F16,
+    ];
+    let loaded: Vec<_> = kinds
+        .iter()
+        .map(|&t| {
+            let (m, values) = random_matrix(rng, Ok(t), rows, cols);
+            (t, h.b.load_matrix(m).expect("loads"), values)
+        })
+        .collect();
+    let w = rng.vec(cols);
+    let wid = h.b.load_vector(&w).expect("loads");
+    for add in [false, true] {
+        let (a, b) = (rng.vec(cols), rng.vec(cols));
+        h.set(Buf::Residual, &a, cols);
+        h.set(Buf::BranchOut, &b, cols);
+        let normed = if add {
+            h.b.add_rms_norm(Buf::Residual, Buf::BranchOut, wid, 1e-5, 1, cols, Buf::Norm);
+            let sum: Vec<f32> = a.iter().zip(&b).map(|(x, y)| x + y).collect();
+            rms_ref(&sum, &w, 1e-5)
+        } else {
+            h.b.rms_norm(Buf::Residual, wid, 1e-5, 1, cols, Buf::Norm);
+            rms_ref(&a, &w, 1e-5)
+        };
+        let x: Vec<f32> = normed.iter().map(|&v| v as f32).collect();
+        let outs = [Buf::Q, Buf::K, Buf::V, Buf::FfnGate, Buf::FfnUp];
+        for ((_, id, _), &out) in loaded.iter().zip(&outs) {
+            h.b.matmul(*id, Buf::Norm, 1, out);
+        }
+        for ((t, _, values), &out) in loaded.iter().zip(&outs) {
+            let got = h.get(out, 1, rows);
+            let want = reference_matmul(values, rows, cols, &x, 1);
+            let norm = if add { "add_rms_norm" } else { "rms_norm" };
+            h.check(
+                "norm then matmul",
+                &format!("{norm} then {} {rows}x{cols} x1", t.name()),
+                &got,
+                &want,
+                TOL_MATMUL,
+            );
+        }
+    }
+}
+
 fn rms_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f64> {
     let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
     let inv = 1.0 / (ss / x.len() as f64 + eps as f64).sqrt();
@@ -1337,6 +1392,7 @@ fn conformance() {
         test_elementwise(&mut h, &mut rng);
         test_matmul_glu(&mut h, &mut rng);
         test_matmul_many(&mut h, &mut rng);
+        test_norm_then_matmul(&mut h, &mut rng);
         test_shards(&mut h, &mut rng);
         test_rope(&mut h, &mut rng);
         test_moe(&mut h, &mut rng);

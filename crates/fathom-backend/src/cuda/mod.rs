@@ -256,7 +256,7 @@ struct Kernels {
     /// The same over a gate and an up matrix, writing act(gate) × up.
     mvglu1: [sys::CUfunction; 16],
     mvglu: [sys::CUfunction; 16],
-    /// One token on int8 activations (`quantize_x8`): Q8_0, Q4_0 and Q4_K
+    /// One token on int8 activations (`quantize_x8`): Q8_0, Q4_0, Q4_K and Q6_K
     /// only (null for the other kinds).
     mv1x8: [sys::CUfunction; 16],
     mvglu1x8: [sys::CUfunction; 16],
@@ -342,7 +342,12 @@ impl Kernels {
         // Kinds with int8-activation kernels (`HasX8` in fathom.cu).
         let x8_table = |prefix: &str| -> Result<[sys::CUfunction; 16], BackendError> {
             let mut out = [std::ptr::null_mut(); 16];
-            for ty in [WeightType::Q8_0, WeightType::Q4_0, WeightType::Q4_K] {
+            for ty in [
+                WeightType::Q8_0,
+                WeightType::Q4_0,
+                WeightType::Q4_K,
+                WeightType::Q6_K,
+            ] {
                 let kind = kind_of_type(ty);
                 out[kind] = get(&format!("{prefix}_{}", KINDS[kind]))?;
             }
@@ -500,6 +505,13 @@ pub struct CudaBackend {
     /// (address of x, values, bf16). A layer's q, k and v (and gate and
     /// up) products of one input convert it once.
     x16_holds: Option<(u64, i64, i32)>,
+    /// Whether a loaded matrix has int8-activation kernels: only then do
+    /// norms and attention write their one-token output as x8 blocks too.
+    emits_x8: bool,
+    /// The staging holds, as x8 blocks, the `values` f32 activations at
+    /// this address (written by the last launch, or read since by x8
+    /// matmuls, which write neither x nor the staging): (address, values).
+    x8_holds: Option<(u64, usize)>,
 }
 
 // SAFETY: the raw handles (stream, module, functions, cuBLAS handle) belong
@@ -690,6 +702,8 @@ impl CudaBackend {
             sm_count,
             forced_splits: None,
             x16_holds: None,
+            emits_x8: false,
+            x8_holds: None,
         })
     }
 
@@ -807,6 +821,7 @@ impl CudaBackend {
         }
         // Any kernel may write the buffer the staging was converted from.
         self.x16_holds = None;
+        self.x8_holds = None;
         self.queue.push(f, grid, block, args);
         if self.eager {
             self.issue(false);
@@ -846,6 +861,7 @@ impl CudaBackend {
 
     /// Records a cuBLAS call (or, in eager mode, makes it).
     fn gemm(&mut self, g: blas::Gemm) {
+        self.x8_holds = None;
         if self.error.is_some() {
             return;
         }
@@ -894,6 +910,7 @@ impl CudaBackend {
     fn htod<T>(&mut self, dst: u64, src: &[T]) {
         // The copy may land in the buffer the f16 staging came from.
         self.x16_holds = None;
+        self.x8_holds = None;
         if self.error.is_some() || src.is_empty() {
             return;
         }
@@ -947,7 +964,8 @@ impl CudaBackend {
             *f = blocks as i32;
         }
         let mut n = 1i32;
-        let x8 = self.x8_input(kind, parts[0].0.arg.cols as usize, xp);
+        let (x, cols) = (xp, parts[0].0.arg.cols as usize);
+        let x8 = self.x8_input(kind, cols, xp);
         let f = if let Some(x8p) = x8 {
             xp = x8p;
             self.k.mv1x8[kind]
@@ -960,6 +978,21 @@ impl CudaBackend {
             32 * MV_WARPS as u32,
             &mut args![s, xp, n],
         );
+        if x8.is_some() && parts.iter().all(|&(_, out)| out != x) {
+            self.x8_holds = Some((x, cols));
+        }
+    }
+
+    /// Where a one-token norm or attention writing `values` outputs also
+    /// writes them as x8 blocks (the staging), or 0: only when a loaded
+    /// matrix reads x8 and the values fit and fill whole blocks.
+    fn x8_out(&self, rows: usize, values: usize) -> u64 {
+        if rows == 1 && self.emits_x8 && values.is_multiple_of(32) && values <= self.upload.x16_cols
+        {
+            self.upload.x16
+        } else {
+            0
+        }
     }
 
     /// One token of x (`cols` values at `xp`) for weights of `kind`: on
@@ -971,10 +1004,14 @@ impl CudaBackend {
             return None;
         }
         let (mut x, mut n, mut out) = (xp, cols as i32, self.upload.x16);
+        if self.x8_holds == Some((xp, cols)) {
+            return Some(out);
+        }
         // A warp a 32-value block, 8 a launch block.
         let f = self.k.quantize_x8;
         let grid = (cols / 32).div_ceil(8) as u32;
         self.launch(f, (grid, 1, 1), 256, &mut args![x, n, out]);
+        self.x8_holds = Some((xp, cols));
         Some(out)
     }
 
@@ -995,14 +1032,14 @@ impl CudaBackend {
     /// Values a matrix-vector lane decodes per step for `rows` rows of x on
     /// weights of `kind`: the one-token kernels of these types take 32 at
     /// once (`Chunk<T>` in fathom.cu; Q8_0 and Q4_0 a block on int8
-    /// activations) or 64 (Q4_K on int8 activations), the rest 8. A mismatch
+    /// activations) or 64 (Q4_K and Q6_K on int8 activations), the rest 8. A mismatch
     /// with the kernels would only cost speed (`matvec_split`), never
     /// correctness.
     fn matvec_chunk(kind: usize, rows: usize) -> usize {
         use WeightType::{Q4_0, Q4_K, Q5_K, Q6_K, Q8_0};
         match WeightType::ALL.get(kind) {
-            Some(Q4_K) if rows == 1 => 64,
-            Some(Q5_K | Q6_K | Q8_0 | Q4_0) if rows == 1 => 32,
+            Some(Q4_K | Q6_K) if rows == 1 => 64,
+            Some(Q5_K | Q8_0 | Q4_0) if rows == 1 => 32,
             _ => 8,
         }
     }
@@ -1330,12 +1367,19 @@ impl CudaBackend {
         let fit = (self.partials.1 / per_split as u64) as usize;
         let splits = want.min(ATTENTION_MAX_SPLITS as usize).min(fit).max(1);
         let mut part = self.partials.0;
+        // The output as x8 blocks too, by whichever kernel writes it last.
+        let x8 = if s.value_dim.is_multiple_of(32) {
+            self.x8_out(rows, s.n_heads * s.value_dim)
+        } else {
+            0
+        };
+        let (mut x8_split, mut x8_merge) = if splits > 1 { (0, x8) } else { (x8, 0) };
         let f = self.k.attention_split[kv.dtype as usize][vpl][hi];
         self.launch(
             f,
             (rows as u32, (s.n_kv_heads * chunks) as u32, splits as u32),
             ATT_THREADS,
-            &mut args![st, kv, qp, kp, vp, op, part, nh, nkv, dk, dv, window, scale],
+            &mut args![st, kv, qp, kp, vp, op, part, x8_split, nh, nkv, dk, dv, window, scale],
         );
         if splits > 1 {
             let mut n = splits as i32;
@@ -1344,8 +1388,11 @@ impl CudaBackend {
                 f,
                 (rows as u32, s.n_heads as u32, 1),
                 128,
-                &mut args![part, n, nh, dv, op],
+                &mut args![part, n, nh, dv, op, x8_merge],
             );
+        }
+        if x8 != 0 {
+            self.x8_holds = Some((op, s.n_heads * s.value_dim));
         }
     }
 
@@ -1539,6 +1586,7 @@ impl Backend for CudaBackend {
                 }
             }
         };
+        self.emits_x8 |= !self.k.mv1x8[dev.kind].is_null();
         self.matrices.push(dev);
         Ok(MatrixId(self.matrices.len() as u32 - 1))
     }
@@ -1643,13 +1691,17 @@ impl Backend for CudaBackend {
             return;
         }
         let (mut eps, mut w, mut no_add) = (eps, width as i32, 0u64);
+        let mut x8 = self.x8_out(rows, width);
         let f = self.k.rms_norm;
         self.launch(
             f,
             (rows as u32, 1, 1),
             Self::norm_threads(width),
-            &mut args![xp, no_add, wp, eps, w, op],
+            &mut args![xp, no_add, wp, eps, w, op, x8],
         );
+        if x8 != 0 {
+            self.x8_holds = Some((op, width));
+        }
     }
 
     fn head_norm(
@@ -1669,14 +1721,14 @@ impl Backend for CudaBackend {
             return;
         }
         let mut op = xp;
-        let (mut eps, mut hd, mut no_add) = (eps, head_dim as i32, 0u64);
+        let (mut eps, mut hd, mut no_add, mut no_x8) = (eps, head_dim as i32, 0u64, 0u64);
         let f = self.k.rms_norm;
         // Every head is a row of head_dim values; in place is allowed.
         self.launch(
             f,
             (heads as u32, 1, 1),
             Self::norm_threads(head_dim),
-            &mut args![xp, no_add, wp, eps, hd, op],
+            &mut args![xp, no_add, wp, eps, hd, op, no_x8],
         );
     }
 
@@ -1699,13 +1751,17 @@ impl Backend for CudaBackend {
             return;
         }
         let (mut eps, mut w) = (eps, width as i32);
+        let mut x8 = self.x8_out(rows, width);
         let f = self.k.rms_norm;
         self.launch(
             f,
             (rows as u32, 1, 1),
             Self::norm_threads(width),
-            &mut args![dp, sp, wp, eps, w, op],
+            &mut args![dp, sp, wp, eps, w, op, x8],
         );
+        if x8 != 0 {
+            self.x8_holds = Some((op, width));
+        }
     }
 
     /// One launch for one token through matrices of one type and width
@@ -1765,6 +1821,7 @@ impl Backend for CudaBackend {
         if rows == 0 || !self.ready() {
             return;
         }
+        let x = xp;
         let x8 = if rows == 1 {
             self.x8_input(g.kind, wc, xp)
         } else {
@@ -1791,6 +1848,9 @@ impl Backend for CudaBackend {
             32 * MV_WARPS as u32,
             &mut args![ga, ua, xp, op, n, sp, a],
         );
+        if x8.is_some() && op != x {
+            self.x8_holds = Some((x, wc));
+        }
     }
 
     fn add_bias(&mut self, x: Buf, b: VectorId, rows: usize, width: usize) {
