@@ -525,25 +525,47 @@ __device__ __forceinline__ void q8_scale(float amax, float* d, float* id) {
   *id = amax > 0.0f ? 127.0f / amax : 0.0f;
 }
 
-// Activation block b of out from the warp's 32 lanes, value v each (lane
-// order). Every lane of the warp calls. quantize_x8 and the kernels whose
-// output feeds a one-token x8 matmul (norms, attention) write their values
-// through it, so the matmul needs no quantize_x8 launch of its own.
-__device__ __forceinline__ void x8_store(float v, uint8_t* out, size_t b) {
+// Activation blocks b0 + k * stride (k < count) of out from the warp's 32
+// lanes, value v[k] each (lane order). Every lane of the warp calls, with
+// the same count. quantize_x8 and the kernels whose output feeds a one-token
+// x8 matmul (norms, attention) write their values through it, so the matmul
+// needs no quantize_x8 launch of its own. The N blocks' shuffles are
+// interleaved (a norm thread holds several values: one reduction chain).
+template <int N>
+__device__ __forceinline__ void x8_store_n(const float* v, int count, uint8_t* out, size_t b0, size_t stride) {
   const int lane = threadIdx.x % WARP;
-  float d, id;
-  q8_scale(warp_max(fabsf(v)), &d, &id);
-  const int q = (int)rintf(v * id);
-  float sum = (float)q;
+  float amax[N], sum[N];
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  uint8_t* o = out + b * X8_BLOCK;
-  if (lane == 0) {
-    *(float*)o = __half2float(__float2half_rn(d));
-    *(int*)(o + 4) = (int)sum;
+  for (int k = 0; k < N; k++) amax[k] = fabsf(v[k]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+    for (int k = 0; k < N; k++) amax[k] = fmaxf(amax[k], __shfl_xor_sync(0xffffffffu, amax[k], o));
+  float d[N];
+  int q[N];
+#pragma unroll
+  for (int k = 0; k < N; k++) {
+    float id;
+    q8_scale(amax[k], &d[k], &id);
+    q[k] = (int)rintf(v[k] * id);
+    sum[k] = (float)q[k];
   }
-  o[16 + lane] = (uint8_t)(int8_t)q;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+    for (int k = 0; k < N; k++) sum[k] += __shfl_xor_sync(0xffffffffu, sum[k], o);
+#pragma unroll
+  for (int k = 0; k < N; k++) {
+    if (k >= count) break;
+    uint8_t* o = out + (b0 + k * stride) * X8_BLOCK;
+    if (lane == 0) {
+      *(float*)o = __half2float(__float2half_rn(d[k]));
+      *(int*)(o + 4) = (int)sum[k];
+    }
+    o[16 + lane] = (uint8_t)(int8_t)q[k];
+  }
 }
+__device__ __forceinline__ void x8_store(float v, uint8_t* out, size_t b) { x8_store_n<1>(&v, 1, out, b, 0); }
 template <int T>
 struct HasX8 {
   static constexpr bool value = T == T_Q8_0 || T == T_Q4_0 || T == T_Q4_K || T == T_Q6_K;
@@ -978,15 +1000,18 @@ rms_norm(float* x, const float* add, const float* w, float eps, int width, float
   float total = 0.0f;
   for (int i = 0; i < n / WARP; i++) total += part[i];
   const float inv = 1.0f / sqrtf(total / (float)width + eps);
-  // i < width is the same for a whole warp when x8 is asked for.
+  float y[RMS_HELD];
 #pragma unroll
   for (int k = 0; k < RMS_HELD; k++) {
     const int i = threadIdx.x + k * n;
-    if (i < width) {
-      const float y = v[k] * inv * wv[k];
-      o[i] = y;
-      if (x8) x8_store(y, x8, i / WARP);
-    }
+    y[k] = v[k] * inv * wv[k];
+    if (i < width) o[i] = y[k];
+  }
+  // i < width is the same for a whole warp when x8 is asked for (width a
+  // multiple of 32): the warp's values k < held are blocks warp + k n / 32.
+  if (x8) {
+    const int held = min(RMS_HELD, (width - (int)threadIdx.x + n - 1) / n);
+    x8_store_n<RMS_HELD>(y, held, x8, threadIdx.x / WARP, n / WARP);
   }
   for (int i = threadIdx.x + RMS_HELD * n; i < width; i += n) {
     const float y = xr[i] * inv * w[i];
@@ -1286,6 +1311,40 @@ attention(StepDesc st, KvDesc kv, const float* q, const float* k, const float* v
 // cache's dtype DT (KV_F32 also reads the step's own f32 rows). Aligned:
 // head dims are multiples of 8 on this path, so a head starts on 16 bytes
 // (f16/bf16/f32), and a q8_0 block's values on 2 bytes.
+// The raw 16-bit values i0 .. i0 + n (n = 2, 4, 8 or 16) of an f16 or bf16
+// K/V head, as n / 2 words (i0 a multiple of n).
+template <int N>
+__device__ __forceinline__ void kv_words(const uint8_t* head, int i0, unsigned int* w) {
+  const uint8_t* p = head + 2 * i0;
+  if (N % 8 == 0) {
+#pragma unroll
+    for (int k = 0; k < N / 8; k++) {
+      const uint4 u = ((const uint4*)p)[k];
+      w[4 * k] = u.x; w[4 * k + 1] = u.y; w[4 * k + 2] = u.z; w[4 * k + 3] = u.w;
+    }
+  } else if (N == 4) {
+    const uint2 u = *(const uint2*)p;
+    w[0] = u.x; w[N / 2 - 1] = u.y;
+  } else {
+    w[0] = *(const unsigned int*)p;
+  }
+}
+
+// kv_words' words as n floats.
+template <int DT, int N>
+__device__ __forceinline__ void kv_words_to_float(const unsigned int* w, float* o) {
+#pragma unroll
+  for (int k = 0; k < N / 2; k++) {
+    if (DT == KV_F16) {
+      o[2 * k] = __half2float(__ushort_as_half((unsigned short)(w[k] & 0xffffu)));
+      o[2 * k + 1] = __half2float(__ushort_as_half((unsigned short)(w[k] >> 16)));
+    } else {
+      o[2 * k] = __uint_as_float(w[k] << 16);
+      o[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    }
+  }
+}
+
 template <int DT, int N>
 __device__ __forceinline__ void kv_loadn(const uint8_t* head, int i0, float* o) {
   if (DT == KV_F32) {
@@ -1302,29 +1361,8 @@ __device__ __forceinline__ void kv_loadn(const uint8_t* head, int i0, float* o) 
     }
   } else if (DT == KV_F16 || DT == KV_BF16) {
     unsigned int w[N / 2];
-    const uint8_t* p = head + 2 * i0;
-    if (N % 8 == 0) {
-#pragma unroll
-      for (int k = 0; k < N / 8; k++) {
-        const uint4 u = ((const uint4*)p)[k];
-        w[4 * k] = u.x; w[4 * k + 1] = u.y; w[4 * k + 2] = u.z; w[4 * k + 3] = u.w;
-      }
-    } else if (N == 4) {
-      const uint2 u = *(const uint2*)p;
-      w[0] = u.x; w[N / 2 - 1] = u.y;
-    } else {
-      w[0] = *(const unsigned int*)p;
-    }
-#pragma unroll
-    for (int k = 0; k < N / 2; k++) {
-      if (DT == KV_F16) {
-        o[2 * k] = __half2float(__ushort_as_half((unsigned short)(w[k] & 0xffffu)));
-        o[2 * k + 1] = __half2float(__ushort_as_half((unsigned short)(w[k] >> 16)));
-      } else {
-        o[2 * k] = __uint_as_float(w[k] << 16);
-        o[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
-      }
-    }
+    kv_words<N>(head, i0, w);
+    kv_words_to_float<DT, N>(w, o);
   } else {  // q8_0: N values inside one 34-byte block (N divides 32)
     const uint8_t* b = head + (i0 >> 5) * 34;
     const float d = __half2float(__ushort_as_half(*(const unsigned short*)b));
@@ -1344,7 +1382,7 @@ __device__ __forceinline__ void kv_loadn(const uint8_t* head, int i0, float* o) 
 // and these loads were the kernel's latency chain.
 template <int DT, int H>
 __device__ __forceinline__ void att_dots(const uint8_t* kp, const float* qs, int key_dim, float* dot) {
-#pragma unroll(H <= 4 && (DT == KV_F16 || DT == KV_BF16) ? 8 : 2)
+#pragma unroll(H <= 4 && (DT == KV_F16 || DT == KV_BF16) ? 16 : 2)
   for (int i0 = 0; i0 < key_dim; i0 += 8) {
     float kk[8];
     kv_loadn<DT, 8>(kp, i0, kk);
@@ -1473,11 +1511,48 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
 #pragma unroll
       for (int j = 0; j < VPL; j++) acc[h][j] *= rescale;
     }
-    // Unrolled so that several positions' V loads are in flight (4 rows
-    // deep spilled where the accumulators fill the registers).
     const int n = min(WARP, hi - p0 + 1);
+    int jj0 = 0;
+    if constexpr (DT == KV_F16 || DT == KV_BF16) {
+      // Cached positions (all of a decode row's but its own): every V load
+      // of a batch (the whole run for value dims up to 128) goes out before
+      // any is used, so a run waits on memory once rather than once per
+      // unrolled group; the raw values take at most 64 registers.
+      constexpr int NB = VPL <= 4 ? WARP : 128 / VPL;
+      const int nc = max(0, min(n, start - p0));  // the same for the whole warp
+#pragma unroll
+      for (int b0 = 0; b0 < WARP; b0 += NB) {
+        if (b0 >= nc) break;
+        unsigned int raw[NB][VPL / 2];
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+          const uint8_t* vr = (const uint8_t*)__shfl_sync(0xffffffffu, (unsigned long long)vp, b0 + b);
+          if (b0 + b < nc && has_dims) kv_words<VPL>(vr, d0, raw[b]);
+        }
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+          if (b0 + b < nc) {
+            float wgt[H];
+#pragma unroll
+            for (int h = 0; h < H; h++) wgt[h] = __shfl_sync(0xffffffffu, e[h], b0 + b);
+            if (has_dims) {
+              float vv[VPL];
+              kv_words_to_float<DT, VPL>(raw[b], vv);
+#pragma unroll
+              for (int h = 0; h < H; h++)
+#pragma unroll
+                for (int j = 0; j < VPL; j++) acc[h][j] += wgt[h] * vv[j];
+            }
+          }
+        }
+      }
+      jj0 = nc;
+    }
+    // The rest (the step's own rows; every position of f32 and q8_0
+    // caches), unrolled so that several positions' V loads are in flight
+    // (4 rows deep where the accumulators fill the registers).
 #pragma unroll(VPL * H <= 16 && DT != KV_F32 ? 8 : 4)
-    for (int jj = 0; jj < n; jj++) {
+    for (int jj = jj0; jj < n; jj++) {
       const uint8_t* vr = (const uint8_t*)__shfl_sync(0xffffffffu, (unsigned long long)vp, jj);
       float wgt[H];
 #pragma unroll
@@ -1793,7 +1868,7 @@ attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float
 // attention_split_<dtype>_<vpl>_<h>: value dims up to 32 x vpl, h query heads a
 // block (at most 2 with vpl 16: 4 spill).
 #define FATHOM_ATT_SPLIT(NAME, DT, VPL, H)                                                          \
-  extern "C" __global__ void __launch_bounds__(ATT_SPLIT_WARPS * 32) attention_split_##NAME##_##VPL##_##H( \
+  extern "C" __global__ void __launch_bounds__(ATT_SPLIT_WARPS * 32, 1) attention_split_##NAME##_##VPL##_##H( \
       StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out, float* part,      \
       uint8_t* x8, int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale) {             \
     if (VPL < 16) attention_prefetch<DT>(st, kv, n_heads, n_kv_heads, key_dim, value_dim, window, H);     \
@@ -1872,24 +1947,47 @@ extern "C" __global__ void __launch_bounds__(256) kv_write(StepDesc st, KvDesc k
 #define RK_WARPS 4
 extern "C" __global__ void __launch_bounds__(RK_WARPS * 32) rope_kv(
     StepDesc st, KvDesc kv, float* q, float* k, float* v, int n_heads, int n_kv_heads, int key_dim,
-    int value_dim, double theta, int neox, const float* freqs, int store) { FATHOM_PDL();
+    int value_dim, double theta, int neox, const float* freqs, int store) {
   __shared__ float heads[RK_WARPS][ATT_MAX_DIM];
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
   const int row = blockIdx.x, h = blockIdx.y * RK_WARPS + warp;
-  if (h >= n_heads + 2 * n_kv_heads) return;  // a whole warp: only warp syncs below
-  float* hs = heads[warp];
   const bool is_q = h < n_heads, is_v = h >= n_heads + n_kv_heads;
   const int g = is_q ? h : is_v ? h - n_heads - n_kv_heads : h - n_heads;
   const int dim = is_v ? value_dim : key_dim;
+  // Before the wait for the kernel ahead (which writes q, k and v): the
+  // angles of this head's pairs and its cache row, from the step's upload
+  // (copied before the step's first kernel) — off the step's latency chain.
+  constexpr int PAIRS = ATT_MAX_DIM / 2 / WARP;
+  float cf[PAIRS], sf[PAIRS];
+  int ia[PAIRS], ib[PAIRS];
+  const bool live = h < n_heads + 2 * n_kv_heads;
+  if (live && !is_v) {
+    const double p = (double)st.row_pos[row];
+#pragma unroll
+    for (int t = 0; t < PAIRS; t++) {
+      const int i = lane + t * WARP;
+      if (i < dim / 2) rope_pair(p, i, dim, theta, neox, freqs, &cf[t], &sf[t], &ia[t], &ib[t]);
+    }
+  }
+  const bool round = !is_q || kv.dtype == KV_F16;
+  uint8_t* dst = live && store && !is_q ? kv_row_at(kv, st, row, is_v) + g * kv_head_bytes(kv.dtype, dim) : nullptr;
+  FATHOM_PDL();
+  if (!live) return;  // a whole warp: only warp syncs below
+  float* hs = heads[warp];
   float* x = (is_q ? q : is_v ? v : k) + ((size_t)row * (is_q ? n_heads : n_kv_heads) + g) * dim;
   if (is_v) {
     for (int i = lane; i < dim; i += WARP) hs[i] = x[i];
   } else {
-    rope_head(x, hs, (double)st.row_pos[row], dim, theta, neox, freqs, lane, WARP);
+#pragma unroll
+    for (int t = 0; t < PAIRS; t++) {
+      if (lane + t * WARP < dim / 2) {
+        const float x0 = x[ia[t]], x1 = x[ib[t]];
+        hs[ia[t]] = x0 * cf[t] - x1 * sf[t];
+        hs[ib[t]] = x0 * sf[t] + x1 * cf[t];
+      }
+    }
   }
   __syncwarp();
-  const bool round = !is_q || kv.dtype == KV_F16;
-  uint8_t* dst = store && !is_q ? kv_row_at(kv, st, row, is_v) + g * kv_head_bytes(kv.dtype, dim) : nullptr;
   for (int i0 = 0; i0 < dim; i0 += WARP) {  // the same trip count for every lane
     const int i = i0 + lane;
     const bool in = i < dim;
