@@ -273,6 +273,8 @@ fn main() {
         WeightType::Q5_0,
         WeightType::Q5_1,
         WeightType::Q5_K,
+        WeightType::Q3_K,
+        WeightType::Q2_K,
         WeightType::BF16,
     ];
     for ty in decode_types {
@@ -282,7 +284,7 @@ fn main() {
     }
     for ty in decode_types {
         for (rows, cols) in shapes(ty, false) {
-            for n in [16, PREFILL] {
+            for n in [4, 16, 64, PREFILL] {
                 b.tokens(ty, rows, cols, n);
             }
         }

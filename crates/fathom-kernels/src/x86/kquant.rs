@@ -18,7 +18,7 @@ use super::batch::{
     dwords, f16_halves, group_rows, transpose8, AccumulatorStore, Accumulators, Pass, GROUP,
     PASS_GROUPS,
 };
-use super::{f16x2, hsum, prefetch_distance, prefetch_l2, Dot};
+use super::{f16x2, prefetch_distance, prefetch_l2, Dot};
 use crate::matmul::{Job, Tile, TOKEN_BLOCK};
 use crate::quant::Q8K_BYTES;
 use std::arch::x86_64::*;
@@ -72,18 +72,6 @@ unsafe fn act_quants<const T: usize>(
         *v = _mm256_loadu_si256(a.add(t * a_stride + b * Q8K_BYTES + 4 + at) as *const __m256i);
     }
     x
-}
-
-/// Eight-lane float accumulators to `out[t][r]`.
-#[inline(always)]
-unsafe fn finish<const R: usize, const T: usize>(acc: &[[__m256; T]; R]) -> [[f32; R]; T] {
-    let mut out = [[0.0f32; R]; T];
-    for (r, row) in acc.iter().enumerate() {
-        for (t, v) in row.iter().enumerate() {
-            out[t][r] = hsum(*v);
-        }
-    }
-    out
 }
 
 /// `vpshufb` masks; mask i copies i16 lane i of each 128-bit lane to all
@@ -486,13 +474,17 @@ impl<G: Group16, D: Dot> Tile for K16<G, D> {
         a_stride: usize,
         cols: usize,
     ) -> [[f32; R]; T] {
-        let mut acc = [[_mm256_setzero_ps(); T]; R];
+        debug_assert!(R <= 4);
+        // Rows in lanes 0..R, as the batch pass keeps them.
+        let mut acc = [_mm_setzero_ps(); T];
         let ahead = prefetch_distance(R, w_stride);
         let split = q6_split_masks();
         for b in 0..cols / 256 {
             let (dx, bsums) = act_header::<T>(a, a_stride, b);
             let mut isum = [[_mm256_setzero_si256(); T]; R];
-            let mut d = [0.0f32; R];
+            let mut imin = [[_mm256_setzero_si256(); R]; T];
+            let mut d = [0.0f32; 4];
+            let mut dmins = [0.0f32; 4];
             // Per row, the 16 scales as i16: groups 0..8 in both 128-bit
             // lanes, then groups 8..16 in both.
             let mut halves = [[_mm256_setzero_si256(); 2]; R];
@@ -504,7 +496,7 @@ impl<G: Group16, D: Dot> Tile for K16<G, D> {
                     }
                 }
                 let (dr, dmin, sc, mins) = G::header(p);
-                d[r] = dr;
+                (d[r], dmins[r]) = (dr, dmin);
                 halves[r] = [
                     _mm256_permute2x128_si256(sc, sc, 0x00),
                     _mm256_permute2x128_si256(sc, sc, 0x11),
@@ -519,8 +511,7 @@ impl<G: Group16, D: Dot> Tile for K16<G, D> {
                         );
                         isum[r][t] = _mm256_sub_epi32(isum[r][t], off);
                     } else {
-                        let mi = _mm256_cvtepi32_ps(_mm256_madd_epi16(bsums[t], mins));
-                        acc[r][t] = _mm256_fmadd_ps(mi, _mm256_set1_ps(-dmin * dx[t]), acc[r][t]);
+                        imin[t][r] = _mm256_madd_epi16(bsums[t], mins);
                     }
                 }
             }
@@ -538,13 +529,155 @@ impl<G: Group16, D: Dot> Tile for K16<G, D> {
                     }
                 }
             }
-            for r in 0..R {
-                for t in 0..T {
-                    let i = _mm256_cvtepi32_ps(isum[r][t]);
-                    acc[r][t] = _mm256_fmadd_ps(i, _mm256_set1_ps(d[r] * dx[t]), acc[r][t]);
+            // The batch pass's float operations in its order, so a row's
+            // output does not depend on how many tokens share the matmul.
+            let (d, dmins) = (_mm_loadu_ps(d.as_ptr()), _mm_loadu_ps(dmins.as_ptr()));
+            for t in 0..T {
+                let mut rows = [_mm256_setzero_si256(); R];
+                for r in 0..R {
+                    rows[r] = isum[r][t];
+                }
+                let dxt = _mm_set1_ps(dx[t]);
+                let v = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums(&rows)), _mm_mul_ps(d, dxt), acc[t]);
+                acc[t] = if G::OFFSET_SHIFT.is_none() {
+                    _mm_fnmadd_ps(
+                        _mm_cvtepi32_ps(row_sums(&imin[t])),
+                        _mm_mul_ps(dmins, dxt),
+                        v,
+                    )
+                } else {
+                    v
+                };
+            }
+        }
+        let mut out = [[0.0f32; R]; T];
+        for t in 0..T {
+            let mut lanes = [0.0f32; 4];
+            _mm_storeu_ps(lanes.as_mut_ptr(), acc[t]);
+            out[t].copy_from_slice(&lanes[..R]);
+        }
+        out
+    }
+}
+
+/// The decode-batch pass of the [`Group16`] layouts (Q2_K, Q3_K, Q6_K):
+/// per group and super-block the eight rows' 16 scales (and Q2_K's mins)
+/// turned so register j holds the pair for values `32j..32j + 32` of every
+/// row, then per 32-value run the rows' quants transposed (8 x 8 dwords)
+/// once for all tokens. A token's run is two 16-value integer dots, each
+/// times its scale; the offset (or the mins) meets the token's 16-value
+/// sums through `madd`; floats enter once per super-block, as in the tile.
+impl<G: Group16, D: Dot> Pass for K16<G, D> {
+    #[inline(always)]
+    unsafe fn pass(job: &Job, rows: Range<usize>, tokens: Range<usize>) {
+        let nt = tokens.len();
+        let groups = rows.len().div_ceil(GROUP);
+        let a = job.a.add(tokens.start * job.a_stride);
+        let next_pass = GROUP * PASS_GROUPS * job.w_stride;
+        let mut store: AccumulatorStore = [[MaybeUninit::uninit(); TOKEN_BLOCK]; PASS_GROUPS];
+        let mut acc = Accumulators::new(&mut store, groups, nt);
+        let mut isum = [_mm256_setzero_si256(); TOKEN_BLOCK];
+        // The low and the high i16 of each lane, sign-extended.
+        let low16 = |v: __m256i| _mm256_srai_epi32(_mm256_slli_epi32(v, 16), 16);
+        let high16 = |v: __m256i| _mm256_srai_epi32(v, 16);
+        for b in 0..job.cols / 256 {
+            for g in 0..groups {
+                let p = group_rows(job, &rows, g, b, G::BYTES);
+                let mut d = [0.0f32; GROUP];
+                let mut dmin = [0.0f32; GROUP];
+                let mut sc = [_mm256_setzero_si256(); GROUP];
+                let mut mins = [_mm256_setzero_si256(); GROUP];
+                for (i, row) in p.iter().enumerate() {
+                    for line in (0..G::BYTES).step_by(64) {
+                        prefetch_l2(row.wrapping_add(G::BYTES + line));
+                        if b == 0 {
+                            prefetch_l2(row.wrapping_add(next_pass + line));
+                        }
+                    }
+                    (d[i], dmin[i], sc[i], mins[i]) = G::header(*row);
+                }
+                // Register j: scales (or mins) 2j and 2j + 1 of row i in
+                // lane i, as two i16.
+                let sc = transpose8(sc);
+                let mins = if G::OFFSET_SHIFT.is_none() {
+                    transpose8(mins)
+                } else {
+                    mins
+                };
+                for n in 0..2 {
+                    for j in 0..4 {
+                        let mut q = [_mm256_setzero_si256(); GROUP];
+                        for i in 0..GROUP {
+                            q[i] = G::quants(p[i], n, j);
+                        }
+                        // Register k: quants 4k..4k + 4 of the run, row i
+                        // in lane i.
+                        let q = transpose8(q);
+                        let pair = sc[4 * n + j];
+                        let (s_lo, s_hi) = (low16(pair), high16(pair));
+                        for t in 0..nt {
+                            let x = a.add(t * job.a_stride + b * Q8K_BYTES + 4 + 128 * n + 32 * j)
+                                as *const i32;
+                            let xs = |k: usize| _mm256_set1_epi32(x.add(k).read_unaligned());
+                            let mut lo = D::dot_u8i8(q[0], xs(0));
+                            let mut hi = D::dot_u8i8(q[4], xs(4));
+                            for k in 1..4 {
+                                lo = D::dot_u8i8_acc(lo, q[k], xs(k));
+                                hi = D::dot_u8i8_acc(hi, q[k + 4], xs(k + 4));
+                            }
+                            let v = _mm256_add_epi32(
+                                _mm256_mullo_epi32(lo, s_lo),
+                                _mm256_mullo_epi32(hi, s_hi),
+                            );
+                            isum[t] = if n == 0 && j == 0 {
+                                v
+                            } else {
+                                _mm256_add_epi32(isum[t], v)
+                            };
+                        }
+                    }
+                }
+                let d = _mm256_loadu_ps(d.as_ptr());
+                let dmin = _mm256_loadu_ps(dmin.as_ptr());
+                for t in 0..nt {
+                    let x = a.add(t * job.a_stride + b * Q8K_BYTES);
+                    let dx = _mm256_set1_ps((x as *const f32).read_unaligned());
+                    // The scales (or mins) against the token's 16-value
+                    // sums, a pair of groups per register.
+                    let sums = x.add(260) as *const i32;
+                    let by = if G::OFFSET_SHIFT.is_some() {
+                        &sc
+                    } else {
+                        &mins
+                    };
+                    let mut side = _mm256_setzero_si256();
+                    for j in 0..8 {
+                        let pair = _mm256_set1_epi32(sums.add(j).read_unaligned());
+                        side = D::madd_acc(side, by[j], pair);
+                    }
+                    let i = match G::OFFSET_SHIFT {
+                        Some(shift) => _mm256_sub_epi32(
+                            isum[t],
+                            _mm256_sll_epi32(side, _mm_cvtsi32_si128(shift)),
+                        ),
+                        None => isum[t],
+                    };
+                    let v =
+                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, dx), acc.get(g, t));
+                    let v = if G::OFFSET_SHIFT.is_none() {
+                        _mm256_fnmadd_ps(_mm256_cvtepi32_ps(side), _mm256_mul_ps(dmin, dx), v)
+                    } else {
+                        v
+                    };
+                    acc.set(g, t, v);
                 }
             }
         }
-        finish(&acc)
+        acc.store(
+            job,
+            &rows,
+            &tokens,
+            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        );
     }
 }

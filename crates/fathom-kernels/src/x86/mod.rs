@@ -60,6 +60,9 @@ entries! {"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni":
     q8_0_vnni_batch = batch::batch::<q32::Q32<q32::Q8_0, Vnni>>;
     q4_k_vnni_batch = batch::batch::<kquant::K45<Vnni, false>>;
     q5_k_vnni_batch = batch::batch::<kquant::K45<Vnni, true>>;
+    q2_k_vnni_batch = batch::batch::<kquant::K16<kquant::Q2K, Vnni>>;
+    q3_k_vnni_batch = batch::batch::<kquant::K16<kquant::Q3K, Vnni>>;
+    q6_k_vnni_batch = batch::batch::<kquant::K16<kquant::Q6K, Vnni>>;
 }
 
 entries! {"avx2,fma,f16c":
@@ -83,6 +86,9 @@ entries! {"avx2,fma,f16c":
     q8_0_avx2_batch = batch::batch::<q32::Q32<q32::Q8_0, Avx2>>;
     q4_k_avx2_batch = batch::batch::<kquant::K45<Avx2, false>>;
     q5_k_avx2_batch = batch::batch::<kquant::K45<Avx2, true>>;
+    q2_k_avx2_batch = batch::batch::<kquant::K16<kquant::Q2K, Avx2>>;
+    q3_k_avx2_batch = batch::batch::<kquant::K16<kquant::Q3K, Avx2>>;
+    q6_k_avx2_batch = batch::batch::<kquant::K16<kquant::Q6K, Avx2>>;
 }
 
 /// The decode-batch kernel for `ty` at `isa` and `n_tokens`, where it
@@ -104,6 +110,9 @@ pub(crate) fn batch_kernel(isa: Isa, ty: WeightType, n_tokens: usize) -> Option<
         (Isa::Avx512, W::Q8_0) => q8_0_vnni_batch,
         (Isa::Avx512, W::Q4_K) => q4_k_vnni_batch,
         (Isa::Avx512, W::Q5_K) => q5_k_vnni_batch,
+        (Isa::Avx512, W::Q2_K) => q2_k_vnni_batch,
+        (Isa::Avx512, W::Q3_K) => q3_k_vnni_batch,
+        (Isa::Avx512, W::Q6_K) => q6_k_vnni_batch,
         (Isa::Avx2, W::Q4_0) => q4_0_avx2_batch,
         (Isa::Avx2, W::Q4_1) => q4_1_avx2_batch,
         (Isa::Avx2, W::Q5_0) => q5_0_avx2_batch,
@@ -111,6 +120,9 @@ pub(crate) fn batch_kernel(isa: Isa, ty: WeightType, n_tokens: usize) -> Option<
         (Isa::Avx2, W::Q8_0) => q8_0_avx2_batch,
         (Isa::Avx2, W::Q4_K) => q4_k_avx2_batch,
         (Isa::Avx2, W::Q5_K) => q5_k_avx2_batch,
+        (Isa::Avx2, W::Q2_K) => q2_k_avx2_batch,
+        (Isa::Avx2, W::Q3_K) => q3_k_avx2_batch,
+        (Isa::Avx2, W::Q6_K) => q6_k_avx2_batch,
         _ => return None,
     };
     Some(k)
