@@ -173,22 +173,12 @@ impl<D: Dot, const FIVE: bool> Tile for K45<D, FIVE> {
                 for r in 0..R {
                     rows[r] = isum[r][t];
                 }
+                let mins = Some(row_sums(&imin[t]));
                 let dxt = _mm_set1_ps(dx[t]);
-                let v = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums(&rows)), _mm_mul_ps(d, dxt), acc[t]);
-                acc[t] = _mm_fnmadd_ps(
-                    _mm_cvtepi32_ps(row_sums(&imin[t])),
-                    _mm_mul_ps(dmins, dxt),
-                    v,
-                );
+                acc[t] = block_terms4(acc[t], row_sums(&rows), mins, d, dmins, dxt);
             }
         }
-        let mut out = [[0.0f32; R]; T];
-        for t in 0..T {
-            let mut lanes = [0.0f32; 4];
-            _mm_storeu_ps(lanes.as_mut_ptr(), acc[t]);
-            out[t].copy_from_slice(&lanes[..R]);
-        }
-        out
+        tile_out(&acc)
     }
 }
 
@@ -200,6 +190,57 @@ unsafe fn row_sums<const R: usize>(v: &[__m256i; R]) -> __m128i {
     x[..R].copy_from_slice(v);
     let h = _mm256_hadd_epi32(_mm256_hadd_epi32(x[0], x[1]), _mm256_hadd_epi32(x[2], x[3]));
     _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
+}
+
+/// A super-block's float terms for the rows of a tile (lanes 0..4), in the
+/// order [`block_terms8`] does them for a decode-batch group, so a row's
+/// output does not depend on how many tokens share the matmul: `acc + I d
+/// dx`, less `M dmin dx` where the layout has mins (`I`, `M` the rows'
+/// exact integer sums of quants times scales and of mins times activation
+/// sums).
+#[inline(always)]
+unsafe fn block_terms4(
+    acc: __m128,
+    i: __m128i,
+    mins: Option<__m128i>,
+    d: __m128,
+    dmin: __m128,
+    dx: __m128,
+) -> __m128 {
+    let v = _mm_fmadd_ps(_mm_cvtepi32_ps(i), _mm_mul_ps(d, dx), acc);
+    match mins {
+        Some(m) => _mm_fnmadd_ps(_mm_cvtepi32_ps(m), _mm_mul_ps(dmin, dx), v),
+        None => v,
+    }
+}
+
+/// [`block_terms4`] for the eight rows of a decode-batch group.
+#[inline(always)]
+unsafe fn block_terms8(
+    acc: __m256,
+    i: __m256i,
+    mins: Option<__m256i>,
+    d: __m256,
+    dmin: __m256,
+    dx: __m256,
+) -> __m256 {
+    let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, dx), acc);
+    match mins {
+        Some(m) => _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dmin, dx), v),
+        None => v,
+    }
+}
+
+/// A tile's outputs `out[t][r]` from its accumulators (rows in lanes).
+#[inline(always)]
+unsafe fn tile_out<const R: usize, const T: usize>(acc: &[__m128; T]) -> [[f32; R]; T] {
+    let mut out = [[0.0f32; R]; T];
+    for t in 0..T {
+        let mut lanes = [0.0f32; 4];
+        _mm_storeu_ps(lanes.as_mut_ptr(), acc[t]);
+        out[t].copy_from_slice(&lanes[..R]);
+    }
+    out
 }
 
 /// `(v >> shift) & mask` per 32-bit lane.
@@ -326,12 +367,7 @@ impl<D: Dot, const FIVE: bool> Pass for K45<D, FIVE> {
                         let pair = _mm256_set1_epi32(sums.add(j).read_unaligned());
                         imin = D::madd_acc(imin, mins[j], pair);
                     }
-                    let v = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(isum[t]),
-                        _mm256_mul_ps(dw, dx),
-                        acc.get(g, t),
-                    );
-                    let v = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(imin), _mm256_mul_ps(dmin, dx), v);
+                    let v = block_terms8(acc.get(g, t), isum[t], Some(imin), dw, dmin, dx);
                     acc.set(g, t, v);
                 }
             }
@@ -537,26 +573,12 @@ impl<G: Group16, D: Dot> Tile for K16<G, D> {
                 for r in 0..R {
                     rows[r] = isum[r][t];
                 }
+                let mins = G::OFFSET_SHIFT.is_none().then(|| row_sums(&imin[t]));
                 let dxt = _mm_set1_ps(dx[t]);
-                let v = _mm_fmadd_ps(_mm_cvtepi32_ps(row_sums(&rows)), _mm_mul_ps(d, dxt), acc[t]);
-                acc[t] = if G::OFFSET_SHIFT.is_none() {
-                    _mm_fnmadd_ps(
-                        _mm_cvtepi32_ps(row_sums(&imin[t])),
-                        _mm_mul_ps(dmins, dxt),
-                        v,
-                    )
-                } else {
-                    v
-                };
+                acc[t] = block_terms4(acc[t], row_sums(&rows), mins, d, dmins, dxt);
             }
         }
-        let mut out = [[0.0f32; R]; T];
-        for t in 0..T {
-            let mut lanes = [0.0f32; 4];
-            _mm_storeu_ps(lanes.as_mut_ptr(), acc[t]);
-            out[t].copy_from_slice(&lanes[..R]);
-        }
-        out
+        tile_out(&acc)
     }
 }
 
@@ -655,20 +677,17 @@ impl<G: Group16, D: Dot> Pass for K16<G, D> {
                         let pair = _mm256_set1_epi32(sums.add(j).read_unaligned());
                         side = D::madd_acc(side, by[j], pair);
                     }
-                    let i = match G::OFFSET_SHIFT {
-                        Some(shift) => _mm256_sub_epi32(
-                            isum[t],
-                            _mm256_sll_epi32(side, _mm_cvtsi32_si128(shift)),
+                    let (i, mins) = match G::OFFSET_SHIFT {
+                        Some(shift) => (
+                            _mm256_sub_epi32(
+                                isum[t],
+                                _mm256_sll_epi32(side, _mm_cvtsi32_si128(shift)),
+                            ),
+                            None,
                         ),
-                        None => isum[t],
+                        None => (isum[t], Some(side)),
                     };
-                    let v =
-                        _mm256_fmadd_ps(_mm256_cvtepi32_ps(i), _mm256_mul_ps(d, dx), acc.get(g, t));
-                    let v = if G::OFFSET_SHIFT.is_none() {
-                        _mm256_fnmadd_ps(_mm256_cvtepi32_ps(side), _mm256_mul_ps(dmin, dx), v)
-                    } else {
-                        v
-                    };
+                    let v = block_terms8(acc.get(g, t), i, mins, d, dmin, dx);
                     acc.set(g, t, v);
                 }
             }
