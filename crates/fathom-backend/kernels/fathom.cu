@@ -75,6 +75,24 @@ __device__ __forceinline__ void prefetch_row(const Weights& w, int block, int sp
     prefetch_l2(p + o);
 }
 
+// 16 weight bytes that a lane alone reads (F32, F16, BF16 rows: a warp's
+// loads cover whole lines): read-only for the kernel's life (.nc) and read
+// once, so not kept in L1 (L1::no_allocate), where the activations every
+// warp re-reads stay. (Block types share lines between lanes, and their
+// loads read lines again: through L2 without L1, Q4_0 decode took 1.6x.)
+// Not volatile: the compiler may move it like an ordinary load.
+__device__ __forceinline__ uint4 ldw16(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float4 u4_as_float4(uint4 v) {
+  return make_float4(__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z), __uint_as_float(v.w));
+}
+
 // An f16 at a 2-byte aligned address (every scale of every block type is).
 __device__ __forceinline__ float f16_at(const uint8_t* p) {
   return __half2float(*(const __half*)p);
@@ -193,18 +211,18 @@ __device__ __forceinline__ void decode8(const Weights& w, int r, int c, float* q
   *d = 1.0f;
   *m = 0.0f;
   if (T == T_F32) {
-    const float4* p = (const float4*)row + 2 * c;
-    const float4 a = p[0], b = p[1];
+    const uint4* p = (const uint4*)row + 2 * c;
+    const float4 a = u4_as_float4(ldw16(p)), b = u4_as_float4(ldw16(p + 1));
     q[0] = a.x; q[1] = a.y; q[2] = a.z; q[3] = a.w;
     q[4] = b.x; q[5] = b.y; q[6] = b.z; q[7] = b.w;
   } else if (T == T_F16) {
-    const uint4 v = ((const uint4*)row)[c];
+    const uint4 v = ldw16((const uint4*)row + c);
     half2_bits(v.x, q);
     half2_bits(v.y, q + 2);
     half2_bits(v.z, q + 4);
     half2_bits(v.w, q + 6);
   } else if (T == T_BF16) {
-    const uint4 v = ((const uint4*)row)[c];
+    const uint4 v = ldw16((const uint4*)row + c);
     bfloat2_bits(v.x, q);
     bfloat2_bits(v.y, q + 2);
     bfloat2_bits(v.z, q + 4);
@@ -666,6 +684,28 @@ __device__ __forceinline__ float dot_x8(const Weights& w, int r, int c, const X8
   }
 }
 
+// step(c, keep) for c = base + lane, + stride, .. below n: U calls at a
+// time with no exit test between them, then one at a time. A loop unrolled
+// by pragma keeps the exit test before each copy, and the compiler does not
+// move a copy's loads above it (the SASS had one chunk's weight loads in
+// flight per lane, whatever the unroll); in a group of U all U calls' loads
+// go out before any is used. U should divide a lane's usual count (a row
+// of 4,096 Q4_K values is 2 calls a lane; with groups of 4 and the calls
+// past the row dropped, Q4_K decode took 10% longer). keep is always true
+// here (a caller may pass it on to terms it could drop).
+template <int U, typename F>
+__device__ __forceinline__ void strided(int base, int n, int stride, F step) {
+  int c = base + threadIdx.x % WARP;
+  if constexpr (U > 1) {
+    for (; c + (U - 1) * stride < n; c += U * stride) {
+#pragma unroll
+      for (int u = 0; u < U; u++) step(c + u * stride, true);
+    }
+  }
+#pragma unroll 1
+  for (; c < n; c += stride) step(c, true);
+}
+
 // X8: x is quantize_x8's blocks (one token, HasX8<T> types only).
 template <int T, int NT, bool GLU, bool X8 = false>
 __device__ void matvec(const Weights w, const Weights w2, const float* __restrict__ x,
@@ -682,32 +722,31 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
     constexpr int B = X8Task<T>::blocks;
     const uint8_t* x8 = (const uint8_t*)x;
     const int tasks = r < w.rows ? w.cols / (32 * B) : 0;
-#pragma unroll 2
-    for (int c = lane + part * WARP; c < tasks; c += WARP * split) {
+    strided<(GLU || T == T_Q4_K) ? 2 : 4>(part * WARP, tasks, WARP * split, [&](int c, bool keep) {
       X8Block xb[B];
 #pragma unroll
       for (int i = 0; i < B; i++) xb[i] = x8_block(x8, X8Task<T>::block(c, i));
-      acc[0] += dot_x8<T>(w, r, c, xb);
-      if (GLU) acc2[0] += dot_x8<T>(w2, r, c, xb);
-    }
+      const float v = dot_x8<T>(w, r, c, xb), v2 = GLU ? dot_x8<T>(w2, r, c, xb) : 0.0f;
+      acc[0] += keep ? v : 0.0f;
+      if (GLU) acc2[0] += keep ? v2 : 0.0f;
+    });
   } else if constexpr (Chunk<T>::value && NT == 1) {
     const int chunks = r < w.rows ? w.cols / 32 : 0;
-#pragma unroll(GLU ? 1 : 2)
-    for (int c = lane + part * WARP; c < chunks; c += WARP * split) {
+    strided<GLU ? 1 : 2>(part * WARP, chunks, WARP * split, [&](int c, bool keep) {
       float q[32], d[4], m[4], q2[32], d2[4], m2[4];
       Chunk<T>::decode(w, r, c, q, d, m);
       if (GLU) Chunk<T>::decode(w2, r, c, q2, d2, m2);
       const float* xr = x + chunk_first(c);
-      acc[0] += chunk_dot<T>(q, d, m, xr);
-      if (GLU) acc2[0] += chunk_dot<T>(q2, d2, m2, xr);
-    }
+      const float v = chunk_dot<T>(q, d, m, xr), v2 = GLU ? chunk_dot<T>(q2, d2, m2, xr) : 0.0f;
+      acc[0] += keep ? v : 0.0f;
+      if (GLU) acc2[0] += keep ? v2 : 0.0f;
+    });
   } else {
   const int chunks = r < w.rows ? w.cols / 8 : 0;
-  // Unrolled so that several chunks' loads are in flight per lane: batch-1
-  // decode is bound by how many weight bytes are on their way from memory
-  // (with more tokens, their activations take the registers).
-#pragma unroll(NT == 1 ? 4 : 1)
-  for (int c = lane + part * WARP; c < chunks; c += WARP * split) {
+  // One token: four chunks a group, so that their loads are in flight
+  // together (batch-1 decode is bound by how many weight bytes are on their
+  // way from memory; with more tokens, their activations take the registers).
+  strided<NT == 1 ? (GLU || T == T_F32 ? 2 : 4) : 1>(part * WARP, chunks, WARP * split, [&](int c, bool keep) {
     float q[8], d, m, q2[8], d2 = 0.0f, m2 = 0.0f;
     decode8<T>(w, r, c, q, &d, &m);
     if (GLU) decode8<T>(w2, r, c, q2, &d2, &m2);
@@ -717,11 +756,12 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
         const float4* xp = (const float4*)(x + (size_t)t * w.cols + 8 * c);
         const float4 a = xp[0], b = xp[1];
         const float sum = (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
-        acc[t] += dot8<T>(q, d, m, a, b, sum);
-        if (GLU) acc2[t] += dot8<T>(q2, d2, m2, a, b, sum);
+        const float v = dot8<T>(q, d, m, a, b, sum), v2 = GLU ? dot8<T>(q2, d2, m2, a, b, sum) : 0.0f;
+        acc[t] += keep ? v : 0.0f;
+        if (GLU) acc2[t] += keep ? v2 : 0.0f;
       }
     }
-  }
+  });
   }
 #pragma unroll
   for (int t = 0; t < NT; t++) {
