@@ -37,10 +37,11 @@ macro_rules! entries {
 // Tile shapes: with AVX-512's 32 vector registers a 4 x 4 tile's 16
 // accumulators fit beside its operands; the k-quants also hold 4 x 2
 // integer sums. AVX2 has 16 registers, so half the tokens. The 32-value
-// block types take their tiles for single tokens only (4 x 1): from two
-// tokens on, their `batch` kernels are faster (`batch_kernel`).
+// block types take their tiles for single tokens only (4 x 1; Q4_0 its
+// 8-row `decode` kernel): from two tokens on, their `batch` kernels are
+// faster (`batch_kernel`).
 entries! {"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni":
-    q4_0_vnni = drive::<q32::Q32<q32::Q4_0, Vnni>, 4, 1>;
+    q4_0_vnni = q32::decode::<q32::Q4_0, Vnni>;
     q4_1_vnni = drive::<q32::Q32<q32::Q4_1, Vnni>, 4, 1>;
     q5_0_vnni = drive::<q32::Q32<q32::Q5_0, Vnni>, 4, 1>;
     q5_1_vnni = drive::<q32::Q32<q32::Q5_1, Vnni>, 4, 1>;
@@ -66,7 +67,7 @@ entries! {"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni":
 }
 
 entries! {"avx2,fma,f16c":
-    q4_0_avx2 = drive::<q32::Q32<q32::Q4_0, Avx2>, 4, 1>;
+    q4_0_avx2 = q32::decode::<q32::Q4_0, Avx2>;
     q4_1_avx2 = drive::<q32::Q32<q32::Q4_1, Avx2>, 4, 1>;
     q5_0_avx2 = drive::<q32::Q32<q32::Q5_0, Avx2>, 4, 1>;
     q5_1_avx2 = drive::<q32::Q32<q32::Q5_1, Avx2>, 4, 1>;
@@ -174,6 +175,11 @@ pub(crate) trait Dot {
     unsafe fn dot_u8i8(u: __m256i, s: __m256i) -> __m256i;
     /// `acc` plus [`Dot::dot_u8i8`].
     unsafe fn dot_u8i8_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i;
+    /// Eight rows' dots from four row pairs: `u[2k]` and `u[2k + 1]` hold
+    /// quants of rows 2k and 2k + 1 (`[2k | 2k + 1]`), unsigned and at
+    /// most `max_u`, against `s[2k]` and `s[2k + 1]`. Lane j of the result
+    /// is row `[0, 2, 4, 6, 1, 3, 5, 7][j]`'s sum, as the batch pass's.
+    unsafe fn dots8(u: &[__m256i; 8], s: &[__m256i; 8], max_u: i32) -> __m256i;
     /// Per 32-bit lane, the sum of [`Dot::dot_u8i8`] over eight pairs,
     /// whose unsigned bytes are at most `max_u`.
     unsafe fn dot_u8i8_8(u: &[__m256i; 8], s: &[__m256i; 8], max_u: i32) -> __m256i;
@@ -200,6 +206,45 @@ impl Dot for Avx2 {
     #[inline(always)]
     unsafe fn dot_u8i8_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         _mm256_add_epi32(acc, Self::dot_u8i8(u, s))
+    }
+
+    /// Where 16 products cannot pass i16 (quants up to 15), a pair's two
+    /// `vpmaddubsw` results add as i16 and two of the three horizontal
+    /// adds run on i16 too, leaving one `vpmaddwd` for all eight rows;
+    /// otherwise each pair widens to i32 first.
+    #[inline(always)]
+    unsafe fn dots8(u: &[__m256i; 8], s: &[__m256i; 8], max_u: i32) -> __m256i {
+        let ones = _mm256_set1_epi16(1);
+        let mut m = [_mm256_setzero_si256(); 4];
+        if 16 * 128 * max_u <= 32767 {
+            // Each i16 lane sums 4, then 8, then 16 products.
+            for k in 0..4 {
+                m[k] = _mm256_add_epi16(
+                    _mm256_maddubs_epi16(u[2 * k], s[2 * k]),
+                    _mm256_maddubs_epi16(u[2 * k + 1], s[2 * k + 1]),
+                );
+            }
+            let h = _mm256_hadd_epi16(_mm256_hadd_epi16(m[0], m[1]), _mm256_hadd_epi16(m[2], m[3]));
+            return _mm256_madd_epi16(h, ones);
+        }
+        for k in 0..4 {
+            m[k] = if 4 * 128 * max_u <= 32767 {
+                _mm256_madd_epi16(
+                    _mm256_add_epi16(
+                        _mm256_maddubs_epi16(u[2 * k], s[2 * k]),
+                        _mm256_maddubs_epi16(u[2 * k + 1], s[2 * k + 1]),
+                    ),
+                    ones,
+                )
+            } else {
+                Self::dot_u8i8_acc(
+                    Self::dot_u8i8(u[2 * k], s[2 * k]),
+                    u[2 * k + 1],
+                    s[2 * k + 1],
+                )
+            };
+        }
+        _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]))
     }
 
     /// Adds `vpmaddubsw` results as i16 while they cannot saturate
@@ -254,6 +299,21 @@ impl Dot for Vnni {
     #[inline(always)]
     unsafe fn dot_u8i8_acc(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
         _mm256_dpbusd_epi32(acc, u, s)
+    }
+
+    /// A pair's two halves accumulate in one `vpdpbusd` chain; three
+    /// horizontal adds leave one lane per row.
+    #[inline(always)]
+    unsafe fn dots8(u: &[__m256i; 8], s: &[__m256i; 8], _max_u: i32) -> __m256i {
+        let mut m = [_mm256_setzero_si256(); 4];
+        for k in 0..4 {
+            m[k] = _mm256_dpbusd_epi32(
+                Self::dot_u8i8(u[2 * k], s[2 * k]),
+                u[2 * k + 1],
+                s[2 * k + 1],
+            );
+        }
+        _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]))
     }
 
     /// Two chains of four, so a token's sum waits on four `vpdpbusd`

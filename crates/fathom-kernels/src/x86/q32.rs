@@ -13,6 +13,9 @@
 //! one FMA per block serve two rows; the scale vector is built once per
 //! block for all rows from one eight-wide f16 conversion.
 //!
+//! One token takes [`decode`] where it is wired (Q4_0): eight rows a
+//! tile, their dots reduced to one lane per row as in the batch pass.
+//!
 //! Their decode-batch [`Pass`] (several tokens, one weight stream)
 //! unpacks a block of eight rows once and applies it to every token; each
 //! integer result is one lane per row, so the float work per token is one
@@ -54,17 +57,38 @@ pub(crate) trait Block32 {
     /// Quants 0..16 of the blocks at `p0` and `p1`, then quants 16..32, as
     /// `[p0 | p1]` registers.
     unsafe fn pair<D: Dot>(p0: *const u8, p1: *const u8) -> (__m256i, __m256i);
+    /// [`Block32::pair`] in two steps, the loads and then the unpacking,
+    /// so a tile can load a block ahead in few registers.
+    #[inline(always)]
+    unsafe fn load_pair<D: Dot>(p0: *const u8, p1: *const u8) -> (__m256i, __m256i) {
+        Self::pair::<D>(p0, p1)
+    }
+    #[inline(always)]
+    unsafe fn unpack_pair(loaded: (__m256i, __m256i)) -> (__m256i, __m256i) {
+        loaded
+    }
 }
 
 /// The 16 nibble bytes at `p0` and `p1` as low nibbles `[p0 | p1]` and
 /// high nibbles `[p0 | p1]`.
 #[inline(always)]
 unsafe fn nibble_pair(p0: *const u8, p1: *const u8) -> (__m256i, __m256i) {
-    let v = _mm256_inserti128_si256(
+    split_nibbles(load_nibbles(p0, p1))
+}
+
+/// The 16 bytes at `p0` and `p1` as `[p0 | p1]`.
+#[inline(always)]
+unsafe fn load_nibbles(p0: *const u8, p1: *const u8) -> __m256i {
+    _mm256_inserti128_si256(
         _mm256_castsi128_si256(_mm_loadu_si128(p0 as *const __m128i)),
         _mm_loadu_si128(p1 as *const __m128i),
         1,
-    );
+    )
+}
+
+/// Low and high nibbles of `v`.
+#[inline(always)]
+unsafe fn split_nibbles(v: __m256i) -> (__m256i, __m256i) {
     let low4 = _mm256_set1_epi8(0x0f);
     (
         _mm256_and_si256(v, low4),
@@ -105,6 +129,14 @@ impl Block32 for Q4_0 {
     unsafe fn pair<D: Dot>(p0: *const u8, p1: *const u8) -> (__m256i, __m256i) {
         nibble_pair(p0.add(2), p1.add(2))
     }
+    #[inline(always)]
+    unsafe fn load_pair<D: Dot>(p0: *const u8, p1: *const u8) -> (__m256i, __m256i) {
+        (load_nibbles(p0.add(2), p1.add(2)), _mm256_setzero_si256())
+    }
+    #[inline(always)]
+    unsafe fn unpack_pair(loaded: (__m256i, __m256i)) -> (__m256i, __m256i) {
+        split_nibbles(loaded.0)
+    }
 }
 
 impl Block32 for Q4_1 {
@@ -114,6 +146,14 @@ impl Block32 for Q4_1 {
     #[inline(always)]
     unsafe fn pair<D: Dot>(p0: *const u8, p1: *const u8) -> (__m256i, __m256i) {
         nibble_pair(p0.add(4), p1.add(4))
+    }
+    #[inline(always)]
+    unsafe fn load_pair<D: Dot>(p0: *const u8, p1: *const u8) -> (__m256i, __m256i) {
+        (load_nibbles(p0.add(4), p1.add(4)), _mm256_setzero_si256())
+    }
+    #[inline(always)]
+    unsafe fn unpack_pair(loaded: (__m256i, __m256i)) -> (__m256i, __m256i) {
+        split_nibbles(loaded.0)
     }
 }
 
@@ -301,6 +341,111 @@ impl<B: Block32, D: Dot> Tile for Q32<B, D> {
         }
         out
     }
+}
+
+/// Blocks a row may hold for [`decode`] to keep its activation scales
+/// on the stack; longer rows take the 4-row tiles.
+const DECODE_BLOCKS: usize = 512;
+
+/// The one-token kernel: rows in tiles of eight, one lane each in
+/// [`LANE_ROWS`] order as in the [`Pass`], so the float work per block
+/// (one conversion, a product and two FMAs) serves eight rows rather than
+/// four; the activation scales are worked out once per call rather than
+/// per tile; and each block's weights are loaded one block ahead, so the
+/// dots do not wait on them (from memory that was most of the time).
+/// The last rows short of a tile take 1-row tiles.
+///
+/// # Safety
+/// As [`KernelFn`](crate::matmul::KernelFn).
+#[inline(always)]
+pub(crate) unsafe fn decode<B: Block32, D: Dot>(job: &Job, rows: Range<usize>) {
+    let nb = job.cols / 32;
+    if nb == 0 || nb > DECODE_BLOCKS {
+        return crate::matmul::drive::<Q32<B, D>, 4, 1>(job, rows);
+    }
+    let mut act = [MaybeUninit::<[f32; 2]>::uninit(); DECODE_BLOCKS];
+    let ahead = prefetch_distance(GROUP, job.w_stride);
+    for t in 0..job.n_tokens {
+        let a = job.a.add(t * job.a_stride);
+        for b in 0..nb {
+            let (dx, sx) = act_scales(a.add(b * Q8S_BYTES));
+            act[b].write([dx, sx]);
+        }
+        let act = act.as_ptr() as *const [f32; 2];
+        let out = job.out.add(t * job.out_stride);
+        let mut r = rows.start;
+        while r + GROUP <= rows.end {
+            let w = job.w.add(r * job.w_stride);
+            let v = tile8::<B, D>(w, job.w_stride, a, act, nb, ahead);
+            _mm256_storeu_ps(out.add(r), v);
+            r += GROUP;
+        }
+        while r < rows.end {
+            let w = job.w.add(r * job.w_stride);
+            *out.add(r) =
+                Q32::<B, D>::tile::<1, 1>(w, job.w_stride, a, job.a_stride, job.cols)[0][0];
+            r += 1;
+        }
+    }
+}
+
+/// Block `b` of eight rows: the scales and offsets in [`LANE_ROWS`] order
+/// and the row pairs' quants.
+#[inline(always)]
+unsafe fn load8<B: Block32, D: Dot>(
+    w: *const u8,
+    w_stride: usize,
+    b: usize,
+) -> ((__m256, __m256), [(__m256i, __m256i); 4]) {
+    let row = |r: usize| w.add(r * w_stride + b * B::BYTES);
+    let mut q = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 4];
+    for k in 0..4 {
+        q[k] = B::load_pair::<D>(row(2 * k), row(2 * k + 1));
+    }
+    (scales::<B>(&LANE_ROWS.map(row)), q)
+}
+
+/// Eight rows against one token whose activation scales are at `act`:
+/// each row pair's integer dot leaves four partial sums per row, which
+/// [`Dot::dots8`] turns into one lane per row.
+#[inline(always)]
+unsafe fn tile8<B: Block32, D: Dot>(
+    w: *const u8,
+    w_stride: usize,
+    a: *const u8,
+    act: *const [f32; 2],
+    nb: usize,
+    ahead: usize,
+) -> __m256 {
+    let signs = Signs::of::<B, D>();
+    let mut acc = _mm256_setzero_ps();
+    // The tile's rows are contiguous: prefetch the tile `ahead` a few
+    // lines a block, enough to cover it by its last block.
+    let lines = (GROUP * B::BYTES).div_ceil(64);
+    // Block b + 1's weights and scales are loaded while block b's are
+    // dotted (the last block loads itself again).
+    let mut next = load8::<B, D>(w, w_stride, 0);
+    for b in 0..nb {
+        for j in 0..lines {
+            prefetch_l2(w.wrapping_add(ahead + (b * lines + j) * 64));
+        }
+        let ((d, c), q) = next;
+        next = load8::<B, D>(w, w_stride, (b + 1).min(nb - 1));
+        let [dx, sx] = *act.add(b);
+        let x = a.add(b * Q8S_BYTES);
+        let xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(x.add(4) as *const __m128i));
+        let xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(x.add(20) as *const __m128i));
+        let mut u = [_mm256_setzero_si256(); 8];
+        let mut s = [_mm256_setzero_si256(); 8];
+        for k in 0..4 {
+            let (lo, hi) = B::unpack_pair(q[k]);
+            (u[2 * k], s[2 * k]) = (signs.unsigned(lo), signs.signed(xlo, lo));
+            (u[2 * k + 1], s[2 * k + 1]) = (signs.unsigned(hi), signs.signed(xhi, hi));
+        }
+        let i = D::dots8(&u, &s, B::MAX_U);
+        acc = add_block(acc, i, d, c, dx, sx, !signs.moved);
+    }
+    _mm256_permutevar8x32_ps(acc, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
 /// The row of each lane of the [`Pass`] registers: the 4 x 4 dword
