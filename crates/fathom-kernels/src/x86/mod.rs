@@ -37,15 +37,16 @@ macro_rules! entries {
 // Tile shapes: with AVX-512's 32 vector registers a 4 x 4 tile's 16
 // accumulators fit beside its operands; the k-quants also hold 4 x 2
 // integer sums. AVX2 has 16 registers, so half the tokens. The 32-value
-// block types take their tiles for single tokens only (4 x 1; Q4_0 its
-// 8-row `decode` kernel): from two tokens on, their `batch` kernels are
-// faster (`batch_kernel`).
+// block types take their 8-row `decode` kernel for single tokens (Q8_0 on
+// AVX2 its 4 x 1 tile: a block ahead of its sign-moved pairs does not fit
+// 16 registers): from two tokens on, their `batch` kernels are faster
+// (`batch_kernel`).
 entries! {"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni":
     q4_0_vnni = q32::decode::<q32::Q4_0, Vnni>;
-    q4_1_vnni = drive::<q32::Q32<q32::Q4_1, Vnni>, 4, 1>;
-    q5_0_vnni = drive::<q32::Q32<q32::Q5_0, Vnni>, 4, 1>;
-    q5_1_vnni = drive::<q32::Q32<q32::Q5_1, Vnni>, 4, 1>;
-    q8_0_vnni = drive::<q32::Q32<q32::Q8_0, Vnni>, 4, 1>;
+    q4_1_vnni = q32::decode::<q32::Q4_1, Vnni>;
+    q5_0_vnni = q32::decode::<q32::Q5_0, Vnni>;
+    q5_1_vnni = q32::decode::<q32::Q5_1, Vnni>;
+    q8_0_vnni = q32::decode::<q32::Q8_0, Vnni>;
     q4_k_vnni = drive::<kquant::K45<Vnni, false>, 4, 2>;
     q5_k_vnni = drive::<kquant::K45<Vnni, true>, 4, 2>;
     q2_k_vnni = drive::<kquant::K16<kquant::Q2K, Vnni>, 4, 2>;
@@ -68,9 +69,9 @@ entries! {"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni":
 
 entries! {"avx2,fma,f16c":
     q4_0_avx2 = q32::decode::<q32::Q4_0, Avx2>;
-    q4_1_avx2 = drive::<q32::Q32<q32::Q4_1, Avx2>, 4, 1>;
-    q5_0_avx2 = drive::<q32::Q32<q32::Q5_0, Avx2>, 4, 1>;
-    q5_1_avx2 = drive::<q32::Q32<q32::Q5_1, Avx2>, 4, 1>;
+    q4_1_avx2 = q32::decode::<q32::Q4_1, Avx2>;
+    q5_0_avx2 = q32::decode::<q32::Q5_0, Avx2>;
+    q5_1_avx2 = q32::decode::<q32::Q5_1, Avx2>;
     q8_0_avx2 = drive::<q32::Q32<q32::Q8_0, Avx2>, 4, 1>;
     q4_k_avx2 = drive::<kquant::K45<Avx2, false>, 2, 2>;
     q5_k_avx2 = drive::<kquant::K45<Avx2, true>, 2, 2>;

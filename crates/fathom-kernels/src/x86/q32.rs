@@ -13,8 +13,9 @@
 //! one FMA per block serve two rows; the scale vector is built once per
 //! block for all rows from one eight-wide f16 conversion.
 //!
-//! One token takes [`decode`] where it is wired (Q4_0): eight rows a
-//! tile, their dots reduced to one lane per row as in the batch pass.
+//! One token takes [`decode`] (all but Q8_0 on AVX2, which keeps the
+//! 4 x 1 tile): eight rows a tile, their dots reduced to one lane per row
+//! as in the batch pass.
 //!
 //! Their decode-batch [`Pass`] (several tokens, one weight stream)
 //! unpacks a block of eight rows once and applies it to every token; each
