@@ -796,6 +796,43 @@ impl CudaBackend {
         true
     }
 
+    /// The norm of `rows` rows of `x` (with `add` added into `x` first,
+    /// when given) into `out`, one launch of `rms_norm`; its output also as
+    /// x8 blocks when a loaded matrix reads them (`x8_out`).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_rows(
+        &mut self,
+        x: Buf,
+        add: Option<Buf>,
+        w: VectorId,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        out: Buf,
+    ) {
+        let (mut wp, wl) = self.vectors[w.0 as usize];
+        assert!(wl >= width, "rms_norm: {wl} weights for {width} values");
+        let bytes = rows * width * 4;
+        let mut xp = self.buf(x, bytes);
+        let mut ap = add.map_or(0, |a| self.buf(a, bytes));
+        let mut op = self.buf(out, bytes);
+        if rows == 0 || !self.ready() {
+            return;
+        }
+        let (mut eps, mut w) = (eps, width as i32);
+        let mut x8 = self.x8_out(rows, width);
+        let f = self.k.rms_norm;
+        self.launch(
+            f,
+            (rows as u32, 1, 1),
+            Self::norm_threads(width),
+            &mut args![xp, ap, wp, eps, w, op, x8],
+        );
+        if x8 != 0 {
+            self.x8_holds = Some((op, width));
+        }
+    }
+
     /// Device address of `b`, checked to hold `bytes`.
     fn buf(&self, b: Buf, bytes: usize) -> u64 {
         let (addr, size) = self.arena[b as usize]
@@ -1696,25 +1733,7 @@ impl Backend for CudaBackend {
     }
 
     fn rms_norm(&mut self, x: Buf, w: VectorId, eps: f32, rows: usize, width: usize, out: Buf) {
-        let (mut wp, wl) = self.vectors[w.0 as usize];
-        assert!(wl >= width, "rms_norm: {wl} weights for {width} values");
-        let mut xp = self.buf(x, rows * width * 4);
-        let mut op = self.buf(out, rows * width * 4);
-        if rows == 0 || !self.ready() {
-            return;
-        }
-        let (mut eps, mut w, mut no_add) = (eps, width as i32, 0u64);
-        let mut x8 = self.x8_out(rows, width);
-        let f = self.k.rms_norm;
-        self.launch(
-            f,
-            (rows as u32, 1, 1),
-            Self::norm_threads(width),
-            &mut args![xp, no_add, wp, eps, w, op, x8],
-        );
-        if x8 != 0 {
-            self.x8_holds = Some((op, width));
-        }
+        self.norm_rows(x, None, w, eps, rows, width, out);
     }
 
     fn head_norm(
@@ -1755,26 +1774,7 @@ impl Backend for CudaBackend {
         width: usize,
         out: Buf,
     ) {
-        let (mut wp, wl) = self.vectors[w.0 as usize];
-        assert!(wl >= width, "add_rms_norm: {wl} weights for {width} values");
-        let mut dp = self.buf(dst, rows * width * 4);
-        let mut sp = self.buf(src, rows * width * 4);
-        let mut op = self.buf(out, rows * width * 4);
-        if rows == 0 || !self.ready() {
-            return;
-        }
-        let (mut eps, mut w) = (eps, width as i32);
-        let mut x8 = self.x8_out(rows, width);
-        let f = self.k.rms_norm;
-        self.launch(
-            f,
-            (rows as u32, 1, 1),
-            Self::norm_threads(width),
-            &mut args![dp, sp, wp, eps, w, op, x8],
-        );
-        if x8 != 0 {
-            self.x8_holds = Some((op, width));
-        }
+        self.norm_rows(dst, Some(src), w, eps, rows, width, out);
     }
 
     /// One launch for one token through matrices of one type and width
