@@ -684,26 +684,25 @@ __device__ __forceinline__ float dot_x8(const Weights& w, int r, int c, const X8
   }
 }
 
-// step(c, keep) for c = base + lane, + stride, .. below n: U calls at a
+// step(c) for c = base + lane, + stride, .. below n: U calls at a
 // time with no exit test between them, then one at a time. A loop unrolled
 // by pragma keeps the exit test before each copy, and the compiler does not
 // move a copy's loads above it (the SASS had one chunk's weight loads in
 // flight per lane, whatever the unroll); in a group of U all U calls' loads
 // go out before any is used. U should divide a lane's usual count (a row
 // of 4,096 Q4_K values is 2 calls a lane; with groups of 4 and the calls
-// past the row dropped, Q4_K decode took 10% longer). keep is always true
-// here (a caller may pass it on to terms it could drop).
+// past the row dropped, Q4_K decode took 10% longer).
 template <int U, typename F>
 __device__ __forceinline__ void strided(int base, int n, int stride, F step) {
   int c = base + threadIdx.x % WARP;
   if constexpr (U > 1) {
     for (; c + (U - 1) * stride < n; c += U * stride) {
 #pragma unroll
-      for (int u = 0; u < U; u++) step(c + u * stride, true);
+      for (int u = 0; u < U; u++) step(c + u * stride);
     }
   }
 #pragma unroll 1
-  for (; c < n; c += stride) step(c, true);
+  for (; c < n; c += stride) step(c);
 }
 
 // X8: x is quantize_x8's blocks (one token, HasX8<T> types only).
@@ -722,31 +721,31 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
     constexpr int B = X8Task<T>::blocks;
     const uint8_t* x8 = (const uint8_t*)x;
     const int tasks = r < w.rows ? w.cols / (32 * B) : 0;
-    strided<(GLU || T == T_Q4_K) ? 2 : 4>(part * WARP, tasks, WARP * split, [&](int c, bool keep) {
+    strided<(GLU || T == T_Q4_K) ? 2 : 4>(part * WARP, tasks, WARP * split, [&](int c) {
       X8Block xb[B];
 #pragma unroll
       for (int i = 0; i < B; i++) xb[i] = x8_block(x8, X8Task<T>::block(c, i));
       const float v = dot_x8<T>(w, r, c, xb), v2 = GLU ? dot_x8<T>(w2, r, c, xb) : 0.0f;
-      acc[0] += keep ? v : 0.0f;
-      if (GLU) acc2[0] += keep ? v2 : 0.0f;
+      acc[0] += v;
+      if (GLU) acc2[0] += v2;
     });
   } else if constexpr (Chunk<T>::value && NT == 1) {
     const int chunks = r < w.rows ? w.cols / 32 : 0;
-    strided<GLU ? 1 : 2>(part * WARP, chunks, WARP * split, [&](int c, bool keep) {
+    strided<GLU ? 1 : 2>(part * WARP, chunks, WARP * split, [&](int c) {
       float q[32], d[4], m[4], q2[32], d2[4], m2[4];
       Chunk<T>::decode(w, r, c, q, d, m);
       if (GLU) Chunk<T>::decode(w2, r, c, q2, d2, m2);
       const float* xr = x + chunk_first(c);
       const float v = chunk_dot<T>(q, d, m, xr), v2 = GLU ? chunk_dot<T>(q2, d2, m2, xr) : 0.0f;
-      acc[0] += keep ? v : 0.0f;
-      if (GLU) acc2[0] += keep ? v2 : 0.0f;
+      acc[0] += v;
+      if (GLU) acc2[0] += v2;
     });
   } else {
   const int chunks = r < w.rows ? w.cols / 8 : 0;
   // One token: four chunks a group, so that their loads are in flight
   // together (batch-1 decode is bound by how many weight bytes are on their
   // way from memory; with more tokens, their activations take the registers).
-  strided<NT == 1 ? (GLU || T == T_F32 ? 2 : 4) : 1>(part * WARP, chunks, WARP * split, [&](int c, bool keep) {
+  strided<NT == 1 ? (GLU || T == T_F32 ? 2 : 4) : 1>(part * WARP, chunks, WARP * split, [&](int c) {
     float q[8], d, m, q2[8], d2 = 0.0f, m2 = 0.0f;
     decode8<T>(w, r, c, q, &d, &m);
     if (GLU) decode8<T>(w2, r, c, q2, &d2, &m2);
@@ -757,8 +756,8 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
         const float4 a = xp[0], b = xp[1];
         const float sum = (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
         const float v = dot8<T>(q, d, m, a, b, sum), v2 = GLU ? dot8<T>(q2, d2, m2, a, b, sum) : 0.0f;
-        acc[t] += keep ? v : 0.0f;
-        if (GLU) acc2[t] += keep ? v2 : 0.0f;
+        acc[t] += v;
+        if (GLU) acc2[t] += v2;
       }
     }
   });
