@@ -705,7 +705,9 @@ pub(crate) mod tests {
 
     /// Decode-batch sizes (1..=17, 33, 64 and one past a token block)
     /// on every kernel family, with row counts that leave part groups
-    /// and passes and widths of an odd number of blocks: each output
+    /// and passes, widths of an odd number of blocks, and rows long enough
+    /// (129 blocks) that `q32::batch` walks them in up to three runs of
+    /// activation scales at 33 tokens and more: each output
     /// within the quantization bound of the f32 product, each SIMD output
     /// within float reordering of the portable one and equal bit for bit
     /// to its token's output alone (sequences decoded together give what
@@ -718,11 +720,11 @@ pub(crate) mod tests {
         let counts: Vec<usize> = (1..=17).chain([33, 64, 65]).collect();
         for ty in WeightType::ALL {
             let widths = if ty.block_elems() == 256 {
-                [768, 256]
+                [768, 256, 4352]
             } else {
-                [96, 224]
+                [96, 224, 4128]
             };
-            for (rows, cols) in [(19, widths[0]), (300, widths[1])] {
+            for (rows, cols) in [(19, widths[0]), (300, widths[1]), (11, widths[2])] {
                 let w = random_weights(ty, rows, cols, &mut rng);
                 let weights = Weights {
                     ty,

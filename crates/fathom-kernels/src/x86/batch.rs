@@ -1,6 +1,7 @@
-//! The decode-batch kernels' shared frame: rows in groups of eight, one
-//! 32-bit lane each, passes of a few groups, tokens in blocks of
-//! [`TOKEN_BLOCK`]. A weight type's [`Pass`] unpacks a block of a group
+//! The k-quants' decode-batch frame, and the register helpers the 32-value
+//! types' `q32::batch` shares: rows in groups of eight, one 32-bit lane
+//! each, passes of a few groups, tokens in blocks of [`TOKEN_BLOCK`]. A
+//! weight type's [`Pass`] unpacks a block of a group
 //! once, turned so register k holds quant dword k of all eight rows, and
 //! applies it to every token with the token's dword broadcast: each
 //! integer result is then one lane per row, so the float work per token
@@ -17,11 +18,6 @@ pub(crate) const GROUP: usize = 8;
 /// Groups per pass: a pass walks the blocks once and, per block, reads the
 /// tokens' activation headers once for all its groups.
 pub(crate) const PASS_GROUPS: usize = 4;
-
-/// How far ahead in a row a pass prefetches weights, in bytes: a pass
-/// reads its rows side by side, more streams than the hardware prefetcher
-/// follows, and it stops at each 4 KiB page of the mmap.
-pub(crate) const PREFETCH_AHEAD: usize = 128;
 
 /// One pass of a decode-batch kernel: `rows` (at most
 /// `GROUP * PASS_GROUPS`) against `tokens` (at most `TOKEN_BLOCK`).

@@ -17,19 +17,16 @@
 //! 4 x 1 tile): eight rows a tile, their dots reduced to one lane per row
 //! as in the batch pass.
 //!
-//! Their decode-batch [`Pass`] (several tokens, one weight stream)
-//! unpacks a block of eight rows once and applies it to every token; each
-//! integer result is one lane per row, so the float work per token is one
-//! conversion and two FMAs for eight rows rather than per row pair.
+//! Several tokens take [`batch`] (one weight stream): a block of eight
+//! rows unpacked once and applied to every token; each integer result is
+//! one lane per row, so the float work per token is one conversion and two
+//! FMAs for eight rows rather than per row pair.
 
 // Tiles index several arrays by the same row, token or block index;
 // iterator chains would hide that the indices line up.
 #![allow(clippy::needless_range_loop)]
 
-use super::batch::{
-    dwords, f16_halves, group_rows, transpose4, AccumulatorStore, Accumulators, Pass, GROUP,
-    PASS_GROUPS, PREFETCH_AHEAD,
-};
+use super::batch::{dwords, f16_halves, transpose4, GROUP};
 use super::{prefetch_distance, prefetch_l2, Dot};
 use crate::matmul::{Job, Tile, TOKEN_BLOCK};
 use crate::quant::Q8S_BYTES;
@@ -243,7 +240,13 @@ impl Signs {
 /// first bytes are at `p`, lane i from `p[i]`.
 #[inline(always)]
 unsafe fn scales<B: Block32>(p: &[*const u8; GROUP]) -> (__m256, __m256) {
-    let (d, m) = f16_halves(dwords(p, 0));
+    scales_of::<B>(dwords(p, 0))
+}
+
+/// [`scales`] from the blocks' first dwords.
+#[inline(always)]
+unsafe fn scales_of<B: Block32>(bits: __m256i) -> (__m256, __m256) {
+    let (d, m) = f16_halves(bits);
     let c = match B::OFFSET {
         Offset::None => _mm256_mul_ps(d, _mm256_set1_ps(-128.0)),
         Offset::Scaled(k) => _mm256_mul_ps(d, _mm256_set1_ps(k)),
@@ -349,7 +352,7 @@ impl<B: Block32, D: Dot> Tile for Q32<B, D> {
 const DECODE_BLOCKS: usize = 512;
 
 /// The one-token kernel: rows in tiles of eight, one lane each in
-/// [`LANE_ROWS`] order as in the [`Pass`], so the float work per block
+/// [`LANE_ROWS`] order as in [`batch`], so the float work per block
 /// (one conversion, a product and two FMAs) serves eight rows rather than
 /// four; the activation scales are worked out once per call rather than
 /// per tile; and each block's weights are loaded one block ahead, so the
@@ -449,72 +452,174 @@ unsafe fn tile8<B: Block32, D: Dot>(
     _mm256_permutevar8x32_ps(acc, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
 }
 
-/// The row of each lane of the [`Pass`] registers: the 4 x 4 dword
+/// The row of each lane of [`batch`]'s registers: the 4 x 4 dword
 /// transpose of row pairs leaves the pairs' first rows in the low half.
 const LANE_ROWS: [usize; GROUP] = [0, 2, 4, 6, 1, 3, 5, 7];
 
-/// The decode-batch pass of block layout `B` with integer dot `D`.
-impl<B: Block32, D: Dot> Pass for Q32<B, D> {
-    #[inline(always)]
-    unsafe fn pass(job: &Job, rows: Range<usize>, tokens: Range<usize>) {
+/// Activation scales [`batch`] keeps on the stack: `[d_x, d_x S]` for
+/// each block of a run of blocks and each token of a token block (32 KiB:
+/// 64 blocks, 2,048 values, at 64 tokens).
+const RUN_SCALES: usize = 4096;
+
+/// The decode-batch kernel (several tokens, one weight stream): each
+/// group of eight rows walks its blocks once per token block, each block
+/// unpacked once, turned so register k holds quant dword k of the eight
+/// rows, and applied to every token with the token's dword broadcast, so
+/// the float work per token is one conversion and two FMAs for eight
+/// rows. The next block's weights are loaded while a block's tokens run,
+/// and the tokens' activation scales are worked out once per run of
+/// blocks rather than per group.
+///
+/// Rows longer than one run of scales are walked a run at a time, every
+/// group's sums parked in `out` between runs: f32 stores and loads are
+/// exact, so a row's sum is the same float operations in the same order
+/// as in one walk, and as in [`decode`].
+///
+/// # Safety
+/// As [`KernelFn`](crate::matmul::KernelFn).
+#[inline(always)]
+pub(crate) unsafe fn batch<B: Block32, D: Dot>(job: &Job, rows: Range<usize>) {
+    let nb = job.cols / 32;
+    let mut act = [MaybeUninit::<[f32; 2]>::uninit(); RUN_SCALES];
+    let mut t0 = 0;
+    while t0 < job.n_tokens {
+        let tokens = t0..(t0 + TOKEN_BLOCK).min(job.n_tokens);
         let nt = tokens.len();
-        let groups = rows.len().div_ceil(GROUP);
-        let signs = Signs::of::<B, D>();
-        // Weights are prefetched into L2 ahead in their row, and the next
-        // pass's first lines while this one starts.
-        let next_pass = GROUP * PASS_GROUPS * job.w_stride;
-        let lead_blocks = PREFETCH_AHEAD.div_ceil(B::BYTES);
-        let a = job.a.add(tokens.start * job.a_stride);
-        let mut store: AccumulatorStore = [[MaybeUninit::uninit(); TOKEN_BLOCK]; PASS_GROUPS];
-        let mut acc = Accumulators::new(&mut store, groups, nt);
-        // Per token, this block's activation scale d_x and d_x times its sum.
-        let mut dx = [0.0f32; TOKEN_BLOCK];
-        let mut sx = [0.0f32; TOKEN_BLOCK];
-        for b in 0..job.cols / 32 {
-            for t in 0..nt {
-                (dx[t], sx[t]) = act_scales(a.add(t * job.a_stride + b * Q8S_BYTES));
-            }
-            for g in 0..groups {
-                let ptrs = group_rows(job, &rows, g, b, B::BYTES);
-                for p in ptrs {
-                    prefetch_l2(p.wrapping_add(PREFETCH_AHEAD));
-                    if b < lead_blocks {
-                        prefetch_l2(p.wrapping_add(next_pass));
-                    }
-                }
-                let mut lo = [_mm256_setzero_si256(); 4];
-                let mut hi = [_mm256_setzero_si256(); 4];
-                for p in 0..4 {
-                    (lo[p], hi[p]) = B::pair::<D>(ptrs[2 * p], ptrs[2 * p + 1]);
-                }
-                // Register k: quants 4k..4k+4 of the rows in `LANE_ROWS` order.
-                let (w03, w47) = (transpose4(lo), transpose4(hi));
-                let w = [
-                    w03[0], w03[1], w03[2], w03[3], w47[0], w47[1], w47[2], w47[3],
-                ];
-                let (d, c) = scales::<B>(&LANE_ROWS.map(|r| ptrs[r]));
-                let mut u = w;
-                for k in 0..8 {
-                    u[k] = signs.unsigned(w[k]);
-                }
+        let run = RUN_SCALES / nt;
+        let mut b0 = 0;
+        while b0 < nb {
+            let blocks = b0..(b0 + run).min(nb);
+            // Block-major, so a block's tokens are adjacent.
+            for b in blocks.clone() {
                 for t in 0..nt {
-                    let x = a.add(t * job.a_stride + b * Q8S_BYTES + 4) as *const i32;
-                    let mut s = [_mm256_setzero_si256(); 8];
-                    for k in 0..8 {
-                        s[k] = signs.signed(_mm256_set1_epi32(x.add(k).read_unaligned()), w[k]);
-                    }
-                    let i = D::dot_u8i8_8(&u, &s, B::MAX_U);
-                    let v = add_block(acc.get(g, t), i, d, c, dx[t], sx[t], !signs.moved);
-                    acc.set(g, t, v);
+                    let p = job.a.add((t0 + t) * job.a_stride + b * Q8S_BYTES);
+                    let (dx, sx) = act_scales(p);
+                    act[(b - b0) * nt + t].write([dx, sx]);
+                }
+            }
+            let act = act.as_ptr() as *const [f32; 2];
+            let mut r = rows.start;
+            while r < rows.end {
+                let n = (rows.end - r).min(GROUP);
+                group::<B, D>(job, r, n, &tokens, &blocks, act);
+                r += GROUP;
+            }
+            b0 = blocks.end;
+        }
+        t0 = tokens.end;
+    }
+}
+
+/// Rows `r0..r0 + n` (`n <= GROUP`; a short group repeats its last row and
+/// keeps only its own lanes) against `tokens` over `blocks`, whose scales
+/// are at `act` (block-major). Sums start at zero on a row's first block
+/// and from `out` after that.
+#[inline(always)]
+unsafe fn group<B: Block32, D: Dot>(
+    job: &Job,
+    r0: usize,
+    n: usize,
+    tokens: &Range<usize>,
+    blocks: &Range<usize>,
+    act: *const [f32; 2],
+) {
+    let nt = tokens.len();
+    let signs = Signs::of::<B, D>();
+    let w = job.w.add(r0 * job.w_stride);
+    let mut off = [0usize; GROUP];
+    for i in 0..GROUP {
+        off[i] = i.min(n - 1) * job.w_stride;
+    }
+    let out = |t: usize| job.out.add((tokens.start + t) * job.out_stride + r0);
+    let mut store = [MaybeUninit::<__m256>::uninit(); TOKEN_BLOCK];
+    for t in 0..nt {
+        store[t].write(if blocks.start == 0 {
+            _mm256_setzero_ps()
+        } else {
+            let mut lanes = [0.0f32; GROUP];
+            std::ptr::copy_nonoverlapping(out(t), lanes.as_mut_ptr(), n);
+            let v = _mm256_loadu_ps(lanes.as_ptr());
+            _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7))
+        });
+    }
+    let acc = store.as_mut_ptr() as *mut __m256;
+    // The next group's rows, this run of their blocks, are prefetched a
+    // few lines a block: enough to cover them by this group's last block.
+    let lines = (GROUP * B::BYTES).div_ceil(64);
+    let run_bytes = blocks.len() * B::BYTES;
+    let next = w.wrapping_add(GROUP * job.w_stride + blocks.start * B::BYTES);
+    let (mut ahead_row, mut ahead_at) = (0, 0);
+    // Block b + 1's quants and scale bits are loaded while block b's
+    // tokens run (the last block loads itself again).
+    let load = |b: usize| load_group::<B, D>(w, &off, b);
+    let mut loaded = load(blocks.start);
+    for b in blocks.clone() {
+        for _ in 0..lines {
+            if ahead_row < GROUP {
+                prefetch_l2(next.wrapping_add(ahead_row * job.w_stride + ahead_at));
+                ahead_at += 64;
+                if ahead_at >= run_bytes {
+                    (ahead_row, ahead_at) = (ahead_row + 1, 0);
                 }
             }
         }
-        // Lane j holds row LANE_ROWS[j]; put rows in order.
-        acc.store(
-            job,
-            &rows,
-            &tokens,
-            _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7),
-        );
+        let (q, bits) = loaded;
+        loaded = load((b + 1).min(blocks.end - 1));
+        let mut lo = [_mm256_setzero_si256(); 4];
+        let mut hi = [_mm256_setzero_si256(); 4];
+        for p in 0..4 {
+            (lo[p], hi[p]) = B::unpack_pair(q[p]);
+        }
+        // Register k: quants 4k..4k+4 of the rows in `LANE_ROWS` order.
+        let (w03, w47) = (transpose4(lo), transpose4(hi));
+        let wq = [
+            w03[0], w03[1], w03[2], w03[3], w47[0], w47[1], w47[2], w47[3],
+        ];
+        let (d, c) = scales_of::<B>(bits);
+        let mut u = wq;
+        for k in 0..8 {
+            u[k] = signs.unsigned(wq[k]);
+        }
+        let act = act.add((b - blocks.start) * nt);
+        let a = job.a.add(tokens.start * job.a_stride + b * Q8S_BYTES + 4);
+        for t in 0..nt {
+            let x = a.add(t * job.a_stride) as *const i32;
+            let mut s = [_mm256_setzero_si256(); 8];
+            for k in 0..8 {
+                s[k] = signs.signed(_mm256_set1_epi32(x.add(k).read_unaligned()), wq[k]);
+            }
+            let i = D::dot_u8i8_8(&u, &s, B::MAX_U);
+            let [dx, sx] = *act.add(t);
+            *acc.add(t) = add_block(*acc.add(t), i, d, c, dx, sx, !signs.moved);
+        }
     }
+    // Lane j holds row LANE_ROWS[j]; put rows in order.
+    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for t in 0..nt {
+        let v = _mm256_permutevar8x32_ps(*acc.add(t), order);
+        if n == GROUP {
+            _mm256_storeu_ps(out(t), v);
+        } else {
+            let mut lanes = [0.0f32; GROUP];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+            std::ptr::copy_nonoverlapping(lanes.as_ptr(), out(t), n);
+        }
+    }
+}
+
+/// Block `b` of the rows at `w` plus `off`: the row pairs' quants as
+/// [`Block32::load_pair`] leaves them, and the blocks' first dwords in
+/// [`LANE_ROWS`] order.
+#[inline(always)]
+unsafe fn load_group<B: Block32, D: Dot>(
+    w: *const u8,
+    off: &[usize; GROUP],
+    b: usize,
+) -> ([(__m256i, __m256i); 4], __m256i) {
+    let ptrs = off.map(|o| w.add(o + b * B::BYTES));
+    let mut q = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 4];
+    for p in 0..4 {
+        q[p] = B::load_pair::<D>(ptrs[2 * p], ptrs[2 * p + 1]);
+    }
+    (q, dwords(&LANE_ROWS.map(|r| ptrs[r]), 0))
 }
