@@ -1,6 +1,7 @@
-//! aarch64 NEON kernels: tiles for Q4_0, Q4_1 and Q8_0 weights against
-//! `Q8S` activations and for Q4_K and Q6_K against `Q8K`, and the two
-//! activation quantizers; every other type runs the portable kernel.
+//! aarch64 NEON kernels: tiles for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0
+//! weights against `Q8S` activations and for Q4_K and Q6_K against
+//! `Q8K`, and the two activation quantizers; every other type runs the
+//! portable kernel.
 //!
 //! NEON is part of the aarch64 baseline, so nothing here needs run-time
 //! detection; functions are `unsafe` because raw pointers must cover the
@@ -8,9 +9,10 @@
 //!
 //! As on x86 (`x86::q32`), a block's contribution is
 //! `d_w d_x I + c_w d_x S`: `I` the integer dot of the weight quants
-//! (Q4's unsigned nibbles, Q8_0's signed bytes) with the activation
-//! quants, `S` the activations' quant sum, `c_w` the weight offset
-//! (-8 d for Q4_0, the min for Q4_1, none for Q8_0). `I` comes from
+//! (Q4's unsigned nibbles; Q5's, plus 16 where the block's `qh` bit is
+//! set; Q8_0's signed bytes) with the activation quants, `S` the
+//! activations' quant sum, `c_w` the weight offset (-8 d for Q4_0, -16 d
+//! for Q5_0, the min for Q4_1 and Q5_1, none for Q8_0). `I` comes from
 //! `smull` (i8 x i8 -> i16, exact: |w x| <= 128 * 127) and `sadalp`
 //! (pairwise into i32); `sdot` would need the unstable `dotprod`
 //! intrinsics. One vector lane per weight row carries the float
@@ -78,8 +80,26 @@ unsafe fn nibbles(p: *const u8) -> (int8x16_t, int8x16_t) {
     )
 }
 
+/// Adds the fifth bits of a Q5 block, bit j of the little-endian u32 at
+/// `qh` going to quant j as 16, to its [`nibbles`].
+#[inline(always)]
+unsafe fn fifth_bits(q: (int8x16_t, int8x16_t), qh: *const u8) -> (int8x16_t, int8x16_t) {
+    // Each of the four bytes spread over eight lanes, lane k of a byte
+    // testing its bit k.
+    let h = vreinterpretq_u8_u32(vdupq_n_u32((qh as *const u32).read_unaligned()));
+    let byte = |i: u8| vcombine_u8(vdup_n_u8(i), vdup_n_u8(i + 1));
+    let bit = vreinterpretq_u8_u64(vdupq_n_u64(0x8040_2010_0804_0201));
+    let add = |q: int8x16_t, first: u8| {
+        let set = vtstq_u8(vqtbl1q_u8(h, byte(first)), bit);
+        vorrq_s8(q, vreinterpretq_s8_u8(vandq_u8(set, vdupq_n_u8(0x10))))
+    };
+    (add(q.0, 0), add(q.1, 2))
+}
+
 struct Q4_0;
 struct Q4_1;
+struct Q5_0;
+struct Q5_1;
 struct Q8_0;
 
 impl Block32 for Q4_0 {
@@ -107,6 +127,38 @@ impl Block32 for Q4_1 {
     #[inline(always)]
     unsafe fn quants(p: *const u8) -> (int8x16_t, int8x16_t) {
         nibbles(p.add(4))
+    }
+    #[inline(always)]
+    unsafe fn halves(p: *const u8) -> [u16; 2] {
+        (p as *const [u16; 2]).read_unaligned()
+    }
+}
+
+impl Block32 for Q5_0 {
+    const BYTES: usize = 22;
+    const OFFSET: bool = true;
+    #[inline(always)]
+    unsafe fn quants(p: *const u8) -> (int8x16_t, int8x16_t) {
+        fifth_bits(nibbles(p.add(6)), p.add(2))
+    }
+    #[inline(always)]
+    unsafe fn halves(p: *const u8) -> [u16; 2] {
+        [(p as *const u16).read_unaligned(), 0]
+    }
+    /// `c = -16 d`.
+    #[inline(always)]
+    unsafe fn scales(h: [[u16; 2]; 4]) -> (float32x4_t, float32x4_t) {
+        let d = f16x4(h.map(|v| v[0]));
+        (d, vmulq_n_f32(d, -16.0))
+    }
+}
+
+impl Block32 for Q5_1 {
+    const BYTES: usize = 24;
+    const OFFSET: bool = true;
+    #[inline(always)]
+    unsafe fn quants(p: *const u8) -> (int8x16_t, int8x16_t) {
+        fifth_bits(nibbles(p.add(8)), p.add(4))
     }
     #[inline(always)]
     unsafe fn halves(p: *const u8) -> [u16; 2] {
@@ -348,6 +400,14 @@ unsafe fn q4_1(job: &Job, rows: Range<usize>) {
     drive::<Q32<Q4_1>, 4, 4>(job, rows)
 }
 
+unsafe fn q5_0(job: &Job, rows: Range<usize>) {
+    drive::<Q32<Q5_0>, 4, 4>(job, rows)
+}
+
+unsafe fn q5_1(job: &Job, rows: Range<usize>) {
+    drive::<Q32<Q5_1>, 4, 4>(job, rows)
+}
+
 unsafe fn q8_0(job: &Job, rows: Range<usize>) {
     drive::<Q32<Q8_0>, 4, 4>(job, rows)
 }
@@ -419,6 +479,8 @@ pub(crate) fn kernel(isa: Isa, ty: WeightType) -> Option<KernelFn> {
     let k: KernelFn = match ty {
         WeightType::Q4_0 => q4_0,
         WeightType::Q4_1 => q4_1,
+        WeightType::Q5_0 => q5_0,
+        WeightType::Q5_1 => q5_1,
         WeightType::Q8_0 => q8_0,
         WeightType::Q4_K => q4_k,
         WeightType::Q6_K => q6_k,
