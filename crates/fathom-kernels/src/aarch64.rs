@@ -1,5 +1,5 @@
 //! aarch64 NEON kernels: tiles for Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0
-//! weights against `Q8S` activations and for Q4_K and Q6_K against
+//! weights against `Q8S` activations and for Q4_K, Q5_K and Q6_K against
 //! `Q8K`, and the two activation quantizers; every other type runs the
 //! portable kernel.
 //!
@@ -275,11 +275,15 @@ unsafe fn dot16(w: int8x16_t, x: *const u8) -> int32x4_t {
     vpadalq_s16(s, vmull_high_s8(w, x))
 }
 
-struct Q4K;
+/// Q4_K and Q5_K (`FIVE`): the same scales, mins and nibble order, Q5_K
+/// adding a fifth bit per value from its 32 `qh` bytes.
+struct K45<const FIVE: bool>;
+type Q4K = K45<false>;
+type Q5K = K45<true>;
 struct Q6K;
 
-impl Block256 for Q4K {
-    const BYTES: usize = 144;
+impl<const FIVE: bool> Block256 for K45<FIVE> {
+    const BYTES: usize = if FIVE { 176 } else { 144 };
     #[inline(always)]
     unsafe fn scales(w: *const u8) -> (f32, f32) {
         let [d, dmin] = (w as *const [u16; 2]).read_unaligned();
@@ -287,15 +291,36 @@ impl Block256 for Q4K {
     }
 
     /// 64 values per run of 32 bytes: low nibbles are sub-block 2c, high
-    /// nibbles 2c + 1.
+    /// nibbles 2c + 1; for Q5_K, bit s of `qh[l]` is the fifth bit of
+    /// value l of sub-block s.
     #[inline(always)]
     unsafe fn dots<const T: usize>(w: *const u8, a: [*const u8; T]) -> [(i32, i32); T] {
         let (sc, m) = k4_scales(&*(w.add(4) as *const [u8; 12]));
+        let qs = w.add(if FIVE { 48 } else { 16 });
+        let qh = if FIVE {
+            [vld1q_u8(w.add(16)), vld1q_u8(w.add(32))]
+        } else {
+            [vdupq_n_u8(0); 2]
+        };
+        // Nibbles `v` with sub-block s's fifth bits from `qh[k]` as 16.
+        let five = |v: uint8x16_t, k: usize, s: usize| {
+            if FIVE {
+                let high = vshlq_u8(qh[k], vdupq_n_s8(4 - s as i8));
+                vorrq_u8(v, vandq_u8(high, vdupq_n_u8(0x10)))
+            } else {
+                v
+            }
+        };
         let mut acc = [vdupq_n_s32(0); T];
         for c in 0..4 {
-            let q = [vld1q_u8(w.add(16 + 32 * c)), vld1q_u8(w.add(32 + 32 * c))];
-            let lo = q.map(|v| vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f))));
-            let hi = q.map(|v| vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)));
+            let q = [vld1q_u8(qs.add(32 * c)), vld1q_u8(qs.add(16 + 32 * c))];
+            let lo: [int8x16_t; 2] = std::array::from_fn(|k| {
+                let v = vandq_u8(q[k], vdupq_n_u8(0x0f));
+                vreinterpretq_s8_u8(five(v, k, 2 * c))
+            });
+            let hi: [int8x16_t; 2] = std::array::from_fn(|k| {
+                vreinterpretq_s8_u8(five(vshrq_n_u8::<4>(q[k]), k, 2 * c + 1))
+            });
             for t in 0..T {
                 let x = a[t].add(4 + 64 * c);
                 let l = vaddq_s32(dot16(lo[0], x), dot16(lo[1], x.add(16)));
@@ -418,6 +443,10 @@ unsafe fn q4_k(job: &Job, rows: Range<usize>) {
     drive::<K256<Q4K>, 1, 4>(job, rows)
 }
 
+unsafe fn q5_k(job: &Job, rows: Range<usize>) {
+    drive::<K256<Q5K>, 1, 4>(job, rows)
+}
+
 unsafe fn q6_k(job: &Job, rows: Range<usize>) {
     drive::<K256<Q6K>, 1, 4>(job, rows)
 }
@@ -483,6 +512,7 @@ pub(crate) fn kernel(isa: Isa, ty: WeightType) -> Option<KernelFn> {
         WeightType::Q5_1 => q5_1,
         WeightType::Q8_0 => q8_0,
         WeightType::Q4_K => q4_k,
+        WeightType::Q5_K => q5_k,
         WeightType::Q6_K => q6_k,
         _ => return None,
     };
