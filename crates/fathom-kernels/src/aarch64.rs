@@ -518,3 +518,52 @@ pub(crate) fn kernel(isa: Isa, ty: WeightType) -> Option<KernelFn> {
     };
     Some(k)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::matmul::tests::{random_activations, random_weights, Rng};
+    use crate::matmul::{activation_row_bytes, matmul_with};
+    use crate::{Pool, Weights};
+
+    /// The module doc's promise for the k-quant tiles, which the
+    /// every-ISA tests only hold to float reordering: their outputs equal
+    /// the portable kernel's bit for bit, over ragged row and token tiles.
+    #[test]
+    fn k_quant_tiles_equal_portable_bit_for_bit() {
+        let pool = Pool::new(1);
+        let mut rng = Rng::new(4);
+        for ty in [WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K] {
+            assert!(kernel(Isa::Neon, ty).is_some(), "{}", ty.name());
+            for (rows, cols, n) in [(5, 256, 1), (7, 768, 6), (3, 512, 9)] {
+                let w = random_weights(ty, rows, cols, &mut rng);
+                let x = random_activations(n * cols, &mut rng);
+                let weights = Weights {
+                    ty,
+                    rows,
+                    cols,
+                    data: &w,
+                };
+                let run = |isa| {
+                    let mut out = vec![f32::NAN; n * rows];
+                    let mut q = vec![0u8; n * activation_row_bytes(ty, cols)];
+                    matmul_with(isa, &pool, &weights, &x, n, &mut out, &mut q);
+                    out
+                };
+                let (neon, portable) = (run(Isa::Neon), run(Isa::Portable));
+                for i in 0..neon.len() {
+                    assert_eq!(
+                        neon[i].to_bits(),
+                        portable[i].to_bits(),
+                        "{} {rows}x{cols}x{n} [{}][{}]: {} vs portable {}",
+                        ty.name(),
+                        i / rows,
+                        i % rows,
+                        neon[i],
+                        portable[i]
+                    );
+                }
+            }
+        }
+    }
+}
