@@ -8,8 +8,8 @@
 //!
 //! Every kernel has a portable Rust path; on x86-64 an AVX2 (+FMA, F16C)
 //! path and an AVX-512 VNNI path are chosen at run time, once, and on
-//! aarch64 NEON matmul tiles for Q4_0, Q4_1, Q8_0, Q4_K and Q6_K
-//! (`FATHOM_ISA` forces one: [`selected_isa`]). The SIMD paths compute
+//! aarch64 NEON matmul tiles for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K
+//! and Q6_K (`FATHOM_ISA` forces one: [`selected_isa`]). The SIMD paths compute
 //! the same integer dot products as the portable one and differ from it
 //! only in the order of float additions, which the tests check.
 
