@@ -126,23 +126,30 @@ fn q8_0_kv_cache_stays_close_to_f16() {
         max_tokens_per_step: 64,
         ..inputs(300, kv)
     };
-    let mut f16 = engine(&model, small_steps(KvDtype::F16), None);
-    let mut q8 = engine(&model, small_steps(KvDtype::Q8_0), None);
-    let prompt = f16.tokenizer.encode(
-        &"Once upon a time, there was a little fox. ".repeat(20),
-        true,
-        true,
-    );
-    let a = f16.logits(&prompt).unwrap().to_vec();
-    let b = q8.logits(&prompt).unwrap().to_vec();
-    let agreement = compare(&b, &a);
-    println!("q8_0 vs f16 KV: {agreement:?}");
-    assert!(agreement.max_rel > 0.0, "the q8_0 cache was read");
+    let logits = |kv| {
+        let mut e = engine(&model, small_steps(kv), None);
+        let prompt = e.tokenizer.encode(
+            &"Once upon a time, there was a little fox. ".repeat(20),
+            true,
+            true,
+        );
+        e.logits(&prompt).unwrap().to_vec()
+    };
+    let f32_kv = logits(KvDtype::F32);
+    let f16 = compare(&logits(KvDtype::F16), &f32_kv);
+    let q8 = compare(&logits(KvDtype::Q8_0), &f32_kv);
+    println!("f16 vs f32 KV: {f16:?}\nq8_0 vs f32 KV: {q8:?}");
+    assert!(q8.max_rel > 0.0, "the q8_0 cache was read");
     // q8_0 rounds each K and V value to 1/127 of its block's largest, about
-    // 8x coarser than f16; SmolLM2's attention scores reach the hundreds, so
-    // that moves scores by up to ~1 and logits by a few percent.
+    // 8x coarser than f16. On this repetitive prompt SmolLM2's attention
+    // scores reach the hundreds, and the logits move with the order of
+    // float additions alone: measured, f16 against f32 KV reads rms_rel
+    // 0.03-0.10 and q8_0 0.06-0.10, depending on the kernels (SIMD or
+    // portable) and on the attention's summation order. So the bounds say
+    // "the q8_0 path works", not how close it is; its quality is measured
+    // by KL divergence (`fathom perplexity --kl-divergence`).
     assert!(
-        agreement.rms_rel < 0.06 && agreement.same_argmax,
-        "{agreement:?}"
+        q8.max_rel < 0.08 && q8.rms_rel < 0.15 && q8.same_argmax,
+        "{q8:?}"
     );
 }
