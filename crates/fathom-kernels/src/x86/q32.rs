@@ -14,8 +14,8 @@
 //! block for all rows from one eight-wide f16 conversion.
 //!
 //! One token takes [`decode`] (all but Q8_0 on AVX2, which keeps the
-//! 4 x 1 tile): eight rows a tile, their dots reduced to one lane per row
-//! as in the batch pass.
+//! 4 x 1 tile): eight rows a group, their dots reduced to one lane per row
+//! as in [`batch`].
 //!
 //! Several tokens take [`batch`] (one weight stream): a block of eight
 //! rows unpacked once and applied to every token; each integer result is
@@ -347,149 +347,90 @@ impl<B: Block32, D: Dot> Tile for Q32<B, D> {
     }
 }
 
-/// Blocks a row may hold for [`decode`] to keep its activation scales
-/// on the stack; longer rows take the 4-row tiles.
-const DECODE_BLOCKS: usize = 512;
-
-/// The one-token kernel: rows in tiles of eight, one lane each in
-/// [`LANE_ROWS`] order as in [`batch`], so the float work per block
-/// (one conversion, a product and two FMAs) serves eight rows rather than
-/// four; the activation scales are worked out once per call rather than
-/// per tile; and each block's weights are loaded one block ahead, so the
-/// dots do not wait on them (from memory that was most of the time).
-/// The last rows short of a tile take 1-row tiles.
+/// The one-token kernel: rows in groups of eight, one lane each in
+/// [`LANE_ROWS`] order as in [`batch`], so the float work per block (one
+/// conversion, a product and two FMAs) serves eight rows rather than
+/// four; each row pair's integer dot leaves four partial sums per row,
+/// which [`Dot::dots8`] turns into one lane per row. The activation
+/// scales are worked out once per run of blocks rather than per group,
+/// and each block's weights are loaded one block ahead, so the dots do
+/// not wait on them (from memory that was most of the time).
 ///
 /// # Safety
 /// As [`KernelFn`](crate::matmul::KernelFn).
 #[inline(always)]
 pub(crate) unsafe fn decode<B: Block32, D: Dot>(job: &Job, rows: Range<usize>) {
-    let nb = job.cols / 32;
-    if nb == 0 || nb > DECODE_BLOCKS {
-        return crate::matmul::drive::<Q32<B, D>, 4, 1>(job, rows);
-    }
-    let mut act = [MaybeUninit::<[f32; 2]>::uninit(); DECODE_BLOCKS];
     let ahead = prefetch_distance(GROUP, job.w_stride);
-    for t in 0..job.n_tokens {
-        let a = job.a.add(t * job.a_stride);
-        for b in 0..nb {
-            let (dx, sx) = act_scales(a.add(b * Q8S_BYTES));
-            act[b].write([dx, sx]);
+    runs(job, rows, 1, |r0, n, tokens, blocks, act| {
+        let signs = Signs::of::<B, D>();
+        let w = job.w.add(r0 * job.w_stride);
+        let off = group_offsets(n, job.w_stride);
+        let out = job.out.add(tokens.start * job.out_stride + r0);
+        let mut acc = partial_sums(out, n, blocks.start);
+        let whole = blocks.len() == job.cols / 32;
+        let a = job.a.add(tokens.start * job.a_stride);
+        // Scales converted as their block is loaded, a block ahead.
+        let load = |b: usize| {
+            let (q, bits) = load_group::<B, D>(w, &off, b);
+            (q, scales_of::<B>(bits))
+        };
+        let mut next = load(blocks.start);
+        for b in blocks.clone() {
+            sweep::<B>(w.wrapping_add(ahead), whole, b);
+            let (q, (d, c)) = next;
+            next = load((b + 1).min(blocks.end - 1));
+            let [dx, sx] = *act.add(b - blocks.start);
+            let x = a.add(b * Q8S_BYTES);
+            let xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(x.add(4) as *const __m128i));
+            let xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(x.add(20) as *const __m128i));
+            let mut u = [_mm256_setzero_si256(); 8];
+            let mut s = [_mm256_setzero_si256(); 8];
+            for k in 0..4 {
+                let (lo, hi) = B::unpack_pair(q[k]);
+                (u[2 * k], s[2 * k]) = (signs.unsigned(lo), signs.signed(xlo, lo));
+                (u[2 * k + 1], s[2 * k + 1]) = (signs.unsigned(hi), signs.signed(xhi, hi));
+            }
+            let i = D::dots8(&u, &s, B::MAX_U);
+            acc = add_block(acc, i, d, c, dx, sx, !signs.moved);
         }
-        let act = act.as_ptr() as *const [f32; 2];
-        let out = job.out.add(t * job.out_stride);
-        let mut r = rows.start;
-        while r + GROUP <= rows.end {
-            let w = job.w.add(r * job.w_stride);
-            let v = tile8::<B, D>(w, job.w_stride, a, act, nb, ahead);
-            _mm256_storeu_ps(out.add(r), v);
-            r += GROUP;
-        }
-        while r < rows.end {
-            let w = job.w.add(r * job.w_stride);
-            *out.add(r) =
-                Q32::<B, D>::tile::<1, 1>(w, job.w_stride, a, job.a_stride, job.cols)[0][0];
-            r += 1;
-        }
-    }
-}
-
-/// Block `b` of eight rows: the scales and offsets in [`LANE_ROWS`] order
-/// and the row pairs' quants.
-#[inline(always)]
-unsafe fn load8<B: Block32, D: Dot>(
-    w: *const u8,
-    w_stride: usize,
-    b: usize,
-) -> ((__m256, __m256), [(__m256i, __m256i); 4]) {
-    let row = |r: usize| w.add(r * w_stride + b * B::BYTES);
-    let mut q = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 4];
-    for k in 0..4 {
-        q[k] = B::load_pair::<D>(row(2 * k), row(2 * k + 1));
-    }
-    (scales::<B>(&LANE_ROWS.map(row)), q)
-}
-
-/// Eight rows against one token whose activation scales are at `act`:
-/// each row pair's integer dot leaves four partial sums per row, which
-/// [`Dot::dots8`] turns into one lane per row.
-#[inline(always)]
-unsafe fn tile8<B: Block32, D: Dot>(
-    w: *const u8,
-    w_stride: usize,
-    a: *const u8,
-    act: *const [f32; 2],
-    nb: usize,
-    ahead: usize,
-) -> __m256 {
-    let signs = Signs::of::<B, D>();
-    let mut acc = _mm256_setzero_ps();
-    // The tile's rows are contiguous: prefetch the tile `ahead` a few
-    // lines a block, enough to cover it by its last block.
-    let lines = (GROUP * B::BYTES).div_ceil(64);
-    // Block b + 1's weights and scales are loaded while block b's are
-    // dotted (the last block loads itself again).
-    let mut next = load8::<B, D>(w, w_stride, 0);
-    for b in 0..nb {
-        for j in 0..lines {
-            prefetch_l2(w.wrapping_add(ahead + (b * lines + j) * 64));
-        }
-        let ((d, c), q) = next;
-        next = load8::<B, D>(w, w_stride, (b + 1).min(nb - 1));
-        let [dx, sx] = *act.add(b);
-        let x = a.add(b * Q8S_BYTES);
-        let xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(x.add(4) as *const __m128i));
-        let xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(x.add(20) as *const __m128i));
-        let mut u = [_mm256_setzero_si256(); 8];
-        let mut s = [_mm256_setzero_si256(); 8];
-        for k in 0..4 {
-            let (lo, hi) = B::unpack_pair(q[k]);
-            (u[2 * k], s[2 * k]) = (signs.unsigned(lo), signs.signed(xlo, lo));
-            (u[2 * k + 1], s[2 * k + 1]) = (signs.unsigned(hi), signs.signed(xhi, hi));
-        }
-        let i = D::dots8(&u, &s, B::MAX_U);
-        acc = add_block(acc, i, d, c, dx, sx, !signs.moved);
-    }
-    _mm256_permutevar8x32_ps(acc, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+        store_rows(out, n, acc);
+    });
 }
 
 /// The row of each lane of [`batch`]'s registers: the 4 x 4 dword
 /// transpose of row pairs leaves the pairs' first rows in the low half.
 const LANE_ROWS: [usize; GROUP] = [0, 2, 4, 6, 1, 3, 5, 7];
 
-/// Activation scales [`batch`] keeps on the stack: `[d_x, d_x S]` for
+/// Activation scales [`runs`] keeps on the stack: `[d_x, d_x S]` for
 /// each block of a run of blocks and each token of a token block (32 KiB:
-/// 64 blocks, 2,048 values, at 64 tokens).
+/// 64 blocks, 2,048 values, at 64 tokens; 4,096 blocks for one token).
 const RUN_SCALES: usize = 4096;
 
-/// The decode-batch kernel (several tokens, one weight stream): each
-/// group of eight rows walks its blocks once per token block, each block
-/// unpacked once, turned so register k holds quant dword k of the eight
-/// rows, and applied to every token with the token's dword broadcast, so
-/// the float work per token is one conversion and two FMAs for eight
-/// rows. The next block's weights are loaded while a block's tokens run,
-/// and the tokens' activation scales are worked out once per run of
-/// blocks rather than per group.
+/// The frame of [`decode`] and [`batch`]: tokens in blocks of
+/// `token_block`, each row walked a run of blocks at a time (the tokens'
+/// activation scales for the run worked out once, block-major), rows in
+/// groups of eight; `group(r0, n, tokens, blocks, act)` adds the run's
+/// terms to rows `r0..r0 + n` (`n <= GROUP`).
 ///
-/// Rows longer than one run of scales are walked a run at a time, every
-/// group's sums parked in `out` between runs: f32 stores and loads are
-/// exact, so a row's sum is the same float operations in the same order
-/// as in one walk, and as in [`decode`].
-///
-/// # Safety
-/// As [`KernelFn`](crate::matmul::KernelFn).
+/// A group's sums are parked in `out` between runs ([`partial_sums`],
+/// [`store_rows`]): f32 stores and loads are exact, so a row's sum is the
+/// same float operations in the same order as in one walk.
 #[inline(always)]
-pub(crate) unsafe fn batch<B: Block32, D: Dot>(job: &Job, rows: Range<usize>) {
+unsafe fn runs(
+    job: &Job,
+    rows: Range<usize>,
+    token_block: usize,
+    mut group: impl FnMut(usize, usize, &Range<usize>, &Range<usize>, *const [f32; 2]),
+) {
     let nb = job.cols / 32;
     let mut act = [MaybeUninit::<[f32; 2]>::uninit(); RUN_SCALES];
     let mut t0 = 0;
     while t0 < job.n_tokens {
-        let tokens = t0..(t0 + TOKEN_BLOCK).min(job.n_tokens);
+        let tokens = t0..(t0 + token_block).min(job.n_tokens);
         let nt = tokens.len();
-        let run = RUN_SCALES / nt;
         let mut b0 = 0;
         while b0 < nb {
-            let blocks = b0..(b0 + run).min(nb);
-            // Block-major, so a block's tokens are adjacent.
+            let blocks = b0..(b0 + RUN_SCALES / nt).min(nb);
             for b in blocks.clone() {
                 for t in 0..nt {
                     let p = job.a.add((t0 + t) * job.a_stride + b * Q8S_BYTES);
@@ -497,11 +438,10 @@ pub(crate) unsafe fn batch<B: Block32, D: Dot>(job: &Job, rows: Range<usize>) {
                     act[(b - b0) * nt + t].write([dx, sx]);
                 }
             }
-            let act = act.as_ptr() as *const [f32; 2];
             let mut r = rows.start;
             while r < rows.end {
                 let n = (rows.end - r).min(GROUP);
-                group::<B, D>(job, r, n, &tokens, &blocks, act);
+                group(r, n, &tokens, &blocks, act.as_ptr() as *const [f32; 2]);
                 r += GROUP;
             }
             b0 = blocks.end;
@@ -510,106 +450,124 @@ pub(crate) unsafe fn batch<B: Block32, D: Dot>(job: &Job, rows: Range<usize>) {
     }
 }
 
-/// Rows `r0..r0 + n` (`n <= GROUP`; a short group repeats its last row and
-/// keeps only its own lanes) against `tokens` over `blocks`, whose scales
-/// are at `act` (block-major). Sums start at zero on a row's first block
-/// and from `out` after that.
+/// Byte offsets of a group's eight rows from its first: a short group
+/// (`n < GROUP`) repeats its last row, whose extra lanes are not stored.
 #[inline(always)]
-unsafe fn group<B: Block32, D: Dot>(
-    job: &Job,
-    r0: usize,
-    n: usize,
-    tokens: &Range<usize>,
-    blocks: &Range<usize>,
-    act: *const [f32; 2],
-) {
-    let nt = tokens.len();
-    let signs = Signs::of::<B, D>();
-    let w = job.w.add(r0 * job.w_stride);
-    let mut off = [0usize; GROUP];
-    for i in 0..GROUP {
-        off[i] = i.min(n - 1) * job.w_stride;
+fn group_offsets(n: usize, w_stride: usize) -> [usize; GROUP] {
+    std::array::from_fn(|i| i.min(n - 1) * w_stride)
+}
+
+/// A group's sums before block `first` of its rows, in [`LANE_ROWS`]
+/// order: zero at the first block, else what [`store_rows`] left at `out`.
+#[inline(always)]
+unsafe fn partial_sums(out: *const f32, n: usize, first: usize) -> __m256 {
+    if first == 0 {
+        return _mm256_setzero_ps();
     }
-    let out = |t: usize| job.out.add((tokens.start + t) * job.out_stride + r0);
-    let mut store = [MaybeUninit::<__m256>::uninit(); TOKEN_BLOCK];
-    for t in 0..nt {
-        store[t].write(if blocks.start == 0 {
-            _mm256_setzero_ps()
-        } else {
-            let mut lanes = [0.0f32; GROUP];
-            std::ptr::copy_nonoverlapping(out(t), lanes.as_mut_ptr(), n);
-            let v = _mm256_loadu_ps(lanes.as_ptr());
-            _mm256_permutevar8x32_ps(v, _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7))
-        });
+    let mut lanes = [0.0f32; GROUP];
+    std::ptr::copy_nonoverlapping(out, lanes.as_mut_ptr(), n);
+    _mm256_permutevar8x32_ps(
+        _mm256_loadu_ps(lanes.as_ptr()),
+        _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7),
+    )
+}
+
+/// Stores the first `n` rows of sums `acc` (in [`LANE_ROWS`] order) to
+/// `out` in row order.
+#[inline(always)]
+unsafe fn store_rows(out: *mut f32, n: usize, acc: __m256) {
+    let v = _mm256_permutevar8x32_ps(acc, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    if n == GROUP {
+        _mm256_storeu_ps(out, v);
+    } else {
+        let mut lanes = [0.0f32; GROUP];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+        std::ptr::copy_nonoverlapping(lanes.as_ptr(), out, n);
     }
-    let acc = store.as_mut_ptr() as *mut __m256;
-    // The next group's rows, this run of their blocks, are prefetched a
-    // few lines a block: enough to cover them by this group's last block.
-    let lines = (GROUP * B::BYTES).div_ceil(64);
-    let run_bytes = blocks.len() * B::BYTES;
-    let next = w.wrapping_add(GROUP * job.w_stride + blocks.start * B::BYTES);
-    let (mut ahead_row, mut ahead_at) = (0, 0);
-    // Block b + 1's quants and scale bits are loaded while block b's
-    // tokens run (the last block loads itself again).
-    let load = |b: usize| load_group::<B, D>(w, &off, b);
-    let mut loaded = load(blocks.start);
-    for b in blocks.clone() {
-        for _ in 0..lines {
-            if ahead_row < GROUP {
-                prefetch_l2(next.wrapping_add(ahead_row * job.w_stride + ahead_at));
-                ahead_at += 64;
-                if ahead_at >= run_bytes {
-                    (ahead_row, ahead_at) = (ahead_row + 1, 0);
-                }
-            }
-        }
-        let (q, bits) = loaded;
-        loaded = load((b + 1).min(blocks.end - 1));
-        let mut lo = [_mm256_setzero_si256(); 4];
-        let mut hi = [_mm256_setzero_si256(); 4];
-        for p in 0..4 {
-            (lo[p], hi[p]) = B::unpack_pair(q[p]);
-        }
-        // Register k: quants 4k..4k+4 of the rows in `LANE_ROWS` order.
-        let (w03, w47) = (transpose4(lo), transpose4(hi));
-        let wq = [
-            w03[0], w03[1], w03[2], w03[3], w47[0], w47[1], w47[2], w47[3],
-        ];
-        let (d, c) = scales_of::<B>(bits);
-        let mut u = wq;
-        for k in 0..8 {
-            u[k] = signs.unsigned(wq[k]);
-        }
-        let act = act.add((b - blocks.start) * nt);
-        let a = job.a.add(tokens.start * job.a_stride + b * Q8S_BYTES + 4);
-        for t in 0..nt {
-            let x = a.add(t * job.a_stride) as *const i32;
-            let mut s = [_mm256_setzero_si256(); 8];
-            for k in 0..8 {
-                s[k] = signs.signed(_mm256_set1_epi32(x.add(k).read_unaligned()), wq[k]);
-            }
-            let i = D::dot_u8i8_8(&u, &s, B::MAX_U);
-            let [dx, sx] = *act.add(t);
-            *acc.add(t) = add_block(*acc.add(t), i, d, c, dx, sx, !signs.moved);
-        }
-    }
-    // Lane j holds row LANE_ROWS[j]; put rows in order.
-    let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    for t in 0..nt {
-        let v = _mm256_permutevar8x32_ps(*acc.add(t), order);
-        if n == GROUP {
-            _mm256_storeu_ps(out(t), v);
-        } else {
-            let mut lanes = [0.0f32; GROUP];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-            std::ptr::copy_nonoverlapping(lanes.as_ptr(), out(t), n);
+}
+
+/// Prefetches into L2 the rows at `at`, a group's worth a few lines per
+/// block `b`: enough to cover them by the group's last block. Only when
+/// the run is the whole row (`whole`): the rows ahead are then one
+/// contiguous span. Rows walked in several runs (over 2,048 values at 64
+/// tokens) are compute-bound, and a run's part of eight rows is not one
+/// span: a cursor over it cost decode a fifth of its speed.
+#[inline(always)]
+unsafe fn sweep<B: Block32>(at: *const u8, whole: bool, b: usize) {
+    if whole {
+        let lines = (GROUP * B::BYTES).div_ceil(64);
+        for j in 0..lines {
+            prefetch_l2(at.wrapping_add((b * lines + j) * 64));
         }
     }
 }
 
+/// The decode-batch kernel (several tokens, one weight stream): each
+/// group of eight rows walks a run of blocks once per token block, each
+/// block unpacked once, turned so register k holds quant dword k of the
+/// eight rows, and applied to every token with the token's dword
+/// broadcast, so the float work per token is one conversion and two FMAs
+/// for eight rows. The next block's weights are loaded while a block's
+/// tokens run, and the next group's rows are prefetched.
+///
+/// # Safety
+/// As [`KernelFn`](crate::matmul::KernelFn).
+#[inline(always)]
+pub(crate) unsafe fn batch<B: Block32, D: Dot>(job: &Job, rows: Range<usize>) {
+    runs(job, rows, TOKEN_BLOCK, |r0, n, tokens, blocks, act| {
+        let nt = tokens.len();
+        let signs = Signs::of::<B, D>();
+        let w = job.w.add(r0 * job.w_stride);
+        let off = group_offsets(n, job.w_stride);
+        let out = |t: usize| job.out.add((tokens.start + t) * job.out_stride + r0);
+        let mut store = [MaybeUninit::<__m256>::uninit(); TOKEN_BLOCK];
+        for t in 0..nt {
+            store[t].write(partial_sums(out(t), n, blocks.start));
+        }
+        let acc = store.as_mut_ptr() as *mut __m256;
+        let whole = blocks.len() == job.cols / 32;
+        let mut next = load_group::<B, D>(w, &off, blocks.start);
+        for b in blocks.clone() {
+            sweep::<B>(w.wrapping_add(GROUP * job.w_stride), whole, b);
+            let (q, bits) = next;
+            next = load_group::<B, D>(w, &off, (b + 1).min(blocks.end - 1));
+            let mut lo = [_mm256_setzero_si256(); 4];
+            let mut hi = [_mm256_setzero_si256(); 4];
+            for p in 0..4 {
+                (lo[p], hi[p]) = B::unpack_pair(q[p]);
+            }
+            // Register k: quants 4k..4k+4 of the rows in `LANE_ROWS` order.
+            let (w03, w47) = (transpose4(lo), transpose4(hi));
+            let wq = [
+                w03[0], w03[1], w03[2], w03[3], w47[0], w47[1], w47[2], w47[3],
+            ];
+            let (d, c) = scales_of::<B>(bits);
+            let mut u = wq;
+            for k in 0..8 {
+                u[k] = signs.unsigned(wq[k]);
+            }
+            let act = act.add((b - blocks.start) * nt);
+            let a = job.a.add(tokens.start * job.a_stride + b * Q8S_BYTES + 4);
+            for t in 0..nt {
+                let x = a.add(t * job.a_stride) as *const i32;
+                let mut s = [_mm256_setzero_si256(); 8];
+                for k in 0..8 {
+                    s[k] = signs.signed(_mm256_set1_epi32(x.add(k).read_unaligned()), wq[k]);
+                }
+                let i = D::dot_u8i8_8(&u, &s, B::MAX_U);
+                let [dx, sx] = *act.add(t);
+                *acc.add(t) = add_block(*acc.add(t), i, d, c, dx, sx, !signs.moved);
+            }
+        }
+        for t in 0..nt {
+            store_rows(out(t), n, *acc.add(t));
+        }
+    });
+}
+
 /// Block `b` of the rows at `w` plus `off`: the row pairs' quants as
-/// [`Block32::load_pair`] leaves them, and the blocks' first dwords in
-/// [`LANE_ROWS`] order.
+/// [`Block32::load_pair`] leaves them, and the blocks' first dwords (their
+/// scales) in [`LANE_ROWS`] order.
 #[inline(always)]
 unsafe fn load_group<B: Block32, D: Dot>(
     w: *const u8,
