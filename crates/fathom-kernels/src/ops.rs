@@ -117,15 +117,28 @@ pub(crate) fn softmax_with(isa: Isa, x: &mut [f32]) {
     }
     dispatch!(isa, simd::softmax(x), {
         let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let inv = 1.0 / exp_shifted_sum_with(isa, x, max);
+        for v in x.iter_mut() {
+            *v *= inv;
+        }
+    })
+}
+
+/// `x[i] = exp(x[i] - max)`, returning their sum: softmax's middle step,
+/// and attention's weights for a block of scores against the running
+/// maximum.
+pub fn exp_shifted_sum(x: &mut [f32], max: f32) -> f32 {
+    exp_shifted_sum_with(Isa::detected(), x, max)
+}
+
+pub(crate) fn exp_shifted_sum_with(isa: Isa, x: &mut [f32], max: f32) -> f32 {
+    dispatch!(isa, simd::exp_shifted_sum(x, max), {
         let mut sum = 0.0;
         for v in x.iter_mut() {
             *v = (*v - max).exp();
             sum += *v;
         }
-        let inv = 1.0 / sum;
-        for v in x.iter_mut() {
-            *v *= inv;
-        }
+        sum
     })
 }
 
@@ -484,6 +497,13 @@ mod tests {
                 softmax_with(Isa::Portable, &mut a);
                 softmax_with(isa, &mut b);
                 close("softmax", &a, &b, &a, 1e-5);
+
+                let (mut a, mut b) = (x.clone(), x.clone());
+                let max = 0.5;
+                let sa = exp_shifted_sum_with(Isa::Portable, &mut a, max);
+                let sb = exp_shifted_sum_with(isa, &mut b, max);
+                close("exp_shifted_sum", &a, &b, &a, 1e-5);
+                close("exp_shifted_sum's sum", &[sa], &[sb], &[sa], 1e-5);
 
                 let (mut a, mut b) = (x.clone(), x.clone());
                 silu_mul_with(Isa::Portable, &mut a, &y);

@@ -1,5 +1,9 @@
 //! Causal attention over the paged KV cache with online softmax: no score
-//! matrix, only one block of scores at a time.
+//! matrix, only one block of scores at a time. Per query and head, a
+//! block's scores are worked out first, the running sums rescaled once if
+//! the block raises the maximum, and the block's weights taken in one
+//! vector pass; blocks end at multiples of the KV block size, so a
+//! query's output does not depend on how its sequence was cut into steps.
 //!
 //! A chunk of T new tokens attends to the positions already cached and to
 //! the chunk's own K and V, which are still in the activation arena; the
@@ -100,7 +104,8 @@ pub fn attend(
             )
         };
         let (kbuf, rest) = scratch.split_at_mut(BLOCK * s.key_dim);
-        let (vbuf, _) = rest.split_at_mut(BLOCK * s.value_dim);
+        let (vbuf, rest) = rest.split_at_mut(BLOCK * s.value_dim);
+        let scores = &mut rest[..BLOCK];
         // Items are numbered sequence by sequence; walk along with them.
         let (mut index, mut first_item, mut first_row) = (0, 0, 0);
         for item in (worker..items).step_by(workers) {
@@ -142,7 +147,7 @@ pub fn attend(
                 g,
                 group,
             };
-            attend_tile(s, &span, &tile, &mut acc[..t1 - t0], kbuf, vbuf);
+            attend_tile(s, &span, &tile, &mut acc[..t1 - t0], kbuf, vbuf, scores);
         }
     });
 }
@@ -173,6 +178,7 @@ fn attend_tile(
     acc: &mut [&mut [f32]],
     kbuf: &mut [f32],
     vbuf: &mut [f32],
+    scores: &mut [f32],
 ) {
     let QueryTile {
         q,
@@ -203,27 +209,27 @@ fn attend_tile(
     let (lo, hi) = (first(t0), start + t1 - 1);
     let mut block_start = lo;
     while block_start <= hi {
-        // A block of key positions, aligned to the cache/chunk boundary so
-        // it comes wholly from one place.
-        let block_end = if block_start < start {
-            (block_start + BLOCK).min(start)
-        } else {
-            (block_start + BLOCK).min(hi + 1)
-        };
-        let n = block_end - block_start;
-        let from_cache = block_start < start;
-        if from_cache {
+        // Key positions in blocks that end at multiples of BLOCK, whether
+        // they come from the cache, the chunk or both: a query's keys fall
+        // into the same blocks however its sequence was cut into chunks,
+        // and its softmax's rescales (one per block that raises the
+        // maximum) with them, so its output does not depend on the cut.
+        let block_end = ((block_start / BLOCK + 1) * BLOCK).min(hi + 1);
+        let cached = block_start..block_end.min(start).max(block_start);
+        if !cached.is_empty() {
             let cache = span
                 .cache
                 .as_ref()
                 .expect("positions before the chunk are cached");
+            let n = cached.len();
             cache.load_block(block_start, n, g, &mut kbuf[..n * dk], &mut vbuf[..n * dv]);
         }
-        let key = |i: usize| -> (&[f32], &[f32]) {
-            if from_cache {
+        let key = |p: usize| -> (&[f32], &[f32]) {
+            if p < start {
+                let i = p - block_start;
                 (&kbuf[i * dk..(i + 1) * dk], &vbuf[i * dv..(i + 1) * dv])
             } else {
-                let c = block_start + i - start;
+                let c = p - start;
                 let ko = (c * s.n_kv_heads + g) * dk;
                 let vo = (c * s.n_kv_heads + g) * dv;
                 (&k[ko..ko + dk], &v[vo..vo + dv])
@@ -231,21 +237,29 @@ fn attend_tile(
         };
         for t in t0..t1 {
             let (from, to) = (first(t).max(block_start), (start + t + 1).min(block_end));
-            for p in from..to {
-                let (kj, vj) = key(p - block_start);
-                for h in 0..group {
-                    let st = &mut state[(t - t0) * group + h];
-                    let score = ops::dot_f32(q_row(t, h), kj) * s.scale;
-                    let a = &mut acc[t - t0][h * dv..(h + 1) * dv];
-                    if score > st.max {
-                        let rescale = (st.max - score).exp();
-                        ops::scale(a, rescale);
-                        st.sum *= rescale;
-                        st.max = score;
-                    }
-                    let w = (score - st.max).exp();
-                    st.sum += w;
-                    ops::axpy(a, w, vj);
+            if from >= to {
+                continue;
+            }
+            let scores = &mut scores[..to - from];
+            for h in 0..group {
+                // The block's scores, then one rescale of what came before
+                // when the block raises the maximum, and its weights in
+                // one vector pass.
+                for (p, score) in (from..to).zip(scores.iter_mut()) {
+                    *score = ops::dot_f32(q_row(t, h), key(p).0) * s.scale;
+                }
+                let st = &mut state[(t - t0) * group + h];
+                let a = &mut acc[t - t0][h * dv..(h + 1) * dv];
+                let max = scores.iter().fold(st.max, |m, &v| m.max(v));
+                if max > st.max {
+                    let rescale = (st.max - max).exp();
+                    ops::scale(a, rescale);
+                    st.sum *= rescale;
+                    st.max = max;
+                }
+                st.sum += ops::exp_shifted_sum(scores, st.max);
+                for (p, &w) in (from..to).zip(scores.iter()) {
+                    ops::axpy(a, w, key(p).1);
                 }
             }
         }

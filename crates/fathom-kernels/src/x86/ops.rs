@@ -87,7 +87,14 @@ pub(crate) unsafe fn softmax(x: &mut [f32]) {
     });
     let mut lanes = [0.0f32; 8];
     _mm256_storeu_ps(lanes.as_mut_ptr(), m);
-    let max = _mm256_set1_ps(lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)));
+    let max = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let inv = _mm256_set1_ps(1.0 / exp_shifted_sum(x, max));
+    map8(x, 0.0, |v| _mm256_mul_ps(v, inv));
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn exp_shifted_sum(x: &mut [f32], max: f32) -> f32 {
+    let max = _mm256_set1_ps(max);
     // Padding of -inf adds exp(-inf) = 0 to the sum.
     let mut sum = _mm256_setzero_ps();
     map8(x, f32::NEG_INFINITY, |v| {
@@ -95,8 +102,7 @@ pub(crate) unsafe fn softmax(x: &mut [f32]) {
         sum = _mm256_add_ps(sum, e);
         e
     });
-    let inv = _mm256_set1_ps(1.0 / hsum(sum));
-    map8(x, 0.0, |v| _mm256_mul_ps(v, inv));
+    hsum(sum)
 }
 
 /// `x * sigmoid(k * x)`.
