@@ -362,39 +362,62 @@ impl<B: Block32, D: Dot> Tile for Q32<B, D> {
 pub(crate) unsafe fn decode<B: Block32, D: Dot>(job: &Job, rows: Range<usize>) {
     let ahead = prefetch_distance(GROUP, job.w_stride);
     runs(job, rows, 1, |r0, n, tokens, blocks, act| {
-        let signs = Signs::of::<B, D>();
-        let w = job.w.add(r0 * job.w_stride);
-        let off = group_offsets(n, job.w_stride);
-        let out = job.out.add(tokens.start * job.out_stride + r0);
-        let mut acc = partial_sums(out, n, blocks.start);
-        let whole = blocks.len() == job.cols / 32;
-        let a = job.a.add(tokens.start * job.a_stride);
-        // Scales converted as their block is loaded, a block ahead.
-        let load = |b: usize| {
-            let (q, bits) = load_group::<B, D>(w, &off, b);
-            (q, scales_of::<B>(bits))
-        };
-        let mut next = load(blocks.start);
-        for b in blocks.clone() {
-            sweep::<B>(w.wrapping_add(ahead), whole, b);
-            let (q, (d, c)) = next;
-            next = load((b + 1).min(blocks.end - 1));
-            let [dx, sx] = *act.add(b - blocks.start);
-            let x = a.add(b * Q8S_BYTES);
-            let xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(x.add(4) as *const __m128i));
-            let xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(x.add(20) as *const __m128i));
-            let mut u = [_mm256_setzero_si256(); 8];
-            let mut s = [_mm256_setzero_si256(); 8];
-            for k in 0..4 {
-                let (lo, hi) = B::unpack_pair(q[k]);
-                (u[2 * k], s[2 * k]) = (signs.unsigned(lo), signs.signed(xlo, lo));
-                (u[2 * k + 1], s[2 * k + 1]) = (signs.unsigned(hi), signs.signed(xhi, hi));
-            }
-            let i = D::dots8(&u, &s, B::MAX_U);
-            acc = add_block(acc, i, d, c, dx, sx, !signs.moved);
+        let t = tokens.start;
+        if n == GROUP {
+            decode_group::<B, D, true>(job, r0, n, t, blocks, act, ahead)
+        } else {
+            decode_group::<B, D, false>(job, r0, n, t, blocks, act, ahead)
         }
-        store_rows(out, n, acc);
     });
+}
+
+/// [`decode`]'s rows `r0..r0 + n` against token `t` over `blocks`, whose
+/// scales are at `act`; `FULL` as in [`row_offset`].
+#[inline(always)]
+unsafe fn decode_group<B: Block32, D: Dot, const FULL: bool>(
+    job: &Job,
+    r0: usize,
+    n: usize,
+    t: usize,
+    blocks: &Range<usize>,
+    act: *const [f32; 2],
+    ahead: usize,
+) {
+    let signs = Signs::of::<B, D>();
+    let w = job.w.add(r0 * job.w_stride);
+    let off = |i: usize| row_offset::<FULL>(i, n, job.w_stride);
+    let out = job.out.add(t * job.out_stride + r0);
+    let mut acc = partial_sums(out, n, blocks.start);
+    let a = job.a.add(t * job.a_stride);
+    // Scales converted as their block is loaded, a block ahead.
+    let load = |b: usize| {
+        let (q, bits) = load_group::<B, D>(w, off, b);
+        (q, scales_of::<B>(bits))
+    };
+    let mut next = load(blocks.start);
+    for b in blocks.clone() {
+        // One token's run is the whole row up to 131,072 values; past
+        // that the sweep covers other parts of the rows ahead than their
+        // runs read, which costs bandwidth, not results (testing for it
+        // each block cost 2%).
+        sweep::<B>(w.wrapping_add(ahead), true, b);
+        let (q, (d, c)) = next;
+        next = load((b + 1).min(blocks.end - 1));
+        let [dx, sx] = *act.add(b - blocks.start);
+        let x = a.add(b * Q8S_BYTES);
+        let xlo = _mm256_broadcastsi128_si256(_mm_loadu_si128(x.add(4) as *const __m128i));
+        let xhi = _mm256_broadcastsi128_si256(_mm_loadu_si128(x.add(20) as *const __m128i));
+        let mut u = [_mm256_setzero_si256(); 8];
+        let mut s = [_mm256_setzero_si256(); 8];
+        for k in 0..4 {
+            let (lo, hi) = B::unpack_pair(q[k]);
+            (u[2 * k], s[2 * k]) = (signs.unsigned(lo), signs.signed(xlo, lo));
+            (u[2 * k + 1], s[2 * k + 1]) = (signs.unsigned(hi), signs.signed(xhi, hi));
+        }
+        let i = D::dots8(&u, &s, B::MAX_U);
+        acc = add_block(acc, i, d, c, dx, sx, !signs.moved);
+    }
+    store_rows(out, n, acc);
 }
 
 /// The row of each lane of [`batch`]'s registers: the 4 x 4 dword
@@ -450,11 +473,17 @@ unsafe fn runs(
     }
 }
 
-/// Byte offsets of a group's eight rows from its first: a short group
-/// (`n < GROUP`) repeats its last row, whose extra lanes are not stored.
+/// Byte offset of row `i` of a group of `n` rows from its first: a short
+/// group (`n < GROUP`) repeats its last row, whose extra lanes are not
+/// stored. `FULL` (`n == GROUP`) leaves the plain multiples of the stride,
+/// which the one-token loop addresses with fewer registers.
 #[inline(always)]
-fn group_offsets(n: usize, w_stride: usize) -> [usize; GROUP] {
-    std::array::from_fn(|i| i.min(n - 1) * w_stride)
+fn row_offset<const FULL: bool>(i: usize, n: usize, w_stride: usize) -> usize {
+    if FULL {
+        i * w_stride
+    } else {
+        i.min(n - 1) * w_stride
+    }
 }
 
 /// A group's sums before block `first` of its rows, in [`LANE_ROWS`]
@@ -518,7 +547,7 @@ pub(crate) unsafe fn batch<B: Block32, D: Dot>(job: &Job, rows: Range<usize>) {
         let nt = tokens.len();
         let signs = Signs::of::<B, D>();
         let w = job.w.add(r0 * job.w_stride);
-        let off = group_offsets(n, job.w_stride);
+        let off = |i: usize| row_offset::<false>(i, n, job.w_stride);
         let out = |t: usize| job.out.add((tokens.start + t) * job.out_stride + r0);
         let mut store = [MaybeUninit::<__m256>::uninit(); TOKEN_BLOCK];
         for t in 0..nt {
@@ -526,11 +555,11 @@ pub(crate) unsafe fn batch<B: Block32, D: Dot>(job: &Job, rows: Range<usize>) {
         }
         let acc = store.as_mut_ptr() as *mut __m256;
         let whole = blocks.len() == job.cols / 32;
-        let mut next = load_group::<B, D>(w, &off, blocks.start);
+        let mut next = load_group::<B, D>(w, off, blocks.start);
         for b in blocks.clone() {
             sweep::<B>(w.wrapping_add(GROUP * job.w_stride), whole, b);
             let (q, bits) = next;
-            next = load_group::<B, D>(w, &off, (b + 1).min(blocks.end - 1));
+            next = load_group::<B, D>(w, off, (b + 1).min(blocks.end - 1));
             let mut lo = [_mm256_setzero_si256(); 4];
             let mut hi = [_mm256_setzero_si256(); 4];
             for p in 0..4 {
@@ -565,16 +594,16 @@ pub(crate) unsafe fn batch<B: Block32, D: Dot>(job: &Job, rows: Range<usize>) {
     });
 }
 
-/// Block `b` of the rows at `w` plus `off`: the row pairs' quants as
+/// Block `b` of the rows at `w` plus `off(i)` (row i of the group): the row pairs' quants as
 /// [`Block32::load_pair`] leaves them, and the blocks' first dwords (their
 /// scales) in [`LANE_ROWS`] order.
 #[inline(always)]
 unsafe fn load_group<B: Block32, D: Dot>(
     w: *const u8,
-    off: &[usize; GROUP],
+    off: impl Fn(usize) -> usize,
     b: usize,
 ) -> ([(__m256i, __m256i); 4], __m256i) {
-    let ptrs = off.map(|o| w.add(o + b * B::BYTES));
+    let ptrs: [*const u8; GROUP] = std::array::from_fn(|i| w.add(off(i) + b * B::BYTES));
     let mut q = [(_mm256_setzero_si256(), _mm256_setzero_si256()); 4];
     for p in 0..4 {
         q[p] = B::load_pair::<D>(ptrs[2 * p], ptrs[2 * p + 1]);
