@@ -227,6 +227,55 @@ pub(crate) fn dot_f32_with(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     )
 }
 
+/// `out[i] = q · rows[i * stride..][..q.len()]`: attention's scores for a
+/// run of keys in one call, each the same sum [`dot_f32`] gives.
+pub fn dots_f32(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    dots_f32_with(Isa::detected(), q, rows, stride, out)
+}
+
+pub(crate) fn dots_f32_with(isa: Isa, q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    let n = q.len();
+    if let Some(last) = out.len().checked_sub(1) {
+        assert!(
+            rows.len() >= last * stride + n,
+            "dots_f32: {} rows of {n} values {stride} apart need {} values, got {}",
+            out.len(),
+            last * stride + n,
+            rows.len()
+        );
+    }
+    dispatch!(isa, simd::dots_f32(q, rows, stride, out), {
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = dot_f32_with(isa, q, &rows[i * stride..i * stride + n]);
+        }
+    })
+}
+
+/// `y += w[i] * rows[i * stride..][..y.len()]` for each i in order:
+/// attention's weighted values for a run of keys in one call, each step
+/// the same as [`axpy`]'s.
+pub fn axpys(y: &mut [f32], w: &[f32], rows: &[f32], stride: usize) {
+    axpys_with(Isa::detected(), y, w, rows, stride)
+}
+
+pub(crate) fn axpys_with(isa: Isa, y: &mut [f32], w: &[f32], rows: &[f32], stride: usize) {
+    let n = y.len();
+    if let Some(last) = w.len().checked_sub(1) {
+        assert!(
+            rows.len() >= last * stride + n,
+            "axpys: {} rows of {n} values {stride} apart need {} values, got {}",
+            w.len(),
+            last * stride + n,
+            rows.len()
+        );
+    }
+    dispatch!(isa, simd::axpys(y, w, rows, stride), {
+        for (i, &a) in w.iter().enumerate() {
+            axpy_with(isa, y, a, &rows[i * stride..i * stride + n]);
+        }
+    })
+}
+
 /// `y += a * x`, for attention's weighted sum of values.
 pub fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     axpy_with(Isa::detected(), y, a, x)
@@ -497,6 +546,25 @@ mod tests {
                 softmax_with(Isa::Portable, &mut a);
                 softmax_with(isa, &mut b);
                 close("softmax", &a, &b, &a, 1e-5);
+
+                // Three rows of n values, 2n + 5 apart, against x: each
+                // result bit-identical to the one-row op's.
+                let stride = 2 * n + 5;
+                let rows = data(2 * stride + n, 4);
+                let row = |i: usize| &rows[i * stride..i * stride + n];
+                let mut got = [0.0f32; 3];
+                dots_f32_with(isa, &x, &rows, stride, &mut got);
+                for (i, g) in got.iter().enumerate() {
+                    assert_eq!(g.to_bits(), dot_f32_with(isa, &x, row(i)).to_bits());
+                }
+                let w = [0.5, -1.25, 2.0];
+                let (mut a, mut b) = (y.clone(), y.clone());
+                axpys_with(isa, &mut a, &w, &rows, stride);
+                for (i, &wi) in w.iter().enumerate() {
+                    axpy_with(isa, &mut b, wi, row(i));
+                }
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "axpys against axpy, n = {n}");
 
                 let (mut a, mut b) = (x.clone(), x.clone());
                 let max = 0.5;

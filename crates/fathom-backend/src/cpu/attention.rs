@@ -215,38 +215,44 @@ fn attend_tile(
         // and its softmax's rescales (one per block that raises the
         // maximum) with them, so its output does not depend on the cut.
         let block_end = ((block_start / BLOCK + 1) * BLOCK).min(hi + 1);
-        let cached = block_start..block_end.min(start).max(block_start);
-        if !cached.is_empty() {
+        let loaded = block_start..block_end.min(start).max(block_start);
+        if !loaded.is_empty() {
             let cache = span
                 .cache
                 .as_ref()
                 .expect("positions before the chunk are cached");
-            let n = cached.len();
+            let n = loaded.len();
             cache.load_block(block_start, n, g, &mut kbuf[..n * dk], &mut vbuf[..n * dv]);
         }
-        let key = |p: usize| -> (&[f32], &[f32]) {
-            if p < start {
-                let i = p - block_start;
-                (&kbuf[i * dk..(i + 1) * dk], &vbuf[i * dv..(i + 1) * dv])
-            } else {
-                let c = p - start;
-                let ko = (c * s.n_kv_heads + g) * dk;
-                let vo = (c * s.n_kv_heads + g) * dv;
-                (&k[ko..ko + dk], &v[vo..vo + dv])
-            }
-        };
+        // Keys before `cut` come from the cache (the block's rows in kbuf
+        // and vbuf), the rest from the step's chunk.
+        let chunk_stride = (s.n_kv_heads * dk, s.n_kv_heads * dv);
         for t in t0..t1 {
             let (from, to) = (first(t).max(block_start), (start + t + 1).min(block_end));
             if from >= to {
                 continue;
             }
+            let cut = start.clamp(from, to);
+            let (cached, fresh) = (from..cut, cut..to);
+            let in_chunk = |p: usize, d: usize| ((p - start) * s.n_kv_heads + g) * d;
             let scores = &mut scores[..to - from];
             for h in 0..group {
                 // The block's scores, then one rescale of what came before
                 // when the block raises the maximum, and its weights in
-                // one vector pass.
-                for (p, score) in (from..to).zip(scores.iter_mut()) {
-                    *score = ops::dot_f32(q_row(t, h), key(p).0) * s.scale;
+                // one vector pass over the whole block (so the sum does
+                // not depend on where the cache ends).
+                let q = q_row(t, h);
+                let (sc_cached, sc_fresh) = scores.split_at_mut(cached.len());
+                if !cached.is_empty() {
+                    let rows = &kbuf[(cached.start - block_start) * dk..];
+                    ops::dots_f32(q, rows, dk, sc_cached);
+                }
+                if !fresh.is_empty() {
+                    let rows = &k[in_chunk(fresh.start, dk)..];
+                    ops::dots_f32(q, rows, chunk_stride.0, sc_fresh);
+                }
+                for score in scores.iter_mut() {
+                    *score *= s.scale;
                 }
                 let st = &mut state[(t - t0) * group + h];
                 let a = &mut acc[t - t0][h * dv..(h + 1) * dv];
@@ -258,8 +264,13 @@ fn attend_tile(
                     st.max = max;
                 }
                 st.sum += ops::exp_shifted_sum(scores, st.max);
-                for (p, &w) in (from..to).zip(scores.iter()) {
-                    ops::axpy(a, w, key(p).1);
+                let (w_cached, w_fresh) = scores.split_at(cached.len());
+                if !cached.is_empty() {
+                    let rows = &vbuf[(cached.start - block_start) * dv..];
+                    ops::axpys(a, w_cached, rows, dv);
+                }
+                if !fresh.is_empty() {
+                    ops::axpys(a, w_fresh, &v[in_chunk(fresh.start, dv)..], chunk_stride.1);
                 }
             }
         }

@@ -149,6 +149,44 @@ pub(crate) unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     zip8(y, x, |y, x| _mm256_fmadd_ps(a, x, y));
 }
 
+/// [`axpy`] for each row in turn, `y` held in registers 32 values at a
+/// time across the rows; the tail as `axpy`'s padded vector, one fused
+/// multiply-add per value.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn axpys(y: &mut [f32], w: &[f32], rows: &[f32], stride: usize) {
+    let n = y.len();
+    let (yp, rp) = (y.as_mut_ptr(), rows.as_ptr());
+    let mut j = 0;
+    while j + 32 <= n {
+        let mut acc: [__m256; 4] = std::array::from_fn(|k| _mm256_loadu_ps(yp.add(j + 8 * k)));
+        for (i, &a) in w.iter().enumerate() {
+            let a = _mm256_set1_ps(a);
+            for (k, acc) in acc.iter_mut().enumerate() {
+                let x = _mm256_loadu_ps(rp.add(i * stride + j + 8 * k));
+                *acc = _mm256_fmadd_ps(a, x, *acc);
+            }
+        }
+        for (k, acc) in acc.iter().enumerate() {
+            _mm256_storeu_ps(yp.add(j + 8 * k), *acc);
+        }
+        j += 32;
+    }
+    if j < n {
+        for (i, &a) in w.iter().enumerate() {
+            axpy(&mut y[j..], a, &rows[i * stride + j..i * stride + n]);
+        }
+    }
+}
+
+/// [`dot_f32`] of `q` with each row.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn dots_f32(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    let n = q.len();
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = dot_f32(q, &rows[i * stride..i * stride + n]);
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len();
