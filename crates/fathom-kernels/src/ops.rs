@@ -235,15 +235,7 @@ pub fn dots_f32(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
 
 pub(crate) fn dots_f32_with(isa: Isa, q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
     let n = q.len();
-    if let Some(last) = out.len().checked_sub(1) {
-        assert!(
-            rows.len() >= last * stride + n,
-            "dots_f32: {} rows of {n} values {stride} apart need {} values, got {}",
-            out.len(),
-            last * stride + n,
-            rows.len()
-        );
-    }
+    assert_rows("dots_f32", rows, out.len(), n, stride);
     dispatch!(isa, simd::dots_f32(q, rows, stride, out), {
         for (i, o) in out.iter_mut().enumerate() {
             *o = dot_f32_with(isa, q, &rows[i * stride..i * stride + n]);
@@ -260,20 +252,25 @@ pub fn axpys(y: &mut [f32], w: &[f32], rows: &[f32], stride: usize) {
 
 pub(crate) fn axpys_with(isa: Isa, y: &mut [f32], w: &[f32], rows: &[f32], stride: usize) {
     let n = y.len();
-    if let Some(last) = w.len().checked_sub(1) {
-        assert!(
-            rows.len() >= last * stride + n,
-            "axpys: {} rows of {n} values {stride} apart need {} values, got {}",
-            w.len(),
-            last * stride + n,
-            rows.len()
-        );
-    }
+    assert_rows("axpys", rows, w.len(), n, stride);
     dispatch!(isa, simd::axpys(y, w, rows, stride), {
         for (i, &a) in w.iter().enumerate() {
             axpy_with(isa, y, a, &rows[i * stride..i * stride + n]);
         }
     })
+}
+
+/// Panics unless `rows` holds `count` rows of `n` values `stride` apart,
+/// naming the op: `axpys`' SIMD path reads them through raw pointers.
+fn assert_rows(what: &str, rows: &[f32], count: usize, n: usize, stride: usize) {
+    if let Some(last) = count.checked_sub(1) {
+        assert!(
+            rows.len() >= last * stride + n,
+            "{what}: {count} rows of {n} values {stride} apart need {} values, got {}",
+            last * stride + n,
+            rows.len()
+        );
+    }
 }
 
 /// `y += a * x`, for attention's weighted sum of values.

@@ -176,15 +176,21 @@ impl<'a> Accumulators<'a> {
             let n = (rows.end - r0).min(GROUP);
             for t in 0..self.nt {
                 let v = _mm256_permutevar8x32_ps(self.get(g, t), order);
-                let out = job.out.add((tokens.start + t) * job.out_stride + r0);
-                if n == GROUP {
-                    _mm256_storeu_ps(out, v);
-                } else {
-                    let mut lanes = [0.0f32; GROUP];
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-                    std::ptr::copy_nonoverlapping(lanes.as_ptr(), out, n);
-                }
+                store_lanes(job.out.add((tokens.start + t) * job.out_stride + r0), n, v);
             }
         }
+    }
+}
+
+/// Stores the first `n` lanes of `v` at `out` (a group's rows; a short
+/// group's other lanes are not its rows).
+#[inline(always)]
+pub(crate) unsafe fn store_lanes(out: *mut f32, n: usize, v: __m256) {
+    if n == GROUP {
+        _mm256_storeu_ps(out, v);
+    } else {
+        let mut lanes = [0.0f32; GROUP];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+        std::ptr::copy_nonoverlapping(lanes.as_ptr(), out, n);
     }
 }

@@ -26,7 +26,7 @@
 // iterator chains would hide that the indices line up.
 #![allow(clippy::needless_range_loop)]
 
-use super::batch::{dwords, f16_halves, transpose4, GROUP};
+use super::batch::{dwords, f16_halves, store_lanes, transpose4, GROUP};
 use super::{prefetch_distance, prefetch_l2, Dot};
 use crate::matmul::{Job, Tile, TOKEN_BLOCK};
 use crate::quant::Q8S_BYTES;
@@ -506,13 +506,7 @@ unsafe fn partial_sums(out: *const f32, n: usize, first: usize) -> __m256 {
 #[inline(always)]
 unsafe fn store_rows(out: *mut f32, n: usize, acc: __m256) {
     let v = _mm256_permutevar8x32_ps(acc, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    if n == GROUP {
-        _mm256_storeu_ps(out, v);
-    } else {
-        let mut lanes = [0.0f32; GROUP];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-        std::ptr::copy_nonoverlapping(lanes.as_ptr(), out, n);
-    }
+    store_lanes(out, n, v);
 }
 
 /// Prefetches into L2 the rows at `at`, a group's worth a few lines per
