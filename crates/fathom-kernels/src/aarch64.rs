@@ -96,6 +96,14 @@ unsafe fn fifth_bits(q: (int8x16_t, int8x16_t), qh: *const u8) -> (int8x16_t, in
     (add(q.0, 0), add(q.1, 2))
 }
 
+/// `d` of four rows' blocks and the offset `c = k d` of the types whose
+/// offset is a fixed multiple of the scale (Q4_0: -8, Q5_0: -16).
+#[inline(always)]
+unsafe fn scaled_offset(h: [[u16; 2]; 4], k: f32) -> (float32x4_t, float32x4_t) {
+    let d = f16x4(h.map(|v| v[0]));
+    (d, vmulq_n_f32(d, k))
+}
+
 struct Q4_0;
 struct Q4_1;
 struct Q5_0;
@@ -113,11 +121,9 @@ impl Block32 for Q4_0 {
     unsafe fn halves(p: *const u8) -> [u16; 2] {
         [(p as *const u16).read_unaligned(), 0]
     }
-    /// `c = -8 d`.
     #[inline(always)]
     unsafe fn scales(h: [[u16; 2]; 4]) -> (float32x4_t, float32x4_t) {
-        let d = f16x4(h.map(|v| v[0]));
-        (d, vmulq_n_f32(d, -8.0))
+        scaled_offset(h, -8.0)
     }
 }
 
@@ -145,11 +151,9 @@ impl Block32 for Q5_0 {
     unsafe fn halves(p: *const u8) -> [u16; 2] {
         [(p as *const u16).read_unaligned(), 0]
     }
-    /// `c = -16 d`.
     #[inline(always)]
     unsafe fn scales(h: [[u16; 2]; 4]) -> (float32x4_t, float32x4_t) {
-        let d = f16x4(h.map(|v| v[0]));
-        (d, vmulq_n_f32(d, -16.0))
+        scaled_offset(h, -16.0)
     }
 }
 
