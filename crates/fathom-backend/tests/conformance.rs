@@ -33,6 +33,10 @@ use fathom_backend::{
 };
 use fathom_kernels::{affine_dequantize_row, dequantize_row, ops, AffineWeights};
 use fathom_plan::activations::ArenaBuffer;
+use fathom_plan::cuda::{
+    ALLOCATION_GRANULE, BLAS_HANDLE_BYTES, CONTEXT_BYTES, GRAPH_BYTES, GRAPH_MAX_NODES,
+    MODULE_BYTES,
+};
 use fathom_plan::kv::{KvGroup, KV_BLOCK_TOKENS};
 use fathom_plan::KvDtype;
 
@@ -1423,6 +1427,51 @@ fn conformance() {
     );
 }
 
+/// A repeated step of exactly GRAPH_MAX_NODES launches (an embedding and
+/// one-row f32 matmuls, a cuBLAS kernel each, then the logits read-back)
+/// becomes one graph within GRAPH_BYTES of device memory; one launch more
+/// runs launch by launch and takes none. Runs alone in its process
+/// (run.sh): the driver reuses graph memory an earlier graph left.
+#[test]
+fn cuda_graph_memory_within_plan() {
+    let arena = arena();
+    let Some(b) = cuda_backend(&arena, &small_kv()) else {
+        return;
+    };
+    let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
+    let eye = h.eye;
+    for nodes in [GRAPH_MAX_NODES, GRAPH_MAX_NODES + 1] {
+        let before = (h.b.memory().free, h.b.graph_stats());
+        for _ in 0..3 {
+            h.b.embed(eye, &[0], 1.0, Buf::Norm);
+            for _ in 0..nodes - 1 {
+                h.b.matmul(eye, Buf::Norm, 1, Buf::Q);
+            }
+            h.b.logits(1, EYE);
+        }
+        let (after, stats) = (h.b.memory().free, h.b.graph_stats());
+        let grown = before.0.saturating_sub(after);
+        let captured = stats.captures - before.1.captures;
+        println!("{nodes} launches a step: {captured} graph(s), {grown} bytes of device memory");
+        if nodes <= GRAPH_MAX_NODES {
+            assert_eq!(captured, 1, "a step of {nodes} launches is kept as a graph");
+            assert!(
+                grown <= GRAPH_BYTES,
+                "its graph took {grown} bytes, {GRAPH_BYTES} planned"
+            );
+        } else {
+            assert_eq!(
+                captured, 0,
+                "a step of {nodes} launches runs launch by launch"
+            );
+            assert_eq!(
+                grown, 0,
+                "launch by launch, yet {grown} bytes were allocated"
+            );
+        }
+    }
+}
+
 /// The CUDA backend's split attention (key ranges cut into pieces, then
 /// merged) on the conformance cases, which are too short for the backend to
 /// split on its own: forced to 2 and to 5 pieces (empty pieces included).
@@ -1605,7 +1654,10 @@ fn cuda_tiled_prefill() {
 }
 
 /// Device memory of the CUDA backend's start-up steps and first launches
-/// (cuMemGetInfo deltas), for the plan's backend term. Prints only.
+/// (cuMemGetInfo deltas) against the plan's terms for them: each step
+/// within its constant, the allocation exactly its planned 2 MiB pages,
+/// first launches nothing. Runs alone in its process (run.sh), on an idle
+/// device, since the context term is read as total − free.
 #[test]
 fn cuda_startup_memory() {
     let arena = arena();
@@ -1693,6 +1745,29 @@ fn cuda_startup_memory() {
         mib(before.saturating_sub(after.free))
     );
     println!("  device free {} of {} after all", after.free, after.total);
+    let first_launches = before.saturating_sub(after.free);
+    let planned = [
+        ("context", s.context, CONTEXT_BYTES),
+        ("stream", s.stream, 0),
+        ("module", s.module, MODULE_BYTES),
+        ("cuBLAS handle", s.blas_handle, BLAS_HANDLE_BYTES),
+        (
+            "allocation",
+            s.allocation,
+            s.allocation_requested.next_multiple_of(ALLOCATION_GRANULE),
+        ),
+        ("first launches", first_launches, 0),
+    ];
+    let over: Vec<String> = planned
+        .iter()
+        .filter(|(_, got, plan)| got > plan)
+        .map(|(what, got, plan)| format!("{what}: {got} B measured, {plan} B planned"))
+        .collect();
+    assert!(
+        over.is_empty(),
+        "start-up memory past the plan's terms (fathom_plan::cuda):\n{}",
+        over.join("\n")
+    );
 }
 
 /// The cache's bytes after one step, against the layout the CPU engine

@@ -31,6 +31,7 @@ fn term_label(name: &str) -> &'static str {
         "headroom" => "Headroom",
         "requests" => "Request buffers",
         "cuda_libraries" => "CUDA libraries",
+        "cuda_kernels_and_graphs" => "Kernels + graphs",
         "host_buffers" => "Host buffers",
         "weights_staging" => "Weights staging",
         "nccl" => "NCCL buffers",

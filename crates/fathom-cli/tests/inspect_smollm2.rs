@@ -449,9 +449,14 @@ fn cuda_plans_its_one_allocation_and_a_host_budget() {
         [
             "runtime",
             "cuda_libraries",
+            "cuda_kernels_and_graphs",
             "host_buffers",
             "weights_staging"
         ]
+    );
+    assert_eq!(
+        u(&host["terms"][2], "bytes"),
+        cuda::KERNELS_HOST_BYTES + cuda::MAX_GRAPHS as u64 * cuda::GRAPH_HOST_BYTES
     );
     let host_sum: u64 = host["terms"]
         .as_array()
@@ -460,7 +465,7 @@ fn cuda_plans_its_one_allocation_and_a_host_budget() {
         .map(|t| u(t, "bytes"))
         .sum();
     assert_eq!(host_sum, u(host, "total_bytes"));
-    assert_eq!(u(&host["terms"][3], "bytes"), u(&v, "weights_bytes"));
+    assert_eq!(u(&host["terms"][4], "bytes"), u(&v, "weights_bytes"));
     // A cpu plan has no host section: its one budget is host memory.
     let cpu = inspect_json(&smollm2(), &["--memory", "8G", "--device", "cpu"], &[]);
     assert!(cpu.get("host").is_none());

@@ -45,8 +45,11 @@ pub const ATTENTION_SPLIT_ROWS: u64 = 16;
 /// before and after `cuDevicePrimaryCtxRetain`, device idle before):
 /// measured on an H200, driver 580.159, CUDA 13.0 (docs/cuda.md).
 pub const CONTEXT_BYTES: u64 = 552_402_944;
-/// The embedded kernel module once loaded (measured the same way).
-pub const MODULE_BYTES: u64 = 2 << 20;
+/// The embedded kernel module once loaded (measured the same way): the
+/// driver keeps its sm_90 machine code rounded up to 2 MiB (a 0.7 MB
+/// fatbin took 2 MiB, a 6.4 MB image 8 MiB). A backend test holds the
+/// embedded image under this, so kernels that outgrow it fail CI.
+pub const MODULE_BYTES: u64 = 8 << 20;
 /// A cuBLAS handle's own device memory, workspace excluded (measured the
 /// same way).
 pub const BLAS_HANDLE_BYTES: u64 = 71_303_168;
@@ -54,9 +57,26 @@ pub const BLAS_HANDLE_BYTES: u64 = 71_303_168;
 /// Decode steps the backend keeps as CUDA graphs (see the backend's
 /// launch queue): the least recently used beyond this is destroyed.
 pub const MAX_GRAPHS: usize = 4;
-/// Device memory one instantiated decode-step graph takes (`cuMemGetInfo`
-/// around `cuGraphInstantiate` of an 8B model's step, ~600 kernel nodes).
+/// Device memory one instantiated graph of at most [`GRAPH_MAX_NODES`]
+/// nodes takes (`cuMemGetInfo` around `cuGraphInstantiate`: the driver
+/// grows graph memory by 2 MiB; a 774-node MoE decode step took one such
+/// step, a 1,318-launch prefill chunk with cuBLAS calls two or three).
 pub const GRAPH_BYTES: u64 = 2 << 20;
+/// Nodes of the largest step the backend keeps as a graph: a larger one
+/// (prefill chunks, batched steps of many dequantize + GEMM slices, whose
+/// GPU time hides their launches anyway) runs launch by launch, so the
+/// graphs stay within `MAX_GRAPHS` × [`GRAPH_BYTES`].
+pub const GRAPH_MAX_NODES: usize = 800;
+
+/// Host memory of one kept graph (the driver's copy of its nodes and their
+/// arguments): `fathom generate --parallel 16` on a SmolLM2-shaped file,
+/// with five graphs of ~700 nodes live at once, peaked 24 MB above the run
+/// with three (docs/benchmark_results/memory-cuda-2026-12-01.md).
+pub const GRAPH_HOST_BYTES: u64 = 8 << 20;
+/// The embedded kernels (sm_90 image and compressed PTX, 8.3 MB today),
+/// resident in the process once the driver has read them; a backend test
+/// holds the fatbin under this.
+pub const KERNELS_HOST_BYTES: u64 = 10 << 20;
 
 /// Host memory the CUDA user-space libraries (libcuda, cuBLAS, cuBLASLt)
 /// keep resident once loaded and initialized: their code and tables.

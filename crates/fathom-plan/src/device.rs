@@ -203,6 +203,17 @@ pub fn host_plan(spec: &ModelSpec, inputs: &PlanInputs, activations: &Activation
             derivation: "libcuda, cuBLAS and cuBLASLt resident once initialized (measured on an H200 host)".into(),
         },
         Term {
+            name: "cuda_kernels_and_graphs",
+            bytes: cuda::KERNELS_HOST_BYTES
+                .saturating_add(cuda::MAX_GRAPHS as u64 * cuda::GRAPH_HOST_BYTES),
+            derivation: format!(
+                "the embedded kernels {} + {} graphs x {} (measured on an H200 host)",
+                format_binary(cuda::KERNELS_HOST_BYTES),
+                cuda::MAX_GRAPHS,
+                format_binary(cuda::GRAPH_HOST_BYTES)
+            ),
+        },
+        Term {
             name: "host_buffers",
             bytes: host_arena.saturating_add(readback),
             derivation: format!(

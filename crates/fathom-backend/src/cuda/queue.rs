@@ -12,13 +12,14 @@
 //! per-step inputs such as positions and page tables live in the upload
 //! area, whose contents the host copies before the replay), so a replay is
 //! exactly the launches it stands for. A new sequence of launches is
-//! captured the second time in a row it is seen (a prefill chunk or a
-//! one-off shape is not worth a capture), at most [`MAX_GRAPHS`] kept.
+//! captured the second time in a row it is seen (a one-off shape is not
+//! worth a capture), at most [`MAX_GRAPHS`] kept, each of at most
+//! [`GRAPH_MAX_NODES`] nodes: the plan's graph memory is their product.
 
 use std::ffi::c_void;
 
 use cudarc::driver::{result, sys};
-use fathom_plan::cuda::MAX_GRAPHS;
+use fathom_plan::cuda::{GRAPH_MAX_NODES, MAX_GRAPHS};
 
 use super::blas::Gemm;
 use super::device_err;
@@ -37,6 +38,10 @@ enum Entry {
     Gemm(Gemm),
 }
 
+/// Signatures found too large to capture that are remembered (the oldest
+/// forgotten first): a fixed set, so a long run does not grow it.
+const TOO_LARGE_KEPT: usize = 64;
+
 /// Starts a cuBLAS call's words in a signature: never a kernel's address.
 const GEMM_TAG: u64 = u64::MAX;
 
@@ -52,6 +57,8 @@ struct Graph {
 pub struct GraphStats {
     pub captures: u64,
     pub replays: u64,
+    /// Repeated steps not kept: more than GRAPH_MAX_NODES nodes.
+    pub too_large: u64,
     /// Launches issued one by one.
     pub direct: u64,
 }
@@ -67,6 +74,9 @@ pub(super) struct LaunchQueue {
     /// captures it).
     previous: Vec<u64>,
     graphs: Vec<Graph>,
+    /// Hashes of signatures whose capture had too many nodes (cuBLAS
+    /// calls are several nodes each), so they are not captured again.
+    too_large: Vec<u64>,
     clock: u64,
     enabled: bool,
     /// Room for one launch's argument pointers, kept between launches.
@@ -90,6 +100,7 @@ impl LaunchQueue {
             sig: Vec::new(),
             previous: Vec::new(),
             graphs: Vec::new(),
+            too_large: Vec::new(),
             clock: 0,
             ptrs: Vec::with_capacity(32),
             enabled: switch("FATHOM_CUDA_GRAPHS"),
@@ -186,7 +197,7 @@ impl LaunchQueue {
                 return unsafe { result::graph::launch(g.exec, stream) }
                     .map_err(|e| device_err("graph launch", e));
             }
-            if self.previous == self.sig {
+            if self.previous == self.sig && self.may_capture() {
                 return self.capture(stream, gemm);
             }
             std::mem::swap(&mut self.previous, &mut self.sig);
@@ -263,8 +274,20 @@ impl LaunchQueue {
         Ok(())
     }
 
-    /// Captures the recorded launches into a graph, keeps it (dropping the
-    /// least recently used beyond MAX_GRAPHS) and launches it.
+    /// Whether the recorded step may become a graph: not more launches
+    /// than a graph may have nodes, and not found too large before.
+    fn may_capture(&mut self) -> bool {
+        if self.entries.len() > GRAPH_MAX_NODES || self.too_large.contains(&sig_hash(&self.sig)) {
+            self.stats.too_large += 1;
+            return false;
+        }
+        true
+    }
+
+    /// Captures the recorded launches into a graph and launches it: kept
+    /// (the least recently used dropped first, so at most MAX_GRAPHS live
+    /// at once) when it has at most GRAPH_MAX_NODES nodes, else dropped
+    /// uninstantiated and its signature remembered.
     fn capture(
         &mut self,
         stream: sys::CUstream,
@@ -280,14 +303,21 @@ impl LaunchQueue {
         let graph = unsafe { result::stream::end_capture(stream) };
         launched?;
         let graph = graph.map_err(|e| device_err("ending a graph capture", e))?;
-        // SAFETY: a graph just captured; destroyed once instantiated (the
-        // executable graph keeps what it needs).
-        let exec = unsafe {
-            let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0));
-            let _ = result::graph::destroy(graph);
-            exec.map_err(|e| device_err("instantiating a graph", e))?
-        };
-        self.stats.captures += 1;
+        let mut nodes = 0usize;
+        // SAFETY: a graph just captured; a null node array asks for the count.
+        let counted =
+            unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut nodes).result() };
+        if counted.is_err() || nodes > GRAPH_MAX_NODES {
+            // SAFETY: the captured graph, never instantiated.
+            let _ = unsafe { result::graph::destroy(graph) };
+            self.stats.too_large += 1;
+            if self.too_large.len() == TOO_LARGE_KEPT {
+                self.too_large.remove(0);
+            }
+            self.too_large.push(sig_hash(&self.sig));
+            self.stats.direct += self.entries.len() as u64;
+            return self.launch_each(stream, false, gemm);
+        }
         if self.graphs.len() >= MAX_GRAPHS {
             let oldest = (0..self.graphs.len())
                 .min_by_key(|&i| self.graphs[i].last_used)
@@ -297,6 +327,14 @@ impl LaunchQueue {
             // launch before anything after.
             let _ = unsafe { result::graph::exec_destroy(g.exec) };
         }
+        // SAFETY: a graph just captured; destroyed once instantiated (the
+        // executable graph keeps what it needs).
+        let exec = unsafe {
+            let exec = result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0));
+            let _ = result::graph::destroy(graph);
+            exec.map_err(|e| device_err("instantiating a graph", e))?
+        };
+        self.stats.captures += 1;
         self.graphs.push(Graph {
             exec,
             // A copy: the queue's own signature keeps its capacity, so the
@@ -315,4 +353,12 @@ impl LaunchQueue {
             let _ = unsafe { result::graph::exec_destroy(g.exec) };
         }
     }
+}
+
+/// A signature's hash (FNV-1a over its words), to remember the ones not to
+/// capture without keeping them whole; a collision only skips a capture.
+fn sig_hash(sig: &[u64]) -> u64 {
+    sig.iter().fold(0xcbf2_9ce4_8422_2325, |h, &w| {
+        (h ^ w).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
