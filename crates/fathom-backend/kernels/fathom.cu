@@ -965,6 +965,69 @@ FATHOM_ONE_TOKEN_KERNELS(x8, q4_0, T_Q4_0, true)
 FATHOM_ONE_TOKEN_KERNELS(x8, q4_k, T_Q4_K, true)
 FATHOM_ONE_TOKEN_KERNELS(x8, q6_k, T_Q6_K, true)
 
+// MoE, one token, the routes where route_experts left them ((id, weight)
+// pairs): launch slot blockIdx.y runs the expert of route y. Experts of a
+// layer lie evenly in the allocation (the backend checks), so expert e is
+// the first one's matrix moved by e x stride. No prefetch: which rows are
+// read is known only after the wait.
+__device__ __forceinline__ Weights routed(Weights w, unsigned long long stride, const unsigned int* routes) {
+  w.data += routes[2 * blockIdx.y] * stride;
+  return w;
+}
+// moe_gate_up: out row y = act(x . gate_e) x (x . up_e); moe_down: out row y
+// = x row y . down_e (x: k rows, f32 or x8 blocks). Four blocks an SM rather
+// than eight: the routing's arguments take the registers that would spill.
+#define FATHOM_ROUTED_KERNELS(SUFFIX, NAME, T, X8)                                             \
+  extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 4) moe_gate_up##SUFFIX##_##NAME( \
+      const Weights gate, const Weights up, unsigned long long gate_stride,                    \
+      unsigned long long up_stride, const unsigned int* routes, const float* x, float* out,    \
+      int split, int act) {                                                                    \
+    FATHOM_PDL();                                                                              \
+    matvec<T, 1, true, X8>(routed(gate, gate_stride, routes), routed(up, up_stride, routes), x, \
+                           out + (size_t)blockIdx.y * gate.rows, 1, split, act, blockIdx.x);   \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 4) moe_down##SUFFIX##_##NAME(    \
+      const Weights w, unsigned long long stride, const unsigned int* routes, const float* x,  \
+      float* out, int split) {                                                                 \
+    FATHOM_PDL();                                                                              \
+    const size_t row = X8 ? (size_t)(w.cols / 32) * X8_BLOCK : (size_t)w.cols * sizeof(float); \
+    const float* xy = (const float*)((const uint8_t*)x + blockIdx.y * row);                    \
+    const Weights e = routed(w, stride, routes);                                               \
+    matvec<T, 1, false, X8>(e, e, xy, out + (size_t)blockIdx.y * w.rows, 1, split, 0, blockIdx.x); \
+  }
+FATHOM_ROUTED_KERNELS(x8, q8_0, T_Q8_0, true)
+FATHOM_ROUTED_KERNELS(x8, q4_0, T_Q4_0, true)
+FATHOM_ROUTED_KERNELS(x8, q4_k, T_Q4_K, true)
+FATHOM_ROUTED_KERNELS(x8, q6_k, T_Q6_K, true)
+FATHOM_ROUTED_KERNELS(, f16, T_F16, false)
+FATHOM_ROUTED_KERNELS(, bf16, T_BF16, false)
+FATHOM_ROUTED_KERNELS(, q5_k, T_Q5_K, false)
+
+// out = the k rows of src (width values each) weighted by their routes'
+// probabilities and summed in expert order from zero: bit for bit what
+// zeroing out and scattering each expert's rows adds (scatter_rows). At
+// most MOE_MAX_ROUTES routes; one block of 256 threads per 256 values.
+#define MOE_MAX_ROUTES 16
+extern "C" __global__ void moe_combine(const float* src, const unsigned int* routes, int k, int width,
+                                       float* out) { FATHOM_PDL();
+  __shared__ int order[MOE_MAX_ROUTES];
+  if (threadIdx.x < k) {
+    const unsigned int id = routes[2 * threadIdx.x];
+    int rank = 0;
+    for (int j = 0; j < k; j++) rank += routes[2 * j] < id;
+    order[rank] = threadIdx.x;
+  }
+  __syncthreads();
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= width) return;
+  float acc = 0.0f;
+  for (int p = 0; p < k; p++) {
+    const int y = order[p];
+    acc += __uint_as_float(routes[2 * y + 1]) * src[(size_t)y * width + c];
+  }
+  out[c] = acc;
+}
+
 FATHOM_WEIGHT_KERNELS(f32, T_F32)
 FATHOM_WEIGHT_KERNELS(f16, T_F16)
 FATHOM_WEIGHT_KERNELS(bf16, T_BF16)

@@ -54,6 +54,33 @@ pub fn greedy_pick(row: &[f32], banned: &[u32]) -> [u32; 2] {
     [plain, best.map_or(0, |(i, _)| i)]
 }
 
+/// [`Backend::routed_experts`] an expert at a time: its rows gathered into
+/// [`Buf::MoeIn`], its FFN over them into [`Buf::MoeOut`], and those
+/// added back to their rows of `out` (zeroed first), weighted.
+#[allow(clippy::too_many_arguments)]
+pub fn experts_by_gather<B: Backend + ?Sized>(
+    b: &mut B,
+    experts: &[[MatrixId; 3]],
+    x: Buf,
+    rows: usize,
+    k: usize,
+    act: Glu,
+    [width, ffn_width]: [usize; 2],
+    out: Buf,
+) {
+    b.zero(out, rows, width);
+    for (e, &[gate, up, down]) in experts.iter().enumerate() {
+        let n = b.gather_expert_rows(e, rows, k, x, width, Buf::MoeIn);
+        if n == 0 {
+            continue;
+        }
+        let glu_out = [Buf::FfnGate, Buf::FfnUp];
+        b.matmul_glu([gate, up], Buf::MoeIn, n, act, glu_out, ffn_width);
+        b.matmul(down, Buf::FfnGate, n, Buf::MoeOut);
+        b.scatter_expert_rows(e, rows, k, Buf::MoeOut, width, out);
+    }
+}
+
 /// [`greedy_pick`] of each `width`-long row of `logits`, into `out`.
 pub fn greedy_from_rows(logits: &[f32], width: usize, banned: &[u32], out: &mut [[u32; 2]]) {
     for (row, o) in logits.chunks_exact(width).zip(out) {
@@ -418,6 +445,27 @@ pub trait Backend: Send {
         width: usize,
         dst: Buf,
     );
+
+    /// The routed experts of a MoE FFN, after [`Backend::route_experts`]:
+    /// each of `rows` rows of `x` (`width` values) through its `k` experts
+    /// (each `[gate, up, down]`, a gated FFN of `ffn_width`), the outputs
+    /// weighted by the route probabilities and summed into `out`. A GPU may
+    /// run the routes where they lie, without reading them back; the
+    /// default runs each expert once over the rows routed to it
+    /// ([`experts_by_gather`]).
+    #[allow(clippy::too_many_arguments)]
+    fn routed_experts(
+        &mut self,
+        experts: &[[MatrixId; 3]],
+        x: Buf,
+        rows: usize,
+        k: usize,
+        act: Glu,
+        [width, ffn_width]: [usize; 2],
+        out: Buf,
+    ) {
+        experts_by_gather(self, experts, x, rows, k, act, [width, ffn_width], out);
+    }
 
     /// Sets `rows × width` values of `x` to zero.
     fn zero(&mut self, x: Buf, rows: usize, width: usize);

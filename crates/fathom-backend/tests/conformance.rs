@@ -1267,6 +1267,119 @@ fn test_moe(h: &mut Harness, rng: &mut Rng) {
     }
 }
 
+/// A layer's experts for [`test_routed_experts`]: gate and up of one kind,
+/// down of another, loaded expert by expert (gate, up, down) as the engine
+/// loads them; with their values.
+struct Experts {
+    ids: Vec<[MatrixId; 3]>,
+    values: Vec<[Vec<f32>; 3]>,
+    label: String,
+}
+
+/// (gate/up kind, down kind) pairs: each kind with routed kernels on the
+/// GPU (int8 activations, f32 activations, a Q4_K_M-like mix) and one
+/// without (Q4_1: the gather path everywhere).
+fn routed_kinds() -> Vec<(WeightType, WeightType)> {
+    use WeightType::*;
+    vec![
+        (Q4_0, Q4_0),
+        (Q8_0, Q8_0),
+        (Q4_K, Q6_K),
+        (F16, F16),
+        (Q5_K, Q5_K),
+        (Q4_1, Q4_1),
+    ]
+}
+
+/// Experts the routed tests use: 16 of them, 4 active, hidden 512, FFN 256.
+const ROUTED: (usize, usize, usize, usize) = (16, 4, 512, 256);
+
+fn load_experts<B: Backend + ?Sized>(
+    h: &mut Harness<B>,
+    rng: &mut Rng,
+    (gate_kind, down_kind): (WeightType, WeightType),
+) -> Experts {
+    let (ne, _, d, f) = ROUTED;
+    let (mut ids, mut values) = (Vec::new(), Vec::new());
+    for _ in 0..ne {
+        let (g, gv) = random_matrix(rng, Ok(gate_kind), f, d);
+        let (u, uv) = random_matrix(rng, Ok(gate_kind), f, d);
+        let (dn, dv) = random_matrix(rng, Ok(down_kind), d, f);
+        let load = |h: &mut Harness<B>, m| h.b.load_matrix(m).expect("loads");
+        ids.push([load(h, g), load(h, u), load(h, dn)]);
+        values.push([gv, uv, dv]);
+    }
+    Experts {
+        ids,
+        values,
+        label: format!("{}/{}", gate_kind.name(), down_kind.name()),
+    }
+}
+
+/// Routes `rows` random rows, then runs the routed experts over them into
+/// BranchOut; returns x and the router logits used.
+fn route_and_run<B: Backend + ?Sized>(
+    h: &mut Harness<B>,
+    rng: &mut Rng,
+    experts: &Experts,
+    rows: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let (ne, k, d, f) = ROUTED;
+    let logits: Vec<f32> = rng.vec(rows * ne).iter().map(|v| v * 4.0).collect();
+    h.set(Buf::RouterLogits, &logits, ne);
+    let x = rng.vec(rows * d);
+    h.set(Buf::Norm, &x, d);
+    h.b.route_experts(Buf::RouterLogits, rows, ne, k, true);
+    let out = Buf::BranchOut;
+    h.b.routed_experts(&experts.ids, Buf::Norm, rows, k, Glu::Silu, [d, f], out);
+    (x, logits)
+}
+
+/// routed_experts (after route_experts, normalized top-k) of one row (the
+/// GPU's on-device routes) and of three (the gather path), for each kind
+/// pair, against the f64 FFN of each row's experts weighted by its f64
+/// routes. Two matmuls deep on quantized activations: twice the matmul
+/// tolerance.
+fn test_routed_experts(h: &mut Harness, rng: &mut Rng) {
+    let (ne, k, d, f) = ROUTED;
+    for kinds in routed_kinds() {
+        let experts = load_experts(h, rng, kinds);
+        for rows in [1, 3] {
+            let (x, logits) = route_and_run(h, rng, &experts, rows);
+            let got = h.get(Buf::BranchOut, rows, d);
+            let mut want = vec![0f64; rows * d];
+            for r in 0..rows {
+                let l = &logits[r * ne..(r + 1) * ne];
+                let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let p: Vec<f64> = l.iter().map(|&v| (v as f64 - m).exp()).collect();
+                let mut idx: Vec<usize> = (0..ne).collect();
+                idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+                let total: f64 = idx[..k].iter().map(|&e| p[e]).sum();
+                let xr = &x[r * d..(r + 1) * d];
+                for &e in &idx[..k] {
+                    let [gv, uv, dv] = &experts.values[e];
+                    let hidden: Vec<f32> = reference_matmul(gv, f, d, xr, 1)
+                        .iter()
+                        .zip(reference_matmul(uv, f, d, xr, 1))
+                        .map(|(&g, u)| glu_ref(g, u, Glu::Silu) as f32)
+                        .collect();
+                    let y = reference_matmul(dv, d, f, &hidden, 1);
+                    for (o, v) in want[r * d..(r + 1) * d].iter_mut().zip(y) {
+                        *o += p[e] / total * v;
+                    }
+                }
+            }
+            h.check(
+                "routed_experts",
+                &format!("{} 16 experts top-4 x{rows}", experts.label),
+                &got,
+                &want,
+                2.0 * TOL_MATMUL,
+            );
+        }
+    }
+}
+
 /// Tensor-parallel shards of a matrix (`HostMatrix::rows_range`,
 /// `cols_range`) on one backend: a column-split (rows range) product is
 /// the whole product's rows; row-split (cols range) partial products of
@@ -1400,6 +1513,7 @@ fn conformance() {
         test_shards(&mut h, &mut rng);
         test_rope(&mut h, &mut rng);
         test_moe(&mut h, &mut rng);
+        test_routed_experts(&mut h, &mut rng);
         test_greedy(&mut h, &mut rng);
         failures.extend(h.finish());
         ran += 1;
@@ -1425,6 +1539,54 @@ fn conformance() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// One-token MoE on the routes the device holds (CUDA) against the same
+/// backend's expert-by-expert gather path: bit for bit (the same matvec
+/// kernels, the weighted sum in the same expert order), and without the
+/// routes' read-back (which the gather path needs) for every kind pair with
+/// routed kernels; Q4_1, without, reads them back.
+#[test]
+fn cuda_routed_experts_equal_the_gather_path() {
+    let arena = arena();
+    let Some(b) = cuda_backend(&arena, &small_kv()) else {
+        return;
+    };
+    let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
+    let mut rng = Rng(0x3e7_0001);
+    let d = ROUTED.2;
+    for kinds in routed_kinds() {
+        let experts = load_experts(&mut h, &mut rng, kinds);
+        let seed = rng.0;
+        let mut outs = Vec::new();
+        let mut read_backs = Vec::new();
+        for device in [true, false] {
+            h.b.use_device_routing(device);
+            rng.0 = seed;
+            let before = h.b.routes_read_back();
+            route_and_run(&mut h, &mut rng, &experts, 1);
+            outs.push(h.get(Buf::BranchOut, 1, d));
+            read_backs.push(h.b.routes_read_back() - before);
+        }
+        let label = &experts.label;
+        let routed = kinds.0 != WeightType::Q4_1;
+        assert_eq!(
+            read_backs,
+            [u64::from(!routed), 1],
+            "{label}: routes read back (device routing, gather path)"
+        );
+        let differ = outs[0]
+            .iter()
+            .zip(&outs[1])
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ, 0,
+            "{label}: {differ} of {d} values differ from the gather path"
+        );
+        println!("{label}: device routing = gather path, bit for bit");
+    }
+    h.b.use_device_routing(true);
 }
 
 /// A repeated step of exactly GRAPH_MAX_NODES launches (an embedding and

@@ -465,9 +465,8 @@ impl Model {
         backend.matmul(down, Buf::FfnGate, rows, out);
     }
 
-    /// Routed experts: each row's top-k experts by router softmax; each
-    /// expert runs once over the rows routed to it, and its output is
-    /// added to those rows of `branch_out`, weighted.
+    /// Routed experts: each row's top-k experts by router softmax, their
+    /// outputs weighted into `branch_out` ([`Backend::routed_experts`]).
     fn moe_ffn(
         &self,
         backend: &mut dyn Backend,
@@ -485,15 +484,16 @@ impl Model {
             k,
             self.spec.norm_topk_prob,
         );
-        backend.zero(Buf::BranchOut, rows, d);
-        for (e, expert) in experts.iter().enumerate() {
-            let n = backend.gather_expert_rows(e, rows, k, Buf::Norm, d, Buf::MoeIn);
-            if n == 0 {
-                continue;
-            }
-            self.ffn(backend, *expert, Buf::MoeIn, n, Buf::MoeOut);
-            backend.scatter_expert_rows(e, rows, k, Buf::MoeOut, d, Buf::BranchOut);
-        }
+        let widths = [d, self.ffn_width];
+        backend.routed_experts(
+            experts,
+            Buf::Norm,
+            rows,
+            k,
+            self.glu,
+            widths,
+            Buf::BranchOut,
+        );
     }
 }
 

@@ -69,6 +69,11 @@ use fathom_plan::cuda::{
 };
 /// Tokens a matrix-vector kernel takes at once; more go to the tiled kernel.
 const MV_MAX_TOKENS: usize = 8;
+/// Routes a token's experts the routed kernels combine, at most
+/// (`MOE_MAX_ROUTES` in fathom.cu).
+const MOE_MAX_ROUTES: usize = 16;
+/// Bytes of one 32-value block of int8 activations (`X8_BLOCK` in fathom.cu).
+const X8_BLOCK: usize = 48;
 /// Warps of a matrix-vector block (`MV_WARPS` in fathom.cu).
 const MV_WARPS: usize = 4;
 /// Largest head dims the attention kernel holds per lane.
@@ -268,6 +273,12 @@ struct Kernels {
     mv1x8: [sys::CUfunction; 16],
     mvglu1x8: [sys::CUfunction; 16],
     quantize_x8: sys::CUfunction,
+    /// MoE, one token, routes read on the device: `moe_gate_up`,
+    /// `moe_down` (on int8 activations where the kind has them), null
+    /// for kinds without (`FATHOM_ROUTED_KERNELS` in fathom.cu).
+    moe_gate_up: [sys::CUfunction; 16],
+    moe_down: [sys::CUfunction; 16],
+    moe_combine: sys::CUfunction,
     mm: [sys::CUfunction; 16],
     embed: [sys::CUfunction; 16],
     dequant: [sys::CUfunction; 16],
@@ -360,6 +371,16 @@ impl Kernels {
             }
             Ok(out)
         };
+        // Kinds with routed-expert kernels: the int8-activation ones, and
+        // these on f32 activations.
+        let routed_table = |prefix: &str| -> Result<[sys::CUfunction; 16], BackendError> {
+            let mut out = x8_table(&format!("{prefix}x8"))?;
+            for ty in [WeightType::F16, WeightType::BF16, WeightType::Q5_K] {
+                let kind = kind_of_type(ty);
+                out[kind] = get(&format!("{prefix}_{}", KINDS[kind]))?;
+            }
+            Ok(out)
+        };
         Ok(Kernels {
             mv1: table("mv1")?,
             mv: table("mv")?,
@@ -368,6 +389,9 @@ impl Kernels {
             mv1x8: x8_table("mv1x8")?,
             mvglu1x8: x8_table("mvglu1x8")?,
             quantize_x8: get("quantize_x8")?,
+            moe_gate_up: routed_table("moe_gate_up")?,
+            moe_down: routed_table("moe_down")?,
+            moe_combine: get("moe_combine")?,
             mm: table("mm")?,
             embed: table("embed")?,
             dequant: table("dequant")?,
@@ -482,6 +506,14 @@ pub struct CudaBackend {
     greedy_host: Vec<u32>,
     routes_k: usize,
     routes_rows: usize,
+    /// `routes` is older than the last route_experts (read back on the
+    /// first op that needs them on the host).
+    routes_stale: bool,
+    /// One-token MoE steps run their routes on the device (tests turn
+    /// this off to compare with the gather path).
+    device_routing: bool,
+    /// Route read-backs so far (tests: the device path makes none).
+    routes_read: u64,
     /// Launches recorded since the last issue.
     queue: queue::LaunchQueue,
     /// The queue holds the step from its first op (a graph candidate).
@@ -685,6 +717,9 @@ impl CudaBackend {
             greedy_host: vec![0; 2 * logits_rows],
             routes_k: 0,
             routes_rows: 0,
+            routes_stale: false,
+            device_routing: true,
+            routes_read: 0,
             queue: queue::LaunchQueue::new(),
             whole_step: false,
             eager: false,
@@ -746,6 +781,19 @@ impl CudaBackend {
     #[doc(hidden)]
     pub fn use_tiled_prefill(&mut self, on: bool) {
         self.tiled_prefill = on;
+    }
+
+    /// One-token MoE steps on the device's routes (`true`, the default) or
+    /// expert by expert through the host (`false`), so tests can compare.
+    #[doc(hidden)]
+    pub fn use_device_routing(&mut self, on: bool) {
+        self.device_routing = on;
+    }
+
+    /// How many times routes were read back to the host (tests).
+    #[doc(hidden)]
+    pub fn routes_read_back(&self) -> u64 {
+        self.routes_read
     }
 
     /// Cuts attention's key ranges into `n` pieces (as far as the planned
@@ -1196,6 +1244,161 @@ impl CudaBackend {
     /// Uploads an expert's row indices (and weights) for its gather /
     /// scatter. Written op by op into one area, so what is recorded (which
     /// may read the previous list) is issued first.
+    /// Reads the last route_experts' routes back (once), for the ops that
+    /// sort rows by expert on the host: what is recorded goes now, and the
+    /// rest of the step launches op by op.
+    fn routes_to_host(&mut self) {
+        if !std::mem::take(&mut self.routes_stale) || !self.ready() {
+            return;
+        }
+        self.go_eager();
+        self.routes_read += 1;
+        let n = self.routes_rows * self.routes_k * 2;
+        let rp = self.buf(Buf::ExpertRoutes, n * 4);
+        let mut host = std::mem::take(&mut self.routes);
+        if self.error.is_none() {
+            // SAFETY: `host` holds n u32 (route_experts checked); the routes
+            // buffer holds rows × k pairs; pageable memory: returns when done.
+            let r = unsafe { result::memcpy_dtoh_async(&mut host[..n], rp, self.stream) };
+            if let Err(e) = r {
+                self.fail("reading the expert routes", e);
+            }
+        }
+        self.routes = host;
+        self.sync();
+    }
+
+    /// `(first, stride)` when matrix `i` of every expert has the first's
+    /// kind and shape and lies `stride` bytes past the one before (how the
+    /// loader places a layer's experts), so a kernel finds expert e's at
+    /// `first.data + e × stride`.
+    fn evenly_placed(&self, experts: &[[MatrixId; 3]], i: usize) -> Option<(DevMatrix, u64)> {
+        let at = |e: usize| self.matrices[experts[e][i].0 as usize];
+        let first = at(0);
+        let stride = experts
+            .get(1)
+            .map_or(0, |_| at(1).arg.data.wrapping_sub(first.arg.data));
+        let even = (0..experts.len()).all(|e| {
+            let (m, a) = (at(e), at(e).arg);
+            m.kind == first.kind
+                && (a.rows, a.cols, a.row_bytes)
+                    == (first.arg.rows, first.arg.cols, first.arg.row_bytes)
+                && a.scales == 0
+                && a.data == first.arg.data.wrapping_add(stride.wrapping_mul(e as u64))
+        });
+        even.then_some((first, stride))
+    }
+
+    /// A one-token MoE FFN on the routes route_experts left on the device:
+    /// gate and up of the k routed experts in one launch, down in another,
+    /// their weighted sum in a third; nothing is read back, so the step
+    /// stays one graph. `false`, with nothing launched, where the experts
+    /// do not lie evenly, their kinds have no routed kernels, or k rows do
+    /// not fit the planned buffers.
+    fn routed_on_device(
+        &mut self,
+        experts: &[[MatrixId; 3]],
+        x: Buf,
+        act: Glu,
+        k: usize,
+        [width, ffn_width]: [usize; 2],
+        out: Buf,
+    ) -> bool {
+        let (Some((g, gs)), Some((u, us)), Some((d, ds))) = (
+            self.evenly_placed(experts, 0),
+            self.evenly_placed(experts, 1),
+            self.evenly_placed(experts, 2),
+        ) else {
+            return false;
+        };
+        let (gate_x8, down_x8) = (
+            !self.k.mv1x8[g.kind].is_null(),
+            !self.k.mv1x8[d.kind].is_null(),
+        );
+        let staging = self.upload.x16_cols * self.upload.tokens * 2;
+        let x8_fits =
+            |values: usize| values.is_multiple_of(32) && values / 32 * X8_BLOCK <= staging;
+        let holds = |b: Buf, bytes: usize| {
+            self.arena[b as usize].is_some_and(|(_, size)| bytes as u64 <= size)
+        };
+        let fits = k <= MOE_MAX_ROUTES
+            && k == self.routes_k
+            && g.kind == u.kind
+            && !self.k.moe_gate_up[g.kind].is_null()
+            && !self.k.moe_down[d.kind].is_null()
+            && (g.arg.rows, g.arg.cols, d.arg.rows, d.arg.cols)
+                == (
+                    ffn_width as i32,
+                    width as i32,
+                    width as i32,
+                    ffn_width as i32,
+                )
+            && (u.arg.rows, u.arg.cols) == (g.arg.rows, g.arg.cols)
+            && (!gate_x8 || (x8_fits(width) && width <= self.upload.x16_cols))
+            && (!down_x8 || x8_fits(k * ffn_width))
+            && holds(Buf::FfnGate, k * ffn_width * 4)
+            && holds(Buf::MoeOut, k * width * 4);
+        if !fits {
+            return false;
+        }
+        let mut xp = self.buf(x, width * 4);
+        let mut gate_out = self.buf(Buf::FfnGate, k * ffn_width * 4);
+        let mut down_out = self.buf(Buf::MoeOut, k * width * 4);
+        let mut op = self.buf(out, width * 4);
+        let mut routes = self.buf(Buf::ExpertRoutes, k * 8);
+        if !self.ready() {
+            return true;
+        }
+        let ky = k as u32;
+        if gate_x8 {
+            xp = self
+                .x8_input(g.kind, width, xp)
+                .expect("checked: x fits the x8 staging");
+        }
+        let split = Self::matvec_split(ffn_width, width / Self::matvec_chunk(g.kind, 1));
+        let (mut ga, mut ua, mut gs, mut us, mut sp) = (g.arg, u.arg, gs, us, split as i32);
+        let mut a = match act {
+            Glu::Silu => 0i32,
+            Glu::GeluTanh => 1,
+        };
+        let grid = ffn_width.div_ceil(MV_WARPS / split) as u32;
+        let f = self.k.moe_gate_up[g.kind];
+        self.launch(
+            f,
+            (grid, ky, 1),
+            32 * MV_WARPS as u32,
+            &mut args![ga, ua, gs, us, routes, xp, gate_out, sp, a],
+        );
+        let mut dx = gate_out;
+        if down_x8 {
+            // The k rows' blocks one after another: each row's own blocks.
+            let (mut n, mut staged) = ((k * ffn_width) as i32, self.upload.x16);
+            let f = self.k.quantize_x8;
+            let grid = (k * ffn_width / 32).div_ceil(8) as u32;
+            self.launch(f, (grid, 1, 1), 256, &mut args![dx, n, staged]);
+            dx = staged;
+        }
+        let split = Self::matvec_split(width, ffn_width / Self::matvec_chunk(d.kind, 1));
+        let (mut da, mut ds, mut sp) = (d.arg, ds, split as i32);
+        let grid = width.div_ceil(MV_WARPS / split) as u32;
+        let f = self.k.moe_down[d.kind];
+        self.launch(
+            f,
+            (grid, ky, 1),
+            32 * MV_WARPS as u32,
+            &mut args![da, ds, routes, dx, down_out, sp],
+        );
+        let (mut kk, mut w) = (k as i32, width as i32);
+        let f = self.k.moe_combine;
+        self.launch(
+            f,
+            (width.div_ceil(256) as u32, 1, 1),
+            256,
+            &mut args![down_out, routes, kk, w, op],
+        );
+        true
+    }
+
     fn upload_idx(&mut self, idx: &[u32], weights: Option<&[f32]>) -> (u64, u64) {
         self.issue(false);
         assert!(
@@ -2060,29 +2263,32 @@ impl Backend for CudaBackend {
         );
         self.routes_k = k;
         self.routes_rows = rows;
+        self.routes_stale = true;
         if rows == 0 || !self.ready() {
             return;
         }
-        // The routes come back to the host: what is recorded goes now, and
-        // the rest of the step launches op by op.
-        self.go_eager();
         let (mut ne, mut kk, mut norm) = (n_experts as i32, k as i32, normalize as i32);
         let f = self.k.route_experts;
         self.launch(f, (rows as u32, 1, 1), 32, &mut args![lp, ne, kk, norm, rp]);
-        // The host decides which rows go to which expert (the trait returns
-        // counts), so the routes come back now.
-        let n = rows * k * 2;
-        let mut host = std::mem::take(&mut self.routes);
-        if self.error.is_none() {
-            // SAFETY: `host` holds n u32; the routes buffer holds rows × k
-            // pairs (checked above); pageable memory: returns when done.
-            let r = unsafe { result::memcpy_dtoh_async(&mut host[..n], rp, self.stream) };
-            if let Err(e) = r {
-                self.fail("reading the expert routes", e);
-            }
+    }
+
+    fn routed_experts(
+        &mut self,
+        experts: &[[MatrixId; 3]],
+        x: Buf,
+        rows: usize,
+        k: usize,
+        act: Glu,
+        [width, ffn_width]: [usize; 2],
+        out: Buf,
+    ) {
+        let widths = [width, ffn_width];
+        if !(rows == 1
+            && self.device_routing
+            && self.routed_on_device(experts, x, act, k, widths, out))
+        {
+            crate::experts_by_gather(self, experts, x, rows, k, act, [width, ffn_width], out);
         }
-        self.routes = host;
-        self.sync();
     }
 
     fn gather_expert_rows(
@@ -2100,6 +2306,7 @@ impl Backend for CudaBackend {
             self.routes_rows,
             self.routes_k
         );
+        self.routes_to_host();
         let mut list = std::mem::take(&mut self.host_u32);
         list.clear();
         for t in 0..rows {
@@ -2135,6 +2342,7 @@ impl Backend for CudaBackend {
             self.routes_rows,
             self.routes_k
         );
+        self.routes_to_host();
         let mut list = std::mem::take(&mut self.host_u32);
         let mut wts = std::mem::take(&mut self.host_f32);
         list.clear();
