@@ -54,28 +54,39 @@ pub fn greedy_pick(row: &[f32], banned: &[u32]) -> [u32; 2] {
     [plain, best.map_or(0, |(i, _)| i)]
 }
 
+/// A MoE layer's routed experts as [`Backend::routed_experts`] runs them.
+#[derive(Debug, Clone, Copy)]
+pub struct RoutedFfn<'a> {
+    /// Per expert its gated FFN, `[gate, up, down]`.
+    pub experts: &'a [[MatrixId; 3]],
+    /// Experts each row is routed to.
+    pub k: usize,
+    pub act: Glu,
+    /// Values of a row of the input and of the output.
+    pub width: usize,
+    /// Each expert's FFN width.
+    pub ffn_width: usize,
+}
+
 /// [`Backend::routed_experts`] an expert at a time: its rows gathered into
 /// [`Buf::MoeIn`], its FFN over them into [`Buf::MoeOut`], and those
 /// added back to their rows of `out` (zeroed first), weighted.
-#[allow(clippy::too_many_arguments)]
 pub fn experts_by_gather<B: Backend + ?Sized>(
     b: &mut B,
-    experts: &[[MatrixId; 3]],
+    ffn: &RoutedFfn,
     x: Buf,
     rows: usize,
-    k: usize,
-    act: Glu,
-    [width, ffn_width]: [usize; 2],
     out: Buf,
 ) {
+    let (k, width) = (ffn.k, ffn.width);
     b.zero(out, rows, width);
-    for (e, &[gate, up, down]) in experts.iter().enumerate() {
+    for (e, &[gate, up, down]) in ffn.experts.iter().enumerate() {
         let n = b.gather_expert_rows(e, rows, k, x, width, Buf::MoeIn);
         if n == 0 {
             continue;
         }
         let glu_out = [Buf::FfnGate, Buf::FfnUp];
-        b.matmul_glu([gate, up], Buf::MoeIn, n, act, glu_out, ffn_width);
+        b.matmul_glu([gate, up], Buf::MoeIn, n, ffn.act, glu_out, ffn.ffn_width);
         b.matmul(down, Buf::FfnGate, n, Buf::MoeOut);
         b.scatter_expert_rows(e, rows, k, Buf::MoeOut, width, out);
     }
@@ -446,25 +457,13 @@ pub trait Backend: Send {
         dst: Buf,
     );
 
-    /// The routed experts of a MoE FFN, after [`Backend::route_experts`]:
-    /// each of `rows` rows of `x` (`width` values) through its `k` experts
-    /// (each `[gate, up, down]`, a gated FFN of `ffn_width`), the outputs
-    /// weighted by the route probabilities and summed into `out`. A GPU may
-    /// run the routes where they lie, without reading them back; the
-    /// default runs each expert once over the rows routed to it
-    /// ([`experts_by_gather`]).
-    #[allow(clippy::too_many_arguments)]
-    fn routed_experts(
-        &mut self,
-        experts: &[[MatrixId; 3]],
-        x: Buf,
-        rows: usize,
-        k: usize,
-        act: Glu,
-        [width, ffn_width]: [usize; 2],
-        out: Buf,
-    ) {
-        experts_by_gather(self, experts, x, rows, k, act, [width, ffn_width], out);
+    /// A MoE layer's routed experts, after [`Backend::route_experts`]: each
+    /// of `rows` rows of `x` through its experts, the outputs weighted by
+    /// the route probabilities and summed into `out`. A GPU may run the
+    /// routes where they lie, without reading them back; the default runs
+    /// each expert once over the rows routed to it ([`experts_by_gather`]).
+    fn routed_experts(&mut self, ffn: &RoutedFfn, x: Buf, rows: usize, out: Buf) {
+        experts_by_gather(self, ffn, x, rows, out);
     }
 
     /// Sets `rows × width` values of `x` to zero.

@@ -29,7 +29,7 @@ use std::sync::Arc;
 use fathom_backend::cuda::{self, CudaBackend};
 use fathom_backend::{
     AttentionIo, AttentionShape, Backend, Buf, Glu, HostBytes, HostMatrix, KvLayout, MatrixId,
-    MatrixStorage, RopeParams, Step, StepSeq, WeightType,
+    MatrixStorage, RopeParams, RoutedFfn, Step, StepSeq, WeightType,
 };
 use fathom_kernels::{affine_dequantize_row, dequantize_row, ops, AffineWeights};
 use fathom_plan::activations::ArenaBuffer;
@@ -1331,7 +1331,14 @@ fn route_and_run<B: Backend + ?Sized>(
     h.set(Buf::Norm, &x, d);
     h.b.route_experts(Buf::RouterLogits, rows, ne, k, true);
     let out = Buf::BranchOut;
-    h.b.routed_experts(&experts.ids, Buf::Norm, rows, k, Glu::Silu, [d, f], out);
+    let ffn = RoutedFfn {
+        experts: &experts.ids,
+        k,
+        act: Glu::Silu,
+        width: d,
+        ffn_width: f,
+    };
+    h.b.routed_experts(&ffn, Buf::Norm, rows, out);
     (x, logits)
 }
 

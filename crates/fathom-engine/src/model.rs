@@ -11,8 +11,8 @@
 //! output, FFN down) are summed over the devices before the residual add.
 
 use fathom_backend::{
-    AttentionIo, AttentionShape, Backend, Buf, Glu, HostMatrix, MatrixId, RopeParams, Split, Step,
-    StepSeq, VectorId,
+    AttentionIo, AttentionShape, Backend, Buf, Glu, HostMatrix, MatrixId, RopeParams, RoutedFfn,
+    Split, Step, StepSeq, VectorId,
 };
 use fathom_checkpoint::Checkpoint;
 use fathom_spec::{Activation, Attention, ModelSpec};
@@ -484,16 +484,14 @@ impl Model {
             k,
             self.spec.norm_topk_prob,
         );
-        let widths = [d, self.ffn_width];
-        backend.routed_experts(
+        let ffn = RoutedFfn {
             experts,
-            Buf::Norm,
-            rows,
             k,
-            self.glu,
-            widths,
-            Buf::BranchOut,
-        );
+            act: self.glu,
+            width: d,
+            ffn_width: self.ffn_width,
+        };
+        backend.routed_experts(&ffn, Buf::Norm, rows, Buf::BranchOut);
     }
 }
 

@@ -44,7 +44,8 @@ use fathom_plan::KvDtype;
 
 use crate::{
     greedy_from_rows, AttentionIo, AttentionShape, Backend, BackendError, Buf, DeviceMemory, Glu,
-    HostMatrix, KvLayout, MatrixId, MatrixStorage, RopeParams, Step, VectorId, WeightType,
+    HostMatrix, KvLayout, MatrixId, MatrixStorage, RopeParams, RoutedFfn, Step, VectorId,
+    WeightType,
 };
 
 /// The kernel argument array: a pointer to each (local, mutable) argument
@@ -252,6 +253,14 @@ const KINDS: [&str; 16] = [
     "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k",
     "q6_k", "a2", "a4", "a8",
 ];
+
+/// A gated activation as the kernels number it (`glu_act` in fathom.cu).
+fn act_id(act: Glu) -> i32 {
+    match act {
+        Glu::Silu => 0,
+        Glu::GeluTanh => 1,
+    }
+}
 
 fn kind_of_type(ty: WeightType) -> usize {
     WeightType::ALL
@@ -1241,9 +1250,6 @@ impl CudaBackend {
         }
     }
 
-    /// Uploads an expert's row indices (and weights) for its gather /
-    /// scatter. Written op by op into one area, so what is recorded (which
-    /// may read the previous list) is issued first.
     /// Reads the last route_experts' routes back (once), for the ops that
     /// sort rows by expert on the host: what is recorded goes now, and the
     /// rest of the step launches op by op.
@@ -1295,15 +1301,14 @@ impl CudaBackend {
     /// stays one graph. `false`, with nothing launched, where the experts
     /// do not lie evenly, their kinds have no routed kernels, or k rows do
     /// not fit the planned buffers.
-    fn routed_on_device(
-        &mut self,
-        experts: &[[MatrixId; 3]],
-        x: Buf,
-        act: Glu,
-        k: usize,
-        [width, ffn_width]: [usize; 2],
-        out: Buf,
-    ) -> bool {
+    fn routed_on_device(&mut self, ffn: &RoutedFfn, x: Buf, out: Buf) -> bool {
+        let RoutedFfn {
+            experts,
+            k,
+            act,
+            width,
+            ffn_width,
+        } = *ffn;
         let (Some((g, gs)), Some((u, us)), Some((d, ds))) = (
             self.evenly_placed(experts, 0),
             self.evenly_placed(experts, 1),
@@ -1357,10 +1362,7 @@ impl CudaBackend {
         }
         let split = Self::matvec_split(ffn_width, width / Self::matvec_chunk(g.kind, 1));
         let (mut ga, mut ua, mut gs, mut us, mut sp) = (g.arg, u.arg, gs, us, split as i32);
-        let mut a = match act {
-            Glu::Silu => 0i32,
-            Glu::GeluTanh => 1,
-        };
+        let mut a = act_id(act);
         let grid = ffn_width.div_ceil(MV_WARPS / split) as u32;
         let f = self.k.moe_gate_up[g.kind];
         self.launch(
@@ -1399,6 +1401,9 @@ impl CudaBackend {
         true
     }
 
+    /// Uploads an expert's row indices (and weights) for its gather /
+    /// scatter. Written op by op into one area, so what is recorded (which
+    /// may read the previous list) is issued first.
     fn upload_idx(&mut self, idx: &[u32], weights: Option<&[f32]>) -> (u64, u64) {
         self.issue(false);
         assert!(
@@ -2051,10 +2056,7 @@ impl Backend for CudaBackend {
         };
         let split = Self::matvec_split(wr, wc / Self::matvec_chunk(g.kind, rows));
         let (mut ga, mut ua, mut n, mut sp) = (g.arg, u.arg, rows as i32, split as i32);
-        let mut a = match act {
-            Glu::Silu => 0i32,
-            Glu::GeluTanh => 1,
-        };
+        let mut a = act_id(act);
         let grid = wr.div_ceil(MV_WARPS / split) as u32;
         self.launch(
             f,
@@ -2151,13 +2153,7 @@ impl Backend for CudaBackend {
         if n == 0 || !self.ready() {
             return;
         }
-        let (mut n, mut a) = (
-            n as i64,
-            match act {
-                Glu::Silu => 0i32,
-                Glu::GeluTanh => 1,
-            },
-        );
+        let (mut n, mut a) = (n as i64, act_id(act));
         let f = self.k.glu;
         let grid = Self::grid_for(n as usize, 256).min(4096);
         self.launch(f, (grid, 1, 1), 256, &mut args![g, u, n, a]);
@@ -2272,22 +2268,9 @@ impl Backend for CudaBackend {
         self.launch(f, (rows as u32, 1, 1), 32, &mut args![lp, ne, kk, norm, rp]);
     }
 
-    fn routed_experts(
-        &mut self,
-        experts: &[[MatrixId; 3]],
-        x: Buf,
-        rows: usize,
-        k: usize,
-        act: Glu,
-        [width, ffn_width]: [usize; 2],
-        out: Buf,
-    ) {
-        let widths = [width, ffn_width];
-        if !(rows == 1
-            && self.device_routing
-            && self.routed_on_device(experts, x, act, k, widths, out))
-        {
-            crate::experts_by_gather(self, experts, x, rows, k, act, [width, ffn_width], out);
+    fn routed_experts(&mut self, ffn: &RoutedFfn, x: Buf, rows: usize, out: Buf) {
+        if !(rows == 1 && self.device_routing && self.routed_on_device(ffn, x, out)) {
+            crate::experts_by_gather(self, ffn, x, rows, out);
         }
     }
 

@@ -100,7 +100,7 @@ impl LaunchQueue {
             sig: Vec::new(),
             previous: Vec::new(),
             graphs: Vec::new(),
-            too_large: Vec::new(),
+            too_large: Vec::with_capacity(TOO_LARGE_KEPT),
             clock: 0,
             ptrs: Vec::with_capacity(32),
             enabled: switch("FATHOM_CUDA_GRAPHS"),
