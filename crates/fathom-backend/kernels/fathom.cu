@@ -1395,6 +1395,85 @@ attention(StepDesc st, KvDesc kv, const float* q, const float* k, const float* v
   }
 }
 
+// Stores value i of a K or V cache row whose bytes start at dst, one thread
+// a value: lanes past the row pass in_row = false, and for q8_0 every lane
+// of the warp calls (a warp holds one 32-value block).
+__device__ __forceinline__ void kv_store(uint8_t* dst, int i, float x, bool in_row, int dtype) {
+  if (dtype == KV_Q8_0) {
+    float d, id;
+    q8_scale(warp_max(in_row ? fabsf(x) : 0.0f), &d, &id);
+    if (!in_row) return;
+    uint8_t* o = dst + (i / 32) * 34;
+    // A 16-bit store (every q8_0 block starts on an even byte: block,
+    // layer and row sizes are all even). With two byte stores of the f16
+    // bits (`st.global.u8` of the .b16 register, then of it shifted) the
+    // low byte read back as 0 on the H200 (nvcc 13.0, sm_90); the 16-bit
+    // store was checked byte for byte (tests/conformance.rs, cuda_kv_bytes).
+    if (i % 32 == 0) *(unsigned short*)o = __half_as_ushort(__float2half_rn(d));
+    o[2 + i % 32] = (uint8_t)(int8_t)(int)rintf(x * id);
+  } else if (in_row) {
+    if (dtype == KV_F16) ((__half*)dst)[i] = __float2half_rn(x);
+    else if (dtype == KV_BF16) ((__nv_bfloat16*)dst)[i] = __float2bfloat16_rn(x);
+    else ((float*)dst)[i] = x;
+  }
+}
+
+// Bytes of (row's block, this layer) where the row's K (or V) row starts.
+__device__ __forceinline__ uint8_t* kv_row_at(const KvDesc& kv, const StepDesc& st, int row, bool is_v) {
+  int slot;
+  const unsigned long long base = kv_block(kv, st, st.row_seq[row], st.row_pos[row], &slot);
+  return kv.base + base +
+         (is_v ? 16ull * kv.k_row + (unsigned long long)slot * kv.v_row : (unsigned long long)slot * kv.k_row);
+}
+
+// The rope angles (cosine, sine) of a head's dim / 2 pairs at one
+// position, in shared memory: computed by the block before its wait (they
+// read only the step's upload, copied before the step's first kernel), so
+// they are off the step's latency chain; used by ready_head after it.
+// Not inlined: one copy of the f64 angle code for the ~60 kernels using it.
+struct RopeAngles {
+  float c[ATT_MAX_DIM / 2], s[ATT_MAX_DIM / 2];
+  __device__ __noinline__ void compute(int pos, int dim, double theta, int neox, const float* freqs) {
+    for (int i = threadIdx.x; i < dim / 2; i += blockDim.x) {
+      int a, b;
+      rope_pair((double)pos, i, dim, theta, neox, freqs, &c[i], &s[i], &a, &b);
+    }
+  }
+};
+
+// One head of `dim` values at x made ready for attention by a warp: roped
+// (rope: the angles, for q and k heads; null for v), then each value
+// rounded to what the cache will hold (round) and left in hs (the warp's
+// shared row), written to xo and stored in the cache at dst (each when
+// given). rope_kv's work, and the fused decode attention's.
+__device__ __forceinline__ void ready_head(const float* x, float* hs, int dim, const RopeAngles* rope, int neox,
+                                           bool round, int dtype, float* xo, uint8_t* dst) {
+  const int lane = threadIdx.x % WARP;
+  if (!rope) {
+    for (int i = lane; i < dim; i += WARP) hs[i] = x[i];
+  } else {
+    for (int i = lane; i < dim / 2; i += WARP) {
+      const int a = neox ? i : 2 * i, b = neox ? i + dim / 2 : 2 * i + 1;
+      const float x0 = x[a], x1 = x[b], c = rope->c[i], sn = rope->s[i];
+      hs[a] = x0 * c - x1 * sn;
+      hs[b] = x0 * sn + x1 * c;
+    }
+  }
+  __syncwarp();
+  for (int i0 = 0; i0 < dim; i0 += WARP) {  // the same trip count for every lane
+    const int i = i0 + lane;
+    const bool in = i < dim;
+    const float val = in ? hs[i] : 0.0f;
+    const float r = round ? kv_round(val, dtype) : val;
+    if (in) {
+      hs[i] = r;
+      if (xo) xo[i] = r;
+    }
+    if (dst) kv_store(dst, i, r, in, dtype);
+  }
+  __syncwarp();
+}
+
 // ---------------------------------------------------------------------------
 // Split attention (flash-decoding). One block of ATT_SPLIT_WARPS warps per
 // (row, KV head, chunk of up to H query heads of its GQA group, split of
@@ -1408,6 +1487,9 @@ attention(StepDesc st, KvDesc kv, const float* q, const float* k, const float* v
 // (max, sum, unnormalized output) per head to the planned partials, and
 // attention_merge combines them.
 #define ATT_SPLIT_WARPS 4
+// Whether a split kernel of VPL value dims a lane and H heads a block does
+// a decode step's rope itself (`attention_split_body`).
+#define ATT_ROPE_FITS(VPL, H) ((VPL) * (H) <= 32)
 
 // n (2, 4, 8 or 16) consecutive values i0 .. i0 + n of a K/V head in the
 // cache's dtype DT (KV_F32 also reads the step's own f32 rows). Aligned:
@@ -1543,15 +1625,25 @@ __device__ __forceinline__ void attention_prefetch(const StepDesc& st, const KvD
   }
 }
 
+// rope (a decode step: one token a sequence, no ring): q, k and v are as
+// the projections wrote them, and the block does rope_kv's work for what
+// it reads — its q heads and its row's own K and V head, roped and rounded
+// into shared memory — and the KV head's first block stores that K and V
+// in the cache (one launch fewer a layer: on the H200 rope_kv cost ~5 us of
+// an 8B F16 decode layer's ~140, with memory idle), with the rope angles
+// of the row's position. Null: rope_kv ran. Not where VPL x H > 32 (the
+// registers spill: the host does not ask it there).
 template <int DT, int VPL, int H>
 __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __restrict__ q,
                                      const float* __restrict__ k, const float* __restrict__ v,
                                      float* __restrict__ out, float* __restrict__ part, uint8_t* x8, int n_heads,
-                                     int n_kv_heads, int key_dim, int value_dim, int window, float scale) {
+                                     int n_kv_heads, int key_dim, int value_dim, int window, float scale,
+                                     const RopeAngles* rope, int neox) {
   // q of the block's heads during the walk; the warps' partial outputs after.
   constexpr int QS = H * ATT_MAX_DIM, PS = ATT_SPLIT_WARPS * H * 32 * VPL;
   __shared__ __align__(16) float sm[QS > PS ? QS : PS];
   __shared__ float part_m[ATT_SPLIT_WARPS][H], part_l[ATT_SPLIT_WARPS][H];
+  __shared__ __align__(16) float own_k[ATT_MAX_DIM], own_v[ATT_MAX_DIM];  // with rope
   const int row = blockIdx.x, split = blockIdx.z, nsplit = gridDim.z;
   const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP;
   const int group = n_heads / n_kv_heads, chunks = (group + H - 1) / H;
@@ -1563,10 +1655,30 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
   // key_dim is a multiple of 8 here: q as float4s (one load a thread for
   // four heads of 128 dims).
   const int k4 = key_dim / 4;
-  for (int i = threadIdx.x; i < H * k4; i += blockDim.x) {
-    const int h = i / k4, d = 4 * (i % k4);
-    *(float4*)(sm + h * ATT_MAX_DIM + d) =
-        h < nq ? *(const float4*)(q + ((size_t)row * n_heads + h0 + h) * key_dim + d) : make_float4(0.f, 0.f, 0.f, 0.f);
+  if (ATT_ROPE_FITS(VPL, H) && rope) {
+    // A warp a head: the q heads, then the own row's K and V (needed where
+    // the block's keys reach the row's position, stored by one block).
+    const bool own = hi >= start, store = blockIdx.y % chunks == 0 && split == 0;
+    for (int j = warp; j < H + 2; j += ATT_SPLIT_WARPS) {
+      if (j < nq) {
+        ready_head(q + ((size_t)row * n_heads + h0 + j) * key_dim, sm + j * ATT_MAX_DIM, key_dim, rope, neox,
+                   DT == KV_F16, DT, nullptr, nullptr);
+      } else if (j < H) {
+        for (int i = lane; i < key_dim; i += WARP) sm[j * ATT_MAX_DIM + i] = 0.0f;
+      } else if (own || store) {
+        const bool is_v = j == H + 1;
+        const int dim = is_v ? value_dim : key_dim;
+        uint8_t* dst = store ? kv_row_at(kv, st, row, is_v) + g * kv_head_bytes(DT, dim) : nullptr;
+        ready_head((is_v ? v : k) + ((size_t)row * n_kv_heads + g) * dim, is_v ? own_v : own_k, dim,
+                   is_v ? nullptr : rope, neox, true, DT, nullptr, dst);
+      }
+    }
+  } else {
+    for (int i = threadIdx.x; i < H * k4; i += blockDim.x) {
+      const int h = i / k4, d = 4 * (i % k4);
+      *(float4*)(sm + h * ATT_MAX_DIM + d) =
+          h < nq ? *(const float4*)(q + ((size_t)row * n_heads + h0 + h) * key_dim + d) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   }
   __syncthreads();
   const int kh = kv_head_bytes(DT, key_dim), vh = kv_head_bytes(DT, value_dim);
@@ -1596,9 +1708,11 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
         vp = kv.base + base + 16ull * kv.k_row + (unsigned long long)slot * kv.v_row + (unsigned long long)g * vh;
         att_dots<DT, H>(kp, sm, key_dim, dot);
       } else {
+        // The step's own rows (with rope: the row itself, in shared memory).
         const size_t r = (size_t)(row0 + p - start) * n_kv_heads + g;
-        vp = (const uint8_t*)(v + r * value_dim);
-        att_dots<KV_F32, H>((const uint8_t*)(k + r * key_dim), sm, key_dim, dot);
+        const bool own = ATT_ROPE_FITS(VPL, H) && rope;
+        vp = (const uint8_t*)(own ? own_v : v + r * value_dim);
+        att_dots<KV_F32, H>((const uint8_t*)(own ? own_k : k + r * key_dim), sm, key_dim, dot);
       }
     }
     float e[H];
@@ -1967,16 +2081,29 @@ attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float
   }
 }
 
+// Rope of a fused decode step's attention (fused = 0: rope_kv ran).
+struct AttRope {
+  double theta;
+  const float* freqs;
+  int neox;
+  int fused;
+};
+
 // attention_split_<dtype>_<vpl>_<h>: value dims up to 32 x vpl, h query heads a
 // block (at most 2 with vpl 16: 4 spill).
 #define FATHOM_ATT_SPLIT(NAME, DT, VPL, H)                                                          \
   extern "C" __global__ void __launch_bounds__(ATT_SPLIT_WARPS * 32, 1) attention_split_##NAME##_##VPL##_##H( \
       StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out, float* part,      \
-      uint8_t* x8, int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale) {             \
+      uint8_t* x8, int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale,        \
+      AttRope rope) {                                                                                      \
     if (VPL < 16) attention_prefetch<DT>(st, kv, n_heads, n_kv_heads, key_dim, value_dim, window, H);     \
+    __shared__ RopeAngles angles;                                                                          \
+    const bool fused = ATT_ROPE_FITS(VPL, H) && rope.fused;                                                \
+    if (fused) angles.compute(st.row_pos[blockIdx.x], key_dim, rope.theta, rope.neox, rope.freqs);   \
     FATHOM_PDL();                                                                                          \
+    if (fused) __syncthreads();                                                                            \
     attention_split_body<DT, VPL, H>(st, kv, q, k, v, out, part, x8, n_heads, n_kv_heads, key_dim, value_dim, \
-                                     window, scale);                                                       \
+                                     window, scale, fused ? &angles : nullptr, rope.neox);                 \
   }
 #define FATHOM_ATT_SPLIT_HEADS(NAME, DT, VPL) \
   FATHOM_ATT_SPLIT(NAME, DT, VPL, 1)          \
@@ -1993,37 +2120,6 @@ FATHOM_ATT_SPLIT_DIMS(f16, KV_F16)
 FATHOM_ATT_SPLIT_DIMS(bf16, KV_BF16)
 FATHOM_ATT_SPLIT_DIMS(f32, KV_F32)
 FATHOM_ATT_SPLIT_DIMS(q8_0, KV_Q8_0)
-
-// Stores value i of a K or V cache row whose bytes start at dst, one thread
-// a value: lanes past the row pass in_row = false, and for q8_0 every lane
-// of the warp calls (a warp holds one 32-value block).
-__device__ __forceinline__ void kv_store(uint8_t* dst, int i, float x, bool in_row, int dtype) {
-  if (dtype == KV_Q8_0) {
-    float d, id;
-    q8_scale(warp_max(in_row ? fabsf(x) : 0.0f), &d, &id);
-    if (!in_row) return;
-    uint8_t* o = dst + (i / 32) * 34;
-    // A 16-bit store (every q8_0 block starts on an even byte: block,
-    // layer and row sizes are all even). With two byte stores of the f16
-    // bits (`st.global.u8` of the .b16 register, then of it shifted) the
-    // low byte read back as 0 on the H200 (nvcc 13.0, sm_90); the 16-bit
-    // store was checked byte for byte (tests/conformance.rs, cuda_kv_bytes).
-    if (i % 32 == 0) *(unsigned short*)o = __half_as_ushort(__float2half_rn(d));
-    o[2 + i % 32] = (uint8_t)(int8_t)(int)rintf(x * id);
-  } else if (in_row) {
-    if (dtype == KV_F16) ((__half*)dst)[i] = __float2half_rn(x);
-    else if (dtype == KV_BF16) ((__nv_bfloat16*)dst)[i] = __float2bfloat16_rn(x);
-    else ((float*)dst)[i] = x;
-  }
-}
-
-// Bytes of (row's block, this layer) where the row's K (or V) row starts.
-__device__ __forceinline__ uint8_t* kv_row_at(const KvDesc& kv, const StepDesc& st, int row, bool is_v) {
-  int slot;
-  const unsigned long long base = kv_block(kv, st, st.row_seq[row], st.row_pos[row], &slot);
-  return kv.base + base +
-         (is_v ? 16ull * kv.k_row + (unsigned long long)slot * kv.v_row : (unsigned long long)slot * kv.k_row);
-}
 
 // Stores row blockIdx.x's K (blockIdx.y = 0) or V (1) into the cache at its
 // position: one block a (row, K or V, 256 values), one thread a value.
@@ -2051,53 +2147,24 @@ extern "C" __global__ void __launch_bounds__(RK_WARPS * 32) rope_kv(
     StepDesc st, KvDesc kv, float* q, float* k, float* v, int n_heads, int n_kv_heads, int key_dim,
     int value_dim, double theta, int neox, const float* freqs, int store) {
   __shared__ float heads[RK_WARPS][ATT_MAX_DIM];
-  const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+  const int warp = threadIdx.x / WARP;
   const int row = blockIdx.x, h = blockIdx.y * RK_WARPS + warp;
   const bool is_q = h < n_heads, is_v = h >= n_heads + n_kv_heads;
   const int g = is_q ? h : is_v ? h - n_heads - n_kv_heads : h - n_heads;
   const int dim = is_v ? value_dim : key_dim;
   // Before the wait for the kernel ahead (which writes q, k and v): the
-  // angles of this head's pairs and its cache row, from the step's upload
-  // (copied before the step's first kernel) — off the step's latency chain.
-  constexpr int PAIRS = ATT_MAX_DIM / 2 / WARP;
-  float cf[PAIRS], sf[PAIRS];
-  int ia[PAIRS], ib[PAIRS];
+  // angles of the row's pairs (one position, one key_dim for every q and k
+  // head) and this head's cache row.
+  __shared__ RopeAngles angles;
+  angles.compute(st.row_pos[row], key_dim, theta, neox, freqs);
   const bool live = h < n_heads + 2 * n_kv_heads;
-  if (live && !is_v) {
-    const double p = (double)st.row_pos[row];
-#pragma unroll
-    for (int t = 0; t < PAIRS; t++) {
-      const int i = lane + t * WARP;
-      if (i < dim / 2) rope_pair(p, i, dim, theta, neox, freqs, &cf[t], &sf[t], &ia[t], &ib[t]);
-    }
-  }
   const bool round = !is_q || kv.dtype == KV_F16;
   uint8_t* dst = live && store && !is_q ? kv_row_at(kv, st, row, is_v) + g * kv_head_bytes(kv.dtype, dim) : nullptr;
   FATHOM_PDL();
+  __syncthreads();
   if (!live) return;  // a whole warp: only warp syncs below
-  float* hs = heads[warp];
   float* x = (is_q ? q : is_v ? v : k) + ((size_t)row * (is_q ? n_heads : n_kv_heads) + g) * dim;
-  if (is_v) {
-    for (int i = lane; i < dim; i += WARP) hs[i] = x[i];
-  } else {
-#pragma unroll
-    for (int t = 0; t < PAIRS; t++) {
-      if (lane + t * WARP < dim / 2) {
-        const float x0 = x[ia[t]], x1 = x[ib[t]];
-        hs[ia[t]] = x0 * cf[t] - x1 * sf[t];
-        hs[ib[t]] = x0 * sf[t] + x1 * cf[t];
-      }
-    }
-  }
-  __syncwarp();
-  for (int i0 = 0; i0 < dim; i0 += WARP) {  // the same trip count for every lane
-    const int i = i0 + lane;
-    const bool in = i < dim;
-    const float val = in ? hs[i] : 0.0f;
-    const float r = round ? kv_round(val, kv.dtype) : val;
-    if (in) x[i] = r;
-    if (dst) kv_store(dst, i, r, in, kv.dtype);
-  }
+  ready_head(x, heads[warp], dim, is_v ? nullptr : &angles, neox, round, kv.dtype, x, dst);
 }
 
 // MoE routing, one warp a row: softmax of the router logits, then the k

@@ -1042,6 +1042,9 @@ fn attention_schedule(sliding: bool) -> (PageTables, &'static [StepRows]) {
     }
 }
 
+/// `rope`: the steps go through `attend` (rope of q and k, attention, the
+/// cache write: on CUDA, decode steps do all of it in the attention
+/// kernel), against the reference rope; else `attention` and `kv_write`.
 #[allow(clippy::too_many_arguments)]
 fn test_attention(
     h: &mut Harness,
@@ -1052,6 +1055,7 @@ fn test_attention(
     layers: [usize; 2],
     tables: [Vec<Vec<u32>>; 2],
     steps: &[[(usize, usize); 2]],
+    rope: Option<&RopeParams>,
 ) {
     let (nh, nkv, dk, dv) = (
         shape.n_heads,
@@ -1079,8 +1083,27 @@ fn test_attention(
             h.set(Buf::Q, &q, nh * dk);
             h.set(Buf::K, &k, nkv * dk);
             h.set(Buf::V, &v, nkv * dv);
-            h.b.attention(layer, &shape, &step, IO);
-            h.b.kv_write(layer, &step, Buf::K, Buf::V, &shape);
+            let (q, k) = match rope {
+                Some(r) => {
+                    h.b.attend(layer, &shape, &step, IO, r);
+                    let positions: Vec<usize> = step.positions().collect();
+                    let roped = |x: &[f32], heads: usize| -> Vec<f32> {
+                        x.chunks(heads * dk)
+                            .zip(&positions)
+                            .flat_map(|(row, &p)| {
+                                rope_ref(row, heads, dk, p, r.theta, r.neox, None)
+                            })
+                            .map(|v| v as f32)
+                            .collect()
+                    };
+                    (roped(&q, nh), roped(&k, nkv))
+                }
+                None => {
+                    h.b.attention(layer, &shape, &step, IO);
+                    h.b.kv_write(layer, &step, Buf::K, Buf::V, &shape);
+                    (q, k)
+                }
+            };
             let got = h.get(Buf::AttnOut, rows, nh * dv);
             let qr = if dtype == KvDtype::F16 {
                 round_kv(dtype, &q, dk)
@@ -1090,8 +1113,13 @@ fn test_attention(
             let kr = round_kv(dtype, &k, dk);
             let vr = round_kv(dtype, &v, dv);
             let want = attention_ref(&shape, st, &hist[li], &qr, &kr, &vr);
+            let op = if rope.is_some() {
+                "attend"
+            } else {
+                "attention+kv_write"
+            };
             h.check(
-                "attention+kv_write",
+                op,
                 &format!("{label} {} L{layer} step{si}", dtype.name()),
                 &got,
                 &want,
@@ -1111,6 +1139,15 @@ fn test_attention(
                 row += tokens;
             }
         }
+    }
+}
+
+/// The rope an attention case runs `attend` with: both pairings.
+fn attention_rope(label: &str) -> RopeParams {
+    RopeParams {
+        theta: 500_000.0,
+        neox: label.starts_with("Llama"),
+        freqs: None,
     }
 }
 
@@ -1528,13 +1565,23 @@ fn conformance() {
     for (label, shape, kv, layers) in attention_cases() {
         let dtype = kv.dtype;
         let sliding = shape.window.is_some();
-        for b in backends(&kv) {
-            let mut h = Harness::new(b);
-            let (tables, steps) = attention_schedule(sliding);
-            test_attention(
-                &mut h, &mut rng, &label, shape, dtype, layers, tables, steps,
-            );
-            failures.extend(h.finish());
+        for rope in [None, Some(attention_rope(&label))] {
+            for b in backends(&kv) {
+                let mut h = Harness::new(b);
+                let (tables, steps) = attention_schedule(sliding);
+                test_attention(
+                    &mut h,
+                    &mut rng,
+                    &label,
+                    shape,
+                    dtype,
+                    layers,
+                    tables,
+                    steps,
+                    rope.as_ref(),
+                );
+                failures.extend(h.finish());
+            }
         }
     }
     if ran == 0 {
@@ -1655,18 +1702,28 @@ fn cuda_attention_splits() {
                 g.tokens = 4096;
             }
             let sliding = shape.window.is_some();
-            let Some(mut b) = cuda_backend(&arena(), &kv) else {
-                return;
-            };
-            b.force_attention_splits(Some(splits));
-            let mut h: Harness = Harness::new(Box::new(b));
-            let mut rng = Rng(0x5b17 ^ splits as u64);
-            let (tables, steps) = attention_schedule(sliding);
-            let label = format!("{label} /{splits}");
-            test_attention(
-                &mut h, &mut rng, &label, shape, kv.dtype, layers, tables, steps,
-            );
-            failures.extend(h.finish());
+            for rope in [None, Some(attention_rope(&label))] {
+                let Some(mut b) = cuda_backend(&arena(), &kv) else {
+                    return;
+                };
+                b.force_attention_splits(Some(splits));
+                let mut h: Harness = Harness::new(Box::new(b));
+                let mut rng = Rng(0x5b17 ^ splits as u64);
+                let (tables, steps) = attention_schedule(sliding);
+                let label = format!("{label} /{splits}");
+                test_attention(
+                    &mut h,
+                    &mut rng,
+                    &label,
+                    shape,
+                    kv.dtype,
+                    layers,
+                    tables,
+                    steps,
+                    rope.as_ref(),
+                );
+                failures.extend(h.finish());
+            }
         }
     }
     assert!(

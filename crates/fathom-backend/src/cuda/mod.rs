@@ -100,6 +100,10 @@ const ATT_VPL: [usize; 4] = [2, 4, 8, 16];
 /// Query heads a block of the split attention kernels takes at once; at
 /// 16 value dims a lane only the first two are compiled (more spill).
 const ATT_HEADS: [usize; 4] = [1, 2, 4, 8];
+/// Value dims a lane times query heads a block up to which a split
+/// attention kernel does a decode step's rope itself (`ATT_ROPE_FITS` in
+/// fathom.cu; beyond, its registers spill).
+const ATT_ROPE_MAX: usize = 32;
 /// Keys up to which a split attention block takes one query head
 /// (`attention`).
 const ATTENTION_ONE_HEAD_KEYS: usize = 384;
@@ -245,6 +249,28 @@ struct KvDesc {
     v_row: i32,
     ring: i32,
     dtype: i32,
+}
+
+/// Rope of a decode step done inside split attention (`struct AttRope`
+/// in fathom.cu); `fused` 0: `rope_kv` ran before.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct AttRope {
+    theta: f64,
+    freqs: u64,
+    neox: i32,
+    fused: i32,
+}
+
+/// What made a step's q, k and v ready for attention (roped, rounded to
+/// the cache's precision, K and V stored).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Readied {
+    /// Nothing: `attention` (no rope) rounds them first.
+    No,
+    ByRopeKv,
+    /// The split attention kernel does it (a decode step).
+    InAttention(AttRope),
 }
 
 /// Kernel name suffixes by weight kind: the 13 ggml types in
@@ -1510,7 +1536,7 @@ impl CudaBackend {
         shape: &AttentionShape,
         step: &Step,
         io: AttentionIo,
-        rounded: bool,
+        readied: Readied,
     ) {
         let AttentionIo { q, k, v, out } = io;
         let s = *shape;
@@ -1537,7 +1563,7 @@ impl CudaBackend {
         } else {
             0
         };
-        if !rounded {
+        if readied == Readied::No {
             self.round_to_kv(
                 [
                     (kp, rows * s.n_kv_heads * s.key_dim),
@@ -1557,7 +1583,9 @@ impl CudaBackend {
         );
         let mut window = s.window.map(|w| w as i32).unwrap_or(0);
         let mut scale = s.scale;
+        let in_attention = matches!(readied, Readied::InAttention(_));
         if let Some((f, gp, tiles)) = self.attention_mma_plan(shape, step) {
+            assert!(!in_attention, "a decode step on the prefill kernel");
             let (mut n_seqs, mut rows, mut gp) = (step.seqs.len() as i32, rows as i32, gp as i32);
             self.launch(
                 f,
@@ -1567,14 +1595,15 @@ impl CudaBackend {
             );
             return;
         }
-        // The split kernels read 8 key values and 2..16 value dims at a
-        // time (aligned vector loads); other head dims take the one-block
-        // kernel.
-        let vpl = ATT_VPL.iter().position(|&n| 32 * n >= s.value_dim);
-        let split_path = s.key_dim.is_multiple_of(8)
-            && s.value_dim.is_multiple_of(8)
-            && vpl.is_some_and(|i| s.value_dim.is_multiple_of(ATT_VPL[i]));
-        let Some(vpl) = vpl.filter(|_| split_path) else {
+        let mut rope = match readied {
+            Readied::InAttention(rope) => rope,
+            _ => AttRope::default(),
+        };
+        let Some(vpl) = Self::split_vpl(&s) else {
+            assert!(
+                !in_attention,
+                "rope inside attention without the split kernels"
+            );
             let f = self.k.attention;
             self.launch(
                 f,
@@ -1584,27 +1613,9 @@ impl CudaBackend {
             );
             return;
         };
-        let keys = step
-            .seqs
-            .iter()
-            .map(|q| q.start + q.tokens)
-            .max()
-            .unwrap_or(0);
-        let keys = s.window.map_or(keys, |w| keys.min(w));
-        // Query heads a block: the GQA group, in chunks of a power of two,
-        // so that a K/V row is read once for them all; up to
-        // ATTENTION_ONE_HEAD_KEYS keys, one head a block (the chain of a
-        // head's dots and softmax sums is then the kernel's time, not the
-        // K/V bytes: measured on the H200, decode at short context 3-4%
-        // faster for an 8B-shaped Q4_0 and SmolLM2, 8B F16 1% slower from
-        // 512 keys).
+        let keys = Self::attended_keys(&s, step);
         let group = s.n_heads / s.n_kv_heads;
-        let most = if ATT_VPL[vpl] == 16 { 2 } else { 8 };
-        let heads = if keys <= ATTENTION_ONE_HEAD_KEYS {
-            1
-        } else {
-            group.next_power_of_two().min(most)
-        };
+        let heads = Self::split_heads(&s, keys, vpl);
         let hi = ATT_HEADS
             .iter()
             .position(|&h| h == heads)
@@ -1635,7 +1646,9 @@ impl CudaBackend {
             f,
             (rows as u32, (s.n_kv_heads * chunks) as u32, splits as u32),
             ATT_THREADS,
-            &mut args![st, kv, qp, kp, vp, op, part, x8_split, nh, nkv, dk, dv, window, scale],
+            &mut args![
+                st, kv, qp, kp, vp, op, part, x8_split, nh, nkv, dk, dv, window, scale, rope
+            ],
         );
         if splits > 1 {
             let mut n = splits as i32;
@@ -1650,6 +1663,43 @@ impl CudaBackend {
         if x8 != 0 {
             self.x8_holds = Some((op, s.n_heads * s.value_dim));
         }
+    }
+
+    /// The split kernels' `ATT_VPL` index for this shape, or `None` where
+    /// they do not apply: they read 8 key values and 2..16 value dims at a
+    /// time (aligned vector loads); other head dims take the one-block
+    /// kernel.
+    fn split_vpl(s: &AttentionShape) -> Option<usize> {
+        let vpl = ATT_VPL.iter().position(|&n| 32 * n >= s.value_dim)?;
+        (s.key_dim.is_multiple_of(8)
+            && s.value_dim.is_multiple_of(8)
+            && s.value_dim.is_multiple_of(ATT_VPL[vpl]))
+        .then_some(vpl)
+    }
+
+    /// Keys the longest row of the step attends to.
+    fn attended_keys(s: &AttentionShape, step: &Step) -> usize {
+        let keys = step
+            .seqs
+            .iter()
+            .map(|q| q.start + q.tokens)
+            .max()
+            .unwrap_or(0);
+        s.window.map_or(keys, |w| keys.min(w))
+    }
+
+    /// Query heads a split attention block takes: the GQA group, in chunks
+    /// of a power of two, so that a K/V row is read once for them all; up
+    /// to ATTENTION_ONE_HEAD_KEYS keys, one head a block (the chain of a
+    /// head's dots and softmax sums is then the kernel's time, not the K/V
+    /// bytes: measured on the H200, decode at short context 3-4% faster
+    /// for an 8B-shaped Q4_0 and SmolLM2, 8B F16 1% slower from 512 keys).
+    fn split_heads(s: &AttentionShape, keys: usize, vpl: usize) -> usize {
+        if keys <= ATTENTION_ONE_HEAD_KEYS {
+            return 1;
+        }
+        let most = if ATT_VPL[vpl] == 16 { 2 } else { 8 };
+        (s.n_heads / s.n_kv_heads).next_power_of_two().min(most)
     }
 
     /// The tensor-core prefill kernel for this step, when it applies: an
@@ -2160,7 +2210,7 @@ impl Backend for CudaBackend {
     }
 
     fn attention(&mut self, layer: usize, shape: &AttentionShape, step: &Step, io: AttentionIo) {
-        self.attention_of(layer, shape, step, io, false);
+        self.attention_of(layer, shape, step, io, Readied::No);
     }
 
     fn attend(
@@ -2199,6 +2249,24 @@ impl Backend for CudaBackend {
             s.value_dim as i32,
         );
         let (mut theta, mut neox, mut store) = (rope.theta as f64, rope.neox as i32, early as i32);
+        // A decode step (a token a sequence) on the split kernels, without
+        // a ring: attention ropes, rounds and stores what it reads itself
+        // (where its registers allow: `ATT_ROPE_FITS` in fathom.cu).
+        let vpl = Self::split_vpl(&s);
+        let heads = vpl.map(|v| Self::split_heads(&s, Self::attended_keys(&s, step), v));
+        let fits = vpl
+            .zip(heads)
+            .is_some_and(|(v, h)| ATT_VPL[v] * h <= ATT_ROPE_MAX);
+        if early && step.seqs.iter().all(|q| q.tokens == 1) && fits {
+            let rope = AttRope {
+                theta,
+                freqs,
+                neox,
+                fused: 1,
+            };
+            self.attention_of(layer, shape, step, io, Readied::InAttention(rope));
+            return;
+        }
         let f = self.k.rope_kv;
         self.launch(
             f,
@@ -2210,7 +2278,7 @@ impl Backend for CudaBackend {
             32 * ROPE_KV_WARPS as u32,
             &mut args![st, kv, qp, kp, vp, nh, nkv, dk, dv, theta, neox, freqs, store],
         );
-        self.attention_of(layer, shape, step, io, true);
+        self.attention_of(layer, shape, step, io, Readied::ByRopeKv);
         if !early {
             self.kv_write(layer, step, io.k, io.v, shape);
         }
