@@ -46,10 +46,11 @@ pub const ATTENTION_SPLIT_ROWS: u64 = 16;
 /// measured on an H200, driver 580.159, CUDA 13.0 (docs/cuda.md).
 pub const CONTEXT_BYTES: u64 = 552_402_944;
 /// The embedded kernel module once loaded (measured the same way): the
-/// driver keeps its sm_90 machine code rounded up to 2 MiB (a 0.7 MB
-/// fatbin took 2 MiB, a 6.4 MB image 8 MiB). A backend test holds the
-/// embedded image under this, so kernels that outgrow it fail CI.
-pub const MODULE_BYTES: u64 = 8 << 20;
+/// driver keeps more than its sm_90 machine code, in 2 MiB steps (a 0.7 MB
+/// fatbin took 2 MiB, a 6.7 MB image 8 MiB, an 8.1 MB image 10 MiB). A
+/// backend test holds the embedded image plus 1 MiB under this, so kernels
+/// that outgrow it fail CI.
+pub const MODULE_BYTES: u64 = 10 << 20;
 /// A cuBLAS handle's own device memory, workspace excluded (measured the
 /// same way).
 pub const BLAS_HANDLE_BYTES: u64 = 71_303_168;
@@ -73,7 +74,7 @@ pub const GRAPH_MAX_NODES: usize = 800;
 /// with five graphs of ~700 nodes live at once, peaked 24 MB above the run
 /// with three (docs/benchmark_results/memory-cuda-2026-12-01.md).
 pub const GRAPH_HOST_BYTES: u64 = 8 << 20;
-/// The embedded kernels (sm_90 image and compressed PTX, 8.3 MB today),
+/// The embedded kernels (sm_90 image and compressed PTX, 10.2 MB today),
 /// resident in the process once the driver has read them; a backend test
 /// holds the fatbin under this.
 pub const KERNELS_HOST_BYTES: u64 = 10 << 20;

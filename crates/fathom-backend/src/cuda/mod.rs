@@ -2547,11 +2547,12 @@ mod tests {
         );
     }
 
-    /// The driver keeps a loaded module's machine code rounded up to 2 MiB
-    /// (measured: a 0.7 MB fatbin took 2 MiB, a 6.4 MB sm_90 image 8 MiB;
-    /// docs/cuda.md), so the embedded image bounds the plan's module term
-    /// on any machine: a kernel change that outgrows `MODULE_BYTES` fails
-    /// here, not on a user's GPU.
+    /// The driver keeps more than a loaded module's machine code, in 2 MiB
+    /// steps (measured: a 0.7 MB fatbin took 2 MiB, a 6.7 MB sm_90 image 8
+    /// MiB, an 8.1 MB one 10 MiB — 0.25 MB short of 8 MiB; docs/cuda.md),
+    /// so the embedded image plus `MODULE_SLACK` bounds the plan's module
+    /// term: a kernel change that outgrows `MODULE_BYTES` fails here, not
+    /// on a user's GPU.
     #[test]
     fn kernel_image_fits_the_planned_module_term() {
         let images = elf_images(FATBIN);
@@ -2564,7 +2565,10 @@ mod tests {
             b"\x7fELF",
             "the sm_90 image is stored uncompressed"
         );
-        let loaded = (image.len() as u64).next_multiple_of(2 << 20);
+        /// What the driver keeps beyond the image, at most (seen: more
+        /// than 0.24 MB).
+        const MODULE_SLACK: u64 = 1 << 20;
+        let loaded = (image.len() as u64 + MODULE_SLACK).next_multiple_of(2 << 20);
         assert!(
             loaded <= MODULE_BYTES,
             "the kernels' sm_90 image is {} bytes, {loaded} once loaded, past the plan's \
