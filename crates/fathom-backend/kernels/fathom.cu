@@ -1625,6 +1625,45 @@ __device__ __forceinline__ void attention_prefetch(const StepDesc& st, const KvD
   }
 }
 
+// The block's query heads h0 .. h0 + nq of the row as H rows of qs (a row
+// every qstride floats; zeros from nq on) and, with rope (a decode step),
+// what rope_kv would have done for them: q roped and rounded, and the
+// row's own K and V head roped and rounded into own_k and own_v where the
+// block's keys reach the row's position (`own`), stored in the cache by
+// the one block of the KV head that `store`s. Without rope, q as rope_kv
+// left it. A warp a head; key_dim a multiple of 8 (q as float4s).
+template <int DT, int H>
+__device__ __forceinline__ void att_ready_row(const StepDesc& st, const KvDesc& kv, const float* __restrict__ q,
+                                              const float* __restrict__ k, const float* __restrict__ v, int row,
+                                              int g, int h0, int nq, int n_heads, int n_kv_heads, int key_dim,
+                                              int value_dim, const RopeAngles* rope, int neox, bool own, bool store,
+                                              float* qs, int qstride, float* own_k, float* own_v) {
+  const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, warps = blockDim.x / WARP;
+  if (rope) {
+    for (int j = warp; j < H + 2; j += warps) {
+      if (j < nq) {
+        ready_head(q + ((size_t)row * n_heads + h0 + j) * key_dim, qs + j * qstride, key_dim, rope, neox,
+                   DT == KV_F16, DT, nullptr, nullptr);
+      } else if (j < H) {
+        for (int i = lane; i < key_dim; i += WARP) qs[j * qstride + i] = 0.0f;
+      } else if (own || store) {
+        const bool is_v = j == H + 1;
+        const int dim = is_v ? value_dim : key_dim;
+        uint8_t* dst = store ? kv_row_at(kv, st, row, is_v) + g * kv_head_bytes(DT, dim) : nullptr;
+        ready_head((is_v ? v : k) + ((size_t)row * n_kv_heads + g) * dim, is_v ? own_v : own_k, dim,
+                   is_v ? nullptr : rope, neox, true, DT, nullptr, dst);
+      }
+    }
+  } else {
+    const int k4 = key_dim / 4;
+    for (int i = threadIdx.x; i < H * k4; i += blockDim.x) {
+      const int h = i / k4, d = 4 * (i % k4);
+      *(float4*)(qs + h * qstride + d) =
+          h < nq ? *(const float4*)(q + ((size_t)row * n_heads + h0 + h) * key_dim + d) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+  }
+}
+
 // rope (a decode step: one token a sequence, no ring): q, k and v are as
 // the projections wrote them, and the block does rope_kv's work for what
 // it reads — its q heads and its row's own K and V head, roped and rounded
@@ -1652,34 +1691,9 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
   const AttRange ar = att_range(st, window, row, split, nsplit);
   const int seq = ar.seq, start = ar.start, lo = ar.lo, hi = ar.hi;
   const int row0 = st.seq_row0[seq];
-  // key_dim is a multiple of 8 here: q as float4s (one load a thread for
-  // four heads of 128 dims).
-  const int k4 = key_dim / 4;
-  if (ATT_ROPE_FITS(VPL, H) && rope) {
-    // A warp a head: the q heads, then the own row's K and V (needed where
-    // the block's keys reach the row's position, stored by one block).
-    const bool own = hi >= start, store = blockIdx.y % chunks == 0 && split == 0;
-    for (int j = warp; j < H + 2; j += ATT_SPLIT_WARPS) {
-      if (j < nq) {
-        ready_head(q + ((size_t)row * n_heads + h0 + j) * key_dim, sm + j * ATT_MAX_DIM, key_dim, rope, neox,
-                   DT == KV_F16, DT, nullptr, nullptr);
-      } else if (j < H) {
-        for (int i = lane; i < key_dim; i += WARP) sm[j * ATT_MAX_DIM + i] = 0.0f;
-      } else if (own || store) {
-        const bool is_v = j == H + 1;
-        const int dim = is_v ? value_dim : key_dim;
-        uint8_t* dst = store ? kv_row_at(kv, st, row, is_v) + g * kv_head_bytes(DT, dim) : nullptr;
-        ready_head((is_v ? v : k) + ((size_t)row * n_kv_heads + g) * dim, is_v ? own_v : own_k, dim,
-                   is_v ? nullptr : rope, neox, true, DT, nullptr, dst);
-      }
-    }
-  } else {
-    for (int i = threadIdx.x; i < H * k4; i += blockDim.x) {
-      const int h = i / k4, d = 4 * (i % k4);
-      *(float4*)(sm + h * ATT_MAX_DIM + d) =
-          h < nq ? *(const float4*)(q + ((size_t)row * n_heads + h0 + h) * key_dim + d) : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  }
+  att_ready_row<DT, H>(st, kv, q, k, v, row, g, h0, nq, n_heads, n_kv_heads, key_dim, value_dim,
+                       ATT_ROPE_FITS(VPL, H) ? rope : nullptr, neox, hi >= start,
+                       blockIdx.y % chunks == 0 && split == 0, sm, ATT_MAX_DIM, own_k, own_v);
   __syncthreads();
   const int kh = kv_head_bytes(DT, key_dim), vh = kv_head_bytes(DT, value_dim);
   const float sl2 = scale * 1.4426950408889634f;
@@ -2054,27 +2068,51 @@ FATHOM_ATT_MMA(128)
 
 // Combines the splits of attention_split: one block per (row, query head);
 // with x8 (value_dim a multiple of 32), the output also as int8 activation
-// blocks for the one-token x8 matmul after it.
+// blocks for the one-token x8 matmul after it. The first warp reads every
+// split's (max, sum) at once (up to ATT_MAX_SPLITS, ATT_MAX_SPLITS / 32 a
+// lane) and leaves each split's weight in shared memory; then a thread a
+// value dim sums the splits' outputs, their loads independent of one
+// another. (Three loops over the splits, a load at a time, took ~10 us at
+// 32 splits on the H200: longer than the split kernel's own work at 4,096
+// keys.)
+#define ATT_MAX_SPLITS 64
 extern "C" __global__ void __launch_bounds__(128)
 attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float* out, uint8_t* x8) { FATHOM_PDL();
-  const int row = blockIdx.x, h = blockIdx.y;
-  const float* p = part + ((size_t)row * n_heads + h) * nsplit * (value_dim + 2);
-  float mt = -INFINITY;
-  for (int s = 0; s < nsplit; s++) {
-    if (p[s * (value_dim + 2) + 1] > 0.0f) mt = fmaxf(mt, p[s * (value_dim + 2)]);
+  constexpr int PER_LANE = ATT_MAX_SPLITS / WARP;
+  __shared__ float weight[ATT_MAX_SPLITS];
+  __shared__ float inv_total;
+  const int row = blockIdx.x, h = blockIdx.y, stride = value_dim + 2;
+  const float* p = part + ((size_t)row * n_heads + h) * nsplit * stride;
+  if (threadIdx.x < WARP) {
+    // A split that saw no key wrote its max and sum (l = 0) but no output.
+    float ms[PER_LANE], ls[PER_LANE], mt = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++) {
+      const int s = threadIdx.x + WARP * i;
+      ls[i] = s < nsplit ? p[s * stride + 1] : 0.0f;
+      ms[i] = ls[i] > 0.0f ? p[s * stride] : -INFINITY;
+      mt = fmaxf(mt, ms[i]);
+    }
+    mt = warp_max(mt);  // finite: some split saw a key
+    float lt = 0.0f;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; i++) {
+      const float f = ls[i] > 0.0f ? exp2f(ms[i] - mt) : 0.0f;
+      lt += ls[i] * f;
+      weight[threadIdx.x + WARP * i] = f;
+    }
+    lt = warp_sum(lt);
+    if (threadIdx.x == 0) inv_total = 1.0f / lt;
   }
-  float lt = 0.0f;
-  for (int s = 0; s < nsplit; s++) {
-    const float ls = p[s * (value_dim + 2) + 1];
-    if (ls > 0.0f) lt += ls * exp2f(p[s * (value_dim + 2)] - mt);
-  }
-  const float inv = 1.0f / lt;
+  __syncthreads();
+  const float inv = inv_total;
   float* o = out + ((size_t)row * n_heads + h) * value_dim;
   for (int i = threadIdx.x; i < value_dim; i += blockDim.x) {
     float sum = 0.0f;
+#pragma unroll 8
     for (int s = 0; s < nsplit; s++) {
-      const float* ps = p + s * (value_dim + 2);
-      if (ps[1] > 0.0f) sum += ps[2 + i] * exp2f(ps[0] - mt);
+      const float f = weight[s];
+      if (f > 0.0f) sum += p[s * stride + 2 + i] * f;
     }
     o[i] = sum * inv;
     if (x8) x8_store(sum * inv, x8, (((size_t)row * n_heads + h) * value_dim + i) / WARP);
@@ -2120,6 +2158,258 @@ FATHOM_ATT_SPLIT_DIMS(f16, KV_F16)
 FATHOM_ATT_SPLIT_DIMS(bf16, KV_BF16)
 FATHOM_ATT_SPLIT_DIMS(f32, KV_F32)
 FATHOM_ATT_SPLIT_DIMS(q8_0, KV_Q8_0)
+
+// Decode attention on tensor cores (f16 cache, equal key and value dims D
+// of 64 or 128, GQA groups of up to 8 query heads): one block of
+// ATT_MMA_WARPS warps per (row, KV head, split of the key range), as
+// attention_split with the whole group, writing the same partials (or the
+// output). Each warp takes every ATT_MMA_WARPS-th tile of 32 keys of the
+// split with a softmax of its own; the warps merge at the end. S = Q K^T
+// has the group's heads as A's rows (rows from the group on are zero) and
+// 8 keys a column tile; O^T = V^T P^T has 16 value dims a row tile and the
+// heads as columns, so S's accumulators are P^T's B fragments as they lie.
+// K and V go from the cache into fragments directly, 16 bytes a load: a
+// lane's K loads are runs of 8 dims (a K step's dims permuted, the same in
+// Q: a dot product does not mind), its V loads a run of D / 8 dims of one
+// key, paired with the next key's by byte permutes (the value dims
+// permuted, undone as the output is written). The split kernels spent ~6
+// us a warp on a run of 32 keys at 4,096 keys on the H200 (dots and sums on
+// the CUDA cores, a latency chain); a tile here is ~250 instructions.
+// P goes in as an f16 head and an f16 remainder, as in attention_mma.
+#define ATT_DEC_GROUP 8
+
+// Where key p's K or V head row comes from: the cache (below the
+// sequence's start), the step's own row (from there on: `own`, in shared
+// memory with a fused rope, else the projection's f32 row), or nowhere
+// (zeros: past the block's last key).
+struct AttDecRow {
+  const uint8_t* cache;
+  const float* own;
+};
+__device__ __forceinline__ AttDecRow att_dec_row(const KvDesc& kv, const StepDesc& st, int seq, int p, int hi,
+                                                 int start, bool is_v, int g, int hbytes, const float* own) {
+  AttDecRow a = {nullptr, nullptr};
+  if (p > hi) return a;
+  if (p >= start) {
+    a.own = own;
+    return a;
+  }
+  int slot;
+  const unsigned long long b = kv_block(kv, st, seq, p, &slot);
+  const unsigned long long at =
+      is_v ? 16ull * kv.k_row + (unsigned long long)slot * kv.v_row : (unsigned long long)slot * kv.k_row;
+  a.cache = kv.base + b + at + (unsigned long long)g * hbytes;
+  return a;
+}
+
+// 8 f16 values of such a row from dim d, as 16 bytes.
+__device__ __forceinline__ uint4 att_dec_load(const AttDecRow& a, int d) {
+  if (a.cache) return *(const uint4*)(a.cache + 2 * d);
+  if (!a.own) return make_uint4(0u, 0u, 0u, 0u);
+  const float4 x = *(const float4*)(a.own + d), y = *(const float4*)(a.own + d + 4);
+  return make_uint4(half2_bits(x.x, x.y), half2_bits(x.z, x.w), half2_bits(y.x, y.y), half2_bits(y.z, y.w));
+}
+
+template <int D>
+__device__ void attention_decode_mma_body(StepDesc st, KvDesc kv, const float* __restrict__ q,
+                                          const float* __restrict__ k, const float* __restrict__ v,
+                                          float* __restrict__ out, float* __restrict__ part, uint8_t* x8, int n_heads,
+                                          int n_kv_heads, int window, float scale, const RopeAngles* rope, int neox) {
+  constexpr int G = ATT_DEC_GROUP;
+  constexpr int KW = D / 32;  // 16-byte K loads a lane a key (dims 32j + 8t)
+  constexpr int VW = D / 64;  // 16-byte V loads a lane a key (dims (D / 8) r ..)
+  constexpr int MT = D / 16;  // row tiles of O^T
+  __shared__ __align__(16) float qs[G * D];
+  __shared__ __align__(16) float own_k[D], own_v[D];
+  __shared__ __align__(16) float wo[ATT_MMA_WARPS][G][D];
+  __shared__ float wm[ATT_MMA_WARPS][G], wl[ATT_MMA_WARPS][G];
+  const int lane = threadIdx.x % WARP, warp = threadIdx.x / WARP, r = lane / 4, t = lane % 4;
+  const int row = blockIdx.x, g = blockIdx.y, split = blockIdx.z, nsplit = gridDim.z;
+  const int group = n_heads / n_kv_heads, h0 = g * group;
+  const AttRange ar = att_range(st, window, row, split, nsplit);
+  const int seq = ar.seq, start = ar.start, lo = ar.lo, hi = ar.hi, row0 = st.seq_row0[seq];
+  att_ready_row<KV_F16, G>(st, kv, q, k, v, row, g, h0, group, n_heads, n_kv_heads, D, D, rope, neox, hi >= start,
+                           split == 0, qs, D, own_k, own_v);
+  __syncthreads();
+  // Q as A fragments: K step (j, hh) pairs dims 32j + 8t + 4hh + {0, 1}
+  // (a[0]) and + {2, 3} (a[2]); a[1] and a[3] (rows 8..15) are zero.
+  unsigned aq[2 * KW][2];
+#pragma unroll
+  for (int j = 0; j < KW; j++)
+#pragma unroll
+    for (int hh = 0; hh < 2; hh++) {
+      const float* p = qs + r * D + 32 * j + 8 * t + 4 * hh;
+      aq[2 * j + hh][0] = half2_bits(p[0], p[1]);
+      aq[2 * j + hh][1] = half2_bits(p[2], p[3]);
+    }
+  float o[MT][4], mx = -INFINITY, l = 0.0f;
+#pragma unroll
+  for (int m = 0; m < MT; m++) o[m][0] = o[m][1] = o[m][2] = o[m][3] = 0.0f;
+  const float sl2 = scale * 1.4426950408889634f;
+  const int hb = kv_head_bytes(KV_F16, D);
+  for (int base = lo + warp * ATT_MMA_KEYS; base <= hi; base += ATT_MMA_WARPS * ATT_MMA_KEYS) {
+    // Every load of the tile first: K of key base + 8n + r, V of keys
+    // base + 16kk + 2t + {0, 1, 8, 9}.
+    uint4 kf[4][KW], vf[2][4][VW];
+#pragma unroll
+    for (int n = 0; n < 4; n++) {
+      const int p = base + 8 * n + r;
+      const AttDecRow a = att_dec_row(kv, st, seq, p, hi, start, false, g, hb,
+                                      rope ? own_k : k + ((size_t)(row0 + p - start) * n_kv_heads + g) * D);
+#pragma unroll
+      for (int j = 0; j < KW; j++) kf[n][j] = att_dec_load(a, 32 * j + 8 * t);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int p = base + 16 * kk + 2 * t + (e & 1) + 8 * (e >> 1);
+        const AttDecRow a = att_dec_row(kv, st, seq, p, hi, start, true, g, hb,
+                                        rope ? own_v : v + ((size_t)(row0 + p - start) * n_kv_heads + g) * D);
+#pragma unroll
+        for (int i = 0; i < VW; i++) vf[kk][e][i] = att_dec_load(a, (D / 8) * r + 8 * i);
+      }
+    // S = Q K^T: 4 column tiles of 8 keys.
+    float sc[4][4];
+#pragma unroll
+    for (int n = 0; n < 4; n++) {
+      sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < KW; j++)
+#pragma unroll
+        for (int hh = 0; hh < 2; hh++) {
+          const unsigned a[4] = {aq[2 * j + hh][0], 0u, aq[2 * j + hh][1], 0u};
+          mma_16816(sc[n], a, hh ? kf[n][j].z : kf[n][j].x, hh ? kf[n][j].w : kf[n][j].y);
+        }
+    }
+    // Online softmax of head r (its 32 scores across the lanes of a quad).
+    float tmax = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+#pragma unroll
+      for (int jj = 0; jj < 2; jj++) {
+        const float x = base + 8 * n + 2 * t + jj <= hi ? sc[n][jj] * sl2 : -INFINITY;
+        sc[n][jj] = x;
+        tmax = fmaxf(tmax, x);
+      }
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 1));
+    tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, 2));
+    const float mnew = fmaxf(mx, tmax);  // finite: key `base` is in range
+    const float alpha = exp2f(mx - mnew);
+    mx = mnew;
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < 4; n++)
+#pragma unroll
+      for (int jj = 0; jj < 2; jj++) {
+        const float e = exp2f(sc[n][jj] - mnew);
+        sc[n][jj] = e;
+        sum += e;
+      }
+    l = l * alpha + sum;
+    // O^T's columns are heads 2t and 2t + 1: their factors from lanes 8t
+    // and 8t + 4.
+    const float a0 = __shfl_sync(0xffffffffu, alpha, 8 * t), a1 = __shfl_sync(0xffffffffu, alpha, 8 * t + 4);
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+      o[m][0] *= a0;
+      o[m][1] *= a1;
+      o[m][2] *= a0;
+      o[m][3] *= a1;
+    }
+    // O^T += V^T P^T, 16 keys a step: row tile m holds value dims
+    // (D / 8) r + 2m (rows r) and + 1 (rows r + 8).
+#pragma unroll
+    for (int kk = 0; kk < 2; kk++) {
+      unsigned bh[2], bl[2];
+      bh[0] = half2_split(sc[2 * kk][0], sc[2 * kk][1], &bl[0]);
+      bh[1] = half2_split(sc[2 * kk + 1][0], sc[2 * kk + 1][1], &bl[1]);
+#pragma unroll
+      for (int m = 0; m < MT; m++) {
+        const unsigned* w0 = (const unsigned*)&vf[kk][0][m / 4];
+        const unsigned* w1 = (const unsigned*)&vf[kk][1][m / 4];
+        const unsigned* w2 = (const unsigned*)&vf[kk][2][m / 4];
+        const unsigned* w3 = (const unsigned*)&vf[kk][3][m / 4];
+        const unsigned a[4] = {__byte_perm(w0[m % 4], w1[m % 4], 0x5410), __byte_perm(w0[m % 4], w1[m % 4], 0x7632),
+                               __byte_perm(w2[m % 4], w3[m % 4], 0x5410), __byte_perm(w2[m % 4], w3[m % 4], 0x7632)};
+        mma_16816(o[m], a, bh[0], bh[1]);
+        mma_16816(o[m], a, bl[0], bl[1]);
+      }
+    }
+  }
+  // Merge the warps (one that took no tile has m = -inf, l = 0, o = 0).
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  if (t == 0) {
+    wm[warp][r] = mx;
+    wl[warp][r] = l;
+  }
+#pragma unroll
+  for (int m = 0; m < MT; m++) {
+    const int d = (D / 8) * r + 2 * m;
+    wo[warp][2 * t][d] = o[m][0];
+    wo[warp][2 * t + 1][d] = o[m][1];
+    wo[warp][2 * t][d + 1] = o[m][2];
+    wo[warp][2 * t + 1][d + 1] = o[m][3];
+  }
+  __syncthreads();
+  for (int h = 0; h < group; h++) {
+    float mt = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < ATT_MMA_WARPS; w++)
+      if (wl[w][h] > 0.0f) mt = fmaxf(mt, wm[w][h]);
+    float f[ATT_MMA_WARPS], lt = 0.0f;
+#pragma unroll
+    for (int w = 0; w < ATT_MMA_WARPS; w++) {
+      f[w] = wl[w][h] > 0.0f ? exp2f(wm[w][h] - mt) : 0.0f;
+      lt += wl[w][h] * f[w];
+    }
+    const int hq = h0 + h;
+    if (nsplit == 1) {
+      const float inv = 1.0f / lt;
+      float* o_row = out + ((size_t)row * n_heads + hq) * D;
+      for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < ATT_MMA_WARPS; w++) s += wo[w][h][i] * f[w];
+        o_row[i] = s * inv;
+        if (x8) x8_store(s * inv, x8, (((size_t)row * n_heads + hq) * D + i) / WARP);
+      }
+    } else {
+      float* o_part = part + (((size_t)row * n_heads + hq) * nsplit + split) * (D + 2);
+      if (threadIdx.x == 0) {
+        o_part[0] = mt;
+        o_part[1] = lt;
+      }
+      if (lt > 0.0f) {
+        for (int i = threadIdx.x; i < D; i += blockDim.x) {
+          float s = 0.0f;
+#pragma unroll
+          for (int w = 0; w < ATT_MMA_WARPS; w++) s += wo[w][h][i] * f[w];
+          o_part[2 + i] = s;
+        }
+      }
+    }
+  }
+}
+
+// attention_decode_mma_<D>: the split kernels' arguments (key_dim and
+// value_dim are D).
+#define FATHOM_ATT_DECODE_MMA(D)                                                                              \
+  extern "C" __global__ void __launch_bounds__(ATT_MMA_WARPS * 32) attention_decode_mma_##D(                \
+      StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out, float* part,        \
+      uint8_t* x8, int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale,          \
+      AttRope rope) {                                                                                        \
+    attention_prefetch<KV_F16>(st, kv, n_heads, n_kv_heads, D, D, window, ATT_DEC_GROUP);                   \
+    __shared__ RopeAngles angles;                                                                            \
+    if (rope.fused) angles.compute(st.row_pos[blockIdx.x], D, rope.theta, rope.neox, rope.freqs);            \
+    FATHOM_PDL();                                                                                            \
+    if (rope.fused) __syncthreads();                                                                         \
+    attention_decode_mma_body<D>(st, kv, q, k, v, out, part, x8, n_heads, n_kv_heads, window, scale,         \
+                                 rope.fused ? &angles : nullptr, rope.neox);                                 \
+  }
+FATHOM_ATT_DECODE_MMA(64)
+FATHOM_ATT_DECODE_MMA(128)
 
 // Stores row blockIdx.x's K (blockIdx.y = 0) or V (1) into the cache at its
 // position: one block a (row, K or V, 256 values), one thread a value.

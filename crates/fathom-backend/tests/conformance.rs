@@ -1690,11 +1690,23 @@ fn cuda_graph_memory_within_plan() {
 
 /// The CUDA backend's split attention (key ranges cut into pieces, then
 /// merged) on the conformance cases, which are too short for the backend to
-/// split on its own: forced to 2 and to 5 pieces (empty pieces included).
+/// split on its own: forced to 2, 5 and 40 pieces (empty pieces included;
+/// more than the plan's `ATTENTION_MAX_SPLITS` where the partials hold them),
+/// through the CUDA-core split kernels and through the tensor-core decode
+/// kernel (forced where it applies: f16 caches of 64 or 128 dims; the
+/// other cases run the split kernels again).
 #[test]
 fn cuda_attention_splits() {
     let mut failures = Vec::new();
-    for splits in [2usize, 5] {
+    for (splits, mma) in [
+        (2usize, false),
+        (5, false),
+        (40, false),
+        (1, true),
+        (2, true),
+        (5, true),
+        (40, true),
+    ] {
         for (label, shape, mut kv, layers) in attention_cases() {
             // Plan partials as for a long context: the conformance groups'
             // 128 tokens would not be split.
@@ -1707,10 +1719,11 @@ fn cuda_attention_splits() {
                     return;
                 };
                 b.force_attention_splits(Some(splits));
+                b.force_decode_mma(Some(mma));
                 let mut h: Harness = Harness::new(Box::new(b));
                 let mut rng = Rng(0x5b17 ^ splits as u64);
                 let (tables, steps) = attention_schedule(sliding);
-                let label = format!("{label} /{splits}");
+                let label = format!("{label} /{splits}{}", if mma { " mma" } else { "" });
                 test_attention(
                     &mut h,
                     &mut rng,

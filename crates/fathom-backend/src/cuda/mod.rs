@@ -104,9 +104,24 @@ const ATT_HEADS: [usize; 4] = [1, 2, 4, 8];
 /// attention kernel does a decode step's rope itself (`ATT_ROPE_FITS` in
 /// fathom.cu; beyond, its registers spill).
 const ATT_ROPE_MAX: usize = 32;
+/// Most pieces attention cuts a row's key range into. The planned
+/// partials hold `ATTENTION_MAX_SPLITS` pieces for each of
+/// `ATTENTION_SPLIT_ROWS` rows, so a step of fewer rows (a decode step of a
+/// few sequences) has room for more: up to this many, as far as they fit
+/// (`attention_splits` picks 33 for a row of an 8B-shaped layer at 4,097
+/// keys, where 32 left some warps a second run of 32 keys). Also
+/// `ATT_MAX_SPLITS` in fathom.cu (what `attention_merge` combines).
+const ATTENTION_ROW_SPLITS: usize = 64;
+const _: () = assert!(ATTENTION_MAX_SPLITS as usize <= ATTENTION_ROW_SPLITS);
 /// Keys up to which a split attention block takes one query head
 /// (`attention`).
 const ATTENTION_ONE_HEAD_KEYS: usize = 384;
+/// Keys from which decode rows take the tensor-core decode kernel where it
+/// applies (`decode_mma_kernel`).
+const ATTENTION_DECODE_MMA_KEYS: usize = 1024;
+/// Query heads a tensor-core decode block holds (`ATT_DEC_GROUP` in
+/// fathom.cu).
+const ATT_DEC_GROUP: usize = 8;
 /// Banned ids the greedy-pick kernel takes (`GREEDY_BANNED` in fathom.cu),
 /// and its threads.
 const GREEDY_BANNED: usize = 8;
@@ -335,6 +350,9 @@ struct Kernels {
     attention_merge: sys::CUfunction,
     /// `attention_mma_<D>` for head dims 64 and 128 (f16 cache, prefill).
     attention_mma: [sys::CUfunction; 2],
+    /// `attention_decode_mma_<D>` for head dims 64 and 128 (f16 cache,
+    /// decode rows at long contexts).
+    attention_decode_mma: [sys::CUfunction; 2],
     kv_write: sys::CUfunction,
     route_experts: sys::CUfunction,
     greedy_rows: sys::CUfunction,
@@ -457,6 +475,10 @@ impl Kernels {
             },
             attention_merge: get("attention_merge")?,
             attention_mma: [get("attention_mma_64")?, get("attention_mma_128")?],
+            attention_decode_mma: [
+                get("attention_decode_mma_64")?,
+                get("attention_decode_mma_128")?,
+            ],
             kv_write: get("kv_write")?,
             route_experts: get("route_experts")?,
             greedy_rows: get("greedy_rows")?,
@@ -575,6 +597,10 @@ pub struct CudaBackend {
     sm_count: usize,
     /// Pieces attention cuts key ranges into, when a test sets it.
     forced_splits: Option<usize>,
+    /// Whether decode rows take the tensor-core kernel wherever it applies
+    /// (true) or never (false), when a test sets it; else from
+    /// `ATTENTION_DECODE_MMA_KEYS` keys.
+    forced_decode_mma: Option<bool>,
     /// What the f16 staging of x holds since the last kernel launch:
     /// (address of x, values, bf16). A layer's q, k and v (and gate and
     /// up) products of one input convert it once.
@@ -772,6 +798,7 @@ impl CudaBackend {
             ),
             sm_count,
             forced_splits: None,
+            forced_decode_mma: None,
             x16_holds: None,
             emits_x8: false,
             x8_holds: None,
@@ -838,6 +865,15 @@ impl CudaBackend {
     #[doc(hidden)]
     pub fn force_attention_splits(&mut self, n: Option<usize>) {
         self.forced_splits = n;
+    }
+
+    /// Sends decode rows to the tensor-core decode kernel wherever it
+    /// applies (`Some(true)`) or never (`Some(false)`) instead of by their
+    /// keys, so tests can check both kernels at small contexts; `None`
+    /// restores the choice.
+    #[doc(hidden)]
+    pub fn force_decode_mma(&mut self, on: Option<bool>) {
+        self.forced_decode_mma = on;
     }
 
     /// How the recorded launches went out: graphs captured and replayed,
@@ -1614,25 +1650,28 @@ impl CudaBackend {
             return;
         };
         let keys = Self::attended_keys(&s, step);
-        let group = s.n_heads / s.n_kv_heads;
-        let heads = Self::split_heads(&s, keys, vpl);
-        let hi = ATT_HEADS
-            .iter()
-            .position(|&h| h == heads)
-            .expect("a power of two up to 8");
-        let chunks = group.div_ceil(heads);
-        let blocks = rows * s.n_kv_heads * chunks;
-        // Pieces of the key range: enough blocks for 4 a multiprocessor,
-        // at least ATTENTION_SPLIT_KEYS keys each, as many as the partials
-        // hold.
-        let want = self.forced_splits.unwrap_or_else(|| {
-            (4 * self.sm_count)
-                .div_ceil(blocks)
-                .min(keys.div_ceil(ATTENTION_SPLIT_KEYS as usize))
-        });
+        // The kernel, and its blocks a row (a block a KV head and chunk
+        // of its query heads, times the splits).
+        let (f, row_blocks) = match self.decode_mma_kernel(&s, keys) {
+            Some(f) => (f, s.n_kv_heads),
+            None => {
+                let heads = Self::split_heads(&s, keys, vpl);
+                let hi = ATT_HEADS
+                    .iter()
+                    .position(|&h| h == heads)
+                    .expect("a power of two up to 8");
+                let chunks = (s.n_heads / s.n_kv_heads).div_ceil(heads);
+                let f = self.k.attention_split[kv.dtype as usize][vpl][hi];
+                (f, s.n_kv_heads * chunks)
+            }
+        };
+        let blocks = rows * row_blocks;
+        let want = self
+            .forced_splits
+            .unwrap_or_else(|| Self::attention_splits(keys, blocks, self.sm_count));
         let per_split = rows * s.n_heads * (s.value_dim + 2) * 4;
         let fit = (self.partials.1 / per_split as u64) as usize;
-        let splits = want.min(ATTENTION_MAX_SPLITS as usize).min(fit).max(1);
+        let splits = want.min(ATTENTION_ROW_SPLITS).min(fit).max(1);
         let mut part = self.partials.0;
         // The output as x8 blocks too, by whichever kernel writes it last.
         let x8 = if s.value_dim.is_multiple_of(32) {
@@ -1641,10 +1680,9 @@ impl CudaBackend {
             0
         };
         let (mut x8_split, mut x8_merge) = if splits > 1 { (0, x8) } else { (x8, 0) };
-        let f = self.k.attention_split[kv.dtype as usize][vpl][hi];
         self.launch(
             f,
-            (rows as u32, (s.n_kv_heads * chunks) as u32, splits as u32),
+            (rows as u32, row_blocks as u32, splits as u32),
             ATT_THREADS,
             &mut args![
                 st, kv, qp, kp, vp, op, part, x8_split, nh, nkv, dk, dv, window, scale, rope
@@ -1663,6 +1701,23 @@ impl CudaBackend {
         if x8 != 0 {
             self.x8_holds = Some((op, s.n_heads * s.value_dim));
         }
+    }
+
+    /// Pieces to cut a row's `keys` into when a row takes `blocks` blocks:
+    /// as many as one wave of blocks holds (2 a multiprocessor: the split
+    /// and decode kernels' registers allow 2 blocks of 128 threads), in as
+    /// few rounds of 32 keys a warp as that allows, the rounds even across
+    /// the block's 4 warps (a piece of 4 × rounds runs of 32 keys, at least
+    /// `ATTENTION_SPLIT_KEYS` keys). On the H200 at an 8B-shaped layer's 8
+    /// KV heads: 33 pieces at 4,097 to 4,224 keys (one run a warp) rather
+    /// than 32 (some warps two); 33 at 8,192 rather than 64 (two waves).
+    fn attention_splits(keys: usize, blocks: usize, sm_count: usize) -> usize {
+        const RUN: usize = 32;
+        const WARPS: usize = ATTENTION_SPLIT_KEYS as usize / RUN;
+        let most = (2 * sm_count / blocks.max(1)).max(1);
+        let runs = keys.div_ceil(RUN);
+        let rounds = runs.div_ceil(WARPS * most).max(1);
+        runs.div_ceil(WARPS * rounds)
     }
 
     /// The split kernels' `ATT_VPL` index for this shape, or `None` where
@@ -1700,6 +1755,25 @@ impl CudaBackend {
         }
         let most = if ATT_VPL[vpl] == 16 { 2 } else { 8 };
         (s.n_heads / s.n_kv_heads).next_power_of_two().min(most)
+    }
+
+    /// The tensor-core decode kernel (`attention_decode_mma_<D>`) where it
+    /// applies: an f16 cache, equal key and value dims of 64 or 128, GQA
+    /// groups of up to `ATT_DEC_GROUP` query heads, and at least
+    /// `ATTENTION_DECODE_MMA_KEYS` keys (or as a test forces). Rows of the
+    /// same shape with fewer keys take the split kernels (one query head a
+    /// block up to `ATTENTION_ONE_HEAD_KEYS`).
+    fn decode_mma_kernel(&self, s: &AttentionShape, keys: usize) -> Option<sys::CUfunction> {
+        let f = match (s.key_dim, s.value_dim) {
+            (64, 64) => self.k.attention_decode_mma[0],
+            (128, 128) => self.k.attention_decode_mma[1],
+            _ => return None,
+        };
+        let fits = self.kv.dtype == KvDtype::F16 && s.n_heads / s.n_kv_heads <= ATT_DEC_GROUP;
+        let wanted = self
+            .forced_decode_mma
+            .unwrap_or(keys >= ATTENTION_DECODE_MMA_KEYS);
+        (fits && wanted).then_some(f)
     }
 
     /// The tensor-core prefill kernel for this step, when it applies: an
@@ -2256,7 +2330,10 @@ impl Backend for CudaBackend {
         let heads = vpl.map(|v| Self::split_heads(&s, Self::attended_keys(&s, step), v));
         let fits = vpl
             .zip(heads)
-            .is_some_and(|(v, h)| ATT_VPL[v] * h <= ATT_ROPE_MAX);
+            .is_some_and(|(v, h)| ATT_VPL[v] * h <= ATT_ROPE_MAX)
+            || self
+                .decode_mma_kernel(&s, Self::attended_keys(&s, step))
+                .is_some();
         if early && step.seqs.iter().all(|q| q.tokens == 1) && fits {
             let rope = AttRope {
                 theta,
@@ -2506,7 +2583,7 @@ impl Backend for CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::FATBIN;
+    use super::{CudaBackend, FATBIN};
     use fathom_plan::cuda::{KERNELS_HOST_BYTES, MODULE_BYTES};
 
     /// The machine-code (ELF) images in a fatbin, as byte slices: a fatbin
@@ -2529,6 +2606,39 @@ mod tests {
             at += header + size;
         }
         out
+    }
+
+    /// Attention's pieces on an H200 (132 multiprocessors): one wave of
+    /// blocks at most (2 a multiprocessor), a warp's rounds of 32 keys the
+    /// fewest that allows, more than 128 keys a piece but the last.
+    #[test]
+    fn attention_splits_fill_one_wave_with_even_rounds() {
+        let splits = |keys, blocks| CudaBackend::attention_splits(keys, blocks, 132);
+        // An 8B-shaped decode row (8 KV heads, a block each).
+        assert_eq!(splits(100, 8), 1);
+        assert_eq!(splits(1024, 8), 8);
+        assert_eq!(splits(4097, 8), 33);
+        assert_eq!(splits(8192, 8), 32);
+        assert_eq!(splits(32768, 8), 32);
+        for keys in [1, 77, 129, 1000, 4097, 5000, 8192, 20000] {
+            for blocks in [1, 8, 32, 128, 264, 1000] {
+                let n = splits(keys, blocks);
+                let runs = keys.div_ceil(32);
+                let most = (264 / blocks).max(1);
+                assert!(
+                    n >= 1 && n <= most,
+                    "{keys} keys, {blocks} blocks: {n} pieces"
+                );
+                // A warp's rounds: the fewest one wave allows.
+                let rounds = runs.div_ceil(n).div_ceil(4);
+                assert_eq!(
+                    rounds,
+                    runs.div_ceil(4 * most),
+                    "{keys} keys, {blocks} blocks"
+                );
+                assert!(n == 1 || keys > 128 * (n - 1), "{keys} keys in {n} pieces");
+            }
+        }
     }
 
     /// The fatbin stays resident in the process once the driver has read
