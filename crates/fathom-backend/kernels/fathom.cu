@@ -1664,6 +1664,51 @@ __device__ __forceinline__ void att_ready_row(const StepDesc& st, const KvDesc& 
   }
 }
 
+// The block's warps merged for query heads h0 .. h0 + nq of the row, and
+// written: the output (with x8 — value_dim a multiple of 32 — also as int8
+// activation blocks) when the row's keys are one piece, else the piece's
+// (max, sum, unnormalized output) in the partials. Warp w's head h has its
+// max at m[w * heads + h] and sum at l[w * heads + h] (-inf and 0 for a
+// warp that saw no key) and its unnormalized output values from
+// o + (w * heads + h) * stride, all in shared memory.
+template <int WARPS>
+__device__ __forceinline__ void att_write_merged(const float* m, const float* l, const float* o, int heads,
+                                                 int stride, int nq, int h0, int row, int n_heads, int value_dim,
+                                                 int split, int nsplit, float* __restrict__ out,
+                                                 float* __restrict__ part, uint8_t* x8) {
+  for (int h = 0; h < nq; h++) {
+    float mt = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) mt = fmaxf(mt, m[w * heads + h]);
+    float f[WARPS], lt = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WARPS; w++) {
+      f[w] = l[w * heads + h] > 0.0f ? exp2f(m[w * heads + h] - mt) : 0.0f;
+      lt += l[w * heads + h] * f[w];
+    }
+    const size_t hq = (size_t)row * n_heads + h0 + h;
+    float* o_part = part + (hq * nsplit + split) * (value_dim + 2);
+    if (nsplit > 1 && threadIdx.x == 0) {
+      o_part[0] = mt;
+      o_part[1] = lt;
+    }
+    if (nsplit > 1 && !(lt > 0.0f)) continue;
+    const float inv = 1.0f / lt;
+    for (int i = threadIdx.x; i < value_dim; i += blockDim.x) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < WARPS; w++) sum += o[(w * heads + h) * stride + i] * f[w];
+      if (nsplit > 1) {
+        o_part[2 + i] = sum;
+      } else {
+        // Whole warps when x8 is asked for (value_dim a multiple of 32).
+        out[hq * value_dim + i] = sum * inv;
+        if (x8) x8_store(sum * inv, x8, (hq * value_dim + i) / WARP);
+      }
+    }
+  }
+}
+
 // rope (a decode step: one token a sequence, no ring): q, k and v are as
 // the projections wrote them, and the block does rope_kv's work for what
 // it reads — its q heads and its row's own K and V head, roped and rounded
@@ -1812,44 +1857,8 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
 #pragma unroll
     for (int j = 0; j < VPL; j++) sm[((warp * H + h) * WARP + lane) * VPL + j] = acc[h][j];
   __syncthreads();
-  for (int h = 0; h < nq; h++) {
-    float mt = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < ATT_SPLIT_WARPS; w++) mt = fmaxf(mt, part_m[w][h]);
-    float f[ATT_SPLIT_WARPS], lt = 0.0f;
-#pragma unroll
-    for (int w = 0; w < ATT_SPLIT_WARPS; w++) {
-      f[w] = part_l[w][h] > 0.0f ? exp2f(part_m[w][h] - mt) : 0.0f;
-      lt += part_l[w][h] * f[w];
-    }
-    const int hq = h0 + h;
-    if (nsplit == 1) {
-      const float inv = 1.0f / lt;
-      float* o = out + ((size_t)row * n_heads + hq) * value_dim;
-      for (int i = threadIdx.x; i < value_dim; i += blockDim.x) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int w = 0; w < ATT_SPLIT_WARPS; w++) sum += sm[(w * H + h) * WARP * VPL + i] * f[w];
-        o[i] = sum * inv;
-        // value_dim is a multiple of 32 when x8 is asked for: whole warps.
-        if (x8) x8_store(sum * inv, x8, (((size_t)row * n_heads + hq) * value_dim + i) / WARP);
-      }
-    } else {
-      float* o = part + (((size_t)row * n_heads + hq) * nsplit + split) * (value_dim + 2);
-      if (threadIdx.x == 0) {
-        o[0] = mt;
-        o[1] = lt;
-      }
-      if (lt > 0.0f) {
-        for (int i = threadIdx.x; i < value_dim; i += blockDim.x) {
-          float sum = 0.0f;
-#pragma unroll
-          for (int w = 0; w < ATT_SPLIT_WARPS; w++) sum += sm[(w * H + h) * WARP * VPL + i] * f[w];
-          o[2 + i] = sum;
-        }
-      }
-    }
-  }
+  att_write_merged<ATT_SPLIT_WARPS>(&part_m[0][0], &part_l[0][0], sm, H, WARP * VPL, nq, h0, row, n_heads,
+                                    value_dim, split, nsplit, out, part, x8);
 }
 
 // ---------------------------------------------------------------------------
@@ -2353,44 +2362,8 @@ __device__ void attention_decode_mma_body(StepDesc st, KvDesc kv, const float* _
     wo[warp][2 * t + 1][d + 1] = o[m][3];
   }
   __syncthreads();
-  for (int h = 0; h < group; h++) {
-    float mt = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < ATT_MMA_WARPS; w++)
-      if (wl[w][h] > 0.0f) mt = fmaxf(mt, wm[w][h]);
-    float f[ATT_MMA_WARPS], lt = 0.0f;
-#pragma unroll
-    for (int w = 0; w < ATT_MMA_WARPS; w++) {
-      f[w] = wl[w][h] > 0.0f ? exp2f(wm[w][h] - mt) : 0.0f;
-      lt += wl[w][h] * f[w];
-    }
-    const int hq = h0 + h;
-    if (nsplit == 1) {
-      const float inv = 1.0f / lt;
-      float* o_row = out + ((size_t)row * n_heads + hq) * D;
-      for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        float s = 0.0f;
-#pragma unroll
-        for (int w = 0; w < ATT_MMA_WARPS; w++) s += wo[w][h][i] * f[w];
-        o_row[i] = s * inv;
-        if (x8) x8_store(s * inv, x8, (((size_t)row * n_heads + hq) * D + i) / WARP);
-      }
-    } else {
-      float* o_part = part + (((size_t)row * n_heads + hq) * nsplit + split) * (D + 2);
-      if (threadIdx.x == 0) {
-        o_part[0] = mt;
-        o_part[1] = lt;
-      }
-      if (lt > 0.0f) {
-        for (int i = threadIdx.x; i < D; i += blockDim.x) {
-          float s = 0.0f;
-#pragma unroll
-          for (int w = 0; w < ATT_MMA_WARPS; w++) s += wo[w][h][i] * f[w];
-          o_part[2 + i] = s;
-        }
-      }
-    }
-  }
+  att_write_merged<ATT_MMA_WARPS>(&wm[0][0], &wl[0][0], &wo[0][0][0], G, D, group, h0, row, n_heads, D, split,
+                                  nsplit, out, part, x8);
 }
 
 // attention_decode_mma_<D>: the split kernels' arguments (key_dim and
