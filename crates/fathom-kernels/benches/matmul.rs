@@ -293,12 +293,14 @@ fn main() {
 
 /// SmolLM2's matrices (rows x cols); k-quant rows hold whole 256-value
 /// blocks, which 576 is not (llama.cpp stores those tensors in a 32-value
-/// type), so k-quants get SmolLM2's ffn_down and Llama-3.2-1B's shapes.
+/// type), so k-quants get SmolLM2's ffn_down and Llama-3.2-1B's shapes, and
+/// at decode Gemma-3-1B's ffn_down (a k-quant in its Q6_K and K-quant mix
+/// files).
 fn shapes(ty: WeightType, decode: bool) -> Vec<(usize, usize)> {
     match (ty.block_elems() == 256, decode) {
         (false, true) => vec![(HIDDEN, HIDDEN), (KV, HIDDEN), (FFN, HIDDEN), (HIDDEN, FFN)],
         (false, false) => vec![(HIDDEN, HIDDEN), (FFN, HIDDEN), (HIDDEN, FFN)],
-        (true, true) => vec![(HIDDEN, FFN), (2048, 2048), (8192, 2048)],
+        (true, true) => vec![(HIDDEN, FFN), (2048, 2048), (8192, 2048), (1152, 6912)],
         (true, false) => vec![(HIDDEN, FFN), (2048, 2048)],
     }
 }
