@@ -1493,9 +1493,10 @@ fn greedy_reference(row: &[f32], banned: &[u32]) -> u32 {
 }
 
 /// greedy: each logits row's pick without and with banned ids, exactly,
-/// on rows built to hit a tie, a banned maximum, NaN, −∞ and all-NaN.
+/// on rows built to hit a tie, a banned maximum, NaN, −∞ and all-NaN; rows
+/// of 40,008 values, which the CUDA scan cuts into 20 pieces.
 fn test_greedy<B: Backend + ?Sized>(h: &mut Harness<B>, rng: &mut Rng) {
-    let (rows, width) = (9, 4096);
+    let (rows, width) = (9, 40_008);
     let banned = [7u32, 2, 4000];
     let mut x = rng.vec(rows * width);
     let row = |r: usize| r * width..(r + 1) * width;
@@ -1514,6 +1515,8 @@ fn test_greedy<B: Backend + ?Sized>(h: &mut Harness<B>, rng: &mut Rng) {
     x[row(6)][2] = 1.0;
     x[row(6)][4000] = 2.0;
     x[row(7)][4000] = f32::INFINITY; // +∞, banned
+    x[row(8)][width - 1] = 9.0; // the maximum last, in the scan's third batch
+    x[row(8)][20_000] = 8.9;
     h.set(Buf::Logits, &x, width);
     let mut got = vec![[u32::MAX; 2]; rows];
     h.b.greedy(rows, width, &banned, &mut got);

@@ -122,10 +122,14 @@ const ATTENTION_DECODE_MMA_KEYS: usize = 1024;
 /// Query heads a tensor-core decode block holds (`ATT_DEC_GROUP` in
 /// fathom.cu).
 const ATT_DEC_GROUP: usize = 8;
-/// Banned ids the greedy-pick kernel takes (`GREEDY_BANNED` in fathom.cu),
-/// and its threads.
+/// Banned ids the greedy-pick kernels take (`GREEDY_BANNED` in fathom.cu),
+/// the scan's threads and the values a thread loads at once.
 const GREEDY_BANNED: usize = 8;
-const GREEDY_THREADS: u32 = 1024;
+const GREEDY_THREADS: u32 = 256;
+const GREEDY_BATCH: usize = 8;
+/// Most pieces (scan blocks) a logits row is cut into: a 128k vocabulary
+/// takes 63, one batch a thread, on half the H200's multiprocessors.
+const GREEDY_PIECES: usize = 64;
 /// The kernel's `Banned` argument.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
@@ -355,7 +359,8 @@ struct Kernels {
     attention_decode_mma: [sys::CUfunction; 2],
     kv_write: sys::CUfunction,
     route_experts: sys::CUfunction,
-    greedy_rows: sys::CUfunction,
+    greedy_scan: sys::CUfunction,
+    greedy_merge: sys::CUfunction,
 }
 
 /// Weight bytes a matrix-vector kernel asks L2 for before it waits for the
@@ -481,7 +486,8 @@ impl Kernels {
             ],
             kv_write: get("kv_write")?,
             route_experts: get("route_experts")?,
-            greedy_rows: get("greedy_rows")?,
+            greedy_scan: get("greedy_scan")?,
+            greedy_merge: get("greedy_merge")?,
         })
     }
 }
@@ -2533,14 +2539,20 @@ impl Backend for CudaBackend {
     }
 
     fn greedy(&mut self, rows: usize, width: usize, banned: &[u32], out: &mut [[u32; 2]]) {
-        // The picks go to the attention partials, idle after the last layer.
-        let on_device = banned.len() <= GREEDY_BANNED
-            && 2 * rows <= self.greedy_host.len()
-            && 8 * rows as u64 <= self.partials.1;
-        if !on_device {
+        // The picks, and the scan's pieces after them, go to the attention
+        // output, idle after the last layer's output projection (the
+        // partials, used before, are not planned for short contexts).
+        let at = (8 * rows).next_multiple_of(16);
+        let pieces = width
+            .div_ceil(GREEDY_THREADS as usize * GREEDY_BATCH)
+            .min(GREEDY_PIECES);
+        let room = self.arena[Buf::AttnOut as usize]
+            .filter(|&(_, size)| (at + 16 * rows * pieces) as u64 <= size);
+        let on_device = banned.len() <= GREEDY_BANNED && 2 * rows <= self.greedy_host.len();
+        let (true, Some((picks, _))) = (on_device, room) else {
             greedy_from_rows(self.logits(rows, width), width, banned, out);
             return;
-        }
+        };
         let mut src = self.buf(Buf::Logits, rows * width * 4);
         if rows == 0 || !self.ready() {
             return;
@@ -2550,20 +2562,22 @@ impl Backend for CudaBackend {
             ids: [0; GREEDY_BANNED],
         };
         b.ids[..banned.len()].copy_from_slice(banned);
-        let (mut w, mut dst) = (width as i32, self.partials.0);
-        let f = self.k.greedy_rows;
+        let (mut w, mut dst, mut part, mut n) =
+            (width as i32, picks, picks + at as u64, pieces as i32);
+        let (scan, merge) = (self.k.greedy_scan, self.k.greedy_merge);
         self.launch(
-            f,
-            (rows as u32, 1, 1),
+            scan,
+            (rows as u32, pieces as u32, 1),
             GREEDY_THREADS,
-            &mut args![src, w, b, dst],
+            &mut args![src, w, b, part],
         );
+        self.launch(merge, (rows as u32, 1, 1), 32, &mut args![part, n, b, dst]);
         self.issue(true);
         let mut host = std::mem::take(&mut self.greedy_host);
         if self.error.is_none() {
-            // SAFETY: `host` holds 2 × rows u32 (checked above) and the
-            // partials at least 8 × rows bytes; pageable memory is read once
-            // the stream reaches the copy (synchronized below).
+            // SAFETY: `host` holds 2 × rows u32 and the attention output
+            // at least 8 × rows bytes (both checked above); pageable memory
+            // is read once the stream reaches the copy (synchronized below).
             let r = unsafe { result::memcpy_dtoh_async(&mut host[..2 * rows], dst, self.stream) };
             if let Err(e) = r {
                 self.fail("reading the greedy picks", e);
