@@ -318,8 +318,15 @@ impl Model {
     pub fn project(&self, backend: &mut dyn Backend, rows: &[usize]) {
         let d = self.spec.hidden as usize;
         let n = rows.len();
-        backend.gather_rows(Buf::Residual, rows, d, Buf::BranchOut);
-        backend.rms_norm(Buf::BranchOut, self.out_norm, self.eps, n, d, Buf::Norm);
+        // A decode step's last rows are all its rows, in order: no gather
+        // (on the GPU a one-block launch on the step's critical path).
+        let input = if rows.iter().enumerate().all(|(i, &r)| i == r) {
+            Buf::Residual
+        } else {
+            backend.gather_rows(Buf::Residual, rows, d, Buf::BranchOut);
+            Buf::BranchOut
+        };
+        backend.rms_norm(input, self.out_norm, self.eps, n, d, Buf::Norm);
         backend.matmul(self.output, Buf::Norm, n, Buf::Logits);
     }
 
