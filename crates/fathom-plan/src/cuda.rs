@@ -55,8 +55,9 @@ pub const MODULE_BYTES: u64 = 10 << 20;
 /// same way).
 pub const BLAS_HANDLE_BYTES: u64 = 71_303_168;
 
-/// Decode steps the backend keeps as CUDA graphs (see the backend's
-/// launch queue): the least recently used beyond this is destroyed.
+/// CUDA graphs the backend keeps (see its launch queue; a decode step is
+/// two, its head and the rest): the least recently used beyond this is
+/// destroyed.
 pub const MAX_GRAPHS: usize = 4;
 /// Device memory one instantiated graph of at most [`GRAPH_MAX_NODES`]
 /// nodes takes (`cuMemGetInfo` around `cuGraphInstantiate`: the driver

@@ -579,16 +579,21 @@ pub struct CudaBackend {
     routes_read: u64,
     /// Launches recorded since the last issue.
     queue: queue::LaunchQueue,
-    /// The queue holds the step from its first op (a graph candidate).
+    /// The queue holds the step from its first op, or from where its head
+    /// was issued (a graph candidate).
     whole_step: bool,
+    /// Which part of the step the queue holds: its head (0, up to the
+    /// second layer's attention) or the rest (1); each is a graph of its
+    /// own (`issue_step_head`).
+    step_part: usize,
     /// Launch at once for the rest of the step (after a read-back or a
     /// cuBLAS call, which need the work before them issued).
     eager: bool,
-    /// The host copy of the step area; `staged` marks the parts written
-    /// since the last issue (a different value for one of them issues the
-    /// queue first), `dirty` the word range not yet copied.
+    /// The host copy of the step area; `staged` holds each part's word
+    /// range written since the last issue (a different value within it
+    /// issues the queue first), `dirty` the word range not yet copied.
     step_host: Vec<u32>,
-    staged: Vec<bool>,
+    staged: Vec<Option<(usize, usize)>>,
     dirty: Option<(usize, usize)>,
     host_u32: Vec<u32>,
     host_f32: Vec<f32>,
@@ -789,9 +794,10 @@ impl CudaBackend {
             routes_read: 0,
             queue: queue::LaunchQueue::new(),
             whole_step: false,
+            step_part: 0,
             eager: false,
             step_host: vec![0; words.total() as usize],
-            staged: vec![false; STAGED_FIXED + n_groups],
+            staged: vec![None; STAGED_FIXED + n_groups],
             dirty: None,
             host_u32: Vec::with_capacity(tokens),
             host_f32: Vec::with_capacity(tokens),
@@ -1006,7 +1012,7 @@ impl CudaBackend {
                 }
             }
         }
-        self.staged.iter_mut().for_each(|s| *s = false);
+        self.staged.iter_mut().for_each(|s| *s = None);
         let whole = end_of_step && self.whole_step;
         self.whole_step = false;
         if self.error.is_some() {
@@ -1014,9 +1020,10 @@ impl CudaBackend {
             return;
         }
         let (blas, handle) = (&self.blas, self.blas_handle);
+        let part = whole.then_some(self.step_part);
         if let Err(e) = self
             .queue
-            .issue(self.stream, whole, &mut |g| blas.gemm(handle, g))
+            .issue(self.stream, part, &mut |g| blas.gemm(handle, g))
         {
             self.fail_with(e);
         }
@@ -1047,19 +1054,41 @@ impl CudaBackend {
         self.issue(false);
         self.eager = false;
         self.whole_step = true;
+        self.step_part = 0;
+    }
+
+    /// Issues a whole step's head (the embedding up to the second layer's
+    /// attention) as a graph of its own, so that the GPU runs the first
+    /// layer while the host records the rest of the step: recording takes
+    /// the host ~2 µs a layer (the H200 machine's), and a decode step
+    /// recorded whole before its one graph launch had left the GPU idle
+    /// all that time.
+    fn issue_step_head(&mut self) {
+        if !self.whole_step || self.eager || self.step_part != 0 {
+            return;
+        }
+        self.issue(true);
+        self.whole_step = self.error.is_none();
+        self.step_part = 1;
     }
 
     /// Writes `words` into part `part` of the step area at word `at`, and
-    /// returns their device address. Rewriting a part already written
-    /// since the last issue with other values issues the queue first, so
-    /// recorded launches read what was there when they were recorded.
+    /// returns their device address. Rewriting words of a part already
+    /// written since the last issue with other values issues the queue
+    /// first, so recorded launches read what was there when they were
+    /// recorded; words of the part not yet written are just added.
     fn stage(&mut self, part: usize, at: usize, words: &[u32]) -> u64 {
         let end = at + words.len();
-        if self.staged[part] && self.step_host[at..end] != *words {
-            self.issue(false);
+        if let Some((lo, hi)) = self.staged[part] {
+            if at < hi && lo < end && self.step_host[at..end] != *words {
+                self.issue(false);
+            }
         }
         self.step_host[at..end].copy_from_slice(words);
-        self.staged[part] = true;
+        self.staged[part] = Some(match self.staged[part] {
+            Some((lo, hi)) => (lo.min(at), hi.max(end)),
+            None => (at, end),
+        });
         self.dirty = Some(match self.dirty {
             Some((lo, hi)) => (lo.min(at), hi.max(end)),
             None => (at, end),
@@ -1254,29 +1283,42 @@ impl CudaBackend {
             "a step of {} rows in {n_seqs} sequences; {t} rows and {s} sequences planned",
             step.rows
         );
+        // The step's own rows and sequences, packed: each layer's attention
+        // stages them again (the same values, so nothing is issued), and
+        // the planned lengths (the largest step's: a thousand words for a
+        // 512-token chunk) had been filled, compared and copied each time,
+        // host time in which the GPU waits for the step.
+        let (rows, seq_at) = (step.rows, 2 * step.rows);
         let mut h = std::mem::take(&mut self.host_u32);
         h.clear();
-        h.resize(2 * t + 2 * s, 0);
+        h.resize(seq_at + 2 * n_seqs, 0);
         let mut row = 0usize;
         for (i, seq) in step.seqs.iter().enumerate() {
+            assert!(
+                row + seq.tokens <= rows,
+                "the step's sequences hold more than its {rows} rows"
+            );
             for j in 0..seq.tokens {
                 h[row + j] = i as u32;
-                h[t + row + j] = (seq.start + j) as u32;
+                h[rows + row + j] = (seq.start + j) as u32;
             }
-            h[2 * t + i] = seq.start as u32;
-            h[2 * t + s + i] = row as u32;
+            h[seq_at + i] = seq.start as u32;
+            h[seq_at + n_seqs + i] = row as u32;
             row += seq.tokens;
         }
         assert_eq!(
-            row, step.rows,
-            "the step's sequences hold {row} rows, not {}",
-            step.rows
+            row, rows,
+            "the step's sequences hold {row} rows, not {rows}"
         );
         let base = self.stage(STAGED_ROWS, 0, &h);
+        self.host_u32 = h;
+        // Each sequence's page table at its planned stride, the rest of the
+        // stride left as it was (only blocks of the sequence's positions are
+        // read).
         let mut tables = 0;
         if let Some(g) = group {
-            h.clear();
-            h.resize(n_seqs * stride, 0);
+            let at = words.tables(g as u64) as usize;
+            tables = self.upload.step + 4 * at as u64;
             for (i, seq) in step.seqs.iter().enumerate() {
                 let table = &seq.tables[g];
                 assert!(
@@ -1284,17 +1326,15 @@ impl CudaBackend {
                     "a page table of {} blocks; {stride} planned per sequence",
                     table.len()
                 );
-                h[i * stride..i * stride + table.len()].copy_from_slice(table);
+                self.stage(STAGED_FIXED + g, at + i * stride, table);
             }
-            let at = words.tables(g as u64) as usize;
-            tables = self.stage(STAGED_FIXED + g, at, &h);
         }
-        self.host_u32 = h;
+        let word = |k: usize| base + 4 * k as u64;
         StepDesc {
             row_seq: base,
-            row_pos: base + 4 * t as u64,
-            seq_start: base + 8 * t as u64,
-            seq_row0: base + 8 * t as u64 + 4 * s as u64,
+            row_pos: word(rows),
+            seq_start: word(seq_at),
+            seq_row0: word(seq_at + n_seqs),
             tables,
             table_stride: stride as i32,
             pad: 0,
@@ -2316,6 +2356,9 @@ impl Backend for CudaBackend {
         let mut kv = self.kv_desc(layer, shape);
         if rows == 0 || !self.ready() {
             return;
+        }
+        if layer == 1 {
+            self.issue_step_head();
         }
         let group = self.slots[layer].map(|(g, _)| g);
         let mut st = self.upload_step(step, group);

@@ -1,20 +1,22 @@
 //! The launch queue: kernel launches and cuBLAS calls are recorded, not
 //! issued, until the host needs a result (the logits, MoE routes), and a
-//! decode step that repeats launch for launch is replayed as one CUDA
-//! graph (cuBLAS's kernels captured with ours: its workspace is the
-//! planned one, set on the handle, so a capture allocates nothing).
+//! decode step that repeats launch for launch is replayed as CUDA graphs,
+//! one for its head and one for the rest, which the backend issues apart
+//! (cuBLAS's kernels captured with ours: its workspace is the planned one,
+//! set on the handle, so a capture allocates nothing).
 //!
-//! Why: a decode step of an 8B model is ~600 small launches. Issued one by
+//! Why: a decode step of an 8B model is ~230 small launches. Issued one by
 //! one, each costs the host a few microseconds and leaves the GPU a gap
-//! between kernels; at batch 1 that is a fifth of the step. A graph issues
-//! them at once. A step's launches are compared with the cached graphs'
+//! between kernels; at batch 1 that was a fifth of the step. A graph issues
+//! them at once. A part's launches are compared with the cached graphs'
 //! argument for argument (every buffer address is fixed by the plan, and
 //! per-step inputs such as positions and page tables live in the upload
 //! area, whose contents the host copies before the replay), so a replay is
 //! exactly the launches it stands for. A new sequence of launches is
-//! captured the second time in a row it is seen (a one-off shape is not
-//! worth a capture), at most [`MAX_GRAPHS`] kept, each of at most
-//! [`GRAPH_MAX_NODES`] nodes: the plan's graph memory is their product.
+//! captured the second time in a row it is seen as the same part of a step
+//! (a one-off shape is not worth a capture), at most [`MAX_GRAPHS`] kept,
+//! each of at most [`GRAPH_MAX_NODES`] nodes: the plan's graph memory is
+//! their product.
 
 use std::ffi::c_void;
 
@@ -41,6 +43,9 @@ enum Entry {
 /// Signatures found too large to capture that are remembered (the oldest
 /// forgotten first): a fixed set, so a long run does not grow it.
 const TOO_LARGE_KEPT: usize = 64;
+
+/// Parts a step is issued in, each its own graph (its head, the rest).
+const STEP_PARTS: usize = 2;
 
 /// Starts a cuBLAS call's words in a signature: never a kernel's address.
 const GEMM_TAG: u64 = u64::MAX;
@@ -70,9 +75,10 @@ pub(super) struct LaunchQueue {
     /// Every launch's kernel, geometry and argument values, 8-byte words:
     /// two queues with equal signatures issue the same launches.
     sig: Vec<u64>,
-    /// The signature of the last step issued directly (a second sighting
-    /// captures it).
-    previous: Vec<u64>,
+    /// Per part of a step (its head, the rest: the backend issues them
+    /// apart), the signature of the last one issued directly (a second
+    /// sighting captures it).
+    previous: [Vec<u64>; STEP_PARTS],
     graphs: Vec<Graph>,
     /// Hashes of signatures whose capture had too many nodes (cuBLAS
     /// calls are several nodes each), so they are not captured again.
@@ -98,7 +104,7 @@ impl LaunchQueue {
             entries: Vec::new(),
             spans: Vec::new(),
             sig: Vec::new(),
-            previous: Vec::new(),
+            previous: Default::default(),
             graphs: Vec::new(),
             too_large: Vec::with_capacity(TOO_LARGE_KEPT),
             clock: 0,
@@ -164,19 +170,19 @@ impl LaunchQueue {
     }
 
     /// Issues what is recorded on `stream` (cuBLAS calls through `gemm`,
-    /// whose handle is bound to `stream`): as a cached graph when
-    /// `whole_step` and the signature matches one, as a new graph when it
-    /// matches the previous step's, else launch by launch.
+    /// whose handle is bound to `stream`): when it is part `part` of a
+    /// whole step, as a cached graph if the signature matches one, as a new
+    /// graph if it matches that part's previous one; else launch by launch.
     pub(super) fn issue(
         &mut self,
         stream: sys::CUstream,
-        whole_step: bool,
+        part: Option<usize>,
         gemm: &mut dyn FnMut(&Gemm) -> Result<(), BackendError>,
     ) -> Result<(), BackendError> {
         if self.entries.is_empty() {
             return Ok(());
         }
-        let r = self.issue_inner(stream, whole_step && self.enabled, gemm);
+        let r = self.issue_inner(stream, part.filter(|_| self.enabled), gemm);
         self.discard();
         r
     }
@@ -184,11 +190,11 @@ impl LaunchQueue {
     fn issue_inner(
         &mut self,
         stream: sys::CUstream,
-        graph: bool,
+        part: Option<usize>,
         gemm: &mut dyn FnMut(&Gemm) -> Result<(), BackendError>,
     ) -> Result<(), BackendError> {
         self.clock += 1;
-        if graph {
+        if let Some(part) = part {
             if let Some(g) = self.graphs.iter_mut().find(|g| g.sig == self.sig) {
                 g.last_used = self.clock;
                 self.stats.replays += 1;
@@ -197,31 +203,30 @@ impl LaunchQueue {
                 return unsafe { result::graph::launch(g.exec, stream) }
                     .map_err(|e| device_err("graph launch", e));
             }
-            if self.previous == self.sig && self.may_capture() {
+            if self.previous[part] == self.sig && self.may_capture() {
                 return self.capture(stream, gemm);
             }
-            std::mem::swap(&mut self.previous, &mut self.sig);
+            std::mem::swap(&mut self.previous[part], &mut self.sig);
             // `sig` now holds the older signature; the launches' spans
-            // point into `previous`.
+            // point into `previous[part]`.
             self.stats.direct += self.entries.len() as u64;
-            return self.launch_each(stream, true, gemm);
+            return self.launch_each(stream, Some(part), gemm);
         }
         self.stats.direct += self.entries.len() as u64;
-        self.launch_each(stream, false, gemm)
+        self.launch_each(stream, None, gemm)
     }
 
     /// Issues every recorded entry on `stream` in order, the kernels'
-    /// argument values read from `previous` (after a swap) or `sig`.
+    /// argument values read from `previous[part]` (after a swap) or `sig`.
     fn launch_each(
         &mut self,
         stream: sys::CUstream,
-        from_previous: bool,
+        from_previous: Option<usize>,
         gemm: &mut dyn FnMut(&Gemm) -> Result<(), BackendError>,
     ) -> Result<(), BackendError> {
-        let words = if from_previous {
-            &mut self.previous
-        } else {
-            &mut self.sig
+        let words = match from_previous {
+            Some(part) => &mut self.previous[part],
+            None => &mut self.sig,
         };
         let ptrs = &mut self.ptrs;
         for entry in &self.entries {
@@ -298,7 +303,7 @@ impl LaunchQueue {
         // and cuBLAS calls on it happen between begin and end.
         unsafe { result::stream::begin_capture(stream, mode) }
             .map_err(|e| device_err("beginning a graph capture", e))?;
-        let launched = self.launch_each(stream, false, gemm);
+        let launched = self.launch_each(stream, None, gemm);
         // SAFETY: ends the capture begun above, whatever the launches did.
         let graph = unsafe { result::stream::end_capture(stream) };
         launched?;
@@ -316,7 +321,7 @@ impl LaunchQueue {
             }
             self.too_large.push(sig_hash(&self.sig));
             self.stats.direct += self.entries.len() as u64;
-            return self.launch_each(stream, false, gemm);
+            return self.launch_each(stream, None, gemm);
         }
         if self.graphs.len() >= MAX_GRAPHS {
             let oldest = (0..self.graphs.len())
