@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs ON THE GPU MACHINE: fathom against llama.cpp CUDA on the same random-weight GGUFs of real shapes,
 # alternately, in one call. Prints per file the medians of both, their ratio, and each engine's decode speed
-# as a share of the copy-bandwidth ceiling (bytes of weights read per token / time, against a device-to-device
-# copy bandwidth measured in the same run with torch).
+# as a share of the copy-bandwidth ceiling (bytes read per token — the weights, and at depth the cached K/V —
+# / time, against a device-to-device copy bandwidth measured in the same run with torch).
 #
 # Usage: cuda-speed.sh FATHOM LLAMA_BIN_DIR WORK_DIR OUT_DIR
 #   FATHOM         a release `fathom` built elsewhere (the GPU machine needs no Rust)
@@ -87,7 +87,7 @@ def rows(f, tag=""):
     return med(fp), med(lp), med(ft), med(lt)
 ratio = lambda a, b: a / b if b == b and b else float("nan")
 # Bytes read per decoded token: the weight tensors (the file less its header; the MoE reads only its active
-# experts, so its share is not a bandwidth figure and is left out).
+# experts, so its share is not a bandwidth figure and is left out), and at depth the cached K and V.
 print(f"copy bandwidth {copy / 1e12:.2f} TB/s (read + write)")
 print(f"{'file':<22} {'fathom pp512':>12} {'llama pp512':>12} {'ratio':>6} {'fathom tg128':>12} "
       f"{'llama tg128':>12} {'ratio':>6} {'fathom %ceil':>12} {'llama %ceil':>11}")
@@ -99,7 +99,11 @@ for f in files:
           f"{100 * c / ceil:>11.1f}% {100 * e / ceil:>10.1f}%")
 if "llama8b-f16.gguf" in files:
     _, _, c, e = rows("llama8b-f16.gguf", "d4096")
-    ceil = copy / os.path.getsize(f"{work}/llama8b-f16.gguf")
+    # At depth a token also reads the cached K and V of every position: the 8B shape's f16 cache holds
+    # 32 layers x 8 KV heads x 128 dims x 2 (K, V) x 2 bytes = 131,072 bytes a position, 4,096 + 64 positions
+    # on average over tg128.
+    kv = 131072 * (4096 + 64)
+    ceil = copy / (os.path.getsize(f"{work}/llama8b-f16.gguf") + kv)
     print(f"{'llama8b-f16 tg @ d4096':<22} {'':>12} {'':>12} {'':>6} {c:>12.1f} {e:>12.1f} {ratio(c, e):>6.2f} "
           f"{100 * c / ceil:>11.1f}% {100 * e / ceil:>10.1f}%")
 PY
