@@ -281,6 +281,18 @@ struct AttRope {
     fused: i32,
 }
 
+/// An attention kernel for rows where the split kernels apply
+/// (`CudaBackend::row_kernel`).
+struct RowKernel {
+    f: sys::CUfunction,
+    /// Blocks a row: one a KV head and chunk of its query heads (the
+    /// splits multiply them).
+    row_blocks: usize,
+    /// It ropes, rounds and stores a decode step's own rows itself (its
+    /// registers allow: `ATT_ROPE_FITS` in fathom.cu).
+    ropes: bool,
+}
+
 /// What made a step's q, k and v ready for attention (roped, rounded to
 /// the cache's precision, K and V stored).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -1681,7 +1693,8 @@ impl CudaBackend {
             Readied::InAttention(rope) => rope,
             _ => AttRope::default(),
         };
-        let Some(vpl) = Self::split_vpl(&s) else {
+        let keys = Self::attended_keys(&s, step);
+        let Some(RowKernel { f, row_blocks, .. }) = self.row_kernel(&s, keys, kv.dtype) else {
             assert!(
                 !in_attention,
                 "rope inside attention without the split kernels"
@@ -1694,22 +1707,6 @@ impl CudaBackend {
                 &mut args![st, kv, qp, kp, vp, op, nh, nkv, dk, dv, window, scale],
             );
             return;
-        };
-        let keys = Self::attended_keys(&s, step);
-        // The kernel, and its blocks a row (a block a KV head and chunk
-        // of its query heads, times the splits).
-        let (f, row_blocks) = match self.decode_mma_kernel(&s, keys) {
-            Some(f) => (f, s.n_kv_heads),
-            None => {
-                let heads = Self::split_heads(&s, keys, vpl);
-                let hi = ATT_HEADS
-                    .iter()
-                    .position(|&h| h == heads)
-                    .expect("a power of two up to 8");
-                let chunks = (s.n_heads / s.n_kv_heads).div_ceil(heads);
-                let f = self.k.attention_split[kv.dtype as usize][vpl][hi];
-                (f, s.n_kv_heads * chunks)
-            }
         };
         let blocks = rows * row_blocks;
         let want = self
@@ -1747,6 +1744,34 @@ impl CudaBackend {
         if x8 != 0 {
             self.x8_holds = Some((op, s.n_heads * s.value_dim));
         }
+    }
+
+    /// The kernel that attends rows of shape `s` over `keys` keys against a
+    /// cache of KV dtype `dtype` (`KV_*` in fathom.cu) where the split
+    /// kernels apply (`None`: the one-block kernel): the tensor-core decode
+    /// kernel or the split kernel of the shape's value dims a lane and
+    /// query heads a block. `attend` asks it whether a decode step's rope
+    /// can go inside attention, `attention_of` which kernel to launch.
+    fn row_kernel(&self, s: &AttentionShape, keys: usize, dtype: i32) -> Option<RowKernel> {
+        let vpl = Self::split_vpl(s)?;
+        if let Some(f) = self.decode_mma_kernel(s, keys) {
+            return Some(RowKernel {
+                f,
+                row_blocks: s.n_kv_heads,
+                ropes: true,
+            });
+        }
+        let heads = Self::split_heads(s, keys, vpl);
+        let hi = ATT_HEADS
+            .iter()
+            .position(|&h| h == heads)
+            .expect("a power of two up to 8");
+        let chunks = (s.n_heads / s.n_kv_heads).div_ceil(heads);
+        Some(RowKernel {
+            f: self.k.attention_split[dtype as usize][vpl][hi],
+            row_blocks: s.n_kv_heads * chunks,
+            ropes: ATT_VPL[vpl] * heads <= ATT_ROPE_MAX,
+        })
     }
 
     /// Pieces to cut a row's `keys` into when a row takes `blocks` blocks:
@@ -2375,14 +2400,9 @@ impl Backend for CudaBackend {
         // A decode step (a token a sequence) on the split kernels, without
         // a ring: attention ropes, rounds and stores what it reads itself
         // (where its registers allow: `ATT_ROPE_FITS` in fathom.cu).
-        let vpl = Self::split_vpl(&s);
-        let heads = vpl.map(|v| Self::split_heads(&s, Self::attended_keys(&s, step), v));
-        let fits = vpl
-            .zip(heads)
-            .is_some_and(|(v, h)| ATT_VPL[v] * h <= ATT_ROPE_MAX)
-            || self
-                .decode_mma_kernel(&s, Self::attended_keys(&s, step))
-                .is_some();
+        let fits = self
+            .row_kernel(&s, Self::attended_keys(&s, step), kv.dtype)
+            .is_some_and(|k| k.ropes);
         if early && step.seqs.iter().all(|q| q.tokens == 1) && fits {
             let rope = AttRope {
                 theta,
