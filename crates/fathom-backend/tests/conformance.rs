@@ -1515,7 +1515,7 @@ fn test_greedy<B: Backend + ?Sized>(h: &mut Harness<B>, rng: &mut Rng) {
     x[row(6)][2] = 1.0;
     x[row(6)][4000] = 2.0;
     x[row(7)][4000] = f32::INFINITY; // +∞, banned
-    x[row(8)][width - 1] = 9.0; // the maximum last, in the scan's third batch
+    x[row(8)][width - 1] = 9.0; // the maximum last, in the scan's last piece
     x[row(8)][20_000] = 8.9;
     h.set(Buf::Logits, &x, width);
     let mut got = vec![[u32::MAX; 2]; rows];

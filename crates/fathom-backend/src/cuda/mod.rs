@@ -1781,7 +1781,8 @@ impl CudaBackend {
     /// the block's 4 warps (a piece of 4 × rounds runs of 32 keys, at least
     /// `ATTENTION_SPLIT_KEYS` keys). On the H200 at an 8B-shaped layer's 8
     /// KV heads: 33 pieces at 4,097 to 4,224 keys (one run a warp) rather
-    /// than 32 (some warps two); 33 at 8,192 rather than 64 (two waves).
+    /// than 32 (some warps two); 32 at 8,192 (two runs a warp) rather than
+    /// 64 (two waves).
     fn attention_splits(keys: usize, blocks: usize, sm_count: usize) -> usize {
         const RUN: usize = 32;
         const WARPS: usize = ATTENTION_SPLIT_KEYS as usize / RUN;
