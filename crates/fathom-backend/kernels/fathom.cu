@@ -2517,6 +2517,13 @@ __device__ __forceinline__ void greedy_keep(float* v, unsigned int* i, float ov,
   }
 }
 
+__device__ __forceinline__ bool greedy_banned(const Banned& banned, unsigned int i) {
+  bool ban = false;
+#pragma unroll
+  for (int b = 0; b < GREEDY_BANNED; b++) ban |= b < banned.n && banned.ids[b] == i;
+  return ban;
+}
+
 // Value a at index i, seen after every lower index of this thread's (so a
 // strict > keeps the first of equal values).
 __device__ __forceinline__ void greedy_see(GreedyPicks& p, float a, unsigned int i, const Banned& banned) {
@@ -2526,10 +2533,7 @@ __device__ __forceinline__ void greedy_see(GreedyPicks& p, float a, unsigned int
     p.i[0] = i;
   }
   if (p.i[1] == 0xffffffffu || a > p.v[1]) {
-    bool ban = false;
-#pragma unroll
-    for (int b = 0; b < GREEDY_BANNED; b++) ban |= b < banned.n && banned.ids[b] == i;
-    const float a2 = ban ? -INFINITY : a;
+    const float a2 = greedy_banned(banned, i) ? -INFINITY : a;
     if (p.i[1] == 0xffffffffu || a2 > p.v[1]) {
       p.v[1] = a2;
       p.i[1] = i;
@@ -2590,10 +2594,7 @@ greedy_merge(const float4* pieces, int npieces, Banned banned, unsigned int* out
   if (threadIdx.x == 0) {
     const unsigned int plain = p.i[0] == 0xffffffffu ? 0u : p.i[0];
     const unsigned int other = p.i[1] == 0xffffffffu ? 0u : p.i[1];
-    bool ban = false;
-#pragma unroll
-    for (int b = 0; b < GREEDY_BANNED; b++) ban |= b < banned.n && banned.ids[b] == plain;
     out[2 * blockIdx.x] = plain;
-    out[2 * blockIdx.x + 1] = ban ? other : plain;
+    out[2 * blockIdx.x + 1] = greedy_banned(banned, plain) ? other : plain;
   }
 }

@@ -127,6 +127,8 @@ const ATT_DEC_GROUP: usize = 8;
 const GREEDY_BANNED: usize = 8;
 const GREEDY_THREADS: u32 = 256;
 const GREEDY_BATCH: usize = 8;
+/// Threads of a `greedy_merge` block: one warp a row (`WARP` in fathom.cu).
+const GREEDY_MERGE_THREADS: u32 = 32;
 /// Most pieces (scan blocks) a logits row is cut into: a 128k vocabulary
 /// takes 63, one batch a thread, on half the H200's multiprocessors.
 const GREEDY_PIECES: usize = 64;
@@ -283,6 +285,7 @@ struct AttRope {
 
 /// An attention kernel for rows where the split kernels apply
 /// (`CudaBackend::row_kernel`).
+#[derive(Debug, Clone, Copy, PartialEq)]
 struct RowKernel {
     f: sys::CUfunction,
     /// Blocks a row: one a KV head and chunk of its query heads (the
@@ -300,8 +303,9 @@ enum Readied {
     /// Nothing: `attention` (no rope) rounds them first.
     No,
     ByRopeKv,
-    /// The split attention kernel does it (a decode step).
-    InAttention(AttRope),
+    /// The split attention kernel does it (a decode step): the kernel
+    /// `row_kernel` chose, which `attend` asked whether it ropes.
+    InAttention(AttRope, RowKernel),
 }
 
 /// Kernel name suffixes by weight kind: the 13 ggml types in
@@ -1097,14 +1101,8 @@ impl CudaBackend {
             }
         }
         self.step_host[at..end].copy_from_slice(words);
-        self.staged[part] = Some(match self.staged[part] {
-            Some((lo, hi)) => (lo.min(at), hi.max(end)),
-            None => (at, end),
-        });
-        self.dirty = Some(match self.dirty {
-            Some((lo, hi)) => (lo.min(at), hi.max(end)),
-            None => (at, end),
-        });
+        self.staged[part] = Some(widened(self.staged[part], at, end));
+        self.dirty = Some(widened(self.dirty, at, end));
         if self.eager {
             self.issue(false);
         }
@@ -1677,7 +1675,7 @@ impl CudaBackend {
         );
         let mut window = s.window.map(|w| w as i32).unwrap_or(0);
         let mut scale = s.scale;
-        let in_attention = matches!(readied, Readied::InAttention(_));
+        let in_attention = matches!(readied, Readied::InAttention(..));
         if let Some((f, gp, tiles)) = self.attention_mma_plan(shape, step) {
             assert!(!in_attention, "a decode step on the prefill kernel");
             let (mut n_seqs, mut rows, mut gp) = (step.seqs.len() as i32, rows as i32, gp as i32);
@@ -1689,12 +1687,12 @@ impl CudaBackend {
             );
             return;
         }
-        let mut rope = match readied {
-            Readied::InAttention(rope) => rope,
-            _ => AttRope::default(),
-        };
         let keys = Self::attended_keys(&s, step);
-        let Some(RowKernel { f, row_blocks, .. }) = self.row_kernel(&s, keys, kv.dtype) else {
+        let (mut rope, kernel) = match readied {
+            Readied::InAttention(rope, kernel) => (rope, Some(kernel)),
+            _ => (AttRope::default(), self.row_kernel(&s, keys, kv.dtype)),
+        };
+        let Some(RowKernel { f, row_blocks, .. }) = kernel else {
             assert!(
                 !in_attention,
                 "rope inside attention without the split kernels"
@@ -1906,6 +1904,14 @@ impl CudaBackend {
         let f = self.k.round_to_kv;
         let grid = Self::grid_for(values, 256);
         self.launch(f, (grid, 1, 1), 256, &mut args![a, na, b, nb, c, nc, dtype]);
+    }
+}
+
+/// The word range `range` (if any) grown to take in `at .. end`.
+fn widened(range: Option<(usize, usize)>, at: usize, end: usize) -> (usize, usize) {
+    match range {
+        Some((lo, hi)) => (lo.min(at), hi.max(end)),
+        None => (at, end),
     }
 }
 
@@ -2401,17 +2407,19 @@ impl Backend for CudaBackend {
         // A decode step (a token a sequence) on the split kernels, without
         // a ring: attention ropes, rounds and stores what it reads itself
         // (where its registers allow: `ATT_ROPE_FITS` in fathom.cu).
-        let fits = self
+        let kernel = self
             .row_kernel(&s, Self::attended_keys(&s, step), kv.dtype)
-            .is_some_and(|k| k.ropes);
-        if early && step.seqs.iter().all(|q| q.tokens == 1) && fits {
+            .filter(|k| k.ropes);
+        if let (true, true, Some(kernel)) = (early, step.seqs.iter().all(|q| q.tokens == 1), kernel)
+        {
             let rope = AttRope {
                 theta,
                 freqs,
                 neox,
                 fused: 1,
             };
-            self.attention_of(layer, shape, step, io, Readied::InAttention(rope));
+            let readied = Readied::InAttention(rope, kernel);
+            self.attention_of(layer, shape, step, io, readied);
             return;
         }
         let f = self.k.rope_kv;
@@ -2635,7 +2643,12 @@ impl Backend for CudaBackend {
             GREEDY_THREADS,
             &mut args![src, w, b, part],
         );
-        self.launch(merge, (rows as u32, 1, 1), 32, &mut args![part, n, b, dst]);
+        self.launch(
+            merge,
+            (rows as u32, 1, 1),
+            GREEDY_MERGE_THREADS,
+            &mut args![part, n, b, dst],
+        );
         self.issue(true);
         let mut host = std::mem::take(&mut self.greedy_host);
         if self.error.is_none() {
