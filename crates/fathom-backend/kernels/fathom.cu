@@ -795,6 +795,7 @@ struct Segments {
   float* out[MV_SEGMENTS];
   int split[MV_SEGMENTS];
   int first[MV_SEGMENTS + 1];
+  int rows_per_block;  // 0: blocks as above; else matvec_balanced (first[] then counts rows)
 };
 
 template <int T, bool X8 = false>
@@ -809,8 +810,101 @@ __device__ __forceinline__ void matvec_segments(const Segments& s, const float* 
   matvec<T, 1, false, X8>(w, w, x, out, ntok, split, 0, b - first);
 }
 
+// Most rows a block of matvec_balanced takes (its partial sums in shared
+// memory): at 8 blocks a multiprocessor, 8 rows a block cover 8,448 rows in
+// one wave on 132 multiprocessors.
+#define MV_BALANCED_ROWS 8
+
+// The matrix, its row and the output value of the segments' row g (rows
+// laid end to end; first[] counts rows).
+struct SegmentRow {
+  Weights w;
+  int r;
+  float* out;
+};
+__device__ __forceinline__ SegmentRow segment_row(const Segments& s, int g) {
+  const int i = (g >= s.first[1]) + (g >= s.first[2]);
+  const int first = i == 0 ? s.first[0] : i == 1 ? s.first[1] : s.first[2];
+  float* out = i == 0 ? s.out[0] : i == 1 ? s.out[1] : s.out[2];
+  return {i == 0 ? s.w[0] : i == 1 ? s.w[1] : s.w[2], g - first, out + (g - first)};
+}
+
+// One token through the segments' rows in one wave of equal warps: block b
+// takes rows b R .. b R + R - 1 (R = rows_per_block; rows of every segment
+// laid end to end, all of one width) and each of its warps an equal run of
+// the block's R x chunks chunks, whole groups of 4 x 32 (the host checks).
+// The plain layout gave each row its own blocks: a layer's q, k and v
+// (6,144 rows of 4,096 values on an 8B shape) took ~3 waves, the K and V
+// blocks one group of loads each, and the launch ran at ~3 TB/s. A row that
+// two warps share is summed in shared memory.
+template <int T>
+__device__ __forceinline__ void matvec_balanced(const Segments& s, const float* __restrict__ x) {
+  __shared__ float parts[MV_BALANCED_ROWS][2];
+  const int R = s.rows_per_block, C = s.w[0].cols / 8, per = R * C / MV_WARPS;
+  const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
+  const int row0 = blockIdx.x * R, rows = min(R, s.first[MV_SEGMENTS] - row0);
+  const int f0 = warp * per;
+  int cur = f0 / C;
+  SegmentRow sr = segment_row(s, row0 + cur);
+  float acc = 0.0f;
+  // A row's sum: slot 0 from the warp whose run holds the row's start,
+  // slot 1 from the one whose run starts inside it.
+  auto flush = [&](int r) {
+    const float v = warp_sum(acc);
+    if (lane == 0) parts[r][r * C < f0 ? 1 : 0] = v;
+    acc = 0.0f;
+  };
+  for (int f = f0; f < f0 + per; f += 4 * WARP) {
+    const int r = f / C;
+    if (r >= rows) break;
+    if (r != cur) {
+      flush(cur);
+      cur = r;
+      sr = segment_row(s, row0 + r);
+    }
+    const int c0 = f - r * C + lane;
+    float q[4][8], d[4], m[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++) decode8<T>(sr.w, sr.r, c0 + u * WARP, q[u], &d[u], &m[u]);
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const float4* xp = (const float4*)(x + 8 * (c0 + u * WARP));
+      const float4 a = xp[0], b = xp[1];
+      const float sum = (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
+      acc += dot8<T>(q[u], d[u], m[u], a, b, sum);
+    }
+  }
+  if (cur < rows) flush(cur);
+  __syncthreads();
+  if (threadIdx.x < rows) {
+    const int r = threadIdx.x;
+    // The warp whose run starts inside row r, if any.
+    const int w2 = (r * C + per - 1) / per;
+    const bool two = w2 < MV_WARPS && w2 * per > r * C && w2 * per < (r + 1) * C;
+    segment_row(s, row0 + r).out[0] = parts[r][0] + (two ? parts[r][1] : 0.0f);
+  }
+}
+
+// PREFETCH_ROW bytes from the start of each warp's run of matvec_balanced.
+__device__ __forceinline__ void prefetch_balanced(const Segments& s) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if ((blockIdx.x + 1ull) * MV_WARPS * PREFETCH_ROW > fathom_prefetch_bytes) return;
+  const int R = s.rows_per_block, C = s.w[0].cols / 8, per = R * C / MV_WARPS;
+  const int f = warp * per, g = blockIdx.x * R + f / C;
+  if (g >= s.first[MV_SEGMENTS]) return;
+  const SegmentRow sr = segment_row(s, g);
+  const unsigned long long chunk = sr.w.row_bytes / C, from = chunk * (f % C);
+  const unsigned long long end = min(sr.w.row_bytes, from + PREFETCH_ROW);
+  const uint8_t* row = sr.w.data + (unsigned long long)sr.r * sr.w.row_bytes;
+  for (unsigned long long o = from + 128ull * lane; o < end; o += 128ull * 32) prefetch_l2(row + o);
+}
+
 // prefetch_row for the segment block blockIdx.x belongs to.
 __device__ __forceinline__ void prefetch_segments(const Segments& s) {
+  if (s.rows_per_block) {
+    prefetch_balanced(s);
+    return;
+  }
   const int b = blockIdx.x;
   const int i = (b >= s.first[1]) + (b >= s.first[2]);
   const Weights w = i == 0 ? s.w[0] : i == 1 ? s.w[1] : s.w[2];
@@ -924,6 +1018,12 @@ __device__ void dequant_rows(const Weights w, int row0, __half* __restrict__ out
       mv1##SUFFIX##_##NAME(const Segments s, const float* x, int ntok) {                        \
     prefetch_segments(s);                                                                       \
     FATHOM_PDL();                                                                               \
+    if constexpr (!X8 && IsFloat<T>::value) {                                                 \
+      if (s.rows_per_block) {                                                                   \
+        matvec_balanced<T>(s, x);                                                               \
+        return;                                                                                 \
+      }                                                                                         \
+    }                                                                                           \
     matvec_segments<T, X8>(s, x, ntok);                                                         \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8) mvglu1##SUFFIX##_##NAME(      \

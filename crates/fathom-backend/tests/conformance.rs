@@ -641,6 +641,37 @@ fn test_matmul_many(h: &mut Harness, rng: &mut Rng) {
             }
         }
     }
+    // More blocks than one wave holds (q, k and v of thousands of rows):
+    // on CUDA the float kinds take one wave of equal warps that share
+    // rows (`matvec_balanced`), the last block partly filled. Its own
+    // random stream, so the cases after it see the data they always saw.
+    let rng = &mut Rng(0x0ae1_7a3e_5eed_0002);
+    let shapes = [(4104, Buf::Q), (1032, Buf::K), (1024, Buf::V)];
+    for kind in [WeightType::F16, WeightType::BF16, WeightType::F32] {
+        let loaded: Vec<_> = shapes
+            .iter()
+            .map(|&(rows, out)| {
+                let (m, values) = random_matrix(rng, Ok(kind), rows, cols);
+                (h.b.load_matrix(m).expect("loads"), values, rows, out)
+            })
+            .collect();
+        let x = rng.vec(cols);
+        h.set(Buf::Norm, &x, cols);
+        let ws: Vec<_> = loaded.iter().map(|l| l.0).collect();
+        let outs: Vec<_> = loaded.iter().map(|l| l.3).collect();
+        h.b.matmul_many(&ws, Buf::Norm, 1, &outs);
+        for (_, values, rows, out) in &loaded {
+            let got = h.get(*out, 1, *rows);
+            let want = reference_matmul(values, *rows, cols, &x, 1);
+            h.check(
+                "matmul_many",
+                &format!("{kind:?} {rows}x{cols} of 3 (one wave)"),
+                &got,
+                &want,
+                TOL_MATMUL,
+            );
+        }
+    }
     let mixed = [Ok(WeightType::Q4_K), Ok(WeightType::Q6_K)];
     let (ma, va) = random_matrix(rng, mixed[0], 256, cols);
     let (mb, vb) = random_matrix(rng, mixed[1], 256, cols);

@@ -240,11 +240,18 @@ struct Segments {
     out: [u64; MV_SEGMENTS],
     split: [i32; MV_SEGMENTS],
     first: [i32; MV_SEGMENTS + 1],
+    /// 0: each matrix's rows take their own blocks (`first` counts
+    /// blocks); else one wave of blocks of this many rows (`first` counts
+    /// rows: `matvec_balanced` in fathom.cu).
+    rows_per_block: i32,
 }
 
 /// Matrices one launch of the one-token kernel takes (`MV_SEGMENTS` in
 /// fathom.cu).
 const MV_SEGMENTS: usize = 3;
+/// Most rows a block of the balanced one-token kernel takes
+/// (`MV_BALANCED_ROWS` in fathom.cu).
+const MV_BALANCED_ROWS: usize = 8;
 
 /// Per-step row and sequence tables (`struct StepDesc` in fathom.cu).
 #[repr(C)]
@@ -1153,6 +1160,7 @@ impl CudaBackend {
             out: [0; MV_SEGMENTS],
             split: [1; MV_SEGMENTS],
             first: [0; MV_SEGMENTS + 1],
+            rows_per_block: 0,
         };
         let mut blocks = 0;
         for (i, (m, out)) in parts.iter().enumerate() {
@@ -1168,6 +1176,19 @@ impl CudaBackend {
         let mut n = 1i32;
         let (x, cols) = (xp, parts[0].0.arg.cols as usize);
         let x8 = self.x8_input(kind, cols, xp);
+        let rows: usize = parts.iter().map(|(m, _)| m.arg.rows as usize).sum();
+        if let (None, Some(r)) = (
+            x8,
+            Self::balanced_rows(kind, rows, cols, blocks, self.sm_count),
+        ) {
+            let mut at = 0;
+            for (i, f) in s.first.iter_mut().enumerate() {
+                *f = at as i32;
+                at += parts.get(i).map_or(0, |(m, _)| m.arg.rows as usize);
+            }
+            s.rows_per_block = r as i32;
+            blocks = rows.div_ceil(r);
+        }
         let f = if let Some(x8p) = x8 {
             xp = x8p;
             self.k.mv1x8[kind]
@@ -1183,6 +1204,28 @@ impl CudaBackend {
         if x8.is_some() && parts.iter().all(|&(_, out)| out != x) {
             self.x8_holds = Some((x, cols));
         }
+    }
+
+    /// Rows a block of the balanced one-token kernel takes for `rows`
+    /// rows of `cols` values of `kind`, where the plain layout's `blocks`
+    /// need more than one wave (8 blocks a multiprocessor): f32, f16 and
+    /// bf16 rows whose warps' runs (R × chunks / 4) fall on whole groups of
+    /// 4 × 32 chunks, 4 to `MV_BALANCED_ROWS` rows a block; else `None`.
+    fn balanced_rows(
+        kind: usize,
+        rows: usize,
+        cols: usize,
+        blocks: usize,
+        sms: usize,
+    ) -> Option<usize> {
+        use WeightType::{BF16, F16, F32};
+        let float = matches!(WeightType::ALL.get(kind), Some(F32 | F16 | BF16));
+        let (wave, chunks) = (8 * sms, cols / 8);
+        if !float || blocks <= wave || !cols.is_multiple_of(8) || !chunks.is_multiple_of(128) {
+            return None;
+        }
+        (rows.div_ceil(wave).max(4)..=MV_BALANCED_ROWS)
+            .find(|r| (r * chunks).is_multiple_of(4 * 128))
     }
 
     /// Where a one-token norm or attention writing `values` outputs also
