@@ -796,6 +796,7 @@ struct Segments {
   int split[MV_SEGMENTS];
   int first[MV_SEGMENTS + 1];
   int rows_per_block;  // 0: blocks as above; else matvec_balanced (first[] then counts rows)
+  int prefetch;        // 0: no L2 prefetch before the wait
 };
 
 template <int T, bool X8 = false>
@@ -901,6 +902,7 @@ __device__ __forceinline__ void prefetch_balanced(const Segments& s) {
 
 // prefetch_row for the segment block blockIdx.x belongs to.
 __device__ __forceinline__ void prefetch_segments(const Segments& s) {
+  if (!s.prefetch) return;
   if (s.rows_per_block) {
     prefetch_balanced(s);
     return;

@@ -244,6 +244,8 @@ struct Segments {
     /// blocks); else one wave of blocks of this many rows (`first` counts
     /// rows: `matvec_balanced` in fathom.cu).
     rows_per_block: i32,
+    /// 0: no L2 prefetch before the dependency wait.
+    prefetch: i32,
 }
 
 /// Matrices one launch of the one-token kernel takes (`MV_SEGMENTS` in
@@ -631,6 +633,10 @@ pub struct CudaBackend {
     sm_count: usize,
     /// Pieces attention cuts key ranges into, when a test sets it.
     forced_splits: Option<usize>,
+    /// The split attention kernels (and their merge) were the last launch:
+    /// the next one-token matrix-vector kernel does not prefetch
+    /// (`matvec_one`).
+    attention_last: bool,
     /// Whether decode rows take the tensor-core kernel wherever it applies
     /// (true) or never (false), when a test sets it; else from
     /// `ATTENTION_DECODE_MMA_KEYS` keys.
@@ -833,6 +839,7 @@ impl CudaBackend {
             ),
             sm_count,
             forced_splits: None,
+            attention_last: false,
             forced_decode_mma: None,
             x16_holds: None,
             emits_x8: false,
@@ -1014,6 +1021,7 @@ impl CudaBackend {
         // Any kernel may write the buffer the staging was converted from.
         self.x16_holds = None;
         self.x8_holds = None;
+        self.attention_last = false;
         self.queue.push(f, grid, block, args);
         if self.eager {
             self.issue(false);
@@ -1161,7 +1169,14 @@ impl CudaBackend {
             split: [1; MV_SEGMENTS],
             first: [0; MV_SEGMENTS + 1],
             rows_per_block: 0,
+            prefetch: 1,
         };
+        // After attention, no prefetch: its latency-bound loads (and the
+        // merge's) would wait in DRAM queues behind the prefetch of the
+        // output projection's rows, which then read at DRAM speed anyway.
+        if std::mem::take(&mut self.attention_last) {
+            s.prefetch = 0;
+        }
         let mut blocks = 0;
         for (i, (m, out)) in parts.iter().enumerate() {
             let (wr, wc) = (m.arg.rows as usize, m.arg.cols as usize);
@@ -1785,6 +1800,7 @@ impl CudaBackend {
         if x8 != 0 {
             self.x8_holds = Some((op, s.n_heads * s.value_dim));
         }
+        self.attention_last = true;
     }
 
     /// The kernel that attends rows of shape `s` over `keys` keys against a
