@@ -1275,19 +1275,25 @@ extern "C" __global__ void scatter_rows(const float* src, const unsigned int* ro
   for (int c = threadIdx.x; c < width; c += blockDim.x) dst[to + c] += wgt * src[from + c];
 }
 
-// Rope of pair i of a head_dim head at position p: the (cos, sin) of its
-// angle, computed in f64 (at positions in the tens of thousands an f32 angle
-// is off by hundredths of a radian), and the pair's two indices.
-__device__ __forceinline__ void rope_pair(double p, int i, int head_dim, double theta, int neox,
-                                          const float* freqs, float* cf, float* sf, int* a, int* b) {
-  double freq = pow(theta, -2.0 * (double)i / (double)head_dim);
+// The cosine and sine of pair i's angle at position p for the pair's
+// frequency freq (before the model's per-pair factors `freqs`, if any),
+// the angle in f64 (at positions in the tens of thousands an f32 angle is
+// off by hundredths of a radian).
+__device__ __forceinline__ void rope_sincos(double p, double freq, int i, const float* freqs, float* cf,
+                                            float* sf) {
   if (freqs) freq /= (double)freqs[i];
   // Reduce to [-pi, pi] in f64, then the fast f32 sine (absolute error
   // ~1e-6 there): library sincos keeps a large-argument path in local memory.
-  const double two_pi = 6.283185307179586;
   double angle = p * freq;
-  angle -= two_pi * rint(angle / two_pi);
+  angle -= 6.283185307179586 * rint(angle * 0.15915494309189535);
   __sincosf((float)angle, sf, cf);
+}
+
+// Rope of pair i of a head_dim head at position p: the (cos, sin) of its
+// angle and the pair's two indices.
+__device__ __forceinline__ void rope_pair(double p, int i, int head_dim, double theta, int neox,
+                                          const float* freqs, float* cf, float* sf, int* a, int* b) {
+  rope_sincos(p, pow(theta, -2.0 * (double)i / (double)head_dim), i, freqs, cf, sf);
   const int half = head_dim / 2;
   *a = neox ? i : 2 * i;
   *b = neox ? i + half : 2 * i + 1;
@@ -1545,11 +1551,25 @@ __device__ __forceinline__ uint8_t* kv_row_at(const KvDesc& kv, const StepDesc& 
 // Not inlined: one copy of the f64 angle code for the ~60 kernels using it.
 struct RopeAngles {
   float c[ATT_MAX_DIM / 2], s[ATT_MAX_DIM / 2];
-  __device__ __noinline__ void compute(int pos, int dim, double theta, int neox, const float* freqs) {
+  // Pair i's frequency is ratio^i (ratio = theta^(-2 / dim), from the
+  // host), by squaring: a few f64 multiplies where pow took ~2 us of a
+  // decode step's attention block before its first key load (the block is
+  // not resident before the kernel ahead of it ends at long contexts).
+  __device__ __noinline__ void compute(int pos, int dim, double ratio, const float* freqs) {
     for (int i = threadIdx.x; i < dim / 2; i += blockDim.x) {
-      int a, b;
-      rope_pair((double)pos, i, dim, theta, neox, freqs, &c[i], &s[i], &a, &b);
+      double freq = 1.0, r = ratio;
+      for (int e = i; e; e >>= 1) {
+        if (e & 1) freq *= r;
+        r *= r;
+      }
+      rope_sincos((double)pos, freq, i, freqs, &c[i], &s[i]);
     }
+  }
+  // Threads that compute: the ones past them are free to prefetch
+  // meanwhile (whole warps; 0 where every thread computes).
+  __device__ static int threads(int dim) {
+    const int t = (dim / 2 + WARP - 1) / WARP * WARP;
+    return t < (int)blockDim.x ? t : 0;
   }
 };
 
@@ -1721,15 +1741,20 @@ __device__ __forceinline__ void prefetch_run(const uint8_t* p, int bytes) {
 // earlier steps): at a short context a lane's loads of one key, one after
 // another from DRAM, were most of the kernel's time. Off with the weight
 // prefetch (fathom_prefetch_bytes = 0); not for value dims above 256 (VPL
-// 16), whose kernels have no registers to spare for it.
+// 16), whose kernels have no registers to spare for it. Threads from t0 on
+// ask: those below compute the rope angles meanwhile (RopeAngles::threads),
+// which at long contexts, where the block becomes resident only when the
+// kernel ahead of it ends, start ~1-3 us sooner than after the page-table
+// reads that the prefetch waits on.
 template <int DT>
 __device__ __forceinline__ void attention_prefetch(const StepDesc& st, const KvDesc& kv, int n_heads,
-                                                   int n_kv_heads, int key_dim, int value_dim, int window, int h) {
-  if (fathom_prefetch_bytes == 0) return;
+                                                   int n_kv_heads, int key_dim, int value_dim, int window, int h,
+                                                   int t0) {
+  if (fathom_prefetch_bytes == 0 || (int)threadIdx.x < t0) return;
   const int chunks = (n_heads / n_kv_heads + h - 1) / h, g = blockIdx.y / chunks;
   const AttRange ar = att_range(st, window, blockIdx.x, blockIdx.z, gridDim.z);
   const int kh = kv_head_bytes(DT, key_dim), vh = kv_head_bytes(DT, value_dim);
-  for (int p = ar.lo + threadIdx.x; p <= min(ar.hi, ar.start - 1); p += blockDim.x) {
+  for (int p = ar.lo + threadIdx.x - t0; p <= min(ar.hi, ar.start - 1); p += blockDim.x - t0) {
     int slot;
     const unsigned long long base = kv_block(kv, st, ar.seq, p, &slot);
     prefetch_run(kv.base + base + (unsigned long long)slot * kv.k_row + (unsigned long long)g * kh, kh);
@@ -2242,7 +2267,7 @@ attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float
 
 // Rope of a fused decode step's attention (fused = 0: rope_kv ran).
 struct AttRope {
-  double theta;
+  double ratio;  // theta^(-2 / key_dim): RopeAngles::compute
   const float* freqs;
   int neox;
   int fused;
@@ -2255,10 +2280,11 @@ struct AttRope {
       StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out, float* part,      \
       uint8_t* x8, int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale,        \
       AttRope rope) {                                                                                      \
-    if (VPL < 16) attention_prefetch<DT>(st, kv, n_heads, n_kv_heads, key_dim, value_dim, window, H);     \
-    __shared__ RopeAngles angles;                                                                          \
     const bool fused = ATT_ROPE_FITS(VPL, H) && rope.fused;                                                \
-    if (fused) angles.compute(st.row_pos[blockIdx.x], key_dim, rope.theta, rope.neox, rope.freqs);   \
+    if (VPL < 16) attention_prefetch<DT>(st, kv, n_heads, n_kv_heads, key_dim, value_dim, window, H,       \
+                                         fused ? RopeAngles::threads(key_dim) : 0);                         \
+    __shared__ RopeAngles angles;                                                                          \
+    if (fused) angles.compute(st.row_pos[blockIdx.x], key_dim, rope.ratio, rope.freqs);                     \
     FATHOM_PDL();                                                                                          \
     if (fused) __syncthreads();                                                                            \
     attention_split_body<DT, VPL, H>(st, kv, q, k, v, out, part, x8, n_heads, n_kv_heads, key_dim, value_dim, \
@@ -2485,9 +2511,10 @@ __device__ void attention_decode_mma_body(StepDesc st, KvDesc kv, const float* _
       StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out, float* part,        \
       uint8_t* x8, int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale,          \
       AttRope rope) {                                                                                        \
-    attention_prefetch<KV_F16>(st, kv, n_heads, n_kv_heads, D, D, window, ATT_DEC_GROUP);                   \
+    attention_prefetch<KV_F16>(st, kv, n_heads, n_kv_heads, D, D, window, ATT_DEC_GROUP,                    \
+                               rope.fused ? RopeAngles::threads(D) : 0);                                    \
     __shared__ RopeAngles angles;                                                                            \
-    if (rope.fused) angles.compute(st.row_pos[blockIdx.x], D, rope.theta, rope.neox, rope.freqs);            \
+    if (rope.fused) angles.compute(st.row_pos[blockIdx.x], D, rope.ratio, rope.freqs);                       \
     FATHOM_PDL();                                                                                            \
     if (rope.fused) __syncthreads();                                                                         \
     attention_decode_mma_body<D>(st, kv, q, k, v, out, part, x8, n_heads, n_kv_heads, window, scale,         \
@@ -2531,7 +2558,7 @@ extern "C" __global__ void __launch_bounds__(RK_WARPS * 32) rope_kv(
   // angles of the row's pairs (one position, one key_dim for every q and k
   // head) and this head's cache row.
   __shared__ RopeAngles angles;
-  angles.compute(st.row_pos[row], key_dim, theta, neox, freqs);
+  angles.compute(st.row_pos[row], key_dim, pow(theta, -2.0 / key_dim), freqs);
   const bool live = h < n_heads + 2 * n_kv_heads;
   const bool round = !is_q || kv.dtype == KV_F16;
   uint8_t* dst = live && store && !is_q ? kv_row_at(kv, st, row, is_v) + g * kv_head_bytes(kv.dtype, dim) : nullptr;

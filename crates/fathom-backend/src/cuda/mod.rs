@@ -286,7 +286,8 @@ struct KvDesc {
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 struct AttRope {
-    theta: f64,
+    /// theta^(-2 / key_dim): pair i's frequency is its i-th power.
+    ratio: f64,
     freqs: u64,
     neox: i32,
     fused: i32,
@@ -2472,7 +2473,7 @@ impl Backend for CudaBackend {
         if let (true, true, Some(kernel)) = (early, step.seqs.iter().all(|q| q.tokens == 1), kernel)
         {
             let rope = AttRope {
-                theta,
+                ratio: theta.powf(-2.0 / s.key_dim as f64),
                 freqs,
                 neox,
                 fused: 1,
