@@ -645,17 +645,17 @@ fn test_matmul_many(h: &mut Harness, rng: &mut Rng) {
     // on CUDA the float kinds take one wave of equal warps that share
     // rows (`matvec_balanced`), the last block partly filled. Its own
     // random stream, so the cases after it see the data they always saw.
-    let rng = &mut Rng(0x0ae1_7a3e_5eed_0002);
+    let mut wave_rng = Rng(0x0ae1_7a3e_5eed_0002);
     let shapes = [(4104, Buf::Q), (1032, Buf::K), (1024, Buf::V)];
     for kind in [WeightType::F16, WeightType::BF16, WeightType::F32] {
         let loaded: Vec<_> = shapes
             .iter()
             .map(|&(rows, out)| {
-                let (m, values) = random_matrix(rng, Ok(kind), rows, cols);
+                let (m, values) = random_matrix(&mut wave_rng, Ok(kind), rows, cols);
                 (h.b.load_matrix(m).expect("loads"), values, rows, out)
             })
             .collect();
-        let x = rng.vec(cols);
+        let x = wave_rng.vec(cols);
         h.set(Buf::Norm, &x, cols);
         let ws: Vec<_> = loaded.iter().map(|l| l.0).collect();
         let outs: Vec<_> = loaded.iter().map(|l| l.3).collect();
