@@ -105,7 +105,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FATHOM_CUDA_LIB_DIR", "unset"),
     ("FATHOM_CUDA_GRAPHS", "1"),
     ("FATHOM_CUDA_PDL", "1"),
-    ("FATHOM_CUDA_PREFETCH", "16777216"),
+    ("FATHOM_CUDA_PREFETCH", "4194304"),
     ("FATHOM_NCCL_LIB_DIR", "unset"),
     ("FATHOM_NVCC", "unset"),
     (
