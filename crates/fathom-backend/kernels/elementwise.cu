@@ -1,0 +1,46 @@
+// Element-wise and row kernels: add_bias, add, fill_zero, glu, gather_rows,
+// scatter_rows. Launched from src/cuda/elementwise.rs (gather_rows and
+// scatter_rows also from src/cuda/moe.rs).
+
+#include "common.cuh"
+
+// x[i] += b[i % width] over n values.
+extern "C" __global__ void add_bias(float* x, const float* b, int width, long long n) { FATHOM_PDL();
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    x[i] += b[i % width];
+}
+
+extern "C" __global__ void add(float* dst, const float* src, long long n) { FATHOM_PDL();
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    dst[i] += src[i];
+}
+
+extern "C" __global__ void fill_zero(float* x, long long n) { FATHOM_PDL();
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    x[i] = 0.0f;
+}
+
+// gate = act(gate) * up; act 0 = silu, 1 = gelu (tanh approximation).
+extern "C" __global__ void glu(float* gate, const float* up, long long n, int act) { FATHOM_PDL();
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x) {
+    gate[i] = glu_act(gate[i], act) * up[i];
+  }
+}
+
+// dst[i] = src[rows[i]], one block a row.
+extern "C" __global__ void gather_rows(const float* src, const unsigned int* rows, int width, float* dst) { FATHOM_PDL();
+  const size_t from = (size_t)rows[blockIdx.x] * width, to = (size_t)blockIdx.x * width;
+  for (int c = threadIdx.x; c < width; c += blockDim.x) dst[to + c] = src[from + c];
+}
+
+// dst[rows[i]] += weights[i] * src[i], one block a row (rows distinct).
+extern "C" __global__ void scatter_rows(const float* src, const unsigned int* rows, const float* weights,
+                                        int width, float* dst) { FATHOM_PDL();
+  const size_t to = (size_t)rows[blockIdx.x] * width, from = (size_t)blockIdx.x * width;
+  const float wgt = weights[blockIdx.x];
+  for (int c = threadIdx.x; c < width; c += blockDim.x) dst[to + c] += wgt * src[from + c];
+}
