@@ -1,0 +1,83 @@
+//! Element-wise ops and row gathers (`elementwise.cu`).
+
+use std::ffi::c_void;
+
+use super::kernels::act_id;
+use super::CudaBackend;
+use crate::{Buf, Glu, VectorId};
+
+impl CudaBackend {
+    pub(super) fn add_bias(&mut self, x: Buf, b: VectorId, rows: usize, width: usize) {
+        let (mut bp, bl) = self.vectors[b.0 as usize];
+        assert!(bl >= width, "add_bias: {bl} values for {width}");
+        let mut xp = self.buf(x, rows * width * 4);
+        let n = rows * width;
+        if n == 0 || !self.ready() {
+            return;
+        }
+        let (mut w, mut n) = (width as i32, n as i64);
+        let f = self.k.add_bias;
+        let grid = Self::grid_for(n as usize, 256).min(4096);
+        self.launch(f, (grid, 1, 1), 256, &mut args![xp, bp, w, n]);
+    }
+
+    pub(super) fn add(&mut self, dst: Buf, src: Buf, rows: usize, width: usize) {
+        let mut d = self.buf(dst, rows * width * 4);
+        let mut s = self.buf(src, rows * width * 4);
+        let n = rows * width;
+        if n == 0 || !self.ready() {
+            return;
+        }
+        let mut n = n as i64;
+        let f = self.k.add;
+        let grid = Self::grid_for(n as usize, 256).min(4096);
+        self.launch(f, (grid, 1, 1), 256, &mut args![d, s, n]);
+    }
+
+    pub(super) fn gather_rows(&mut self, src: Buf, src_rows: &[usize], width: usize, dst: Buf) {
+        let max = src_rows.iter().copied().max().unwrap_or(0);
+        let mut s = self.buf(src, (max + 1) * width * 4);
+        let mut d = self.buf(dst, src_rows.len() * width * 4);
+        if src_rows.is_empty() || !self.ready() {
+            return;
+        }
+        let mut h = std::mem::take(&mut self.host_u32);
+        h.clear();
+        h.extend(src_rows.iter().map(|&r| r as u32));
+        let mut idx = self.stage_rows(&h, true);
+        self.host_u32 = h;
+        let mut w = width as i32;
+        let f = self.k.gather_rows;
+        self.launch(
+            f,
+            (src_rows.len() as u32, 1, 1),
+            128,
+            &mut args![s, idx, w, d],
+        );
+    }
+
+    pub(super) fn glu(&mut self, gate: Buf, up: Buf, rows: usize, width: usize, act: Glu) {
+        let mut g = self.buf(gate, rows * width * 4);
+        let mut u = self.buf(up, rows * width * 4);
+        let n = rows * width;
+        if n == 0 || !self.ready() {
+            return;
+        }
+        let (mut n, mut a) = (n as i64, act_id(act));
+        let f = self.k.glu;
+        let grid = Self::grid_for(n as usize, 256).min(4096);
+        self.launch(f, (grid, 1, 1), 256, &mut args![g, u, n, a]);
+    }
+
+    pub(super) fn zero(&mut self, x: Buf, rows: usize, width: usize) {
+        let mut xp = self.buf(x, rows * width * 4);
+        let n = rows * width;
+        if n == 0 || !self.ready() {
+            return;
+        }
+        let mut n = n as i64;
+        let f = self.k.fill_zero;
+        let grid = Self::grid_for(n as usize, 256).min(4096);
+        self.launch(f, (grid, 1, 1), 256, &mut args![xp, n]);
+    }
+}

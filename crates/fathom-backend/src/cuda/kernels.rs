@@ -1,0 +1,295 @@
+//! The kernel image build.rs embeds and the table of its entry points,
+//! looked up by name once at start-up.
+
+use std::ffi::CString;
+
+use cudarc::driver::{result, sys};
+
+use super::abi::{att_split_compiled, ATT_DTYPES, ATT_HEADS, ATT_VPL, GLU_GELU_TANH, GLU_SILU};
+use super::device_err;
+use crate::{BackendError, Glu, WeightType};
+
+/// The kernels, compiled by build.rs, 8-byte aligned as the driver wants
+/// a fatbin (so it is read in place, not copied first).
+pub(super) static FATBIN: &[u8] =
+    &Aligned8(*include_bytes!(concat!(env!("OUT_DIR"), "/fathom.fatbin"))).0;
+
+#[repr(C, align(8))]
+pub(super) struct Aligned8<T: ?Sized>(T);
+
+/// Kernel name suffixes by weight kind: the 13 ggml types in
+/// `WeightType::ALL` order, then MLX affine 2, 4 and 8 bits.
+pub(super) const KINDS: [&str; 16] = [
+    "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k",
+    "q6_k", "a2", "a4", "a8",
+];
+
+/// A gated activation as the kernels number it (`glu_act` in fathom.cu).
+pub(super) fn act_id(act: Glu) -> i32 {
+    match act {
+        Glu::Silu => GLU_SILU,
+        Glu::GeluTanh => GLU_GELU_TANH,
+    }
+}
+
+pub(super) fn kind_of_type(ty: WeightType) -> usize {
+    WeightType::ALL
+        .iter()
+        .position(|t| *t == ty)
+        .expect("every weight type is in ALL")
+}
+
+pub(super) struct Kernels {
+    /// Matrix-vector products of one token (deeper unrolled) and of up to
+    /// MV_MAX_TOKENS.
+    pub(super) mv1: [sys::CUfunction; 16],
+    pub(super) mv: [sys::CUfunction; 16],
+    /// The same over a gate and an up matrix, writing act(gate) × up.
+    pub(super) mvglu1: [sys::CUfunction; 16],
+    pub(super) mvglu: [sys::CUfunction; 16],
+    /// One token on int8 activations (`quantize_x8`): Q8_0, Q4_0, Q4_K and Q6_K
+    /// only (null for the other kinds).
+    pub(super) mv1x8: [sys::CUfunction; 16],
+    pub(super) mvglu1x8: [sys::CUfunction; 16],
+    pub(super) quantize_x8: sys::CUfunction,
+    /// MoE, one token, routes read on the device: `moe_gate_up`,
+    /// `moe_down` (on int8 activations where the kind has them), null
+    /// for kinds without (`FATHOM_ROUTED_KERNELS` in fathom.cu).
+    pub(super) moe_gate_up: [sys::CUfunction; 16],
+    pub(super) moe_down: [sys::CUfunction; 16],
+    pub(super) moe_combine: sys::CUfunction,
+    pub(super) mm: [sys::CUfunction; 16],
+    pub(super) embed: [sys::CUfunction; 16],
+    pub(super) dequant: [sys::CUfunction; 16],
+    pub(super) to_half: sys::CUfunction,
+    pub(super) rms_norm: sys::CUfunction,
+    pub(super) add_bias: sys::CUfunction,
+    pub(super) add: sys::CUfunction,
+    pub(super) fill_zero: sys::CUfunction,
+    pub(super) glu: sys::CUfunction,
+    pub(super) gather_rows: sys::CUfunction,
+    pub(super) scatter_rows: sys::CUfunction,
+    pub(super) rope: sys::CUfunction,
+    pub(super) rope_kv: sys::CUfunction,
+    pub(super) round_to_kv: sys::CUfunction,
+    pub(super) attention: sys::CUfunction,
+    /// `attention_split_<dtype>_<vpl>_<heads>`, indexed by
+    /// (dtype, ATT_VPL index, ATT_HEADS index); null where not compiled.
+    pub(super) attention_split: [[[sys::CUfunction; 4]; 4]; 4],
+    pub(super) attention_merge: sys::CUfunction,
+    /// `attention_mma_<D>` for head dims 64 and 128 (f16 cache, prefill).
+    pub(super) attention_mma: [sys::CUfunction; 2],
+    /// `attention_decode_mma_<D>` for head dims 64 and 128 (f16 cache,
+    /// decode rows at long contexts).
+    pub(super) attention_decode_mma: [sys::CUfunction; 2],
+    pub(super) kv_write: sys::CUfunction,
+    pub(super) route_experts: sys::CUfunction,
+    pub(super) greedy_scan: sys::CUfunction,
+    pub(super) greedy_merge: sys::CUfunction,
+}
+
+impl Kernels {
+    pub(super) fn load(module: sys::CUmodule) -> Result<Kernels, BackendError> {
+        let get = |name: &str| -> Result<sys::CUfunction, BackendError> {
+            let c = CString::new(name).expect("kernel names have no NUL");
+            // SAFETY: `module` is loaded and outlives the functions (both
+            // are released together on drop).
+            unsafe { result::module::get_function(module, c) }
+                .map_err(|e| device_err(&format!("kernel {name} missing from the fatbin"), e))
+        };
+        let table = |prefix: &str| -> Result<[sys::CUfunction; 16], BackendError> {
+            let mut out = [std::ptr::null_mut(); 16];
+            for (o, k) in out.iter_mut().zip(KINDS) {
+                *o = get(&format!("{prefix}_{k}"))?;
+            }
+            Ok(out)
+        };
+        // Kinds with int8-activation kernels (`HasX8` in fathom.cu).
+        let x8_table = |prefix: &str| -> Result<[sys::CUfunction; 16], BackendError> {
+            let mut out = [std::ptr::null_mut(); 16];
+            for ty in [
+                WeightType::Q8_0,
+                WeightType::Q4_0,
+                WeightType::Q4_K,
+                WeightType::Q6_K,
+            ] {
+                let kind = kind_of_type(ty);
+                out[kind] = get(&format!("{prefix}_{}", KINDS[kind]))?;
+            }
+            Ok(out)
+        };
+        // Kinds with routed-expert kernels: the int8-activation ones, and
+        // these on f32 activations.
+        let routed_table = |prefix: &str| -> Result<[sys::CUfunction; 16], BackendError> {
+            let mut out = x8_table(&format!("{prefix}x8"))?;
+            for ty in [WeightType::F16, WeightType::BF16, WeightType::Q5_K] {
+                let kind = kind_of_type(ty);
+                out[kind] = get(&format!("{prefix}_{}", KINDS[kind]))?;
+            }
+            Ok(out)
+        };
+        Ok(Kernels {
+            mv1: table("mv1")?,
+            mv: table("mv")?,
+            mvglu1: table("mvglu1")?,
+            mvglu: table("mvglu")?,
+            mv1x8: x8_table("mv1x8")?,
+            mvglu1x8: x8_table("mvglu1x8")?,
+            quantize_x8: get("quantize_x8")?,
+            moe_gate_up: routed_table("moe_gate_up")?,
+            moe_down: routed_table("moe_down")?,
+            moe_combine: get("moe_combine")?,
+            mm: table("mm")?,
+            embed: table("embed")?,
+            dequant: table("dequant")?,
+            to_half: get("to_half")?,
+            rms_norm: get("rms_norm")?,
+            add_bias: get("add_bias")?,
+            add: get("add")?,
+            fill_zero: get("fill_zero")?,
+            glu: get("glu")?,
+            gather_rows: get("gather_rows")?,
+            scatter_rows: get("scatter_rows")?,
+            rope: get("rope")?,
+            rope_kv: get("rope_kv")?,
+            round_to_kv: get("round_to_kv")?,
+            attention: get("attention")?,
+            attention_split: {
+                let mut t = [[[std::ptr::null_mut(); 4]; 4]; 4];
+                for (d, dt) in ATT_DTYPES.iter().enumerate() {
+                    for (v, vpl) in ATT_VPL.iter().enumerate() {
+                        for (h, heads) in ATT_HEADS.iter().enumerate() {
+                            if att_split_compiled(*vpl, *heads) {
+                                t[d][v][h] = get(&format!("attention_split_{dt}_{vpl}_{heads}"))?;
+                            }
+                        }
+                    }
+                }
+                t
+            },
+            attention_merge: get("attention_merge")?,
+            attention_mma: [get("attention_mma_64")?, get("attention_mma_128")?],
+            attention_decode_mma: [
+                get("attention_decode_mma_64")?,
+                get("attention_decode_mma_128")?,
+            ],
+            kv_write: get("kv_write")?,
+            route_experts: get("route_experts")?,
+            greedy_scan: get("greedy_scan")?,
+            greedy_merge: get("greedy_merge")?,
+        })
+    }
+}
+
+/// Weight bytes a matrix-vector kernel asks L2 for before it waits for the
+/// kernel ahead of it (fathom.cu's `fathom_prefetch_bytes`): the first 4 KiB
+/// of the rows of its first blocks. The weight stream then starts while a
+/// norm or attention still runs. On the H200, 2 to 6 MiB measured alike and
+/// best (8B F16 decode 2% faster than with 16 MiB, from empty and at depth
+/// 4,096; 8B Q4_0 2.3%): a larger budget asks for more than a kernel's
+/// start needs while the kernel ahead of it still loads its own bytes.
+pub(super) const PREFETCH_BYTES: u64 = 4 << 20;
+
+/// `FATHOM_CUDA_PREFETCH` (bytes; 0 turns the weight and KV prefetch off),
+/// else [`PREFETCH_BYTES`].
+pub(super) fn prefetch_bytes() -> Result<u64, BackendError> {
+    match std::env::var("FATHOM_CUDA_PREFETCH") {
+        Err(_) => Ok(PREFETCH_BYTES),
+        Ok(v) => v.trim().parse().map_err(|_| BackendError::Device {
+            backend: "cuda",
+            message: format!(
+                "FATHOM_CUDA_PREFETCH={v:?} is not a byte count (weight bytes a kernel \
+                 prefetches, e.g. {PREFETCH_BYTES}; 0 turns the prefetch off)"
+            ),
+        }),
+    }
+}
+
+/// Writes the prefetch budget into the loaded module's global.
+pub(super) fn set_prefetch(module: sys::CUmodule, bytes: u64) -> Result<(), BackendError> {
+    let name = CString::new("fathom_prefetch_bytes").expect("no NUL");
+    // SAFETY: the module is loaded; the global is an 8-byte unsigned long
+    // long (checked by size below) that no kernel runs against yet.
+    unsafe {
+        let (ptr, size) = result::module::get_global(module, name)
+            .map_err(|e| device_err("finding fathom_prefetch_bytes in the kernels", e))?;
+        assert_eq!(size, 8, "fathom_prefetch_bytes is an unsigned long long");
+        result::memcpy_htod_sync(ptr, &[bytes])
+            .map_err(|e| device_err("setting fathom_prefetch_bytes", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FATBIN;
+    use fathom_plan::cuda::{KERNELS_HOST_BYTES, MODULE_BYTES};
+
+    /// The machine-code (ELF) images in a fatbin, as byte slices: a fatbin
+    /// is a 16-byte header (magic 0xBA55ED50, version, header size, size of
+    /// the entries) and entries of a header (kind u16: 1 PTX, 2 ELF; its
+    /// header size u32 at 4; payload size u64 at 8) and a payload.
+    fn elf_images(fatbin: &[u8]) -> Vec<&[u8]> {
+        let u16_at = |o: usize| u16::from_le_bytes([fatbin[o], fatbin[o + 1]]) as usize;
+        let u32_at = |o: usize| u32::from_le_bytes(fatbin[o..o + 4].try_into().unwrap()) as usize;
+        let u64_at = |o: usize| u64::from_le_bytes(fatbin[o..o + 8].try_into().unwrap()) as usize;
+        assert_eq!(u32_at(0), 0xBA55_ED50, "not a fatbin");
+        let end = u16_at(6) + u64_at(8);
+        let mut at = u16_at(6);
+        let mut out = Vec::new();
+        while at < end {
+            let (kind, header, size) = (u16_at(at), u32_at(at + 4), u64_at(at + 8));
+            if kind == 2 {
+                out.push(&fatbin[at + header..at + header + size]);
+            }
+            at += header + size;
+        }
+        out
+    }
+
+    /// The fatbin stays resident in the process once the driver has read
+    /// it: the plan's host term for it must hold it.
+    #[test]
+    fn fatbin_fits_the_planned_host_term() {
+        assert_eq!(
+            FATBIN.as_ptr() as usize % 8,
+            0,
+            "the driver wants 8-byte alignment"
+        );
+        assert!(
+            FATBIN.len() as u64 <= KERNELS_HOST_BYTES,
+            "the fatbin is {} bytes, past the plan's KERNELS_HOST_BYTES ({KERNELS_HOST_BYTES})",
+            FATBIN.len()
+        );
+    }
+
+    /// The driver keeps more than a loaded module's machine code, in 2 MiB
+    /// steps (measured: a 0.7 MB fatbin took 2 MiB, a 6.7 MB sm_90 image 8
+    /// MiB, an 8.1 MB one 10 MiB — 0.25 MB short of 8 MiB; docs/cuda.md),
+    /// so the embedded image plus `MODULE_SLACK` bounds the plan's module
+    /// term: a kernel change that outgrows `MODULE_BYTES` fails here, not
+    /// on a user's GPU.
+    #[test]
+    fn kernel_image_fits_the_planned_module_term() {
+        let images = elf_images(FATBIN);
+        assert_eq!(images.len(), 1, "one sm_90 image in the fatbin");
+        let image = images[0];
+        // Stored whole (nvcc compresses only the PTX here): a compressed
+        // image's stored size would understate what the driver keeps.
+        assert_eq!(
+            &image[..4],
+            b"\x7fELF",
+            "the sm_90 image is stored uncompressed"
+        );
+        /// What the driver keeps beyond the image, at most (seen: more
+        /// than 0.24 MB).
+        const MODULE_SLACK: u64 = 1 << 20;
+        let loaded = (image.len() as u64 + MODULE_SLACK).next_multiple_of(2 << 20);
+        assert!(
+            loaded <= MODULE_BYTES,
+            "the kernels' sm_90 image is {} bytes, {loaded} once loaded, past the plan's \
+             MODULE_BYTES ({MODULE_BYTES}): raise fathom_plan::cuda::MODULE_BYTES and \
+             re-record the CUDA memory grid",
+            image.len()
+        );
+    }
+}

@@ -1,0 +1,286 @@
+//! Mixture-of-experts: routing on the device, the one-token routed
+//! kernels that read the routes where they lie (`moe.cu`), and the
+//! expert-by-expert path through the host for larger steps.
+
+use std::ffi::c_void;
+
+use cudarc::driver::result;
+
+use super::abi::{MAX_EXPERTS, MOE_MAX_ROUTES, MV_WARPS, X8_BLOCK};
+use super::kernels::act_id;
+use super::{CudaBackend, DevMatrix};
+use crate::{Buf, MatrixId, RoutedFfn};
+
+impl CudaBackend {
+    /// One-token MoE steps on the device's routes (`true`, the default) or
+    /// expert by expert through the host (`false`), so tests can compare.
+    #[doc(hidden)]
+    pub fn use_device_routing(&mut self, on: bool) {
+        self.device_routing = on;
+    }
+
+    /// How many times routes were read back to the host (tests).
+    #[doc(hidden)]
+    pub fn routes_read_back(&self) -> u64 {
+        self.routes_read
+    }
+
+    /// Reads the last route_experts' routes back (once), for the ops that
+    /// sort rows by expert on the host: what is recorded goes now, and the
+    /// rest of the step launches op by op.
+    pub(super) fn routes_to_host(&mut self) {
+        if !std::mem::take(&mut self.routes_stale) || !self.ready() {
+            return;
+        }
+        self.go_eager();
+        self.routes_read += 1;
+        let n = self.routes_rows * self.routes_k * 2;
+        let rp = self.buf(Buf::ExpertRoutes, n * 4);
+        let mut host = std::mem::take(&mut self.routes);
+        if self.error.is_none() {
+            // SAFETY: `host` holds n u32 (route_experts checked); the routes
+            // buffer holds rows × k pairs; pageable memory: returns when done.
+            let r = unsafe { result::memcpy_dtoh_async(&mut host[..n], rp, self.stream) };
+            if let Err(e) = r {
+                self.fail("reading the expert routes", e);
+            }
+        }
+        self.routes = host;
+        self.sync();
+    }
+
+    /// `(first, stride)` when matrix `i` of every expert has the first's
+    /// kind and shape and lies `stride` bytes past the one before (how the
+    /// loader places a layer's experts), so a kernel finds expert e's at
+    /// `first.data + e × stride`.
+    pub(super) fn evenly_placed(
+        &self,
+        experts: &[[MatrixId; 3]],
+        i: usize,
+    ) -> Option<(DevMatrix, u64)> {
+        let at = |e: usize| self.matrices[experts[e][i].0 as usize];
+        let first = at(0);
+        let stride = experts
+            .get(1)
+            .map_or(0, |_| at(1).arg.data.wrapping_sub(first.arg.data));
+        let even = (0..experts.len()).all(|e| {
+            let (m, a) = (at(e), at(e).arg);
+            m.kind == first.kind
+                && (a.rows, a.cols, a.row_bytes)
+                    == (first.arg.rows, first.arg.cols, first.arg.row_bytes)
+                && a.scales == 0
+                && a.data == first.arg.data.wrapping_add(stride.wrapping_mul(e as u64))
+        });
+        even.then_some((first, stride))
+    }
+
+    /// A one-token MoE FFN on the routes route_experts left on the device:
+    /// gate and up of the k routed experts in one launch, down in another,
+    /// their weighted sum in a third; nothing is read back, so the step
+    /// stays one graph. `false`, with nothing launched, where the experts
+    /// do not lie evenly, their kinds have no routed kernels, or k rows do
+    /// not fit the planned buffers.
+    pub(super) fn routed_on_device(&mut self, ffn: &RoutedFfn, x: Buf, out: Buf) -> bool {
+        let RoutedFfn {
+            experts,
+            k,
+            act,
+            width,
+            ffn_width,
+        } = *ffn;
+        let (Some((g, gs)), Some((u, us)), Some((d, ds))) = (
+            self.evenly_placed(experts, 0),
+            self.evenly_placed(experts, 1),
+            self.evenly_placed(experts, 2),
+        ) else {
+            return false;
+        };
+        let (gate_x8, down_x8) = (
+            !self.k.mv1x8[g.kind].is_null(),
+            !self.k.mv1x8[d.kind].is_null(),
+        );
+        let staging = self.upload.x16_cols * self.upload.tokens * 2;
+        let x8_fits =
+            |values: usize| values.is_multiple_of(32) && values / 32 * X8_BLOCK <= staging;
+        let holds = |b: Buf, bytes: usize| {
+            self.arena[b as usize].is_some_and(|(_, size)| bytes as u64 <= size)
+        };
+        let fits = k <= MOE_MAX_ROUTES
+            && k == self.routes_k
+            && g.kind == u.kind
+            && !self.k.moe_gate_up[g.kind].is_null()
+            && !self.k.moe_down[d.kind].is_null()
+            && (g.arg.rows, g.arg.cols, d.arg.rows, d.arg.cols)
+                == (
+                    ffn_width as i32,
+                    width as i32,
+                    width as i32,
+                    ffn_width as i32,
+                )
+            && (u.arg.rows, u.arg.cols) == (g.arg.rows, g.arg.cols)
+            && (!gate_x8 || (x8_fits(width) && width <= self.upload.x16_cols))
+            && (!down_x8 || x8_fits(k * ffn_width))
+            && holds(Buf::FfnGate, k * ffn_width * 4)
+            && holds(Buf::MoeOut, k * width * 4);
+        if !fits {
+            return false;
+        }
+        let mut xp = self.buf(x, width * 4);
+        let mut gate_out = self.buf(Buf::FfnGate, k * ffn_width * 4);
+        let mut down_out = self.buf(Buf::MoeOut, k * width * 4);
+        let mut op = self.buf(out, width * 4);
+        let mut routes = self.buf(Buf::ExpertRoutes, k * 8);
+        if !self.ready() {
+            return true;
+        }
+        let ky = k as u32;
+        if gate_x8 {
+            xp = self
+                .x8_input(g.kind, width, xp)
+                .expect("checked: x fits the x8 staging");
+        }
+        let split = Self::matvec_split(ffn_width, width / Self::matvec_chunk(g.kind, 1));
+        let (mut ga, mut ua, mut gs, mut us, mut sp) = (g.arg, u.arg, gs, us, split as i32);
+        let mut a = act_id(act);
+        let grid = ffn_width.div_ceil(MV_WARPS / split) as u32;
+        let f = self.k.moe_gate_up[g.kind];
+        self.launch(
+            f,
+            (grid, ky, 1),
+            32 * MV_WARPS as u32,
+            &mut args![ga, ua, gs, us, routes, xp, gate_out, sp, a],
+        );
+        let mut dx = gate_out;
+        if down_x8 {
+            // The k rows' blocks one after another: each row's own blocks.
+            let (mut n, mut staged) = ((k * ffn_width) as i32, self.upload.x16);
+            let f = self.k.quantize_x8;
+            let grid = (k * ffn_width / 32).div_ceil(8) as u32;
+            self.launch(f, (grid, 1, 1), 256, &mut args![dx, n, staged]);
+            dx = staged;
+        }
+        let split = Self::matvec_split(width, ffn_width / Self::matvec_chunk(d.kind, 1));
+        let (mut da, mut ds, mut sp) = (d.arg, ds, split as i32);
+        let grid = width.div_ceil(MV_WARPS / split) as u32;
+        let f = self.k.moe_down[d.kind];
+        self.launch(
+            f,
+            (grid, ky, 1),
+            32 * MV_WARPS as u32,
+            &mut args![da, ds, routes, dx, down_out, sp],
+        );
+        let (mut kk, mut w) = (k as i32, width as i32);
+        let f = self.k.moe_combine;
+        self.launch(
+            f,
+            (width.div_ceil(256) as u32, 1, 1),
+            256,
+            &mut args![down_out, routes, kk, w, op],
+        );
+        true
+    }
+
+    pub(super) fn route_experts(
+        &mut self,
+        logits: Buf,
+        rows: usize,
+        n_experts: usize,
+        k: usize,
+        normalize: bool,
+    ) {
+        assert!(
+            n_experts <= MAX_EXPERTS && k <= n_experts,
+            "route_experts: {k} of {n_experts} experts ({MAX_EXPERTS} at most)"
+        );
+        let mut lp = self.buf(logits, rows * n_experts * 4);
+        let mut rp = self.buf(Buf::ExpertRoutes, rows * k * 8);
+        assert!(
+            rows * k * 2 <= self.routes.len(),
+            "route_experts: more routes than planned"
+        );
+        self.routes_k = k;
+        self.routes_rows = rows;
+        self.routes_stale = true;
+        if rows == 0 || !self.ready() {
+            return;
+        }
+        let (mut ne, mut kk, mut norm) = (n_experts as i32, k as i32, normalize as i32);
+        let f = self.k.route_experts;
+        self.launch(f, (rows as u32, 1, 1), 32, &mut args![lp, ne, kk, norm, rp]);
+    }
+
+    pub(super) fn gather_expert_rows(
+        &mut self,
+        expert: usize,
+        rows: usize,
+        k: usize,
+        src: Buf,
+        width: usize,
+        dst: Buf,
+    ) -> usize {
+        assert!(
+            k == self.routes_k && rows <= self.routes_rows,
+            "gather_expert_rows: routes are for {} rows x {}",
+            self.routes_rows,
+            self.routes_k
+        );
+        self.routes_to_host();
+        let mut list = std::mem::take(&mut self.host_u32);
+        list.clear();
+        for t in 0..rows {
+            if (0..k).any(|j| self.routes[2 * (t * k + j)] as usize == expert) {
+                list.push(t as u32);
+            }
+        }
+        let n = list.len();
+        let mut s = self.buf(src, rows * width * 4);
+        let mut d = self.buf(dst, n * width * 4);
+        if n > 0 && self.ready() {
+            let (mut idx, _) = self.upload_idx(&list, None);
+            let mut w = width as i32;
+            let f = self.k.gather_rows;
+            self.launch(f, (n as u32, 1, 1), 128, &mut args![s, idx, w, d]);
+        }
+        self.host_u32 = list;
+        n
+    }
+
+    pub(super) fn scatter_expert_rows(
+        &mut self,
+        expert: usize,
+        rows: usize,
+        k: usize,
+        src: Buf,
+        width: usize,
+        dst: Buf,
+    ) {
+        assert!(
+            k == self.routes_k && rows <= self.routes_rows,
+            "scatter_expert_rows: routes are for {} rows x {}",
+            self.routes_rows,
+            self.routes_k
+        );
+        self.routes_to_host();
+        let mut list = std::mem::take(&mut self.host_u32);
+        let mut wts = std::mem::take(&mut self.host_f32);
+        list.clear();
+        wts.clear();
+        for t in 0..rows {
+            if let Some(j) = (0..k).find(|j| self.routes[2 * (t * k + j)] as usize == expert) {
+                list.push(t as u32);
+                wts.push(f32::from_bits(self.routes[2 * (t * k + j) + 1]));
+            }
+        }
+        let n = list.len();
+        let mut s = self.buf(src, n * width * 4);
+        let mut d = self.buf(dst, rows * width * 4);
+        if n > 0 && self.ready() {
+            let (mut idx, mut wp) = self.upload_idx(&list, Some(&wts));
+            let mut w = width as i32;
+            let f = self.k.scatter_rows;
+            self.launch(f, (n as u32, 1, 1), 128, &mut args![s, idx, wp, w, d]);
+        }
+        self.host_u32 = list;
+        self.host_f32 = wts;
+    }
+}

@@ -1,0 +1,173 @@
+//! Weights into the allocation's weights region (a bump pointer in load
+//! order), and the embedding that reads them first in a step.
+
+use std::ffi::c_void;
+
+use cudarc::driver::result;
+use fathom_plan::cuda::WEIGHT_ALIGN;
+
+use super::abi::WeightsArg;
+use super::{align, device_err, kind_of_type, CudaBackend};
+use crate::{BackendError, Buf, HostMatrix, MatrixId, MatrixStorage, VectorId};
+
+/// A matrix the backend holds.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct DevMatrix {
+    pub(super) kind: usize,
+    pub(super) arg: WeightsArg,
+}
+
+impl CudaBackend {
+    /// Bump-allocates room in the weights region and copies `bytes` there.
+    pub(super) fn place(&mut self, what: &str, bytes: &[u8]) -> Result<u64, BackendError> {
+        let start = align(self.weights_next, WEIGHT_ALIGN);
+        let end = start.saturating_add(bytes.len() as u64);
+        if end > self.weights_end {
+            return Err(BackendError::OverPlan {
+                what: format!("cuda weights ({what})"),
+                needed: end,
+                available: self.weights_end,
+            });
+        }
+        if !self.ready() {
+            return Err(self.error.take().unwrap_or(BackendError::Device {
+                backend: "cuda",
+                message: "backend failed earlier".into(),
+            }));
+        }
+        // On our stream, so the kernels after it see the bytes (a plain
+        // synchronous copy runs on the legacy stream, which a non-blocking
+        // stream does not wait for). From pageable memory the call returns
+        // once `bytes` has been read, so the mmap may go away after.
+        // SAFETY: [start, end) lies in the weights region of the allocation.
+        unsafe { result::memcpy_htod_async(self.base + start, bytes, self.stream) }
+            .map_err(|e| device_err(&format!("copying {what} to the device"), e))?;
+        self.weights_next = end;
+        Ok(self.base + start)
+    }
+
+    pub(super) fn load_matrix(&mut self, m: HostMatrix) -> Result<MatrixId, BackendError> {
+        let unsupported = |why: String| BackendError::Device {
+            backend: "cuda",
+            message: why,
+        };
+        if !m.cols.is_multiple_of(8) {
+            return Err(unsupported(format!(
+                "a {}x{} matrix: the CUDA kernels need a multiple of 8 columns",
+                m.rows, m.cols
+            )));
+        }
+        let rows = i32::try_from(m.rows).map_err(|_| unsupported(format!("{} rows", m.rows)))?;
+        let cols = i32::try_from(m.cols).map_err(|_| unsupported(format!("{} cols", m.cols)))?;
+        let dev = match &m.storage {
+            MatrixStorage::Blocks(ty) => {
+                let row_bytes = ty.row_bytes(m.cols);
+                let need = row_bytes * m.rows;
+                if m.data.len() < need || !m.cols.is_multiple_of(ty.block_elems()) {
+                    return Err(BackendError::OutOfRange {
+                        offset: 0,
+                        len: need,
+                        size: m.data.len(),
+                    });
+                }
+                let data = self.place(ty.name(), &m.data.bytes()[..need])?;
+                DevMatrix {
+                    kind: kind_of_type(*ty),
+                    arg: WeightsArg {
+                        data,
+                        scales: 0,
+                        biases: 0,
+                        row_bytes: row_bytes as u64,
+                        rows,
+                        cols,
+                        group: 0,
+                        bf16: 0,
+                    },
+                }
+            }
+            MatrixStorage::Affine {
+                bits,
+                group,
+                scales,
+                biases,
+                bf16,
+            } => {
+                let kind = match bits {
+                    2 => 13,
+                    4 => 14,
+                    8 => 15,
+                    b => {
+                        return Err(unsupported(format!(
+                            "MLX affine {b}-bit: 2, 4 or 8 are valid"
+                        )))
+                    }
+                };
+                if *group == 0 || !group.is_multiple_of(8) || !m.cols.is_multiple_of(*group) {
+                    return Err(unsupported(format!(
+                        "MLX affine group {group} for {} columns: a multiple of 8 dividing them",
+                        m.cols
+                    )));
+                }
+                let row_bytes = m.cols * *bits as usize / 8;
+                let halves = m.rows * (m.cols / group) * 2;
+                let need = row_bytes * m.rows;
+                if m.data.len() < need || scales.len() < halves || biases.len() < halves {
+                    return Err(BackendError::OutOfRange {
+                        offset: 0,
+                        len: need,
+                        size: m.data.len(),
+                    });
+                }
+                let data = self.place("affine weights", &m.data.bytes()[..need])?;
+                let s = self.place("affine scales", &scales.bytes()[..halves])?;
+                let b = self.place("affine biases", &biases.bytes()[..halves])?;
+                DevMatrix {
+                    kind,
+                    arg: WeightsArg {
+                        data,
+                        scales: s,
+                        biases: b,
+                        row_bytes: row_bytes as u64,
+                        rows,
+                        cols,
+                        group: *group as i32,
+                        bf16: *bf16 as i32,
+                    },
+                }
+            }
+        };
+        self.emits_x8 |= !self.k.mv1x8[dev.kind].is_null();
+        self.matrices.push(dev);
+        Ok(MatrixId(self.matrices.len() as u32 - 1))
+    }
+
+    pub(super) fn load_vector(&mut self, values: &[f32]) -> Result<VectorId, BackendError> {
+        // SAFETY: f32 has no padding; the byte view covers exactly `values`.
+        let bytes = unsafe {
+            std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values))
+        };
+        let at = self.place("vector", bytes)?;
+        self.vectors.push((at, values.len()));
+        Ok(VectorId(self.vectors.len() as u32 - 1))
+    }
+
+    pub(super) fn embed(&mut self, table: MatrixId, tokens: &[u32], scale: f32, out: Buf) {
+        let m = self.matrices[table.0 as usize];
+        let cols = m.arg.cols as usize;
+        let mut o = self.buf(out, tokens.len() * cols * 4);
+        if tokens.is_empty() || !self.ready() {
+            return;
+        }
+        // The embedding is a forward's first op.
+        self.begin_step();
+        let mut idx = self.stage_rows(tokens, false);
+        let (mut w, mut scale) = (m.arg, scale);
+        let f = self.k.embed[m.kind];
+        self.launch(
+            f,
+            (tokens.len() as u32, 1, 1),
+            128,
+            &mut args![w, idx, scale, o],
+        );
+    }
+}
