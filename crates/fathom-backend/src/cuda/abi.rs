@@ -50,6 +50,13 @@ constants! {
     /// Warps of a one-block or split attention block; they split the key
     /// positions of one (row, head).
     ATT_WARPS: usize = 4;
+    /// Warps of a split attention block; each takes runs of 32 keys, so a
+    /// piece holds at least `32 × ATT_SPLIT_WARPS` keys (the plan's
+    /// `ATTENTION_SPLIT_KEYS`, asserted in `attention.rs`).
+    ATT_SPLIT_WARPS: usize = 4;
+    /// Positions a KV block holds (the plan's `KV_BLOCK_TOKENS`, asserted
+    /// in `rope_kv.rs`).
+    KV_BLOCK_TOKENS: usize = 16;
     /// Heads a `rope_kv` block takes, a warp each.
     RK_WARPS: usize = 4;
     /// Warps of a tensor-core prefill attention block.

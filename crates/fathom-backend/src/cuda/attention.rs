@@ -11,7 +11,7 @@ use fathom_plan::KvDtype;
 
 use super::abi::{
     att_split_compiled, AttRope, ATT_DEC_GROUP, ATT_HEADS, ATT_MAX_DIM, ATT_MAX_SPLITS,
-    ATT_MMA_WARPS, ATT_ROPE_MAX, ATT_VPL, ATT_WARPS, RK_WARPS,
+    ATT_MMA_WARPS, ATT_ROPE_MAX, ATT_SPLIT_WARPS, ATT_VPL, ATT_WARPS, RK_WARPS,
 };
 use super::CudaBackend;
 use crate::{AttentionIo, AttentionShape, RopeParams, Step};
@@ -26,6 +26,7 @@ pub(super) const ATT_MMA_MIN_ROWS: usize = 8;
 pub(super) const ATT_THREADS: u32 = 32 * ATT_WARPS as u32;
 
 const _: () = assert!(ATTENTION_MAX_SPLITS as usize <= ATT_MAX_SPLITS);
+const _: () = assert!(ATTENTION_SPLIT_KEYS as usize == 32 * ATT_SPLIT_WARPS);
 
 /// Keys up to which a split attention block takes one query head
 /// (`attention`).

@@ -11,6 +11,8 @@ use super::abi::{KvDesc, KV_BF16, KV_F16, KV_F32, KV_Q8_0};
 use super::CudaBackend;
 use crate::{AttentionShape, Buf, RopeParams, Step};
 
+const _: () = assert!(KV_BLOCK_TOKENS as usize == super::abi::KV_BLOCK_TOKENS);
+
 impl CudaBackend {
     pub(super) fn kv_desc(&self, layer: usize, shape: &AttentionShape) -> KvDesc {
         let (group, l) =
