@@ -11,8 +11,8 @@
 // Each warp takes every ATT_WARPS-th run of 32 key positions: one position
 // a lane (its full dot product with q from shared memory), then an
 // online-softmax update of its own output, lanes split by value dims. The
-// warps' (max, sum, output) states are merged at the end.
-#define ATT_WARPS 4
+// warps' (max, sum, output) states are merged at the end. ATT_WARPS and
+// ATT_MAX_DIM come from fathom_abi.h.
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 attention(StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out,
           int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale) { FATHOM_PDL();
@@ -61,7 +61,8 @@ attention(StepDesc st, KvDesc kv, const float* q, const float* k, const float* v
       if (pp < start) {
         int slot;
         const unsigned long long base = kv_block(kv, st, seq, pp, &slot);
-        const uint8_t* head = kv.base + base + 16ull * kv.k_row + (unsigned long long)slot * kv.v_row +
+        const uint8_t* head = kv.base + base + (unsigned long long)KV_BLOCK_TOKENS * kv.k_row +
+                              (unsigned long long)slot * kv.v_row +
                               (unsigned long long)g * vh;
 #pragma unroll
         for (int j = 0; j < ATT_MAX_DIM / WARP; j++) {

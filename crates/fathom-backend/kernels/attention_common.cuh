@@ -4,6 +4,8 @@
 // (ready_head); the key range, KV prefetch, q rows and merged output of a
 // split block (attention_split.cu and attention_decode_mma.cu); and the
 // tensor-core helpers of attention_mma.cu and attention_decode_mma.cu.
+// Their numbers (ATT_MAX_DIM, KV_BLOCK_TOKENS, ATT_MMA_WARPS, the KV_*
+// dtypes, Q8_0's block layout) come from fathom_abi.h.
 
 #pragma once
 
@@ -11,10 +13,9 @@
 #include "quant.cuh"
 #include "reduce.cuh"
 
-// Longest K, Q or V head (values) the attention kernels take: their head
-// rows in shared memory (and RopeAngles' pairs) are this long.
-
-#define ATT_MAX_DIM 512
+// ATT_MAX_DIM: the longest K, Q or V head (values) the attention kernels
+// take: their head rows in shared memory (and RopeAngles' pairs) are this
+// long.
 
 // The cosine and sine of pair i's angle at position p for the pair's
 // frequency freq (before the model's per-pair factors `freqs`, if any),
@@ -32,20 +33,23 @@ __device__ __forceinline__ void rope_sincos(double p, double freq, int i, const 
 
 // ---------------------------------------------------------------------------
 // KV cache element access. A KV row of one head is `head_bytes` bytes.
+// A q8_0 block is one warp's values (kv_round, kv_store), and kv_load
+// finds value i's block and place by shifts and masks of 32.
+static_assert(Q8_0_BLOCK_VALUES == WARP, "a q8_0 KV block is a warp's 32 values");
 __device__ __forceinline__ float kv_load(const uint8_t* head, int i, int dtype) {
   switch (dtype) {
     case KV_F16: return __half2float(((const __half*)head)[i]);
     case KV_BF16: return bf16_bits(((const unsigned short*)head)[i]);
     case KV_F32: return ((const float*)head)[i];
     default: {
-      const uint8_t* b = head + (i >> 5) * 34;
+      const uint8_t* b = head + (i >> 5) * Q8_0_BLOCK_BYTES;
       return f16_at(b) * (float)(int8_t)b[2 + (i & 31)];
     }
   }
 }
 
 __device__ __forceinline__ int kv_head_bytes(int dtype, int dim) {
-  return dtype == KV_F32 ? 4 * dim : dtype == KV_Q8_0 ? (dim / 32) * 34 : 2 * dim;
+  return dtype == KV_F32 ? 4 * dim : dtype == KV_Q8_0 ? (dim / Q8_0_BLOCK_VALUES) * Q8_0_BLOCK_BYTES : 2 * dim;
 }
 
 // v rounded to a KV dtype's precision. For q8_0 the 32 lanes of the warp
@@ -77,19 +81,20 @@ struct StepDesc {
 struct KvDesc {
   uint8_t* base;                 // the layer group's storage
   unsigned long long block_bytes;
-  unsigned long long layer_off;  // l * 16 * (k_row + v_row)
+  unsigned long long layer_off;  // l * KV_BLOCK_TOKENS * (k_row + v_row)
   int k_row, v_row;              // bytes of a whole K / V row (all kv heads)
   int ring;                      // positions a sliding window's ring holds, 0 for full
   int dtype;
 };
 
 // Byte offset of (block holding position p, this layer) in the group's
-// storage; `slot` gets p's row within the block.
+// storage; `slot` gets p's row within the block (KV_BLOCK_TOKENS rows a
+// block: the K rows of its positions, then their V rows).
 __device__ __forceinline__ unsigned long long kv_block(const KvDesc& kv, const StepDesc& st, int seq, int p,
                                                        int* slot) {
   const int rp = kv.ring ? p % kv.ring : p;
-  *slot = rp % 16;
-  const unsigned int blk = st.tables[(size_t)seq * st.table_stride + rp / 16];
+  *slot = rp % KV_BLOCK_TOKENS;
+  const unsigned int blk = st.tables[(size_t)seq * st.table_stride + rp / KV_BLOCK_TOKENS];
   return (unsigned long long)blk * kv.block_bytes + kv.layer_off;
 }
 
@@ -101,14 +106,14 @@ __device__ __forceinline__ void kv_store(uint8_t* dst, int i, float x, bool in_r
     float d, id;
     q8_scale(warp_max(in_row ? fabsf(x) : 0.0f), &d, &id);
     if (!in_row) return;
-    uint8_t* o = dst + (i / 32) * 34;
+    uint8_t* o = dst + (i / Q8_0_BLOCK_VALUES) * Q8_0_BLOCK_BYTES;
     // A 16-bit store (every q8_0 block starts on an even byte: block,
     // layer and row sizes are all even). With two byte stores of the f16
     // bits (`st.global.u8` of the .b16 register, then of it shifted) the
     // low byte read back as 0 on the H200 (nvcc 13.0, sm_90); the 16-bit
     // store was checked byte for byte (tests/conformance.rs, cuda_kv_bytes).
-    if (i % 32 == 0) *(unsigned short*)o = __half_as_ushort(__float2half_rn(d));
-    o[2 + i % 32] = (uint8_t)(int8_t)(int)rintf(x * id);
+    if (i % Q8_0_BLOCK_VALUES == 0) *(unsigned short*)o = __half_as_ushort(__float2half_rn(d));
+    o[2 + i % Q8_0_BLOCK_VALUES] = (uint8_t)(int8_t)(int)rintf(x * id);
   } else if (in_row) {
     if (dtype == KV_F16) ((__half*)dst)[i] = __float2half_rn(x);
     else if (dtype == KV_BF16) ((__nv_bfloat16*)dst)[i] = __float2bfloat16_rn(x);
@@ -121,7 +126,8 @@ __device__ __forceinline__ uint8_t* kv_row_at(const KvDesc& kv, const StepDesc& 
   int slot;
   const unsigned long long base = kv_block(kv, st, st.row_seq[row], st.row_pos[row], &slot);
   return kv.base + base +
-         (is_v ? 16ull * kv.k_row + (unsigned long long)slot * kv.v_row : (unsigned long long)slot * kv.k_row);
+         (is_v ? (unsigned long long)KV_BLOCK_TOKENS * kv.k_row + (unsigned long long)slot * kv.v_row
+               : (unsigned long long)slot * kv.k_row);
 }
 
 // The rope angles (cosine, sine) of a head's dim / 2 pairs at one
@@ -232,7 +238,9 @@ __device__ __forceinline__ void attention_prefetch(const StepDesc& st, const KvD
     int slot;
     const unsigned long long base = kv_block(kv, st, ar.seq, p, &slot);
     prefetch_run(kv.base + base + (unsigned long long)slot * kv.k_row + (unsigned long long)g * kh, kh);
-    prefetch_run(kv.base + base + 16ull * kv.k_row + (unsigned long long)slot * kv.v_row + (unsigned long long)g * vh, vh);
+    prefetch_run(kv.base + base + (unsigned long long)KV_BLOCK_TOKENS * kv.k_row + (unsigned long long)slot * kv.v_row +
+                     (unsigned long long)g * vh,
+                 vh);
   }
 }
 
@@ -330,9 +338,9 @@ struct AttRope {
 
 // ---------------------------------------------------------------------------
 // Tensor cores (attention_mma.cu, attention_decode_mma.cu): warps a block,
-// keys a tile, mma.m16n8k16 (f16 in, f32 accumulate) and f16 packing.
+// keys a tile, mma.m16n8k16 (f16 in, f32 accumulate) and f16 packing. The
+// warps a block are ATT_MMA_WARPS (fathom_abi.h).
 
-#define ATT_MMA_WARPS 4
 #define ATT_MMA_KEYS 32
 
 __device__ __forceinline__ void mma_16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {

@@ -7,7 +7,7 @@
 #include "common.cuh"
 
 // Decode attention on tensor cores (f16 cache, equal key and value dims D
-// of 64 or 128, GQA groups of up to 8 query heads): one block of
+// of 64 or 128, GQA groups of up to ATT_DEC_GROUP query heads): one block of
 // ATT_MMA_WARPS warps per (row, KV head, split of the key range), as
 // attention_split with the whole group, writing the same partials (or the
 // output). Each warp takes every ATT_MMA_WARPS-th tile of 32 keys of the
@@ -23,7 +23,7 @@
 // us a warp on a run of 32 keys at 4,096 keys on the H200 (dots and sums on
 // the CUDA cores, a latency chain); a tile here is ~250 instructions.
 // P goes in as an f16 head and an f16 remainder, as in attention_mma.
-#define ATT_DEC_GROUP 8
+// ATT_DEC_GROUP and ATT_MMA_WARPS come from fathom_abi.h.
 
 // Where key p's K or V head row comes from: the cache (below the
 // sequence's start), the step's own row (from there on: `own`, in shared
@@ -44,7 +44,8 @@ __device__ __forceinline__ AttDecRow att_dec_row(const KvDesc& kv, const StepDes
   int slot;
   const unsigned long long b = kv_block(kv, st, seq, p, &slot);
   const unsigned long long at =
-      is_v ? 16ull * kv.k_row + (unsigned long long)slot * kv.v_row : (unsigned long long)slot * kv.k_row;
+      is_v ? (unsigned long long)KV_BLOCK_TOKENS * kv.k_row + (unsigned long long)slot * kv.v_row
+           : (unsigned long long)slot * kv.k_row;
   a.cache = kv.base + b + at + (unsigned long long)g * hbytes;
   return a;
 }

@@ -14,8 +14,8 @@
 // value dim sums the splits' outputs, their loads independent of one
 // another. (Three loops over the splits, a load at a time, took ~10 us at
 // 32 splits on the H200: longer than the split kernel's own work at 4,096
-// keys.)
-#define ATT_MAX_SPLITS 64
+// keys.) ATT_MAX_SPLITS comes from fathom_abi.h.
+static_assert(ATT_MAX_SPLITS % WARP == 0, "attention_merge: whole lanes' worth of splits");
 extern "C" __global__ void __launch_bounds__(128)
 attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float* out, uint8_t* x8) { FATHOM_PDL();
   constexpr int PER_LANE = ATT_MAX_SPLITS / WARP;

@@ -81,7 +81,8 @@ __device__ void attention_mma_body(StepDesc st, KvDesc kv, const float* __restri
           int slot;
           const unsigned long long b = kv_block(kv, st, seq, p, &slot);
           kk = *(const uint4*)(kv.base + b + (unsigned long long)slot * kv.k_row + (unsigned long long)g * kh + 16 * part);
-          vv = *(const uint4*)(kv.base + b + 16ull * kv.k_row + (unsigned long long)slot * kv.v_row +
+          vv = *(const uint4*)(kv.base + b + (unsigned long long)KV_BLOCK_TOKENS * kv.k_row +
+                               (unsigned long long)slot * kv.v_row +
                                (unsigned long long)g * kh + 16 * part);
         } else {
           const size_t r = ((size_t)(row0 + p - start) * n_kv_heads + g) * D + 8 * part;

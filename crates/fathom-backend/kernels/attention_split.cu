@@ -1,7 +1,9 @@
 // Split attention (flash-decoding): attention_split_<dtype>_<vpl>_<h>, with
 // a decode step's rope done in the kernel where its registers allow
 // (ATT_ROPE_FITS); attention_merge.cu combines the splits. Launched from
-// src/cuda/attention.rs.
+// src/cuda/attention.rs. The kernels compiled are fathom_abi.h's
+// ATT_SPLIT_KERNELS (from att_split_compiled in src/cuda/abi.rs), and
+// ATT_SPLIT_WARPS and ATT_ROPE_MAX come from there too.
 
 #include "attention_common.cuh"
 #include "common.cuh"
@@ -19,10 +21,9 @@
 // With one split the block writes the output; with more, each writes its
 // (max, sum, unnormalized output) per head to the planned partials, and
 // attention_merge combines them.
-#define ATT_SPLIT_WARPS 4
 // Whether a split kernel of VPL value dims a lane and H heads a block does
 // a decode step's rope itself (`attention_split_body`).
-#define ATT_ROPE_FITS(VPL, H) ((VPL) * (H) <= 32)
+#define ATT_ROPE_FITS(VPL, H) ((VPL) * (H) <= ATT_ROPE_MAX)
 
 // n (2, 4, 8 or 16) consecutive values i0 .. i0 + n of a K/V head in the
 // cache's dtype DT (KV_F32 also reads the step's own f32 rows). Aligned:
@@ -81,7 +82,7 @@ __device__ __forceinline__ void kv_loadn(const uint8_t* head, int i0, float* o) 
     kv_words<N>(head, i0, w);
     kv_words_to_float<DT, N>(w, o);
   } else {  // q8_0: N values inside one 34-byte block (N divides 32)
-    const uint8_t* b = head + (i0 >> 5) * 34;
+    const uint8_t* b = head + (i0 >> 5) * Q8_0_BLOCK_BYTES;
     const float d = __half2float(__ushort_as_half(*(const unsigned short*)b));
     const unsigned short* qs = (const unsigned short*)(b + 2 + (i0 & 31));
 #pragma unroll
@@ -99,7 +100,9 @@ __device__ __forceinline__ void kv_loadn(const uint8_t* head, int i0, float* o) 
 // and these loads were the kernel's latency chain.
 template <int DT, int H>
 __device__ __forceinline__ void att_dots(const uint8_t* kp, const float* qs, int key_dim, float* dot) {
-#pragma unroll(H <= 4 && (DT == KV_F16 || DT == KV_BF16) ? 16 : 2)
+  // A constant, not the expression: #pragma unroll expands no macros (KV_*).
+  constexpr int UNROLL = H <= 4 && (DT == KV_F16 || DT == KV_BF16) ? 16 : 2;
+#pragma unroll(UNROLL)
   for (int i0 = 0; i0 < key_dim; i0 += 8) {
     float kk[8];
     kv_loadn<DT, 8>(kp, i0, kk);
@@ -119,7 +122,7 @@ __device__ __forceinline__ void att_dots(const uint8_t* kp, const float* qs, int
 // into shared memory — and the KV head's first block stores that K and V
 // in the cache (one launch fewer a layer: on the H200 rope_kv cost ~5 us of
 // an 8B F16 decode layer's ~140, with memory idle), with the rope angles
-// of the row's position. Null: rope_kv ran. Not where VPL x H > 32 (the
+// of the row's position. Null: rope_kv ran. Not where VPL x H > ATT_ROPE_MAX (the
 // registers spill: the host does not ask it there).
 template <int DT, int VPL, int H>
 __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __restrict__ q,
@@ -168,7 +171,8 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
         int slot;
         const unsigned long long base = kv_block(kv, st, seq, p, &slot);
         const uint8_t* kp = kv.base + base + (unsigned long long)slot * kv.k_row + (unsigned long long)g * kh;
-        vp = kv.base + base + 16ull * kv.k_row + (unsigned long long)slot * kv.v_row + (unsigned long long)g * vh;
+        vp = kv.base + base + (unsigned long long)KV_BLOCK_TOKENS * kv.k_row + (unsigned long long)slot * kv.v_row +
+             (unsigned long long)g * vh;
         att_dots<DT, H>(kp, sm, key_dim, dot);
       } else {
         // The step's own rows (with rope: the row itself, in shared memory).
@@ -230,7 +234,8 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
     // The rest (the step's own rows; every position of f32 and q8_0
     // caches), unrolled so that several positions' V loads are in flight
     // (4 rows deep where the accumulators fill the registers).
-#pragma unroll(VPL * H <= 16 && DT != KV_F32 ? 8 : 4)
+    constexpr int V_UNROLL = VPL * H <= 16 && DT != KV_F32 ? 8 : 4;  // (no macros in the pragma)
+#pragma unroll(V_UNROLL)
     for (int jj = jj0; jj < n; jj++) {
       const uint8_t* vr = (const uint8_t*)__shfl_sync(0xffffffffu, (unsigned long long)vp, jj);
       float wgt[H];
@@ -266,7 +271,8 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
 }
 
 // attention_split_<dtype>_<vpl>_<h>: value dims up to 32 x vpl, h query heads a
-// block (at most 2 with vpl 16: 4 spill).
+// block, KV dtype DT (a KV_* id), for each (NAME, DT, VPL, H) of
+// ATT_SPLIT_KERNELS (at most 2 heads with vpl 16: 4 spill).
 #define FATHOM_ATT_SPLIT(NAME, DT, VPL, H)                                                          \
   extern "C" __global__ void __launch_bounds__(ATT_SPLIT_WARPS * 32, 1) attention_split_##NAME##_##VPL##_##H( \
       StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out, float* part,      \
@@ -282,18 +288,7 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
     attention_split_body<DT, VPL, H>(st, kv, q, k, v, out, part, x8, n_heads, n_kv_heads, key_dim, value_dim, \
                                      window, scale, fused ? &angles : nullptr, rope.neox);                 \
   }
-#define FATHOM_ATT_SPLIT_HEADS(NAME, DT, VPL) \
-  FATHOM_ATT_SPLIT(NAME, DT, VPL, 1)          \
-  FATHOM_ATT_SPLIT(NAME, DT, VPL, 2)          \
-  FATHOM_ATT_SPLIT(NAME, DT, VPL, 4)          \
-  FATHOM_ATT_SPLIT(NAME, DT, VPL, 8)
-#define FATHOM_ATT_SPLIT_DIMS(NAME, DT)  \
-  FATHOM_ATT_SPLIT_HEADS(NAME, DT, 2)    \
-  FATHOM_ATT_SPLIT_HEADS(NAME, DT, 4)    \
-  FATHOM_ATT_SPLIT_HEADS(NAME, DT, 8)    \
-  FATHOM_ATT_SPLIT(NAME, DT, 16, 1)      \
-  FATHOM_ATT_SPLIT(NAME, DT, 16, 2)
-FATHOM_ATT_SPLIT_DIMS(f16, KV_F16)
-FATHOM_ATT_SPLIT_DIMS(bf16, KV_BF16)
-FATHOM_ATT_SPLIT_DIMS(f32, KV_F32)
-FATHOM_ATT_SPLIT_DIMS(q8_0, KV_Q8_0)
+// ATT_SPLIT_KERNELS numbers the dtypes by their place in abi.rs's ATT_DTYPES.
+static_assert(KV_F16 == 0 && KV_BF16 == 1 && KV_F32 == 2 && KV_Q8_0 == 3,
+              "ATT_SPLIT_KERNELS' dtype ids are ATT_DTYPES' positions");
+ATT_SPLIT_KERNELS(FATHOM_ATT_SPLIT)

@@ -1,8 +1,12 @@
-// What every op file uses: the warp width, the programmatic-dependent-launch
+// What every op file uses: the contract's numbers (fathom_abi.h, generated
+// by build.rs from src/cuda/abi.rs and fathom-ggml: the kernels' sizes and
+// limits, the weight type ids T_*, the block layouts <TYPE>_BLOCK_VALUES /
+// <TYPE>_BLOCK_BYTES with QK and QK_K, the KV dtypes KV_* and the GLU
+// activations GLU_*), the warp width, the programmatic-dependent-launch
 // wait (FATHOM_PDL), the weight-prefetch budget the host sets and the L2
-// prefetch, the weight type ids (and the list of types with kernels of
-// their own), the KV dtypes, `struct Weights`, the byte loaders that read
-// weight bytes, the f16 / bf16 conversions, and the GLU activation.
+// prefetch, the list of weight types with kernels of their own,
+// `struct Weights`, the byte loaders that read weight bytes, the f16 / bf16
+// conversions, and the GLU activation.
 //
 // A header of the single translation unit (fathom.cu): it defines the
 // `__device__` global fathom_prefetch_bytes, which must exist once.
@@ -12,6 +16,8 @@
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
 #include <stdint.h>
+
+#include "fathom_abi.h"
 
 #define WARP 32
 
@@ -39,12 +45,8 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// Weight type ids: ggml's ids for block types, 100 + bits for MLX affine.
-enum {
-  T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7,
-  T_Q8_0 = 8, T_Q2_K = 10, T_Q3_K = 11, T_Q4_K = 12, T_Q5_K = 13,
-  T_Q6_K = 14, T_BF16 = 30, T_A2 = 102, T_A4 = 104, T_A8 = 108
-};
+// Weight type ids (fathom_abi.h): ggml's ids for block types (T_Q4_K),
+// T_AFFINE + bits for MLX affine (T_A4).
 
 // The weight types with kernels of their own, as X(name, id): each op file
 // stamps its per-type kernels (`mv_<name>`, `mm_<name>`, `dequant_<name>`,
@@ -67,8 +69,7 @@ enum {
   X(a4, T_A4)                  \
   X(a8, T_A8)
 
-// KV dtypes, as the Rust side numbers them.
-enum { KV_F16 = 0, KV_BF16 = 1, KV_F32 = 2, KV_Q8_0 = 3 };
+// KV dtypes: KV_F16, KV_BF16, KV_F32, KV_Q8_0 (fathom_abi.h).
 
 // One weight matrix as a kernel reads it.
 struct Weights {
@@ -126,9 +127,9 @@ __device__ __forceinline__ void bfloat2_bits(unsigned int u, float* o) {
   o[1] = __uint_as_float(u & 0xffff0000u);
 }
 
-// BYTES bytes at a 2-byte aligned address p (blocks of 18, 22, 34, 110 or
-// 210 bytes are no better aligned), read as the aligned words that cover
-// them, from p - s (s = p & 2). word(o) is the four bytes at p + o: bytes
+// BYTES bytes at a 2-byte aligned address p (Q4_0, Q5_0, Q8_0, Q3_K and
+// Q6_K blocks, of 18, 22, 34, 110 and 210 bytes, are no better aligned),
+// read as the aligned words that cover them, from p - s (s = p & 2). word(o) is the four bytes at p + o: bytes
 // (o & 3) + s onwards of words o / 4 and o / 4 + 1, one byte permute
 // (selector 0x3210, 0x5432 or 0x7654). The last word is loaded only when
 // s = 2 needs it, so every word read holds a byte of the range (8 bytes:
@@ -165,9 +166,9 @@ __device__ __forceinline__ unsigned int byte_at(uint2 v, int k) {
   return ((k < 4 ? v.x : v.y) >> (8 * (k & 3))) & 0xffu;
 }
 
-// act(g) of a GLU: 0 = silu, 1 = gelu (tanh approximation).
+// act(g) of a GLU: GLU_SILU = silu, GLU_GELU_TANH = gelu (tanh approximation).
 __device__ __forceinline__ float glu_act(float g, int act) {
-  if (act == 0) return g / (1.0f + expf(-g));
+  if (act == GLU_SILU) return g / (1.0f + expf(-g));
   const float t = 0.7978845608f * g * (1.0f + 0.044715f * g * g);
   return g / (1.0f + expf(-2.0f * t));
 }

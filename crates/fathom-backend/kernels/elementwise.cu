@@ -23,7 +23,8 @@ extern "C" __global__ void fill_zero(float* x, long long n) { FATHOM_PDL();
     x[i] = 0.0f;
 }
 
-// gate = act(gate) * up; act 0 = silu, 1 = gelu (tanh approximation).
+// gate = act(gate) * up; act GLU_SILU = silu, GLU_GELU_TANH = gelu (tanh
+// approximation): glu_act.
 extern "C" __global__ void glu(float* gate, const float* up, long long n, int act) { FATHOM_PDL();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {

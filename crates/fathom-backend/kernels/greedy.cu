@@ -13,10 +13,9 @@
 // pieces, a block a piece, and greedy_merge keeps the first best of the
 // pieces' (on the H200, for a 128,256 vocabulary: 4.3 + 1.5 us; one block a
 // row took ~30 us even with its loads batched: its compares were bound by
-// one multiprocessor's issue rate).
-#define GREEDY_BANNED 8
-#define GREEDY_THREADS 256
-#define GREEDY_BATCH 8
+// one multiprocessor's issue rate). GREEDY_BANNED, GREEDY_THREADS (a scan
+// block's threads) and GREEDY_BATCH (values a thread loads at once) come
+// from fathom_abi.h.
 struct Banned {
   int n;
   unsigned int ids[GREEDY_BANNED];

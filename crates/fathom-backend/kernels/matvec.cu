@@ -27,8 +27,8 @@ __device__ __forceinline__ void prefetch_row(const Weights& w, int block, int sp
 // One token through up to MV_SEGMENTS matrices of one type and width in one
 // launch (a layer's q, k and v: one launch keeps the device full where the
 // small K and V projections alone would not). Segment i takes blocks
-// first[i] .. first[i + 1], each of MV_WARPS / split[i] rows.
-#define MV_SEGMENTS 3
+// first[i] .. first[i + 1], each of MV_WARPS / split[i] rows (MV_SEGMENTS:
+// fathom_abi.h; the layout is checked against src/cuda/abi.rs's).
 struct Segments {
   Weights w[MV_SEGMENTS];
   float* out[MV_SEGMENTS];
@@ -37,6 +37,8 @@ struct Segments {
   int rows_per_block;  // 0: blocks as above; else matvec_balanced (first[] then counts rows)
   int prefetch;        // 0: no L2 prefetch before the wait
 };
+
+static_assert(MV_SEGMENTS == 3, "the segment selects below (i == 0 ? .. : i == 1 ? ..) take three");
 
 template <int T, bool X8 = false>
 __device__ __forceinline__ void matvec_segments(const Segments& s, const float* __restrict__ x, int ntok) {
@@ -50,10 +52,9 @@ __device__ __forceinline__ void matvec_segments(const Segments& s, const float* 
   matvec<T, 1, false, X8>(w, w, x, out, ntok, split, 0, b - first);
 }
 
-// Most rows a block of matvec_balanced takes (its partial sums in shared
-// memory): at 8 blocks a multiprocessor, 8 rows a block cover 8,448 rows in
-// one wave on 132 multiprocessors.
-#define MV_BALANCED_ROWS 8
+// MV_BALANCED_ROWS (fathom_abi.h): most rows a block of matvec_balanced
+// takes (its partial sums in shared memory): at 8 blocks a multiprocessor, 8
+// rows a block cover 8,448 rows in one wave on 132 multiprocessors.
 
 // The matrix, its row and the output value of the segments' row g (rows
 // laid end to end; first[] counts rows).

@@ -13,9 +13,8 @@
 // all tokens at once so each weight byte is read once. A matrix of few rows
 // takes more warps a row, so that enough loads are in flight to keep
 // memory busy. GLU: the same over a gate and an up matrix of one shape and
-// type at once, writing act(gate row) x (up row).
-#define MV_MAX_TOKENS 8
-#define MV_WARPS 4
+// type at once, writing act(gate row) x (up row). MV_MAX_TOKENS and MV_WARPS
+// (a block's warps) come from fathom_abi.h.
 
 // step(c) for c = base + lane, + stride, .. below n: U calls at a
 // time with no exit test between them, then one at a time. A loop unrolled
@@ -53,7 +52,7 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
     static_assert(HasX8<T>::value && NT == 1, "x8: one token of Q8_0, Q4_0, Q4_K or Q6_K");
     constexpr int B = X8Task<T>::blocks;
     const uint8_t* x8 = (const uint8_t*)x;
-    const int tasks = r < w.rows ? w.cols / (32 * B) : 0;
+    const int tasks = r < w.rows ? w.cols / (QK * B) : 0;
     strided<(GLU || T == T_Q4_K) ? 2 : 4>(part * WARP, tasks, WARP * split, [&](int c) {
       X8Block xb[B];
 #pragma unroll

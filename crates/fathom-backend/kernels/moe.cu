@@ -33,7 +33,7 @@ __device__ __forceinline__ Weights routed(Weights w, unsigned long long stride, 
       const Weights w, unsigned long long stride, const unsigned int* routes, const float* x,  \
       float* out, int split) {                                                                 \
     FATHOM_PDL();                                                                              \
-    const size_t row = X8 ? (size_t)(w.cols / 32) * X8_BLOCK : (size_t)w.cols * sizeof(float); \
+    const size_t row = X8 ? (size_t)(w.cols / QK) * X8_BLOCK : (size_t)w.cols * sizeof(float); \
     const float* xy = (const float*)((const uint8_t*)x + blockIdx.y * row);                    \
     const Weights e = routed(w, stride, routes);                                               \
     matvec<T, 1, false, X8>(e, e, xy, out + (size_t)blockIdx.y * w.rows, 1, split, 0, blockIdx.x); \
@@ -49,8 +49,8 @@ FATHOM_ROUTED_KERNELS(, q5_k, T_Q5_K, false)
 // out = the k rows of src (width values each) weighted by their routes'
 // probabilities and summed in expert order from zero: bit for bit what
 // zeroing out and scattering each expert's rows adds (scatter_rows). At
-// most MOE_MAX_ROUTES routes; one block of 256 threads per 256 values.
-#define MOE_MAX_ROUTES 16
+// most MOE_MAX_ROUTES routes (fathom_abi.h); one block of 256 threads per
+// 256 values.
 extern "C" __global__ void moe_combine(const float* src, const unsigned int* routes, int k, int width,
                                        float* out) { FATHOM_PDL();
   __shared__ int order[MOE_MAX_ROUTES];
@@ -73,7 +73,7 @@ extern "C" __global__ void moe_combine(const float* src, const unsigned int* rou
 
 // MoE routing, one warp a row: softmax of the router logits, then the k
 // largest (ties to the higher expert id, as the CPU's max_by does), each
-// (id u32, p f32), renormalized when asked.
+// (id u32, p f32), renormalized when asked. At most MAX_EXPERTS experts.
 extern "C" __global__ void route_experts(const float* logits, int n_experts, int k, int normalize,
                                          unsigned int* routes) { FATHOM_PDL();
   const int row = blockIdx.x, lane = threadIdx.x;
@@ -85,7 +85,7 @@ extern "C" __global__ void route_experts(const float* logits, int n_experts, int
   for (int e = lane; e < n_experts; e += WARP) sum += expf(x[e] - mx);
   sum = warp_sum(sum);
   const float inv = 1.0f / sum;
-  unsigned int taken[8] = {0, 0, 0, 0, 0, 0, 0, 0};  // experts chosen (up to 256)
+  unsigned int taken[MAX_EXPERTS / 32] = {};  // experts chosen, a bit each
   float total = 0.0f;
   unsigned int* out = routes + (size_t)row * k * 2;
   for (int s = 0; s < k; s++) {

@@ -8,6 +8,11 @@
 
 #include "common.cuh"
 
+// The shifts and masks below count 8-value chunks of a block: four of a
+// QK-value block (c >> 2, c & 3), 32 of a QK_K-value one (c >> 5, c & 31).
+static_assert(QK == 32 && QK_K == 256,
+              "decode8 and the chunks' shifts and masks assume 32- and 256-value blocks");
+
 // The six-bit scale and min `j` (0..8) of a Q4_K/Q5_K block's 12 bytes,
 // read as three words (they start 4 bytes into a 16-byte aligned block).
 __device__ __forceinline__ void k4_scale(const uint8_t* s, int j, float* sc, float* m) {
@@ -43,7 +48,7 @@ __device__ __forceinline__ void bytes4(unsigned int u, float* o, float bias) {
 template <int T>
 struct HasOffset {
   static constexpr bool value = T == T_Q4_1 || T == T_Q5_1 || T == T_Q2_K || T == T_Q4_K ||
-                                T == T_Q5_K || T >= 100;
+                                T == T_Q5_K || T >= T_AFFINE;
 };
 // Weight types stored as plain floats (no scale at all).
 template <int T>
@@ -78,7 +83,7 @@ __device__ __forceinline__ void decode8(const Weights& w, int r, int c, float* q
     bfloat2_bits(v.z, q + 4);
     bfloat2_bits(v.w, q + 6);
   } else if (T == T_Q8_0) {
-    const uint8_t* b = row + (c >> 2) * 34;
+    const uint8_t* b = row + (c >> 2) * Q8_0_BLOCK_BYTES;
     *d = f16_at(b);
     // int8 flipped to unsigned (the xor), as floats less 128.
     const uint2 v = load_bytes8<2>(b + 2 + (c & 3) * 8);
@@ -87,7 +92,7 @@ __device__ __forceinline__ void decode8(const Weights& w, int r, int c, float* q
   } else if (T == T_Q4_0 || T == T_Q4_1) {
     // Value j of a block: the low nibble of byte j for j < 16, else the
     // high nibble of byte j - 16.
-    constexpr int bytes = T == T_Q4_0 ? 18 : 20, qs = T == T_Q4_0 ? 2 : 4;
+    constexpr int bytes = T == T_Q4_0 ? Q4_0_BLOCK_BYTES : Q4_1_BLOCK_BYTES, qs = T == T_Q4_0 ? 2 : 4;
     const uint8_t* b = row + (c >> 2) * bytes;
     const int j0 = (c & 3) * 8, shift = 4 * (j0 >> 4);
     const uint2 v = load_bytes8<T == T_Q4_0 ? 2 : 4>(b + qs + (j0 & 15));
@@ -98,7 +103,7 @@ __device__ __forceinline__ void decode8(const Weights& w, int r, int c, float* q
     bytes4((v.y >> shift) & 0x0f0f0f0fu, q + 4, bias);
   } else if (T == T_Q5_0 || T == T_Q5_1) {
     // Q4_0's and Q4_1's nibbles, and bit j of qh as value j's fifth bit.
-    constexpr int bytes = T == T_Q5_0 ? 22 : 24, qs = T == T_Q5_0 ? 6 : 8;
+    constexpr int bytes = T == T_Q5_0 ? Q5_0_BLOCK_BYTES : Q5_1_BLOCK_BYTES, qs = T == T_Q5_0 ? 6 : 8;
     constexpr int align = T == T_Q5_1 ? 8 : 2;
     const uint8_t* b = row + (c >> 2) * bytes;
     const int j0 = (c & 3) * 8;
@@ -116,7 +121,7 @@ __device__ __forceinline__ void decode8(const Weights& w, int r, int c, float* q
       q[k] = small_int_to_float(n - zero);
     }
   } else if (T == T_Q2_K) {
-    const uint8_t* b = row + (c >> 5) * 84;
+    const uint8_t* b = row + (c >> 5) * Q2_K_BLOCK_BYTES;
     const int i0 = (c & 31) * 8;
     const int s = b[i0 >> 4];
     *d = f16_at(b + 80) * (float)(s & 0x0f);
@@ -126,7 +131,7 @@ __device__ __forceinline__ void decode8(const Weights& w, int r, int c, float* q
 #pragma unroll
     for (int k = 0; k < 8; k++) q[k] = small_int_to_float((int)((byte_at(v, k) >> (2 * j)) & 3u));
   } else if (T == T_Q3_K) {
-    const uint8_t* b = row + (c >> 5) * 110;
+    const uint8_t* b = row + (c >> 5) * Q3_K_BLOCK_BYTES;
     const int i0 = (c & 31) * 8;
     const uint8_t* s = b + 96;
     const int si = i0 >> 4;
@@ -143,7 +148,7 @@ __device__ __forceinline__ void decode8(const Weights& w, int r, int c, float* q
       q[k] = small_int_to_float(lo - sub);
     }
   } else if (T == T_Q4_K || T == T_Q5_K) {
-    constexpr int bytes = T == T_Q4_K ? 144 : 176;
+    constexpr int bytes = T == T_Q4_K ? Q4_K_BLOCK_BYTES : Q5_K_BLOCK_BYTES;
     const uint8_t* b = row + (c >> 5) * bytes;
     const int i0 = (c & 31) * 8;
     float sc, mn;
@@ -162,7 +167,7 @@ __device__ __forceinline__ void decode8(const Weights& w, int r, int c, float* q
       q[k] = small_int_to_float(n);
     }
   } else if (T == T_Q6_K) {
-    const uint8_t* b = row + (c >> 5) * 210;
+    const uint8_t* b = row + (c >> 5) * Q6_K_BLOCK_BYTES;
     const int i0 = (c & 31) * 8;
     *d = f16_at(b + 208) * (float)(int8_t)b[192 + (i0 >> 4)];
     const int n = i0 >> 7, j = (i0 & 127) >> 5;
@@ -174,8 +179,8 @@ __device__ __forceinline__ void decode8(const Weights& w, int r, int c, float* q
       const int h = (int)((byte_at(hi, k) >> (2 * j)) & 3u);
       q[k] = small_int_to_float((l | (h << 4)) - 32);
     }
-  } else {  // MLX affine, T = 100 + bits: 8 values are `bits` bytes
-    constexpr int bits = T >= 100 ? T - 100 : 8;
+  } else {  // MLX affine, T = T_AFFINE + bits: 8 values are `bits` bytes
+    constexpr int bits = T >= T_AFFINE ? T - T_AFFINE : 8;
     const int groups = w.cols / w.group;
     const unsigned long long gi = (unsigned long long)r * groups + (8 * c) / w.group;
     *d = half_at(w.scales + 2 * gi, w.bf16);
@@ -231,7 +236,7 @@ __device__ __forceinline__ float dot8(const float* q, float d, float m, float4 a
 // the warp touches 32 lines; measured on the H200 (14336x4096), Q8_0 took
 // 2.1x and Q4_0 2.3x the time of their 8-value lanes (lanes 32 bytes apart).
 __device__ __forceinline__ int chunk_first(int c) {
-  return 256 * (c >> 3) + 128 * ((c >> 2) & 1) + 8 * (c & 3);
+  return QK_K * (c >> 3) + 128 * ((c >> 2) & 1) + 8 * (c & 3);
 }
 
 // Types without a 32-value path.
@@ -253,7 +258,7 @@ template <int T>
 struct ChunkK45 {
   static constexpr bool value = true;
   __device__ static void decode(const Weights& w, int r, int c, float* q, float* d, float* m) {
-    constexpr int bytes = T == T_Q4_K ? 144 : 176, qs = T == T_Q4_K ? 16 : 48;
+    constexpr int bytes = T == T_Q4_K ? Q4_K_BLOCK_BYTES : Q5_K_BLOCK_BYTES, qs = T == T_Q4_K ? 16 : 48;
     const uint8_t* b = w.data + (unsigned long long)r * w.row_bytes + (c >> 3) * bytes;
     const int h = (c >> 2) & 1, p = c & 3;
     const uint2 v0 = *(const uint2*)(b + qs + 64 * h + 8 * p);
@@ -300,7 +305,7 @@ template <>
 struct Chunk<T_Q6_K> {
   static constexpr bool value = true;
   __device__ static void decode(const Weights& w, int r, int c, float* q, float* d, float* m) {
-    const uint8_t* b = w.data + (unsigned long long)r * w.row_bytes + (c >> 3) * 210;
+    const uint8_t* b = w.data + (unsigned long long)r * w.row_bytes + (c >> 3) * Q6_K_BLOCK_BYTES;
     const int n = (c >> 2) & 1, l0 = 8 * (c & 3);
     const Window<8> ql0(b + 64 * n + l0), ql1(b + 64 * n + 32 + l0), qh(b + 128 + 32 * n + l0);
     const Window<8> sc(b + 192 + 8 * n);
@@ -355,8 +360,9 @@ __device__ __forceinline__ float chunk_dot(const float* q, const float* d, const
 // block (the low and high nibbles of 32 quant bytes; for Q6_K with their
 // high bits from 32 more), the activations as 16-byte loads, and dp4a. The f32 paths' lanes spent five or more loads on 8
 // values, which bound these kernels more than their weight bytes did (Q8_0
-// read 1.95 TB/s of weights against 3.3 for F16).
-#define X8_BLOCK 48
+// read 1.95 TB/s of weights against 3.3 for F16). X8_BLOCK comes from
+// fathom_abi.h (the launchers size the blocks' buffers by it).
+static_assert(X8_BLOCK % 16 == 0 && X8_BLOCK >= 16 + QK, "x8 block: 16-byte loads, QK quants from byte 16");
 
 // q8_0 of 32 values: d = amax / 127 stored as f16, q = round-half-even(v * 127 / amax).
 __device__ __forceinline__ void q8_scale(float amax, float* d, float* id) {
@@ -442,7 +448,7 @@ __device__ __forceinline__ float dot_x8(const Weights& w, int r, int c, const X8
   if (T == T_Q4_K) {
     // Sub-blocks 2p (low nibbles) and 2p + 1 (high) of block c / 4: quant
     // bytes 32p .. 32p + 32, scales and mins 2p and 2p + 1.
-    const uint8_t* b = row + (unsigned long long)(c >> 2) * 144;
+    const uint8_t* b = row + (unsigned long long)(c >> 2) * Q4_K_BLOCK_BYTES;
     const int p = c & 3;
     const uint4 q0 = *(const uint4*)(b + 16 + 32 * p), q1 = *(const uint4*)(b + 32 + 32 * p);
     const unsigned int u[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
@@ -465,7 +471,7 @@ __device__ __forceinline__ float dot_x8(const Weights& w, int r, int c, const X8
     // values) at 192, d at 208. Task (h, j): ql bytes 64h + 32j .. + 32,
     // low nibbles for run 0 and high for run 1; qh bytes 32h .. + 32, bits
     // 2j (run 0) and 4 + 2j (run 1); quants are q - 32.
-    const uint8_t* b = row + (unsigned long long)(c >> 2) * 210;
+    const uint8_t* b = row + (unsigned long long)(c >> 2) * Q6_K_BLOCK_BYTES;
     const int h = (c >> 1) & 1, j = c & 1;
     const Window<32> ql(b + 64 * h + 32 * j), qh(b + 128 + 32 * h);
     int dot[4] = {0, 0, 0, 0};  // run 0 values 0..15, 16..31, run 1 the same
@@ -485,14 +491,14 @@ __device__ __forceinline__ float dot_x8(const Weights& w, int r, int c, const X8
     return d * (xb[0].d * run0 + xb[1].d * run1);
   } else if (T == T_Q8_0) {
     const int* xq = xb[0].q;
-    const Window<34> v(row + (unsigned long long)c * 34);
+    const Window<Q8_0_BLOCK_BYTES> v(row + (unsigned long long)c * Q8_0_BLOCK_BYTES);
     int dot = 0;
 #pragma unroll
     for (int k = 0; k < 8; k++) dot = __dp4a((int)v.word(2 + 4 * k), xq[k], dot);
     return xb[0].d * __half2float(__ushort_as_half((unsigned short)(v.word(0) & 0xffffu))) * (float)dot;
   } else {  // Q4_0: quants q - 8, the low nibbles of bytes 0..15 then the high ones
     const int* xq = xb[0].q;
-    const Window<18> v(row + (unsigned long long)c * 18);
+    const Window<Q4_0_BLOCK_BYTES> v(row + (unsigned long long)c * Q4_0_BLOCK_BYTES);
     int dot = 0;
 #pragma unroll
     for (int k = 0; k < 4; k++) {

@@ -76,8 +76,8 @@ extern "C" __global__ void __launch_bounds__(256) kv_write(StepDesc st, KvDesc k
 // sequence's start, the step's own rows from k and v). A warp a head, four
 // heads a block (a block a head made a 512-token step 39 us a layer: tiny
 // blocks in a dozen waves); block (row, y) takes heads 4y .. 4y + 3 of q's
-// n_heads, then k's n_kv_heads, then v's.
-#define RK_WARPS 4
+// n_heads, then k's n_kv_heads, then v's. RK_WARPS (the heads a block) and
+// ATT_MAX_DIM come from fathom_abi.h.
 extern "C" __global__ void __launch_bounds__(RK_WARPS * 32) rope_kv(
     StepDesc st, KvDesc kv, float* q, float* k, float* v, int n_heads, int n_kv_heads, int key_dim,
     int value_dim, double theta, int neox, const float* freqs, int store) {

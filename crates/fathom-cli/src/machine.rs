@@ -108,7 +108,7 @@ fn cgroup_file(proc_self_cgroup: &str, version: CgroupVersion) -> Option<String>
 /// The least free memory of GPUs `0 .. devices`; `None` when one of them
 /// is missing.
 fn cuda_free_bytes(devices: u64) -> Option<u64> {
-    let nvml = fathom_engine::cuda::nvml::Nvml::open()?;
+    let nvml = fathom_backend::cuda::nvml::Nvml::open()?;
     (0..devices.max(1) as u32)
         .map(|d| nvml.memory(d).map(|g| g.free))
         .try_fold(u64::MAX, |least, free| free.map(|f| least.min(f)))

@@ -78,7 +78,7 @@ pub fn resolve_device(text: &str) -> Result<Device> {
     if !text.trim().eq_ignore_ascii_case("auto") {
         return Ok(Device::parse(text)?);
     }
-    let gpu = fathom_engine::cuda::nvml::Nvml::open().and_then(|n| n.memory(0));
+    let gpu = fathom_backend::cuda::nvml::Nvml::open().and_then(|n| n.memory(0));
     Ok(match gpu {
         Some(g) => {
             eprintln!(

@@ -20,7 +20,6 @@ mod weights;
 
 pub use engine::{load_tokenizer, Engine, GenerateStats, ScoreRows, StopReason};
 pub use error::EngineError;
-pub use fathom_backend::cuda;
 pub use fathom_tokenizer::{ChatTemplate, Message, Tokenizer};
 pub use kv::{BlockCounts, SeqKv};
 pub use logprob::TokenLogprob;

@@ -45,7 +45,7 @@ pub(super) struct RowKernel {
     /// splits multiply them).
     pub(super) row_blocks: usize,
     /// It ropes, rounds and stores a decode step's own rows itself (its
-    /// registers allow: `ATT_ROPE_FITS` in fathom.cu).
+    /// registers allow: `ATT_ROPE_FITS` in attention_split.cu).
     pub(super) ropes: bool,
 }
 
@@ -206,7 +206,7 @@ impl CudaBackend {
     }
 
     /// The kernel that attends rows of shape `s` over `keys` keys against a
-    /// cache of KV dtype `dtype` (`KV_*` in fathom.cu) where the split
+    /// cache of KV dtype `dtype` (`KV_*` in abi.rs) where the split
     /// kernels apply (`None`: the one-block kernel): the tensor-core decode
     /// kernel or the split kernel of the shape's value dims a lane and
     /// query heads a block. `attend` asks it whether a decode step's rope
@@ -396,7 +396,7 @@ impl CudaBackend {
         let (mut theta, mut neox, mut store) = (rope.theta as f64, rope.neox as i32, early as i32);
         // A decode step (a token a sequence) on the split kernels, without
         // a ring: attention ropes, rounds and stores what it reads itself
-        // (where its registers allow: `ATT_ROPE_FITS` in fathom.cu).
+        // (where its registers allow: `ATT_ROPE_FITS` in attention_split.cu).
         let kernel = self
             .row_kernel(&s, Self::attended_keys(&s, step), kv.dtype)
             .filter(|k| k.ropes);

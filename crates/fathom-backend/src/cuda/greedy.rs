@@ -9,7 +9,7 @@ use super::abi::{Banned, GREEDY_BANNED, GREEDY_BATCH, GREEDY_THREADS};
 use super::CudaBackend;
 use crate::{greedy_from_rows, Buf};
 
-/// Threads of a `greedy_merge` block: one warp a row (`WARP` in fathom.cu).
+/// Threads of a `greedy_merge` block: one warp a row (`WARP` in common.cuh).
 pub(super) const GREEDY_MERGE_THREADS: u32 = 32;
 
 /// Most pieces (scan blocks) a logits row is cut into: a 128k vocabulary

@@ -24,7 +24,7 @@ pub(super) const KINDS: [&str; 16] = [
     "q6_k", "a2", "a4", "a8",
 ];
 
-/// A gated activation as the kernels number it (`glu_act` in fathom.cu).
+/// A gated activation as the kernels number it (`glu_act` in common.cuh).
 pub(super) fn act_id(act: Glu) -> i32 {
     match act {
         Glu::Silu => GLU_SILU,
@@ -54,7 +54,7 @@ pub(super) struct Kernels {
     pub(super) quantize_x8: sys::CUfunction,
     /// MoE, one token, routes read on the device: `moe_gate_up`,
     /// `moe_down` (on int8 activations where the kind has them), null
-    /// for kinds without (`FATHOM_ROUTED_KERNELS` in fathom.cu).
+    /// for kinds without (`FATHOM_ROUTED_KERNELS` in moe.cu).
     pub(super) moe_gate_up: [sys::CUfunction; 16],
     pub(super) moe_down: [sys::CUfunction; 16],
     pub(super) moe_combine: sys::CUfunction,
@@ -104,7 +104,7 @@ impl Kernels {
             }
             Ok(out)
         };
-        // Kinds with int8-activation kernels (`HasX8` in fathom.cu).
+        // Kinds with int8-activation kernels (`HasX8` in quant.cuh).
         let x8_table = |prefix: &str| -> Result<[sys::CUfunction; 16], BackendError> {
             let mut out = [std::ptr::null_mut(); 16];
             for ty in [
@@ -182,7 +182,7 @@ impl Kernels {
 }
 
 /// Weight bytes a matrix-vector kernel asks L2 for before it waits for the
-/// kernel ahead of it (fathom.cu's `fathom_prefetch_bytes`): the first 4 KiB
+/// kernel ahead of it (`fathom_prefetch_bytes` in common.cuh): the first 4 KiB
 /// of the rows of its first blocks. The weight stream then starts while a
 /// norm or attention still runs. On the H200, 2 to 6 MiB measured alike and
 /// best (8B F16 decode 2% faster than with 16 MiB, from empty and at depth

@@ -11,7 +11,7 @@ use super::{blas, CudaBackend, GraphStats};
 impl CudaBackend {
     /// Records a launch (or, in eager mode, launches it). `f` is a kernel
     /// of our module whose parameter list `args` matches (types and order
-    /// as in fathom.cu); every pointer argument addresses the one
+    /// as in the kernel); every pointer argument addresses the one
     /// allocation within the extents the op checked.
     pub(super) fn launch(
         &mut self,

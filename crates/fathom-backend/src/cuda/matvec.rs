@@ -153,7 +153,7 @@ impl CudaBackend {
 
     /// Values a matrix-vector lane decodes per step for `rows` rows of x on
     /// weights of `kind`: the one-token kernels of these types take 32 at
-    /// once (`Chunk<T>` in fathom.cu; Q8_0 and Q4_0 a block on int8
+    /// once (`Chunk<T>` in quant.cuh; Q8_0 and Q4_0 a block on int8
     /// activations) or 64 (Q4_K and Q6_K on int8 activations), the rest 8. A mismatch
     /// with the kernels would only cost speed (`matvec_split`), never
     /// correctness.

@@ -88,7 +88,7 @@ pub(super) struct LaunchQueue {
     /// Room for one launch's argument pointers, kept between launches.
     ptrs: Vec<*mut c_void>,
     /// Launch with programmatic stream serialization (every kernel of
-    /// ours waits for its predecessor itself: `FATHOM_PDL` in fathom.cu).
+    /// ours waits for its predecessor itself: `FATHOM_PDL` in common.cuh).
     pdl: bool,
     pub stats: GraphStats,
 }
