@@ -31,6 +31,7 @@ use fathom_backend::{
     AttentionIo, AttentionShape, Backend, Buf, Glu, HostBytes, HostMatrix, KvLayout, MatrixId,
     MatrixStorage, RopeParams, RoutedFfn, Step, StepSeq, WeightType,
 };
+use fathom_fixtures::Rng;
 use fathom_kernels::{affine_dequantize_row, dequantize_row, ops, AffineWeights};
 use fathom_plan::activations::ArenaBuffer;
 use fathom_plan::cuda::{
@@ -63,26 +64,9 @@ const TOL_ATTN: f64 = 1e-8;
 // ---------------------------------------------------------------------------
 // Inputs.
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        // xorshift64*
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// Uniform in [-1, 1).
-    fn f(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-    fn vec(&mut self, n: usize) -> Vec<f32> {
-        (0..n).map(|_| self.f()).collect()
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
+/// `n` values uniform in [-1, 1).
+fn uniform(rng: &mut Rng, n: usize) -> Vec<f32> {
+    (0..n).map(|_| rng.f32_in(-1.0..1.0)).collect()
 }
 
 /// One buffer of every kind, all `ROWS × WIDTH` f32 (host-side ones too:
@@ -298,11 +282,10 @@ fn bf16_of(x: f32) -> u16 {
 fn random_blocks(rng: &mut Rng, ty: WeightType, rows: usize, cols: usize) -> Vec<u8> {
     let n = rows * cols;
     match ty {
-        WeightType::F32 => return f32_bytes(&rng.vec(n)),
-        WeightType::F16 => return rng.vec(n).iter().flat_map(|&x| f16_bytes(x)).collect(),
+        WeightType::F32 => return f32_bytes(&uniform(rng, n)),
+        WeightType::F16 => return uniform(rng, n).iter().flat_map(|&x| f16_bytes(x)).collect(),
         WeightType::BF16 => {
-            return rng
-                .vec(n)
+            return uniform(rng, n)
                 .iter()
                 .flat_map(|&x| bf16_of(x).to_le_bytes())
                 .collect()
@@ -310,7 +293,7 @@ fn random_blocks(rng: &mut Rng, ty: WeightType, rows: usize, cols: usize) -> Vec
         _ => {}
     }
     let bytes = ty.row_bytes(cols) * rows;
-    let mut data: Vec<u8> = (0..bytes).map(|_| rng.next() as u8).collect();
+    let mut data: Vec<u8> = (0..bytes).map(|_| rng.next_u64() as u8).collect();
     // (offset of d, offset of a min or dmin) within each block.
     let (d, m): (usize, Option<usize>) = match ty {
         WeightType::Q4_0 | WeightType::Q5_0 | WeightType::Q8_0 => (0, None),
@@ -321,10 +304,10 @@ fn random_blocks(rng: &mut Rng, ty: WeightType, rows: usize, cols: usize) -> Vec
         _ => unreachable!(),
     };
     for b in data.chunks_exact_mut(ty.block_bytes()) {
-        let scale = 0.002 + 0.01 * (rng.f() + 1.0);
+        let scale = 0.002 + 0.01 * (rng.f32_in(-1.0..1.0) + 1.0);
         b[d..d + 2].copy_from_slice(&f16_bytes(scale));
         if let Some(m) = m {
-            b[m..m + 2].copy_from_slice(&f16_bytes(0.01 * rng.f()));
+            b[m..m + 2].copy_from_slice(&f16_bytes(0.01 * rng.f32_in(-1.0..1.0)));
         }
     }
     data
@@ -361,7 +344,7 @@ fn random_matrix(
         Err(bits) => {
             let group = 64;
             let words = rows * cols * bits as usize / 32;
-            let packed: Vec<u8> = (0..4 * words).map(|_| rng.next() as u8).collect();
+            let packed: Vec<u8> = (0..4 * words).map(|_| rng.next_u64() as u8).collect();
             let halves = rows * cols / group;
             let bf16 = bits == 8;
             let half = |x: f32| {
@@ -372,9 +355,11 @@ fn random_matrix(
                 }
             };
             let scales: Vec<u8> = (0..halves)
-                .flat_map(|_| half(0.01 + 0.01 * rng.f()))
+                .flat_map(|_| half(0.01 + 0.01 * rng.f32_in(-1.0..1.0)))
                 .collect();
-            let biases: Vec<u8> = (0..halves).flat_map(|_| half(0.05 * rng.f())).collect();
+            let biases: Vec<u8> = (0..halves)
+                .flat_map(|_| half(0.05 * rng.f32_in(-1.0..1.0)))
+                .collect();
             let w = AffineWeights {
                 bits,
                 group,
@@ -541,7 +526,7 @@ fn test_matmul<B: Backend + ?Sized>(h: &mut Harness<B>, rng: &mut Rng, only_pref
             let (m, values) = random_matrix(rng, kind, rows, cols);
             let id = h.b.load_matrix(m).expect("loads");
             for &n in tokens.iter().filter(|&&n| !only_prefill || n > 8) {
-                let x = rng.vec(n * cols);
+                let x = uniform(rng, n * cols);
                 h.set(Buf::FfnGate, &x, cols);
                 h.b.matmul(id, Buf::FfnGate, n, Buf::FfnUp);
                 let got = h.get(Buf::FfnUp, n, rows);
@@ -587,7 +572,7 @@ fn test_matmul_glu(h: &mut Harness, rng: &mut Rng) {
             (30, Glu::GeluTanh),
             (64, Glu::Silu),
         ] {
-            let x = rng.vec(n * cols);
+            let x = uniform(rng, n * cols);
             h.set(Buf::Norm, &x, cols);
             h.b.matmul_glu([g, u], Buf::Norm, n, act, [Buf::FfnGate, Buf::FfnUp], rows);
             let got = h.get(Buf::FfnGate, n, rows);
@@ -623,7 +608,7 @@ fn test_matmul_many(h: &mut Harness, rng: &mut Rng) {
             })
             .collect();
         for (count, n) in [(3, 1), (2, 1), (3, 2), (3, 24), (2, 57)] {
-            let x = rng.vec(n * cols);
+            let x = uniform(rng, n * cols);
             h.set(Buf::Norm, &x, cols);
             let ws: Vec<_> = loaded[..count].iter().map(|l| l.0).collect();
             let outs: Vec<_> = loaded[..count].iter().map(|l| l.3).collect();
@@ -645,7 +630,7 @@ fn test_matmul_many(h: &mut Harness, rng: &mut Rng) {
     // on CUDA the float kinds take one wave of equal warps that share
     // rows (`matvec_balanced`), the last block partly filled. Its own
     // random stream, so the cases after it see the data they always saw.
-    let mut wave_rng = Rng(0x0ae1_7a3e_5eed_0002);
+    let mut wave_rng = Rng::xorshift64_star(0x0ae1_7a3e_5eed_0002);
     let shapes = [(4104, Buf::Q), (1032, Buf::K), (1024, Buf::V)];
     for kind in [WeightType::F16, WeightType::BF16, WeightType::F32] {
         let loaded: Vec<_> = shapes
@@ -655,7 +640,7 @@ fn test_matmul_many(h: &mut Harness, rng: &mut Rng) {
                 (h.b.load_matrix(m).expect("loads"), values, rows, out)
             })
             .collect();
-        let x = wave_rng.vec(cols);
+        let x = uniform(&mut wave_rng, cols);
         h.set(Buf::Norm, &x, cols);
         let ws: Vec<_> = loaded.iter().map(|l| l.0).collect();
         let outs: Vec<_> = loaded.iter().map(|l| l.3).collect();
@@ -679,7 +664,7 @@ fn test_matmul_many(h: &mut Harness, rng: &mut Rng) {
         h.b.load_matrix(ma).expect("loads"),
         h.b.load_matrix(mb).expect("loads"),
     ];
-    let x = rng.vec(cols);
+    let x = uniform(rng, cols);
     h.set(Buf::Norm, &x, cols);
     h.b.matmul_many(&ids, Buf::Norm, 1, &[Buf::Q, Buf::K]);
     for (out, values) in [(Buf::Q, &va), (Buf::K, &vb)] {
@@ -710,10 +695,10 @@ fn test_norm_then_matmul(h: &mut Harness, rng: &mut Rng) {
             (t, h.b.load_matrix(m).expect("loads"), values)
         })
         .collect();
-    let w = rng.vec(cols);
+    let w = uniform(rng, cols);
     let wid = h.b.load_vector(&w).expect("loads");
     for add in [false, true] {
-        let (a, b) = (rng.vec(cols), rng.vec(cols));
+        let (a, b) = (uniform(rng, cols), uniform(rng, cols));
         h.set(Buf::Residual, &a, cols);
         h.set(Buf::BranchOut, &b, cols);
         let normed = if add {
@@ -756,8 +741,8 @@ fn rms_ref(x: &[f32], w: &[f32], eps: f32) -> Vec<f64> {
 fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
     // rms_norm: SmolLM2 and Llama widths.
     for (rows, width) in [(5, 576), (3, 4096)] {
-        let x = rng.vec(rows * width);
-        let w = rng.vec(width);
+        let x = uniform(rng, rows * width);
+        let w = uniform(rng, width);
         let wid = h.b.load_vector(&w).expect("loads");
         h.set(Buf::Residual, &x, width);
         h.b.rms_norm(Buf::Residual, wid, 1e-5, rows, width, Buf::Norm);
@@ -774,7 +759,11 @@ fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
     // add_rms_norm: the residual add and the next norm (Norm is also the
     // branch, as after a post-norm).
     for (rows, width, branch) in [(5, 576, Buf::BranchOut), (3, 4096, Buf::Norm)] {
-        let (a, b, w) = (rng.vec(rows * width), rng.vec(rows * width), rng.vec(width));
+        let (a, b, w) = (
+            uniform(rng, rows * width),
+            uniform(rng, rows * width),
+            uniform(rng, width),
+        );
         let wid = h.b.load_vector(&w).expect("loads");
         h.set(Buf::Residual, &a, width);
         h.set(branch, &b, width);
@@ -794,8 +783,8 @@ fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
     // head_norm: Qwen3 q (32 heads x 128).
     {
         let (rows, width, hd) = (4, 4096, 128);
-        let x = rng.vec(rows * width);
-        let w = rng.vec(hd);
+        let x = uniform(rng, rows * width);
+        let w = uniform(rng, hd);
         let wid = h.b.load_vector(&w).expect("loads");
         h.set(Buf::Q, &x, width);
         h.b.head_norm(Buf::Q, wid, 1e-6, rows, width, hd);
@@ -806,8 +795,8 @@ fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
     let (rows, width) = (7, 1536);
     // add_bias
     {
-        let x = rng.vec(rows * width);
-        let b = rng.vec(width);
+        let x = uniform(rng, rows * width);
+        let b = uniform(rng, width);
         let bid = h.b.load_vector(&b).expect("loads");
         h.set(Buf::Q, &x, width);
         h.b.add_bias(Buf::Q, bid, rows, width);
@@ -821,8 +810,8 @@ fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
     }
     // add
     {
-        let a = rng.vec(rows * width);
-        let b = rng.vec(rows * width);
+        let a = uniform(rng, rows * width);
+        let b = uniform(rng, rows * width);
         h.set(Buf::Residual, &a, width);
         h.set(Buf::BranchOut, &b, width);
         h.b.add(Buf::Residual, Buf::BranchOut, rows, width);
@@ -836,8 +825,8 @@ fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
     }
     // glu, both activations
     for (act, name) in [(Glu::Silu, "silu"), (Glu::GeluTanh, "gelu_tanh")] {
-        let g: Vec<f32> = rng.vec(rows * width).iter().map(|v| v * 6.0).collect();
-        let u = rng.vec(rows * width);
+        let g: Vec<f32> = uniform(rng, rows * width).iter().map(|v| v * 6.0).collect();
+        let u = uniform(rng, rows * width);
         h.set(Buf::FfnGate, &g, width);
         h.set(Buf::FfnUp, &u, width);
         h.b.glu(Buf::FfnGate, Buf::FfnUp, rows, width, act);
@@ -851,7 +840,7 @@ fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
     }
     // zero
     {
-        let x = rng.vec(rows * width);
+        let x = uniform(rng, rows * width);
         h.set(Buf::BranchOut, &x, width);
         h.b.zero(Buf::BranchOut, rows, width);
         let got = h.get(Buf::BranchOut, rows, width);
@@ -860,7 +849,7 @@ fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
     // gather_rows
     {
         let w = 576;
-        let x = rng.vec(10 * w);
+        let x = uniform(rng, 10 * w);
         let idx = [3usize, 0, 9, 3, 7];
         h.set(Buf::Residual, &x, w);
         h.b.gather_rows(Buf::Residual, &idx, w, Buf::Norm);
@@ -936,7 +925,7 @@ fn test_rope(h: &mut Harness, rng: &mut Rng) {
         ("Llama3 32x128 freqs", 32, 128, 500_000.0, false, Some(fid)),
     ] {
         let width = heads * hd;
-        let x = rng.vec(step.rows * width);
+        let x = uniform(rng, step.rows * width);
         h.set(Buf::Q, &x, width);
         h.b.rope(Buf::Q, &step, heads, hd, &RopeParams { theta, neox, freqs });
         let got = h.get(Buf::Q, step.rows, width);
@@ -1108,9 +1097,9 @@ fn test_attention(
         let rows: usize = st.iter().map(|s| s.1).sum();
         let step = Step { seqs: &seqs, rows };
         for (li, &layer) in layers.iter().enumerate() {
-            let q = rng.vec(rows * nh * dk);
-            let k = rng.vec(rows * nkv * dk);
-            let v = rng.vec(rows * nkv * dv);
+            let q = uniform(rng, rows * nh * dk);
+            let k = uniform(rng, rows * nkv * dk);
+            let v = uniform(rng, rows * nkv * dv);
             h.set(Buf::Q, &q, nh * dk);
             h.set(Buf::K, &k, nkv * dk);
             h.set(Buf::V, &v, nkv * dv);
@@ -1250,7 +1239,7 @@ fn test_moe(h: &mut Harness, rng: &mut Rng) {
     // Qwen3-30B-A3B: 128 experts, 8 active, hidden 2048.
     let (rows, ne, k, d) = (6, 128, 8, 2048);
     for normalize in [true, false] {
-        let logits: Vec<f32> = rng.vec(rows * ne).iter().map(|v| v * 4.0).collect();
+        let logits: Vec<f32> = uniform(rng, rows * ne).iter().map(|v| v * 4.0).collect();
         h.set(Buf::RouterLogits, &logits, ne);
         h.b.route_experts(Buf::RouterLogits, rows, ne, k, normalize);
         // Reference routes.
@@ -1269,7 +1258,7 @@ fn test_moe(h: &mut Harness, rng: &mut Rng) {
             }
             routes.push(chosen);
         }
-        let x = rng.vec(rows * d);
+        let x = uniform(rng, rows * d);
         h.set(Buf::Norm, &x, d);
         h.b.zero(Buf::BranchOut, rows, d);
         let mut want_out = vec![0f64; rows * d];
@@ -1304,7 +1293,7 @@ fn test_moe(h: &mut Harness, rng: &mut Rng) {
                 );
             }
             // The expert's "output": its own random rows.
-            let y = rng.vec(n * d);
+            let y = uniform(rng, n * d);
             h.set(Buf::MoeOut, &y, d);
             h.b.scatter_expert_rows(e, rows, k, Buf::MoeOut, d, Buf::BranchOut);
             for (i, &r) in want_rows.iter().enumerate() {
@@ -1393,9 +1382,9 @@ fn route_and_run<B: Backend + ?Sized>(
     rows: usize,
 ) -> (Vec<f32>, Vec<f32>) {
     let (ne, k, d, f) = ROUTED;
-    let logits: Vec<f32> = rng.vec(rows * ne).iter().map(|v| v * 4.0).collect();
+    let logits: Vec<f32> = uniform(rng, rows * ne).iter().map(|v| v * 4.0).collect();
     h.set(Buf::RouterLogits, &logits, ne);
-    let x = rng.vec(rows * d);
+    let x = uniform(rng, rows * d);
     h.set(Buf::Norm, &x, d);
     h.b.route_experts(Buf::RouterLogits, rows, ne, k, true);
     let out = Buf::BranchOut;
@@ -1465,7 +1454,7 @@ fn test_shards(h: &mut Harness, rng: &mut Rng) {
     let (rows, cols, n) = (512, 2048, 3);
     for kind in all_kinds() {
         let (m, values) = random_matrix(rng, kind, rows, cols);
-        let x = rng.vec(n * cols);
+        let x = uniform(rng, n * cols);
         let want = reference_matmul(&values, rows, cols, &x, n);
         for size in [2, 4] {
             let (r, c) = (rows / size, cols / size);
@@ -1529,7 +1518,7 @@ fn greedy_reference(row: &[f32], banned: &[u32]) -> u32 {
 fn test_greedy<B: Backend + ?Sized>(h: &mut Harness<B>, rng: &mut Rng) {
     let (rows, width) = (9, 40_008);
     let banned = [7u32, 2, 4000];
-    let mut x = rng.vec(rows * width);
+    let mut x = uniform(rng, rows * width);
     let row = |r: usize| r * width..(r + 1) * width;
     x[row(1)][3] = 9.0; // a tie: the first wins
     x[row(1)][4095] = 9.0;
@@ -1578,7 +1567,7 @@ fn test_greedy<B: Backend + ?Sized>(h: &mut Harness<B>, rng: &mut Rng) {
 #[test]
 fn conformance() {
     let mut failures = Vec::new();
-    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    let mut rng = Rng::xorshift64_star(0x5eed_1234_abcd_0001);
     let mut ran = 0;
     for b in backends(&small_kv()) {
         let mut h = Harness::new(b);
@@ -1641,16 +1630,16 @@ fn cuda_routed_experts_equal_the_gather_path() {
         return;
     };
     let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
-    let mut rng = Rng(0x3e7_0001);
+    let mut rng = Rng::xorshift64_star(0x3e7_0001);
     let d = ROUTED.2;
     for kinds in routed_kinds() {
         let experts = load_experts(&mut h, &mut rng, kinds);
-        let seed = rng.0;
+        let seed = rng.clone();
         let mut outs = Vec::new();
         let mut read_backs = Vec::new();
         for device in [true, false] {
             h.b.use_device_routing(device);
-            rng.0 = seed;
+            rng = seed.clone();
             let before = h.b.routes_read_back();
             route_and_run(&mut h, &mut rng, &experts, 1);
             outs.push(h.get(Buf::BranchOut, 1, d));
@@ -1755,7 +1744,7 @@ fn cuda_attention_splits() {
                 b.force_attention_splits(Some(splits));
                 b.force_decode_mma(Some(mma));
                 let mut h: Harness = Harness::new(Box::new(b));
-                let mut rng = Rng(0x5b17 ^ splits as u64);
+                let mut rng = Rng::xorshift64_star(0x5b17 ^ splits as u64);
                 let (tables, steps) = attention_schedule(sliding);
                 let label = format!("{label} /{splits}{}", if mma { " mma" } else { "" });
                 test_attention(
@@ -1815,7 +1804,7 @@ fn cuda_attention_speed() {
         scale: 1.0 / 128f32.sqrt(),
     };
     let tables = vec![(0..blocks as u32).collect::<Vec<u32>>()];
-    let mut rng = Rng(11);
+    let mut rng = Rng::xorshift64_star(11);
     // Fill the cache with values (else it holds whatever the allocation had).
     for chunk in 0..ctx / 256 {
         let seqs = [StepSeq {
@@ -1827,11 +1816,11 @@ fn cuda_attention_speed() {
             seqs: &seqs,
             rows: 256,
         };
-        h.set(Buf::K, &rng.vec(256 * 1024), 1024);
-        h.set(Buf::V, &rng.vec(256 * 1024), 1024);
+        h.set(Buf::K, &uniform(&mut rng, 256 * 1024), 1024);
+        h.set(Buf::V, &uniform(&mut rng, 256 * 1024), 1024);
         h.b.kv_write(0, &step, Buf::K, Buf::V, &shape);
     }
-    h.set(Buf::Q, &rng.vec(256 * 4096), 4096);
+    h.set(Buf::Q, &uniform(&mut rng, 256 * 4096), 4096);
     for (tokens, reps) in [(1usize, 50), (16, 20), (256, 5)] {
         let seqs = [StepSeq {
             start: ctx - tokens,
@@ -1873,8 +1862,8 @@ fn cuda_attention_speed() {
             seqs: &seqs,
             rows: batch_ctx,
         };
-        h.set(Buf::K, &rng.vec(batch_ctx * 1024), 1024);
-        h.set(Buf::V, &rng.vec(batch_ctx * 1024), 1024);
+        h.set(Buf::K, &uniform(&mut rng, batch_ctx * 1024), 1024);
+        h.set(Buf::V, &uniform(&mut rng, batch_ctx * 1024), 1024);
         h.b.kv_write(0, &step, Buf::K, Buf::V, &shape);
     }
     let seqs: Vec<StepSeq> = tables
@@ -1915,7 +1904,7 @@ fn cuda_tiled_prefill() {
     };
     b.use_tiled_prefill(true);
     let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
-    let mut rng = Rng(0x7135);
+    let mut rng = Rng::xorshift64_star(0x7135);
     test_matmul(&mut h, &mut rng, true);
     let failures = h.finish();
     assert!(
@@ -1980,7 +1969,7 @@ fn cuda_startup_memory() {
     let before = b.memory().free;
     // First launches: a quantized matvec, a cuBLAS f16 GEMM and the tiled
     // kernel for prefill, SGEMM (the read-back), attention.
-    let mut rng = Rng(7);
+    let mut rng = Rng::xorshift64_star(7);
     let (m, _) = random_matrix(&mut rng, Ok(WeightType::Q4_K), 256, 1024);
     let id = b.load_matrix(m).expect("loads");
     b.matmul(id, Buf::Norm, 1, Buf::FfnUp);
@@ -2068,7 +2057,7 @@ fn cuda_kv_bytes() {
             scale: 0.125,
         };
         let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
-        let mut rng = Rng(99);
+        let mut rng = Rng::xorshift64_star(99);
         let tables = [vec![vec![5u32, 2, 9, 1]], vec![vec![7u32, 0, 3, 4]]];
         let seqs = [
             StepSeq {
@@ -2086,7 +2075,11 @@ fn cuda_kv_bytes() {
             seqs: &seqs,
             rows: 25,
         };
-        let (q, k, v) = (rng.vec(25 * 576), rng.vec(25 * 192), rng.vec(25 * 192));
+        let (q, k, v) = (
+            uniform(&mut rng, 25 * 576),
+            uniform(&mut rng, 25 * 192),
+            uniform(&mut rng, 25 * 192),
+        );
         h.set(Buf::Q, &q, 576);
         h.set(Buf::K, &k, 192);
         h.set(Buf::V, &v, 192);
@@ -2169,9 +2162,9 @@ fn cuda_speed() {
         return;
     };
     let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
-    let mut rng = Rng(3);
+    let mut rng = Rng::xorshift64_star(3);
     let (rows, cols) = (14336, 4096);
-    let x = rng.vec(256 * cols);
+    let x = uniform(&mut rng, 256 * cols);
     h.set(Buf::Norm, &x, cols);
     for kind in [
         Ok(WeightType::Q4_K),

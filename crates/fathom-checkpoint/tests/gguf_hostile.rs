@@ -8,6 +8,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 
 use fathom_checkpoint::{CheckpointError, ErrorKind, GgmlType, GgufFile, MetaValue};
+use fathom_fixtures::Rng;
 
 const PATH: &str = "/fixtures/hostile.gguf";
 
@@ -1057,22 +1058,6 @@ fn bools_must_be_0_or_1() {
 // ---------------------------------------------------------------------------
 // Mutation fuzzing, bounded and deterministic.
 
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        self.0 = x;
-        x
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-}
-
 const EXTREMES: [u64; 10] = [
     0,
     1,
@@ -1086,7 +1071,7 @@ const EXTREMES: [u64; 10] = [
     0xFFFF_FFFF,
 ];
 
-fn mutate(rng: &mut XorShift, base: &[u8]) -> Vec<u8> {
+fn mutate(rng: &mut Rng, base: &[u8]) -> Vec<u8> {
     let mut b = base.to_vec();
     for _ in 0..=rng.below(4) {
         let at = rng.below(b.len());
@@ -1098,12 +1083,12 @@ fn mutate(rng: &mut XorShift, base: &[u8]) -> Vec<u8> {
             }
             1 => {
                 if let Some(x) = b.get_mut(at) {
-                    *x = rng.next() as u8;
+                    *x = rng.next_u64() as u8;
                 }
             }
             2 => {
                 let n = 1 + rng.below(16);
-                let junk: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+                let junk: Vec<u8> = (0..n).map(|_| rng.next_u64() as u8).collect();
                 b.splice(at..at, junk);
             }
             3 => {
@@ -1138,14 +1123,14 @@ fn seeded_mutations_never_panic() {
             .tensor("w", &[32, 2], GgmlType::Q4_1)
             .bytes(),
     ];
-    let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);
+    let mut rng = Rng::xorshift64(0x9E37_79B9_7F4A_7C15);
     let mut accepted = 0;
     for i in 0..6000 {
         let base = &bases[i % bases.len()];
         let bytes = mutate(&mut rng, base);
         // Sometimes claim a larger file than the prefix holds.
         let file_size = match rng.below(4) {
-            0 => bytes.len() as u64 + rng.next() % 4096,
+            0 => bytes.len() as u64 + rng.next_u64() % 4096,
             _ => bytes.len() as u64,
         };
         let result = catch_unwind(AssertUnwindSafe(|| {

@@ -8,6 +8,7 @@ use std::path::Path;
 
 use fathom_checkpoint::safetensors::MAX_HEADER_LEN;
 use fathom_checkpoint::{CheckpointError, ErrorKind, SafetensorsFile, StDtype};
+use fathom_fixtures::Rng;
 
 const PATH: &str = "hostile.safetensors";
 
@@ -617,22 +618,9 @@ fn every_prefix_of_a_valid_file_is_an_error() {
     assert!(parse(&bytes).is_ok());
 }
 
-/// xorshift64*: deterministic, dependency-free randomness for the fuzz.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
-    }
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len())]
-    }
+/// A random one of `items`.
+fn pick<'a, T>(rng: &mut Rng, items: &'a [T]) -> &'a T {
+    &items[rng.below(items.len())]
 }
 
 /// A byte range `[start, end)` of a JSON text.
@@ -712,16 +700,16 @@ fn mutate_header(rng: &mut Rng, header: &mut Vec<u8>, data_len: &mut usize) {
     let (numbers, strings) = tokens(header);
     match rng.below(9) {
         0 if !numbers.is_empty() => {
-            let span = *rng.pick(&numbers);
-            splice(header, span, rng.pick(NUMBERS).as_bytes());
+            let span = *pick(rng, &numbers);
+            splice(header, span, pick(rng, NUMBERS).as_bytes());
         }
         1 if !strings.is_empty() => {
-            let span = *rng.pick(&strings);
-            splice(header, span, rng.pick(STRINGS).as_bytes());
+            let span = *pick(rng, &strings);
+            splice(header, span, pick(rng, STRINGS).as_bytes());
         }
         2 => {
-            let depth = *rng.pick(&[1, 10, 127, 128, 129, 1_000, 50_000]);
-            let (open, close) = *rng.pick(&[("[", "]"), ("{\"a\":", "}")]);
+            let depth = *pick(rng, &[1, 10, 127, 128, 129, 1_000, 50_000]);
+            let (open, close) = *pick(rng, &[("[", "]"), ("{\"a\":", "}")]);
             let nest = format!("{}0{}", open.repeat(depth), close.repeat(depth));
             let spans = if numbers.is_empty() {
                 &strings
@@ -734,7 +722,7 @@ fn mutate_header(rng: &mut Rng, header: &mut Vec<u8>, data_len: &mut usize) {
         }
         3 if !header.is_empty() => {
             let at = rng.below(header.len());
-            header[at] = *rng.pick(b"{}[]\":,-0123456789e. \\\xff\x00");
+            header[at] = *pick(rng, b"{}[]\":,-0123456789e. \\\xff\x00");
         }
         4 if !header.is_empty() => {
             let at = rng.below(header.len());
@@ -751,15 +739,15 @@ fn mutate_header(rng: &mut Rng, header: &mut Vec<u8>, data_len: &mut usize) {
         }
         6 if !strings.is_empty() => {
             // Copy one token over another: duplicate names and keys.
-            let from = *rng.pick(&strings);
-            let to = *rng.pick(&strings);
+            let from = *pick(rng, &strings);
+            let to = *pick(rng, &strings);
             let copy = header[from.0..from.1].to_vec();
             splice(header, to, &copy);
         }
         7 => *data_len = rng.below(*data_len + 64),
         _ => {
             let at = rng.below(header.len() + 1);
-            header.insert(at, rng.next() as u8);
+            header.insert(at, rng.next_u64() as u8);
         }
     }
 }
@@ -807,13 +795,13 @@ fn mutation_fuzz_never_panics() {
     let base_header = base[8..8 + header_len].to_vec();
     let base_data = base.len() - 8 - header_len;
 
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let rng = &mut Rng::xorshift64_star(0x9e37_79b9_7f4a_7c15);
     let (mut ok, mut errors) = (0, std::collections::BTreeMap::new());
     for _ in 0..4_000 {
         let mut header = base_header.clone();
         let mut data_len = base_data;
         for _ in 0..1 + rng.below(3) {
-            mutate_header(&mut rng, &mut header, &mut data_len);
+            mutate_header(rng, &mut header, &mut data_len);
         }
         let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
         bytes.extend_from_slice(&header);
@@ -821,18 +809,21 @@ fn mutation_fuzz_never_panics() {
         let mut file_size = bytes.len() as u64;
         match rng.below(8) {
             0 => {
-                let random = rng.next();
-                let field = *rng.pick(&[
-                    0,
-                    1,
-                    7,
-                    MAX_HEADER_LEN,
-                    MAX_HEADER_LEN + 1,
-                    u64::MAX,
-                    random,
-                ]);
+                let random = rng.next_u64();
+                let field = *pick(
+                    rng,
+                    &[
+                        0,
+                        1,
+                        7,
+                        MAX_HEADER_LEN,
+                        MAX_HEADER_LEN + 1,
+                        u64::MAX,
+                        random,
+                    ],
+                );
                 let len = header.len() as u64;
-                let field = *rng.pick(&[field, len.wrapping_sub(1), len + 1]);
+                let field = *pick(rng, &[field, len.wrapping_sub(1), len + 1]);
                 bytes[..8].copy_from_slice(&field.to_le_bytes());
             }
             1 => {
@@ -841,8 +832,8 @@ fn mutation_fuzz_never_panics() {
             }
             2 => bytes.truncate(rng.below(bytes.len() + 1)),
             3 => {
-                let random = rng.next();
-                file_size = *rng.pick(&[0, random, u64::MAX, file_size / 2]);
+                let random = rng.next_u64();
+                file_size = *pick(rng, &[0, random, u64::MAX, file_size / 2]);
             }
             _ => {}
         }

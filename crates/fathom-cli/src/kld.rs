@@ -638,16 +638,12 @@ impl Summary {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use fathom_fixtures::Rng;
 
     fn logits(seed: u64, n: usize) -> Vec<f32> {
-        let mut s = seed | 1;
+        let mut rng = Rng::xorshift64(seed | 1);
         (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                (s % 12_000) as f32 / 1000.0 - 6.0
-            })
+            .map(|_| (rng.next_u64() % 12_000) as f32 / 1000.0 - 6.0)
             .collect()
     }
 
@@ -731,13 +727,8 @@ mod tests {
     #[test]
     fn hostile_files_are_refused_without_panicking() {
         let good = file(8, 33, 2);
-        let mut s = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
+        let mut rng = Rng::xorshift64(0x9e37_79b9_7f4a_7c15);
+        let mut next = move || rng.next_u64();
         let (mut refused, mut accepted) = (0, 0);
         for _ in 0..3000 {
             let mut bytes = good.clone();

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::server::{sse_events, Server};
 use common::{fathom, smollm2, stderr, stdout};
+use fathom_fixtures::Rng;
 use serde_json::{json, Value};
 
 const MODEL_ID: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -899,29 +900,22 @@ fn mutated_request_bodies_get_200_or_a_4xx_error_object() {
         "true",
         "[]",
     ];
-    let mut state = 0x5eed_u64;
-    let mut next = move || {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) as usize
-    };
+    let mut rng = Rng::new(0x5eed);
     let (mut ok, mut refused) = (0, 0);
     for _ in 0..120 {
-        let (route, seed) = seeds[next() % seeds.len()];
+        let (route, seed) = seeds[rng.below(seeds.len())];
         let mut body = seed.as_bytes().to_vec();
-        for _ in 0..1 + next() % 3 {
-            let at = next() % (body.len() + 1);
-            match next() % 3 {
+        for _ in 0..1 + rng.below(3) {
+            let at = rng.below(body.len() + 1);
+            match rng.below(3) {
                 0 if at < body.len() => {
                     body.remove(at);
                 }
                 1 => {
-                    let i = next() % inserts.len();
+                    let i = rng.below(inserts.len());
                     body.splice(at..at, inserts[i].bytes());
                 }
-                _ if at < body.len() => body[at] ^= 1 << (next() % 7),
+                _ if at < body.len() => body[at] ^= 1 << rng.below(7),
                 _ => body.push(b'}'),
             }
         }

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::server::{sse_events, Server};
+use fathom_fixtures::Rng;
 use serde_json::{json, Value};
 
 /// Resident set (`VmRSS`) and its peak (`VmHWM`) in bytes.
@@ -31,18 +32,6 @@ fn memory(pid: u32) -> (u64, u64) {
             * 1024
     };
     (field("VmRSS:"), field("VmHWM:"))
-}
-
-struct Rng(u64);
-
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        (z ^ (z >> 31)) % n.max(1)
-    }
 }
 
 const TOPICS: [&str; 6] = [
@@ -73,7 +62,7 @@ fn one_request(
     counts: &Counts,
     log: &std::sync::Mutex<Vec<String>>,
 ) {
-    let topic = TOPICS[rng.below(TOPICS.len() as u64) as usize];
+    let topic = TOPICS[rng.below(TOPICS.len())];
     // A shared system prompt (prefix cache hits) and a varying tail.
     let system = "You are a helpful assistant who answers in one or two short sentences.";
     let max_tokens = 4 + rng.below(40);
@@ -111,7 +100,7 @@ fn one_request(
             if v["error"]["code"] == "server_busy" {
                 count(&counts.busy);
                 // As Retry-After asks, roughly.
-                std::thread::sleep(Duration::from_millis(200 + rng.below(300)));
+                std::thread::sleep(Duration::from_millis(200 + rng.below(300) as u64));
                 return;
             }
             false
@@ -136,7 +125,7 @@ fn one_request(
 /// A stream whose client reads a little and leaves.
 fn disconnect(server: &Server, rng: &mut Rng, counts: &Counts) {
     let body = json!({
-        "messages": [{"role": "user", "content": format!("Write a long story about {}.", TOPICS[rng.below(6) as usize])}],
+        "messages": [{"role": "user", "content": format!("Write a long story about {}.", TOPICS[rng.below(6)])}],
         "max_tokens": 200, "stream": true,
     })
     .to_string();
@@ -152,7 +141,7 @@ fn disconnect(server: &Server, rng: &mut Rng, counts: &Counts) {
         body.len()
     );
     // Leave once some of the stream has come (or a 503).
-    let mut buf = vec![0u8; 256 + rng.below(2048) as usize];
+    let mut buf = vec![0u8; 256 + rng.below(2048)];
     let mut got = 0;
     while got < buf.len() {
         match socket.read(&mut buf[got..]) {
@@ -221,7 +210,7 @@ fn mixed_load_keeps_memory_flat_and_answers_every_request() {
         for t in 0..4u64 {
             let (server, counts, log) = (&server, &counts, &log);
             s.spawn(move || {
-                let mut rng = Rng(0x50a1_u64 + t);
+                let mut rng = Rng::new(0x50a1_u64 + t);
                 while Instant::now() < end {
                     match rng.below(10) {
                         0 => disconnect(server, &mut rng, counts),
@@ -234,15 +223,15 @@ fn mixed_load_keeps_memory_flat_and_answers_every_request() {
         {
             let (server, counts, log) = (&server, &counts, &log);
             s.spawn(move || {
-                let mut rng = Rng(0xb0057);
+                let mut rng = Rng::new(0xb0057);
                 while Instant::now() < end {
                     std::thread::scope(|b| {
                         for i in 0..12u64 {
-                            let mut rng = Rng(rng.below(u64::MAX) ^ i);
+                            let mut rng = Rng::new(rng.below(usize::MAX) as u64 ^ i);
                             b.spawn(move || one_request(server, &mut rng, counts, log));
                         }
                     });
-                    std::thread::sleep(Duration::from_secs(3 + rng.below(5)));
+                    std::thread::sleep(Duration::from_secs(3 + rng.below(5) as u64));
                 }
             });
         }

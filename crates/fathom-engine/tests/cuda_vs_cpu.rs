@@ -9,10 +9,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{attention_shape, compare};
+use common::compare;
+use common::families::{family, Format, FAMILIES, HF_FORMATS};
 use fathom_checkpoint::Checkpoint;
 use fathom_engine::{Engine, Sampler, Tokenizer};
-use fathom_fixtures::{self as fx, Data, GgufTensorType as T, ModelDef};
+use fathom_fixtures::{self as fx, Data, GgufTensorType as T};
 use fathom_plan::{Available, Device, KvDtype, MemoryPlan, PlanInputs};
 use fathom_spec::ModelSpec;
 
@@ -40,7 +41,7 @@ fn tolerance(format: &str) -> f32 {
 /// Whether a GPU is there; a skip message (or a failure when required)
 /// when not.
 fn gpu() -> bool {
-    let found = fathom_engine::cuda::nvml::Nvml::open().and_then(|n| n.memory(0));
+    let found = fathom_backend::cuda::nvml::Nvml::open().and_then(|n| n.memory(0));
     if found.is_none() {
         assert!(
             std::env::var("FATHOM_REQUIRE_GPU").as_deref() != Ok("1"),
@@ -99,21 +100,6 @@ fn tokenizer(dir: &Path) -> Tokenizer {
     fathom_engine::load_tokenizer(&Checkpoint::open(&path).unwrap()).unwrap()
 }
 
-/// A fixture with a real model's attention shapes (small FFN, 2 layers).
-fn shaped(model: ModelDef, hidden: u64, heads: u64, kv_heads: u64, head_dim: u64) -> ModelDef {
-    fx::reshaped(&model, attention_shape(hidden, heads, kv_heads, head_dim))
-}
-
-fn families() -> Vec<(&'static str, ModelDef)> {
-    vec![
-        ("llama", shaped(fx::tiny_llama(), 576, 9, 3, 64)),
-        ("qwen2", shaped(fx::tiny_qwen2(), 896, 14, 2, 64)),
-        ("qwen3", shaped(fx::tiny_qwen3(), 512, 32, 8, 128)),
-        ("qwen3_moe", shaped(fx::tiny_qwen3_moe(), 512, 32, 4, 128)),
-        ("gemma3", shaped(fx::tiny_gemma3(), 1152, 4, 1, 256)),
-    ]
-}
-
 /// Logits of `tokens` on the CPU and on CUDA, and how they differ.
 fn both(path: &Path, d: &Path, tokens: &[u32]) -> common::Agreement {
     let cpu = engine(path, Device::Cpu, 64, tokenizer(d))
@@ -144,34 +130,29 @@ fn logits_match_the_cpu_for_every_family_and_weight_format() {
             failures.push(format!("{label}: {a:?} (tolerance {tol})"));
         }
     };
-    for (family, model) in families() {
-        // k-quants need rows of whole 256-value blocks: the 512-wide shapes.
-        let k_quants = model.text_config()["hidden_size"] == 512;
-        for ty in T::ALL {
-            let is_k = ty.block_elems() == 256;
-            if is_k && !k_quants {
-                continue;
-            }
-            let path = d.join(format!("{family}-{}.gguf", ty.name()));
-            fx::write_runnable_gguf(&model, ty, &path, Data::Random { seed: 7 }).unwrap();
+    for family in &FAMILIES {
+        let model = family.real_shaped();
+        for ty in family.gguf_types() {
+            let path = d.join(format!("{}-{}.gguf", family.name, ty.name()));
+            Format::Gguf(ty).write(&model, &path, 7);
             check(
-                format!("{family} {}", ty.name()),
+                format!("{} {}", family.name, ty.name()),
                 &path,
                 tolerance(ty.name()),
             );
         }
     }
-    // Safetensors F16 and BF16, and MLX affine 4- and 8-bit, on llama.
-    let (_, llama) = &families()[0];
-    for (label, model) in [
-        ("llama safetensors F32", llama.clone()),
-        ("llama mlx 4-bit", fx::mlx_quantize(llama, 4, 64)),
-        ("llama mlx 8-bit", fx::mlx_quantize(llama, 8, 64)),
-    ] {
+    // Safetensors F32, and MLX affine 4- and 8-bit, on llama.
+    let llama = family("llama").real_shaped();
+    for format in HF_FORMATS {
+        let label = format!("llama {}", format.name());
         let hf = d.join(label.replace(' ', "-"));
-        fx::write_hf_dir(&model, &hf, 1, Data::Random { seed: 3 }).unwrap();
-        let tol = tolerance(if label.contains("mlx") { "mlx" } else { "F32" });
-        check(label.to_string(), &hf, tol);
+        format.write(&llama, &hf, 3);
+        let tol = tolerance(match format {
+            Format::Mlx(_) => "mlx",
+            _ => "F32",
+        });
+        check(label, &hf, tol);
     }
     let _ = std::fs::remove_dir_all(&d);
     assert!(failures.is_empty(), "{}", failures.join("\n"));

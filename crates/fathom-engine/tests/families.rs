@@ -6,9 +6,10 @@
 
 mod common;
 
-use common::{attention_shape as shape, compare, engine, inputs, numpy_logits, smollm2};
+use common::families::{family, Family, Format};
+use common::{compare, engine, inputs, numpy_logits, smollm2};
 use fathom_checkpoint::Checkpoint;
-use fathom_fixtures::{self as fx, Data, GgufTensorType, ModelDef};
+use fathom_fixtures::GgufTensorType;
 use fathom_plan::KvDtype;
 
 /// F32 weights leave the engine's f32 math against numpy's: the differences
@@ -18,11 +19,13 @@ use fathom_plan::KvDtype;
 /// by whole percents.
 const TOLERANCE: f32 = 1e-3;
 
-fn check(name: &str, model: ModelDef) {
+/// `family` with its real model's attention shape, in F32.
+fn check(family: &Family) {
+    let name = family.name;
     let dir = std::env::temp_dir().join(format!("fathom-families-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{name}.gguf"));
-    fx::write_gguf(&model, &path, GgufTensorType::F32, Data::Random { seed: 7 }).unwrap();
+    Format::Gguf(GgufTensorType::F32).write(&family.real_shaped(), &path, 7);
     // The fixture's vocabulary has no merges; the ids are fed directly, so
     // any tokenizer serves to build the engine.
     let tokenizer = fathom_engine::load_tokenizer(&Checkpoint::open(&smollm2()).unwrap()).unwrap();
@@ -32,52 +35,32 @@ fn check(name: &str, model: ModelDef) {
     let ours = engine.logits(&tokens).unwrap().to_vec();
     let reference = numpy_logits(&path, &tokens, false);
     let a = compare(&ours, &reference);
-    println!("{name}: {a:?}");
+    println!("{name} ({} attention): {a:?}", family.real);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(a.max_rel < TOLERANCE && a.same_argmax, "{name}: {a:?}");
 }
 
 #[test]
 fn llama_with_smollm2_attention() {
-    // SmolLM2-135M: 9 heads over 3 KV heads of 64.
-    check(
-        "llama",
-        fx::reshaped(&fx::tiny_llama(), shape(576, 9, 3, 64)),
-    );
+    check(family("llama"));
 }
 
 #[test]
 fn qwen2_with_attention_biases() {
-    // Qwen2.5-0.5B: 14 heads over 2 KV heads of 64 (7:1).
-    check(
-        "qwen2",
-        fx::reshaped(&fx::tiny_qwen2(), shape(896, 14, 2, 64)),
-    );
+    check(family("qwen2"));
 }
 
 #[test]
 fn qwen3_dense_with_qk_norm() {
-    // Qwen3-8B: 32 heads over 8 KV heads of 128 (4:1).
-    check(
-        "qwen3",
-        fx::reshaped(&fx::tiny_qwen3(), shape(512, 32, 8, 128)),
-    );
+    check(family("qwen3"));
 }
 
 #[test]
 fn qwen3_moe_with_routed_experts_and_qk_norm() {
-    // Qwen3-30B-A3B: 32 heads over 4 KV heads of 128 (8:1), experts routed top-2 of 4.
-    check(
-        "qwen3moe",
-        fx::reshaped(&fx::tiny_qwen3_moe(), shape(512, 32, 4, 128)),
-    );
+    check(family("qwen3_moe"));
 }
 
 #[test]
 fn gemma3_with_sliding_window_layers() {
-    // Gemma-3-1B: 4 heads over 1 KV head of 256; tiny window of 16, global every 2nd layer.
-    check(
-        "gemma3",
-        fx::reshaped(&fx::tiny_gemma3(), shape(1152, 4, 1, 256)),
-    );
+    check(family("gemma3"));
 }

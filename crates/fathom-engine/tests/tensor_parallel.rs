@@ -12,12 +12,13 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{attention_shape, compare};
+use common::compare;
+use common::families::{Format, FAMILIES};
 use fathom_backend::cpu::{CpuBackend, HostSum};
 use fathom_backend::parallel::TensorParallel;
 use fathom_checkpoint::Checkpoint;
 use fathom_engine::{Engine, Tokenizer};
-use fathom_fixtures::{self as fx, Data, GgufTensorType as T, ModelDef};
+use fathom_fixtures::GgufTensorType as T;
 use fathom_plan::{tensor_parallel, Device, KvDtype, MemoryPlan, PlanInputs};
 use fathom_spec::ModelSpec;
 
@@ -66,21 +67,6 @@ fn cpu_group(path: &Path, n: u64, context: u64) -> Engine {
         .unwrap_or_else(|e| panic!("{} over {n} ranks: {e}", path.display()))
 }
 
-/// Fixtures whose heads split 2 and 4 ways: KV heads split (llama 2 of
-/// them over 2), held twice (over 4), or a single one held by every rank
-/// (gemma3); biases (qwen2), q/k norms (qwen3), routed experts
-/// (qwen3_moe), sliding windows and post norms (gemma3).
-fn families() -> Vec<(&'static str, ModelDef, &'static [u64])> {
-    let shaped = |m: ModelDef, h, kv| fx::reshaped(&m, attention_shape(256, h, kv, 64));
-    vec![
-        ("llama", shaped(fx::tiny_llama(), 4, 2), &[2, 4]),
-        ("qwen2", shaped(fx::tiny_qwen2(), 4, 2), &[2]),
-        ("qwen3", shaped(fx::tiny_qwen3(), 4, 2), &[2, 4]),
-        ("qwen3_moe", shaped(fx::tiny_qwen3_moe(), 4, 2), &[2]),
-        ("gemma3", shaped(fx::tiny_gemma3(), 4, 1), &[2, 4]),
-    ]
-}
-
 /// Largest |split − whole| over the largest |whole logit|. The ranks sum
 /// the attention output and FFN down projections in pieces (each rank's
 /// columns, then across ranks) where one device sums each row in one
@@ -96,15 +82,17 @@ fn cpu_ranks_match_one_device_for_every_family() {
     // Longer than tiny-gemma3's window of 16, so local layers slide.
     let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 1000).collect();
     let mut failures = Vec::new();
-    for (family, model, sizes) in families() {
+    // Each family over each of its rank counts (`splits`).
+    for f in &FAMILIES {
+        let (family, model) = (f.name, f.split_shaped());
         for ty in [T::F32, T::Q8_0] {
             let path = d.join(format!("{family}-{}.gguf", ty.name()));
-            fx::write_runnable_gguf(&model, ty, &path, Data::Random { seed: 5 }).unwrap();
+            Format::Gguf(ty).write(&model, &path, 5);
             let whole = single(&path, Device::Cpu, 64)
                 .logits(&tokens)
                 .unwrap()
                 .to_vec();
-            for &n in sizes {
+            for &n in f.splits {
                 let split = cpu_group(&path, n, 64).logits(&tokens).unwrap().to_vec();
                 let a = compare(&split, &whole);
                 println!(
@@ -185,7 +173,7 @@ fn cpu_ranks_generate_one_devices_greedy_tokens() {
 /// Whether a GPU is there; a skip message (or a failure when required)
 /// when not.
 fn gpus() -> usize {
-    let found = fathom_engine::cuda::nvml::Nvml::open()
+    let found = fathom_backend::cuda::nvml::Nvml::open()
         .map_or(0, |n| (0..8).take_while(|&i| n.memory(i).is_some()).count());
     if found == 0 {
         assert!(
@@ -209,9 +197,10 @@ fn cuda_group_of_one_matches_cuda_alone() {
     use fathom_backend::cuda::{nccl::NcclSum, CudaBackend};
     let d = dir("cuda-one");
     let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 1000).collect();
-    for (family, model, _) in families() {
+    for f in &FAMILIES {
+        let family = f.name;
         let path = d.join(format!("{family}.gguf"));
-        fx::write_runnable_gguf(&model, T::F16, &path, Data::Random { seed: 5 }).unwrap();
+        Format::Gguf(T::F16).write(&f.split_shaped(), &path, 5);
         let whole = single(&path, Device::Cuda, 64)
             .logits(&tokens)
             .unwrap()
@@ -260,9 +249,10 @@ fn cuda_two_gpus_match_one() {
         let plan = MemoryPlan::with_tensor_parallel(&spec, cuda_inputs(context), 2).unwrap();
         Engine::load(&checkpoint, spec, plan, tokenizer(path)).unwrap()
     };
-    for (family, model, _) in families() {
+    for f in &FAMILIES {
+        let family = f.name;
         let path = d.join(format!("{family}.gguf"));
-        fx::write_runnable_gguf(&model, T::F16, &path, Data::Random { seed: 5 }).unwrap();
+        Format::Gguf(T::F16).write(&f.split_shaped(), &path, 5);
         let whole = single(&path, Device::Cuda, 64)
             .logits(&tokens)
             .unwrap()

@@ -4,7 +4,8 @@
 //! The memory planner reads headers only, so a header-only *sparse* file —
 //! the header written, the tensor data left as a hole — tests it at real
 //! sizes (a 61 GB checkpoint) without real disk. Small dense files with
-//! deterministic pseudo-random data serve engine tests.
+//! deterministic pseudo-random data serve engine tests; their generator,
+//! [`Rng`], is the one the workspace's tests and benches draw from.
 //!
 //! The formats are written here from their specifications rather than through
 //! `fathom-checkpoint`, so that a bug in the readers cannot hide behind the
@@ -32,7 +33,7 @@ pub use models::{
     gemma3_1b, gemma3_4b_multimodal_text, llama_3_1_70b, llama_3_1_8b, qwen2_5_7b, qwen3_30b_a3b,
     reshaped, smollm2_135m, tiny_gemma3, tiny_llama, tiny_qwen2, tiny_qwen3, tiny_qwen3_moe,
 };
-pub use random::random_token_ids;
+pub use random::{random_token_ids, Rng};
 pub use safetensors::write_safetensors;
 
 /// Element type of a safetensors tensor.

@@ -11,6 +11,7 @@
 //! `cargo bench -p fathom-kernels --bench matmul [-- FILTER]` runs the
 //! cases whose label contains FILTER.
 
+use fathom_fixtures::Rng;
 use fathom_kernels::{activation_row_bytes, isa_name, matmul, Pool, WeightType, Weights};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -22,22 +23,11 @@ const VOCAB: usize = 49152;
 const LAYERS: usize = 30;
 const PREFILL: usize = 512;
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-}
-
 /// Random blocks whose f16 scales are small normal numbers, as real ones.
 fn weights(ty: WeightType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<u8> {
     let mut data = vec![0u8; rows * ty.row_bytes(cols)];
     for chunk in data.chunks_mut(8) {
-        let v = rng.next().to_le_bytes();
+        let v = rng.next_u64().to_le_bytes();
         chunk.copy_from_slice(&v[..chunk.len()]);
     }
     let unit = ty.block_bytes();
@@ -255,7 +245,7 @@ fn main() {
     let mut b = Bench {
         filter,
         pools: vec![Pool::new(1), Pool::new(2)],
-        rng: Rng(0x1234_5678_9abc_def1),
+        rng: Rng::xorshift64_star(0x1234_5678_9abc_def1),
         streams: Vec::new(),
     };
     println!("fathom-kernels matmul benchmark, {} kernels", isa_name());

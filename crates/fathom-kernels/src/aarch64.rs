@@ -526,7 +526,7 @@ pub(crate) fn kernel(isa: Isa, ty: WeightType) -> Option<KernelFn> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::matmul::tests::{random_activations, random_weights, Rng};
+    use crate::matmul::tests::{random_activations, random_weights, seeded};
     use crate::matmul::{activation_row_bytes, matmul_with};
     use crate::{Pool, Weights};
 
@@ -536,7 +536,7 @@ mod tests {
     #[test]
     fn k_quant_tiles_equal_portable_bit_for_bit() {
         let pool = Pool::new(1);
-        let mut rng = Rng::new(4);
+        let mut rng = seeded(4);
         for ty in [WeightType::Q4_K, WeightType::Q5_K, WeightType::Q6_K] {
             assert!(kernel(Isa::Neon, ty).is_some(), "{}", ty.name());
             for (rows, cols, n) in [(5, 256, 1), (7, 768, 6), (3, 512, 9)] {

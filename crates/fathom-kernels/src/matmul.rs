@@ -541,25 +541,17 @@ pub(crate) mod tests {
     use super::*;
     use crate::ops::f32_to_f16;
 
-    /// xorshift64*: deterministic test data without dependencies.
-    pub(crate) struct Rng(u64);
+    use fathom_fixtures::Rng;
 
-    impl Rng {
-        pub(crate) fn new(seed: u64) -> Rng {
-            Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-        }
+    /// The tests' generator for `seed` (xorshift64*, the seed spread over
+    /// the state's bits).
+    pub(crate) fn seeded(seed: u64) -> Rng {
+        Rng::xorshift64_star(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
 
-        pub(crate) fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-
-        /// Uniform in [-1, 1).
-        pub(crate) fn unit(&mut self) -> f32 {
-            (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        }
+    /// Uniform in [-1, 1).
+    fn unit(rng: &mut Rng) -> f32 {
+        rng.f32_in(-1.0..1.0)
     }
 
     /// `rows` rows of random blocks: random quant bytes, scales of either
@@ -572,17 +564,17 @@ pub(crate) mod tests {
     ) -> Vec<u8> {
         let n = rows * cols / ty.block_elems();
         let bb = ty.block_bytes();
-        let mut data: Vec<u8> = (0..n * bb).map(|_| rng.next() as u8).collect();
+        let mut data: Vec<u8> = (0..n * bb).map(|_| rng.next_u64() as u8).collect();
         for block in data.chunks_exact_mut(bb) {
             match ty {
-                WeightType::F32 => block.copy_from_slice(&rng.unit().to_le_bytes()),
-                WeightType::F16 => block.copy_from_slice(&f32_to_f16(rng.unit()).to_le_bytes()),
+                WeightType::F32 => block.copy_from_slice(&unit(rng).to_le_bytes()),
+                WeightType::F16 => block.copy_from_slice(&f32_to_f16(unit(rng)).to_le_bytes()),
                 WeightType::BF16 => {
-                    block.copy_from_slice(&((rng.unit().to_bits() >> 16) as u16).to_le_bytes())
+                    block.copy_from_slice(&((unit(rng).to_bits() >> 16) as u16).to_le_bytes())
                 }
                 _ => {
                     for &at in ty.f16_scales() {
-                        let s = rng.unit() / 32.0;
+                        let s = unit(rng) / 32.0;
                         block[at..at + 2].copy_from_slice(&f32_to_f16(s).to_le_bytes());
                     }
                 }
@@ -595,7 +587,7 @@ pub(crate) mod tests {
     /// states have.
     pub(crate) fn random_activations(n: usize, rng: &mut Rng) -> Vec<f32> {
         (0..n)
-            .map(|i| rng.unit() * if i % 97 == 5 { 20.0 } else { 1.0 })
+            .map(|i| unit(rng) * if i % 97 == 5 { 20.0 } else { 1.0 })
             .collect()
     }
 
@@ -664,7 +656,7 @@ pub(crate) mod tests {
     #[test]
     fn matmul_matches_reference() {
         let pools = [Pool::new(1), Pool::new(3)];
-        let mut rng = Rng::new(1);
+        let mut rng = seeded(1);
         for ty in WeightType::ALL {
             for (rows, cols, n) in [(13, 512, 1), (9, 256, 6), (6, 768, 70)] {
                 let w = random_weights(ty, rows, cols, &mut rng);
@@ -724,7 +716,7 @@ pub(crate) mod tests {
     #[test]
     fn decode_batches_match_reference_on_every_isa() {
         let pools = [Pool::new(1), Pool::new(3)];
-        let mut rng = Rng::new(3);
+        let mut rng = seeded(3);
         let counts: Vec<usize> = (1..=17).chain([33, 64, 65]).collect();
         for ty in WeightType::ALL {
             let widths = if ty.block_elems() == 256 {
@@ -838,7 +830,7 @@ pub(crate) mod tests {
 
     #[test]
     fn simd_quantizers_match_portable() {
-        let mut rng = Rng::new(2);
+        let mut rng = seeded(2);
         let mut x = random_activations(1024, &mut rng);
         x[256..288].fill(0.0);
         for isa in Isa::available() {

@@ -499,16 +499,10 @@ mod tests {
         }
     }
 
-    fn data(n: usize, seed: u32) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 17;
-                s ^= s << 5;
-                (s >> 8) as f32 / (1u32 << 24) as f32 * 8.0 - 4.0
-            })
-            .collect()
+    /// `n` values uniform in [-4, 4).
+    fn data(n: usize, seed: u64) -> Vec<f32> {
+        let mut rng = fathom_fixtures::Rng::new(seed);
+        (0..n).map(|_| rng.f32_in(-4.0..4.0)).collect()
     }
 
     /// Equal within `rel` of `scale[i]` (the size of the op's inputs, so

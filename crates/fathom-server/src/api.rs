@@ -987,6 +987,7 @@ mod tests {
 #[cfg(test)]
 mod mutation_tests {
     use super::*;
+    use fathom_fixtures::Rng;
 
     const SEEDS: &[(Route, &str)] = &[
         (
@@ -1041,22 +1042,6 @@ mod mutation_tests {
         "]]]]",
     ];
 
-    struct Rng(u64);
-
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            let mut z = self.0;
-            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-            z ^ (z >> 31)
-        }
-
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n.max(1) as u64) as usize
-        }
-    }
-
     fn mutate(rng: &mut Rng, body: &mut Vec<u8>) {
         let at = rng.below(body.len() + 1);
         match rng.below(6) {
@@ -1064,7 +1049,7 @@ mod mutation_tests {
                 let i = rng.below(body.len());
                 body[i] ^= 1 << rng.below(8);
             }
-            1 => body.insert(at, rng.next() as u8),
+            1 => body.insert(at, rng.next_u64() as u8),
             2 if at < body.len() => {
                 let end = (at + 1 + rng.below(8)).min(body.len());
                 body.drain(at..end);
@@ -1089,7 +1074,7 @@ mod mutation_tests {
 
     #[test]
     fn mutated_bodies_parse_or_give_a_4xx_error() {
-        let mut rng = Rng(0x00c0_ffee);
+        let mut rng = Rng::new(0x00c0_ffee);
         let (mut accepted, mut refused) = (0, 0);
         for _ in 0..20_000 {
             let (route, seed) = SEEDS[rng.below(SEEDS.len())];

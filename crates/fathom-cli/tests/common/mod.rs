@@ -22,7 +22,7 @@ pub fn smollm2() -> PathBuf {
 /// says it is skipped and passes, unless `FATHOM_REQUIRE_GPU=1` (then it
 /// fails), as the CUDA backend's tests do.
 pub fn gpu(test: &str) -> bool {
-    let found = fathom_engine::cuda::nvml::Nvml::open().and_then(|n| n.memory(0));
+    let found = fathom_backend::cuda::nvml::Nvml::open().and_then(|n| n.memory(0));
     if found.is_none() {
         assert!(
             std::env::var("FATHOM_REQUIRE_GPU").as_deref() != Ok("1"),

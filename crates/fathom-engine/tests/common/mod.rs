@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test file uses its own subset
 
+pub mod families;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -116,19 +118,6 @@ pub fn compare(ours: &[f32], reference: &[f32]) -> Agreement {
         rms_rel: rms_diff / rms_ref,
         same_argmax: argmax(ours) == argmax(reference),
     }
-}
-
-/// Config overrides giving a fixture a real model's attention shape, with
-/// a small FFN and 2 layers.
-pub fn attention_shape(hidden: u64, heads: u64, kv_heads: u64, head_dim: u64) -> serde_json::Value {
-    serde_json::json!({
-        "hidden_size": hidden,
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "intermediate_size": 512,
-        "num_hidden_layers": 2,
-    })
 }
 
 /// Random weights spread a model's logits over a few units, so its
