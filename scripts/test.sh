@@ -10,4 +10,12 @@ scripts/install-cuda-toolchain.sh
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "numpy>=1.26" "gguf==0.19.0"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The CPU-only build (no `cuda` feature) needs no nvcc: point it nowhere.
+FATHOM_NVCC=/nonexistent/nvcc cargo build --workspace --no-default-features --locked
+# ... and refuses --device cuda by name (the tests below relink the full binary).
+if cpu_only=$("${CARGO_TARGET_DIR:-target}"/debug/fathom generate models/SmolLM2-135M-Instruct.Q4_1.gguf \
+    --device cuda --memory 1G -p hi -n 1 2>&1); then
+  echo "the CPU-only build ran --device cuda" >&2; exit 1
+fi
+grep -q "built without CUDA" <<<"$cpu_only" || { echo "$cpu_only" >&2; exit 1; }
 cargo test --workspace --locked

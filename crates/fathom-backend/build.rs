@@ -14,6 +14,9 @@
 //! weight type ids and block layouts of `fathom-ggml`) and
 //! `fathom_abi_check.cuh` (every argument struct's size, alignment and
 //! field offsets as `static_assert`s) into OUT_DIR, which nvcc searches.
+//!
+//! Without the `cuda` feature nothing is compiled and the image is empty,
+//! so `cargo build --no-default-features` needs no nvcc.
 
 use std::env;
 use std::fmt::Write as _;
@@ -122,6 +125,14 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=FATHOM_NVCC");
     println!("cargo:rerun-if-env-changed=FATHOM_CUDA_TOOLCHAIN");
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let out = out_dir.join("fathom.fatbin");
+    if env::var_os("CARGO_FEATURE_CUDA").is_none() {
+        // A CPU-only build: no nvcc, an empty image; `CudaBackend::new`
+        // refuses before it would load it.
+        write_if_changed(&out, "");
+        return;
+    }
     let nvcc = match env::var_os("FATHOM_NVCC") {
         Some(p) => PathBuf::from(p),
         None => toolchain_nvcc().unwrap_or_else(|| {
@@ -132,10 +143,8 @@ fn main() {
             )
         }),
     };
-    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     write_if_changed(&out_dir.join("fathom_abi.h"), &abi_header());
     write_if_changed(&out_dir.join("fathom_abi_check.cuh"), &abi_checks());
-    let out = out_dir.join("fathom.fatbin");
     let output = Command::new(&nvcc)
         .args([
             "-fatbin",
@@ -158,7 +167,9 @@ fn main() {
         .unwrap_or_else(|e| panic!("fathom-backend: cannot run {}: {e}", nvcc.display()));
     if !output.status.success() {
         panic!(
-            "fathom-backend: {} failed on {KERNELS} (a spill or local memory use is an error):\n{}{}",
+            "fathom-backend: {} failed on {KERNELS} (a register spill or local memory use is an \
+             error, and so is a static_assert of fathom_abi_check.cuh: a struct that differs from \
+             src/cuda/abi.rs):\n{}{}",
             nvcc.display(),
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)

@@ -1,6 +1,7 @@
 //! The backend seam: one interface of device buffers and ops that the
 //! engine's forward pass is written against, and one implementation per
-//! device (`cpu` here; a GPU backend is one more module).
+//! device (`cpu`, `cuda`; [`open`] picks one by the plan's device, and
+//! [`devices`] says which kinds this build runs).
 //!
 //! A backend owns every byte the plan lists for its device, allocated once
 //! when it is created: the activation arena (one allocation, carved at the
@@ -19,6 +20,7 @@ pub mod cuda;
 mod error;
 mod host;
 pub mod parallel;
+mod registry;
 mod shard;
 
 use fathom_plan::kv::KvGroup;
@@ -28,6 +30,7 @@ pub use error::BackendError;
 pub use fathom_kernels::WeightType;
 pub use fathom_plan::activations::Buf;
 pub use host::{HostBytes, HostMatrix, MatrixStorage, MatrixView};
+pub use registry::{devices, open, DeviceKind};
 
 /// A greedy sampler's pick from one row of logits, `[plain, with banned]`:
 /// the index of the first largest value, NaN skipped (0 when there is

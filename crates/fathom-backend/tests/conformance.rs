@@ -35,8 +35,8 @@ use fathom_fixtures::Rng;
 use fathom_kernels::{affine_dequantize_row, dequantize_row, ops, AffineWeights};
 use fathom_plan::activations::ArenaBuffer;
 use fathom_plan::cuda::{
-    ALLOCATION_GRANULE, BLAS_HANDLE_BYTES, CONTEXT_BYTES, GRAPH_BYTES, GRAPH_MAX_NODES,
-    MODULE_BYTES,
+    DeviceLayout, ALLOCATION_GRANULE, BLAS_HANDLE_BYTES, CONTEXT_BYTES, GRAPH_BYTES,
+    GRAPH_MAX_NODES, MODULE_BYTES,
 };
 use fathom_plan::kv::{KvGroup, KV_BLOCK_TOKENS};
 use fathom_plan::KvDtype;
@@ -146,7 +146,8 @@ fn cuda_backend(arena: &[ArenaBuffer], kv: &KvLayout) -> Option<CudaBackend> {
         skip("no CUDA driver or device (cuda::probe found none)".into());
         return None;
     };
-    match CudaBackend::new(0, arena, kv.clone(), WEIGHTS) {
+    let layout = DeviceLayout::new(WEIGHTS, arena, &kv.groups);
+    match CudaBackend::new(0, arena, kv.clone(), &layout) {
         Ok(b) => Some(b),
         Err(e) => {
             skip(format!("{} found, but: {e}", info.name));

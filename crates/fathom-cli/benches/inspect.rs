@@ -61,7 +61,7 @@ fn in_process(model: &Path) -> Duration {
         let checkpoint = Checkpoint::open(model).unwrap();
         let spec = ModelSpec::from_checkpoint(&checkpoint).unwrap();
         let inputs = PlanInputs {
-            max_tokens: 8192,
+            context: 8192,
             batch: 1,
             device: Device::Cpu,
             kv_dtype: KvDtype::F16,

@@ -97,7 +97,7 @@ pub fn run(args: &InspectArgs) -> Result<ExitCode> {
             render::plan_text(&path, checkpoint.format_name(), &spec, &plan)
         );
         if let Some(advice) = &advice {
-            print!("{}", render::quant_text(advice, plan.inputs.max_tokens));
+            print!("{}", render::quant_text(advice, plan.inputs.context));
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -3,8 +3,10 @@
 //! stays pure; this is where its inputs come from.
 
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 use anyhow::{bail, Context, Result};
+use fathom_backend::cuda::nvml::{GpuMemory, Nvml};
 use fathom_plan::{available, Available, Device, MemorySources};
 
 /// Files and command output backing [`MemorySources`].
@@ -104,14 +106,28 @@ fn cgroup_file(proc_self_cgroup: &str, version: CgroupVersion) -> Option<String>
         .find_map(|p| std::fs::read_to_string(p).ok())
 }
 
-/// Free memory of the first CUDA device as NVML reports it.
+/// NVML, opened once a process: `None` without an NVIDIA driver. The
+/// device watch and the server's `/metrics` read it live; planning reads
+/// [`gpus`].
+pub fn nvml() -> Option<&'static Nvml> {
+    static NVML: OnceLock<Option<Nvml>> = OnceLock::new();
+    NVML.get_or_init(Nvml::open).as_ref()
+}
+
+/// The GPUs NVML lists and their memory, read once a process, so that
+/// `--device auto` and every plan of a command see the same figures.
+pub fn gpus() -> &'static [GpuMemory] {
+    static GPUS: OnceLock<Vec<GpuMemory>> = OnceLock::new();
+    GPUS.get_or_init(|| {
+        nvml().map_or_else(Vec::new, |n| (0..64).map_while(|d| n.memory(d)).collect())
+    })
+}
+
 /// The least free memory of GPUs `0 .. devices`; `None` when one of them
 /// is missing.
 fn cuda_free_bytes(devices: u64) -> Option<u64> {
-    let nvml = fathom_backend::cuda::nvml::Nvml::open()?;
-    (0..devices.max(1) as u32)
-        .map(|d| nvml.memory(d).map(|g| g.free))
-        .try_fold(u64::MAX, |least, free| free.map(|f| least.min(f)))
+    let wanted = gpus().get(..devices.max(1) as usize)?;
+    wanted.iter().map(|g| g.free).min()
 }
 
 /// Worker threads when `-t` is not given: one per core.

@@ -48,7 +48,7 @@ impl PlanArgs {
             machine::env_text(env::HEADROOM_FACTOR_VAR)?.as_deref(),
         )?;
         Ok(PlanInputs {
-            max_tokens,
+            context: max_tokens,
             batch,
             device,
             kv_dtype: KvDtype::parse(&self.kv_dtype)?,
@@ -72,14 +72,20 @@ impl PlanArgs {
     }
 }
 
-/// `--device`: `auto` picks cuda when NVML finds a GPU, else cpu, and says
-/// which on stderr.
+/// `--device`: `auto` picks cuda when NVML finds a GPU (and the binary has
+/// the CUDA kernels), else cpu, and says which on stderr.
 pub fn resolve_device(text: &str) -> Result<Device> {
     if !text.trim().eq_ignore_ascii_case("auto") {
         return Ok(Device::parse(text)?);
     }
-    let gpu = fathom_backend::cuda::nvml::Nvml::open().and_then(|n| n.memory(0));
-    Ok(match gpu {
+    let cuda_runs = fathom_backend::devices()
+        .iter()
+        .any(|k| k.device == Device::Cuda && k.runs);
+    if !cuda_runs {
+        eprintln!("device: cpu (this fathom was built without CUDA), chosen by --device auto");
+        return Ok(Device::Cpu);
+    }
+    Ok(match machine::gpus().first() {
         Some(g) => {
             eprintln!(
                 "device: cuda ({}, {} free), chosen by --device auto",

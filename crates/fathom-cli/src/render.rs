@@ -61,7 +61,7 @@ pub fn plan_text(model: &Path, format: &str, spec: &ModelSpec, plan: &MemoryPlan
     let _ = writeln!(
         out,
         "  inputs: {} tokens x {} seq, KV {}, {} tokens per step, {} threads, device {}",
-        i.max_tokens,
+        i.context,
         i.batch,
         i.kv_dtype.name(),
         i.max_tokens_per_step,

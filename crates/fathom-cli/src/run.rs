@@ -108,9 +108,9 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         });
         // Typed text is text: only the template's markers are special tokens.
         let prompt = encode_chat(&engine.tokenizer, &template, &history, true, usize::MAX)?;
-        let room = (engine.plan.inputs.max_tokens as usize).saturating_sub(prompt.len());
+        let room = (engine.plan.inputs.context as usize).saturating_sub(prompt.len());
         if room == 0 {
-            bail!("the conversation fills the context of {} tokens: start a new one or raise --ctx-size", engine.plan.inputs.max_tokens);
+            bail!("the conversation fills the context of {} tokens: start a new one or raise --ctx-size", engine.plan.inputs.context);
         }
         let mut answer = String::new();
         let stdout = std::io::stdout();

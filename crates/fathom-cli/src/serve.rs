@@ -182,7 +182,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
             took.as_secs_f64() * 1e3
         );
         let tokenizer = engine.tokenizer.clone();
-        let context = engine.plan.inputs.max_tokens as usize;
+        let context = engine.plan.inputs.context as usize;
         Ok(LoadedModel {
             scheduler: Scheduler::start(engine, scheduler_config),
             tokenizer,
@@ -243,7 +243,7 @@ fn serve_plan_text(model: &Path, served: &ServePlan) -> String {
         env!("CARGO_PKG_VERSION"),
         model.display(),
         i.batch,
-        i.max_tokens,
+        i.context,
         i.kv_dtype.name(),
         i.max_tokens_per_step,
         i.threads,

@@ -214,8 +214,8 @@ impl DeviceWatch {
 
     /// Starts sampling process `pid` on every GPU, when NVML is there.
     pub fn process(pid: u32) -> Option<DeviceWatch> {
-        let nvml = fathom_backend::cuda::nvml::Nvml::open()?;
-        let gpus = (0..64).take_while(|&d| nvml.memory(d).is_some()).count();
+        let nvml = crate::machine::nvml()?;
+        let gpus = crate::machine::gpus().len();
         let (stop, peaks, samples) = (
             Arc::new(AtomicBool::new(false)),
             Arc::new((0..gpus).map(|_| AtomicU64::new(0)).collect::<Vec<_>>()),
@@ -276,7 +276,7 @@ impl DeviceWatch {
 /// (NVML) on each call: what a GPU server's `/metrics` shows. `None`
 /// where NVML is not there.
 pub fn device_probe() -> Option<fathom_server::metrics::DeviceProbe> {
-    let nvml = fathom_backend::cuda::nvml::Nvml::open()?;
+    let nvml = crate::machine::nvml()?;
     let pid = std::process::id();
     Some(Box::new(move || {
         let memory = nvml.memory(0)?;

@@ -6,13 +6,9 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fathom_backend::cpu::CpuBackend;
-use fathom_backend::cuda::nccl::NcclSum;
-use fathom_backend::cuda::CudaBackend;
-use fathom_backend::parallel::TensorParallel;
 use fathom_backend::{Backend, Buf, KvLayout};
 use fathom_checkpoint::Checkpoint;
-use fathom_plan::{Device, MemoryPlan};
+use fathom_plan::MemoryPlan;
 use fathom_spec::ModelSpec;
 use fathom_tokenizer::Tokenizer;
 
@@ -181,45 +177,6 @@ pub struct GenerateStats {
     pub reason: StopReason,
 }
 
-/// The backend for the plan's device; under tensor parallelism, one
-/// rank per device (CUDA devices `0 .. N`, each allocating what the
-/// plan lists for one device) and NCCL between them.
-fn backend_for(plan: &MemoryPlan, layout: KvLayout) -> Result<Box<dyn Backend>, EngineError> {
-    let i = &plan.inputs;
-    match i.device {
-        Device::Cpu => Ok(Box::new(CpuBackend::new(
-            i.threads as usize,
-            &plan.activation_detail,
-            layout,
-        )?)),
-        Device::Cuda => {
-            let weights = plan.weights_bytes.saturating_add(plan.converted_bytes);
-            let rank = |d| CudaBackend::new(d, &plan.activation_detail, layout.clone(), weights);
-            Ok(
-                match plan.tensor_parallel.as_ref().map_or(1, |tp| tp.size) {
-                    1 => Box::new(rank(0)?),
-                    n => {
-                        let present = fathom_backend::cuda::device_count();
-                        if present < n as usize {
-                            return Err(EngineError::Backend(fathom_backend::BackendError::Device {
-                            backend: "cuda",
-                            message: format!(
-                                "--tensor-parallel {n} needs {n} CUDA devices; this machine has {present}"
-                            ),
-                        }));
-                        }
-                        let ranks = (0..n as usize).map(rank).collect::<Result<Vec<_>, _>>()?;
-                        Box::new(TensorParallel::new(ranks, NcclSum::new(n as usize)?)?)
-                    }
-                },
-            )
-        }
-        other => Err(EngineError::DeviceNotBuilt {
-            device: other.name(),
-        }),
-    }
-}
-
 impl Engine {
     /// Maps the weights and allocates exactly what `plan` lists.
     pub fn load(
@@ -228,7 +185,7 @@ impl Engine {
         plan: MemoryPlan,
         tokenizer: Tokenizer,
     ) -> Result<Self, EngineError> {
-        let backend = backend_for(&plan, Self::kv_layout(&spec, &plan))?;
+        let backend = fathom_backend::open(&plan, Self::kv_layout(&spec, &plan))?;
         Self::load_on(checkpoint, spec, plan, tokenizer, backend)
     }
 
@@ -267,7 +224,7 @@ impl Engine {
             kv: KvBlocks::new(&plan.kv_detail),
             candidates: vec![(0, 0.0); rows(Buf::Sampler)],
             histories: (0..i.batch)
-                .map(|_| Vec::with_capacity(i.max_tokens as usize))
+                .map(|_| Vec::with_capacity(i.context as usize))
                 .collect(),
             scratch: StepScratch {
                 ids: Vec::with_capacity(step_tokens),
@@ -576,7 +533,7 @@ impl Engine {
     /// A fresh sequence with blocks for `prompt + generate` tokens, which
     /// must fit the planned context.
     fn reserved_sequence(&mut self, prompt: usize, generate: usize) -> Result<SeqKv, EngineError> {
-        let context = self.plan.inputs.max_tokens as usize;
+        let context = self.plan.inputs.context as usize;
         if prompt == 0 || prompt + generate > context {
             return Err(EngineError::ContextExceeded {
                 prompt,

@@ -38,8 +38,6 @@ pub enum EngineError {
         context: usize,
         trained: u64,
     },
-    #[error("the {device} backend cannot run models yet: use --device cpu (other devices are planning targets for `fathom inspect`)")]
-    DeviceNotBuilt { device: &'static str },
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     BadToken { id: u32, vocab: usize },
 }

@@ -15,6 +15,7 @@ use fathom_backend::{
     Split, Step, StepSeq, VectorId,
 };
 use fathom_checkpoint::Checkpoint;
+use fathom_plan::tensor_parallel::{Role, Split as PlanSplit};
 use fathom_spec::{Activation, Attention, ModelSpec};
 
 use crate::kv::SeqKv;
@@ -132,11 +133,16 @@ impl Loader<'_> {
         Ok(self.backend.load_split_vector(&v, split)?)
     }
 
-    /// The split of a column-split projection: all devices' parts, or,
-    /// for `heads` KV heads shared by more devices, one part a head.
-    fn outputs(&self, heads: usize) -> Split {
-        Split::Outputs {
-            parts: self.devices.min(heads.max(1)),
+    /// How a tensor of `role` is divided over the devices: the plan's rule
+    /// (`kv_heads` matters to k and v only), so what each device loads is
+    /// what its plan counted.
+    fn split(&self, role: Role, kv_heads: usize) -> Split {
+        match role.split() {
+            PlanSplit::Replicated => Split::Whole,
+            PlanSplit::Row => Split::Inputs,
+            PlanSplit::Column => Split::Outputs {
+                parts: role.parts(self.devices as u64, kv_heads as u64) as usize,
+            },
         }
     }
 
@@ -196,9 +202,11 @@ impl Model {
             matrices: Vec::new(),
             devices,
         };
-        let embed = loader.named_matrix(&naming.embed(), vocab, d, Split::Whole)?;
+        let embed_split = loader.split(Role::Embedding, 0);
+        let embed = loader.named_matrix(&naming.embed(), vocab, d, embed_split)?;
         let output = if files.has(&naming.output()) {
-            loader.named_matrix(&naming.output(), vocab, d, Split::Whole)?
+            let head_split = loader.split(Role::OutputHead, 0);
+            loader.named_matrix(&naming.output(), vocab, d, head_split)?
         } else {
             embed
         };
@@ -529,7 +537,18 @@ fn load_layer(
         l.value_dim as usize,
     );
     let devices = loader.devices;
-    let (q_split, kv_split) = (loader.outputs(n_heads), loader.outputs(kvh));
+    let split = |role| loader.split(role, kvh);
+    let (q_split, kv_split) = (split(Role::Query), split(Role::KeyValue));
+    let (o_split, ffn_in, ffn_down) = (
+        split(Role::AttnOutput),
+        split(Role::FfnIn),
+        split(Role::FfnDown),
+    );
+    let (experts_in, experts_down, router_split) = (
+        split(Role::ExpertsIn),
+        split(Role::ExpertsDown),
+        split(Role::Router),
+    );
     let bias = if loader.files.has(&n.q_bias) {
         Some([
             loader.split_vector(&n.q_bias, n_heads * dk, false, q_split)?,
@@ -556,7 +575,6 @@ fn load_layer(
     };
     let ffn = if spec.n_experts > 0 {
         let (e_n, f) = (spec.n_experts as usize, spec.expert_ffn as usize);
-        let ffn_in = loader.outputs(devices);
         let mut experts = Vec::with_capacity(e_n);
         for e in 0..e_n {
             let [g, u, dn] = match naming {
@@ -580,21 +598,21 @@ fn load_layer(
                 }
             };
             experts.push([
-                loader.matrix(g, ffn_in)?,
-                loader.matrix(u, ffn_in)?,
-                loader.matrix(dn, Split::Inputs)?,
+                loader.matrix(g, experts_in)?,
+                loader.matrix(u, experts_in)?,
+                loader.matrix(dn, experts_down)?,
             ]);
         }
         Ffn::Moe {
-            router: loader.named_matrix(&n.router, e_n, d, Split::Whole)?,
+            router: loader.named_matrix(&n.router, e_n, d, router_split)?,
             experts,
         }
     } else {
-        let (f, ffn_in) = (spec.ffn as usize, loader.outputs(devices));
+        let f = spec.ffn as usize;
         Ffn::Dense {
             gate: loader.named_matrix(&n.gate, f, d, ffn_in)?,
             up: loader.named_matrix(&n.up, f, d, ffn_in)?,
-            down: loader.named_matrix(&n.down, d, f, Split::Inputs)?,
+            down: loader.named_matrix(&n.down, d, f, ffn_down)?,
         }
     };
     let window = match l.attention {
@@ -623,7 +641,7 @@ fn load_layer(
         wq: loader.named_matrix(&n.q, n_heads * dk, d, q_split)?,
         wk: loader.named_matrix(&n.k, kvh * dk, d, kv_split)?,
         wv: loader.named_matrix(&n.v, kvh * dv, d, kv_split)?,
-        wo: loader.named_matrix(&n.o, d, n_heads * dv, Split::Inputs)?,
+        wo: loader.named_matrix(&n.o, d, n_heads * dv, o_split)?,
         bias,
         qk_norm,
         post_attn_norm,

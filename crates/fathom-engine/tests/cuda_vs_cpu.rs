@@ -73,7 +73,7 @@ fn engine_of(
     let checkpoint = Checkpoint::open(path).unwrap();
     let spec = ModelSpec::from_checkpoint(&checkpoint).unwrap();
     let inputs = PlanInputs {
-        max_tokens: context,
+        context,
         batch,
         device,
         kv_dtype: KvDtype::F16,

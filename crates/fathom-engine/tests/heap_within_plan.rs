@@ -52,7 +52,7 @@ fn generation_heap_stays_within_the_plan() {
     let prompt = tokenizer.encode(&text, tokenizer.add_bos(), true);
     let n = 64;
     let inputs = PlanInputs {
-        max_tokens: (prompt.len() + n) as u64,
+        context: (prompt.len() + n) as u64,
         batch: 1,
         device: Device::Cpu,
         kv_dtype: KvDtype::F16,

@@ -212,7 +212,7 @@ fn cuda_group_of_one_matches_cuda_alone() {
             0,
             &plan.activation_detail,
             Engine::kv_layout(&spec, &plan),
-            plan.weights_bytes + plan.converted_bytes,
+            plan.device_layout.as_ref().unwrap(),
         )
         .unwrap();
         let group = TensorParallel::new(vec![rank], NcclSum::new(1).unwrap()).unwrap();

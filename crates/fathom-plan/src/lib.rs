@@ -72,8 +72,11 @@ pub fn parse_headroom_factor(text: Option<&str>) -> Result<f64, PlanError> {
 /// Everything a plan depends on besides the model.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PlanInputs {
-    /// Tokens of context per sequence (prompt + generated).
-    pub max_tokens: u64,
+    /// Tokens of context per sequence (prompt + generated); not the
+    /// OpenAI request field of that name. The JSON keeps the key of the
+    /// `--max-tokens` flag that sets it.
+    #[serde(rename = "max_tokens")]
+    pub context: u64,
     /// Sequences held at once.
     pub batch: u64,
     pub device: Device,
@@ -98,7 +101,7 @@ pub struct PlanInputs {
 impl PlanInputs {
     fn validate(&self) -> Result<(), PlanError> {
         for (what, value) in [
-            ("--max-tokens", self.max_tokens),
+            ("--max-tokens", self.context),
             ("--batch", self.batch),
             ("--max-tokens-per-step", self.max_tokens_per_step),
             ("--threads", self.threads),
@@ -163,6 +166,12 @@ pub struct MemoryPlan {
     /// each device's; this says how the model is split.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tensor_parallel: Option<tensor_parallel::TensorParallel>,
+    /// The CUDA backend's one allocation as the plan carved it (the
+    /// backend allocates this, computed nowhere else); `None` off CUDA.
+    /// Not in the JSON: its size less the weights and KV is the backend
+    /// term.
+    #[serde(skip)]
+    pub device_layout: Option<cuda::DeviceLayout>,
 }
 
 /// What a discrete GPU's run keeps in host memory, against host memory.
@@ -185,6 +194,7 @@ struct Sized {
     activation_bytes: u64,
     runtime: (u64, String),
     backend: device::Backend,
+    layout: Option<cuda::DeviceLayout>,
     headroom_bytes: i64,
     total: u64,
 }
@@ -244,6 +254,7 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64, nccl: u64)
         activation_bytes,
         runtime,
         backend,
+        layout,
         headroom_bytes,
         total,
     }
@@ -318,7 +329,7 @@ impl MemoryPlan {
             Some(shard) => (&shard.spec, tensor_parallel::nccl(shard.size)),
             None => (whole, (0, String::new())),
         };
-        let s = size_terms(spec, &inputs, inputs.max_tokens, nccl);
+        let s = size_terms(spec, &inputs, inputs.context, nccl);
         let available = inputs.available.bytes;
         let weights_bytes = spec.weights_bytes();
         let fits = s.total <= available;
@@ -435,6 +446,7 @@ impl MemoryPlan {
             max_context_that_fits,
             terms,
             inputs,
+            device_layout: s.layout,
         })
     }
 }

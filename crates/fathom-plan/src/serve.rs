@@ -146,7 +146,7 @@ impl RequestBuffers {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ServePlan {
     /// What the engine allocates: `inputs.batch` is the number of slots,
-    /// `inputs.max_tokens` the context of each, and the `kv` term is the
+    /// `inputs.context` the context of each, and the `kv` term is the
     /// pool (its `kv_detail` groups hold the pool's bytes).
     pub plan: MemoryPlan,
     pub kv_budget: KvBudget,
@@ -198,7 +198,7 @@ pub fn auto_prompt_cache_bytes(entry: u64, batch1_slack: u64) -> u64 {
 
 impl ServePlan {
     /// `inputs.batch` is the number of parallel slots and
-    /// `inputs.max_tokens` the context of each.
+    /// `inputs.context` the context of each.
     pub fn new(
         spec: &ModelSpec,
         inputs: PlanInputs,
@@ -241,7 +241,7 @@ impl ServePlan {
         )?;
         let mut base = MemoryPlan::with_tensor_parallel(spec, inputs, devices)?;
         if requests.slots > 0 {
-            let context = base.inputs.max_tokens;
+            let context = base.inputs.context;
             base.add_host_term(Term {
                 name: "requests",
                 bytes: requests.bytes(context),
@@ -391,6 +391,7 @@ impl MemoryPlan {
             let resident = self.weights_bytes.saturating_add(self.converted_bytes);
             let layout = DeviceLayout::new(resident, &self.activation_detail, &self.kv_detail);
             let backend = device::backend(Device::Cuda, None, Some((&layout, resident)));
+            self.device_layout = Some(layout);
             self.backend_bytes = backend.fixed_bytes;
             if let Some(term) = self.terms.iter_mut().find(|t| t.name == "backend") {
                 term.bytes = backend.fixed_bytes;

@@ -69,9 +69,10 @@ pub enum Split {
     Replicated,
 }
 
-/// What a tensor is, as far as splitting it goes.
+/// What a tensor is, as far as splitting it goes: the one rule both the
+/// plan's shares ([`shard`]) and the engine's loading read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
+pub enum Role {
     Query,
     KeyValue,
     AttnOutput,
@@ -119,11 +120,22 @@ impl Role {
         }
     }
 
-    fn split(self) -> Split {
+    pub fn split(self) -> Split {
         match self {
             Role::Query | Role::KeyValue | Role::FfnIn | Role::ExpertsIn => Split::Column,
             Role::AttnOutput | Role::FfnDown | Role::ExpertsDown => Split::Row,
             _ => Split::Replicated,
+        }
+    }
+
+    /// The parts `devices` divide a tensor of this role into: 1 when it
+    /// stays whole; for k and v one part a KV head when a layer has fewer
+    /// (`kv_heads`) than devices, each then held by several devices.
+    pub fn parts(self, devices: u64, kv_heads: u64) -> u64 {
+        match self {
+            _ if self.split() == Split::Replicated => 1,
+            Role::KeyValue => devices.min(kv_heads.max(1)),
+            _ => devices,
         }
     }
 }
@@ -408,17 +420,11 @@ pub fn shard(spec: &ModelSpec, size: u64) -> Result<Shard, PlanError> {
     let mut largest_row_share = (String::new(), 0);
     for t in &spec.tensors {
         let c = classify(t);
-        let parts = match c.role {
-            Role::KeyValue => {
-                let kv = c
-                    .layer
-                    .and_then(|i| spec.layers.get(i))
-                    .map_or(spec.n_kv_heads, |l| l.n_kv_heads);
-                size.min(kv.max(1))
-            }
-            r if r.split() == Split::Replicated => 1,
-            _ => size,
-        };
+        let kv_heads = c
+            .layer
+            .and_then(|i| spec.layers.get(i))
+            .map_or(spec.n_kv_heads, |l| l.n_kv_heads);
+        let parts = c.role.parts(size, kv_heads);
         let share = if parts == 1 {
             t.clone()
         } else {

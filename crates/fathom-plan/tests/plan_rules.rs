@@ -49,7 +49,7 @@ fn spec(layers: Vec<Attention>, context_length: u64) -> ModelSpec {
 
 fn inputs(max_tokens: u64, batch: u64, available: u64) -> PlanInputs {
     PlanInputs {
-        max_tokens,
+        context: max_tokens,
         batch,
         device: Device::Cpu,
         kv_dtype: KvDtype::F16,

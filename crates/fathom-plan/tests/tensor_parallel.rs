@@ -52,7 +52,7 @@ const GIB: u64 = 1 << 30;
 
 fn inputs(device: Device, per_device: u64) -> PlanInputs {
     PlanInputs {
-        max_tokens: 8192,
+        context: 8192,
         batch: 1,
         device,
         kv_dtype: KvDtype::F16,

@@ -373,7 +373,7 @@ impl<'a> Loop<'a> {
     /// What ends a job before it runs: nothing to run, nothing asked for,
     /// or more than a slot's context (the HTTP side checks these first).
     fn refusal(&self, slot: &Slot) -> Option<Outcome> {
-        let context = self.engine.plan.inputs.max_tokens as usize;
+        let context = self.engine.plan.inputs.context as usize;
         let job = &slot.job;
         if job.prompt.is_empty() {
             Some(Outcome::Failed("the prompt is empty".into()))

@@ -21,7 +21,7 @@ fn serve_plan(parallel: u64, context: u64, budget: KvBudget, step: u64) -> (Engi
     let checkpoint = Checkpoint::open(&model).unwrap();
     let spec = ModelSpec::from_checkpoint(&checkpoint).unwrap();
     let inputs = PlanInputs {
-        max_tokens: context,
+        context,
         batch: parallel,
         device: Device::Cpu,
         kv_dtype: KvDtype::F16,

@@ -219,7 +219,7 @@ pub(super) fn set_prefetch(module: sys::CUmodule, bytes: u64) -> Result<(), Back
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "cuda"))]
 mod tests {
     use super::FATBIN;
     use fathom_plan::cuda::{KERNELS_HOST_BYTES, MODULE_BYTES};

@@ -15,7 +15,8 @@
 //! loader's search. So one binary runs on machines without a GPU.
 //!
 //! **Kernels** are compiled at build time (build.rs, nvcc 13.0, sm_90 +
-//! compute_90 PTX) and embedded. Quantized weights stay in their ggml or
+//! compute_90 PTX) and embedded; a build without the `cuda` feature has
+//! none and refuses to start ([`BUILT`]). Quantized weights stay in their ggml or
 //! MLX layout and are decoded inside the matmul kernels; F32 matrices go
 //! through cuBLAS SGEMM.
 //!
@@ -53,6 +54,16 @@ mod rope_kv;
 mod startup;
 mod upload;
 mod weights;
+
+/// Whether this binary carries the CUDA kernels (the `cuda` cargo feature,
+/// on by default). Without them `--device auto` picks the CPU and
+/// [`CudaBackend::new`] refuses with [`NOT_BUILT`].
+pub const BUILT: bool = cfg!(feature = "cuda");
+
+/// Why a CUDA backend cannot start in a build without the `cuda` feature.
+pub const NOT_BUILT: &str = "this fathom was built without CUDA (cargo feature `cuda` off, e.g. \
+     `cargo build --no-default-features`); rebuild with default features (needs nvcc: \
+     scripts/install-cuda-toolchain.sh) to use --device cuda";
 
 pub use device::{device_count, probe, DeviceInfo};
 pub use queue::GraphStats;

@@ -34,16 +34,32 @@ pub struct StartupMemory {
 
 impl CudaBackend {
     /// Creates the context on device `ordinal`, loads the kernels and
-    /// cuBLAS, and makes the one allocation for `weights_bytes` of weights
-    /// (plus [`WEIGHT_SLACK`] for tensor alignment), the device side of
-    /// `arena`, the KV groups of `kv`, cuBLAS's workspace and the upload
-    /// area.
+    /// cuBLAS, and makes the one allocation `layout` carves (the plan's
+    /// `device_layout`: weights, the device side of `arena`, the KV groups
+    /// of `kv`, cuBLAS's workspace, the upload area and staging).
     pub fn new(
         ordinal: usize,
         arena: &[ArenaBuffer],
         kv: KvLayout,
-        weights_bytes: u64,
+        layout: &DeviceLayout,
     ) -> Result<Self, BackendError> {
+        if !super::BUILT {
+            return Err(BackendError::Device {
+                backend: "cuda",
+                message: super::NOT_BUILT.to_string(),
+            });
+        }
+        if layout.kv.len() != kv.groups.len() {
+            return Err(BackendError::Device {
+                backend: "cuda",
+                message: format!(
+                    "the device layout carves {} KV regions for {} KV groups: it was not \
+                     computed from this plan",
+                    layout.kv.len(),
+                    kv.groups.len()
+                ),
+            });
+        }
         // SAFETY: only tries to open libcuda by its names.
         if !unsafe { sys::is_culib_present() } {
             return Err(BackendError::Device {
@@ -88,9 +104,8 @@ impl CudaBackend {
         let (free2, _) = info("cuMemGetInfo")?;
         startup.module = free1.saturating_sub(free2) as u64;
 
-        // The carve: the plan's own arithmetic, so the allocation is the
-        // plan's device total less what the driver and libraries take.
-        let layout = DeviceLayout::new(weights_bytes, arena, &kv.groups);
+        // The carve is the plan's, so the allocation is the plan's device
+        // total less what the driver and libraries take.
         let mut slots = [None; Buf::ALL.len()];
         for b in arena.iter().filter(|b| !b.id.host_side()) {
             slots[b.id as usize] = Some((b.offset, b.bytes));

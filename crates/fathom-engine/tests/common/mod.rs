@@ -29,7 +29,7 @@ pub fn smollm2() -> PathBuf {
 
 pub fn inputs(max_tokens: u64, kv_dtype: KvDtype) -> PlanInputs {
     PlanInputs {
-        max_tokens,
+        context: max_tokens,
         batch: 1,
         device: Device::Cpu,
         kv_dtype,
