@@ -56,9 +56,9 @@ export FATHOM_REQUIRE_GPU=1
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv || true
 rc=0
 # Start-up memory first, alone in its process, so no other context skews it.
-./conformance cuda_startup_memory --exact --nocapture --test-threads=1 || rc=1
+./conformance cuda_only::cuda_startup_memory --exact --nocapture --test-threads=1 || rc=1
 # Graph memory likewise: a process that made graphs before reuses their memory.
-./conformance cuda_graph_memory_within_plan --exact --nocapture --test-threads=1 || rc=1
+./conformance cuda_only::cuda_graph_memory_within_plan --exact --nocapture --test-threads=1 || rc=1
 ./conformance --skip cuda_startup_memory --skip cuda_graph_memory_within_plan --skip speed \
   --nocapture --test-threads=1 || rc=1
 ./conformance speed --nocapture --test-threads=1 || rc=1

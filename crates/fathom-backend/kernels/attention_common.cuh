@@ -111,7 +111,7 @@ __device__ __forceinline__ void kv_store(uint8_t* dst, int i, float x, bool in_r
     // layer and row sizes are all even). With two byte stores of the f16
     // bits (`st.global.u8` of the .b16 register, then of it shifted) the
     // low byte read back as 0 on the H200 (nvcc 13.0, sm_90); the 16-bit
-    // store was checked byte for byte (tests/conformance.rs, cuda_kv_bytes).
+    // store was checked byte for byte (tests/conformance/cuda_only.rs, cuda_kv_bytes).
     if (i % Q8_0_BLOCK_VALUES == 0) *(unsigned short*)o = __half_as_ushort(__float2half_rn(d));
     o[2 + i % Q8_0_BLOCK_VALUES] = (uint8_t)(int8_t)(int)rintf(x * id);
   } else if (in_row) {

@@ -1,0 +1,299 @@
+//! Paged attention over every KV dtype and shape, against an f64 reference.
+
+use super::*;
+
+/// `x` rounded to the cache's precision, head by head, as the CPU engine's
+/// `round_to` does (q8_0 through fathom_kernels' own quantizer).
+pub(crate) fn round_kv(dtype: KvDtype, x: &[f32], hd: usize) -> Vec<f32> {
+    match dtype {
+        KvDtype::F32 => x.to_vec(),
+        KvDtype::F16 => x
+            .iter()
+            .map(|&v| ops::f16_to_f32(ops::f32_to_f16(v)))
+            .collect(),
+        KvDtype::Bf16 => x.iter().map(|&v| ops::bf16_to_f32(bf16_of(v))).collect(),
+        KvDtype::Q8_0 => {
+            let mut out = vec![0f32; x.len()];
+            let mut bytes = vec![0u8; hd / 32 * 34];
+            for (src, dst) in x.chunks(hd).zip(out.chunks_mut(hd)) {
+                ops::quantize_q8_0_row(src, &mut bytes);
+                ops::dequantize_q8_0_row(&bytes, dst);
+            }
+            out
+        }
+    }
+}
+
+/// One sequence's history as the reference keeps it: rounded K and V rows.
+#[derive(Default, Clone)]
+pub(crate) struct History {
+    pub(crate) k: Vec<Vec<f32>>,
+    pub(crate) v: Vec<Vec<f32>>,
+}
+
+pub(crate) fn attention_ref(
+    s: &AttentionShape,
+    starts: &[(usize, usize)],
+    hist: &[History],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+) -> Vec<f64> {
+    let (nh, nkv, dk, dv) = (s.n_heads, s.n_kv_heads, s.key_dim, s.value_dim);
+    let mut out = Vec::new();
+    let mut row0 = 0;
+    for (si, &(start, tokens)) in starts.iter().enumerate() {
+        for t in 0..tokens {
+            let p = start + t;
+            let first = s.window.map(|w| (p + 1).saturating_sub(w)).unwrap_or(0);
+            let row = row0 + t;
+            for hh in 0..nh {
+                let g = hh / (nh / nkv);
+                let qr = &q[(row * nh + hh) * dk..(row * nh + hh + 1) * dk];
+                let key = |j: usize| -> (&[f32], &[f32]) {
+                    if j < start {
+                        (
+                            &hist[si].k[j][g * dk..(g + 1) * dk],
+                            &hist[si].v[j][g * dv..(g + 1) * dv],
+                        )
+                    } else {
+                        let r = row0 + j - start;
+                        (
+                            &k[(r * nkv + g) * dk..(r * nkv + g + 1) * dk],
+                            &v[(r * nkv + g) * dv..(r * nkv + g + 1) * dv],
+                        )
+                    }
+                };
+                let scores: Vec<f64> = (first..=p)
+                    .map(|j| {
+                        let (kj, _) = key(j);
+                        qr.iter()
+                            .zip(kj)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>()
+                            * s.scale as f64
+                    })
+                    .collect();
+                let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
+                let sum: f64 = e.iter().sum();
+                let mut o = vec![0f64; dv];
+                for (j, w) in (first..=p).zip(&e) {
+                    let (_, vj) = key(j);
+                    for (oi, &vv) in o.iter_mut().zip(vj) {
+                        *oi += w / sum * vv as f64;
+                    }
+                }
+                out.extend(o);
+            }
+        }
+        row0 += tokens;
+    }
+    out
+}
+
+/// Three steps (prefill, chunked prefill across blocks, batched decode) of
+/// two sequences over two layers of one KV layout.
+/// Each sequence's page tables, one per KV group.
+pub(crate) type PageTables = [Vec<Vec<u32>>; 2];
+/// One step: per sequence, (first position, tokens).
+pub(crate) type StepRows = [(usize, usize); 2];
+
+/// The two sequences' page tables and the steps (per sequence: first
+/// position, tokens) the attention cases run: sequence 0 in blocks 5, 2, 9
+/// (4 for the ring), sequence 1 in 7, 0, 3. With a sliding window, group 0
+/// (full) is not used by the layers and group 1 rings.
+pub(crate) fn attention_schedule(sliding: bool) -> (PageTables, &'static [StepRows]) {
+    if sliding {
+        (
+            [
+                vec![vec![5, 2, 9, 1], vec![4, 1]],
+                vec![vec![7, 0, 3, 4], vec![0, 3]],
+            ],
+            &[
+                [(0, 20), (0, 5)],
+                [(20, 16), (5, 30)],
+                [(36, 1), (35, 1)],
+                [(37, 1), (36, 9)],
+            ],
+        )
+    } else {
+        (
+            [vec![vec![5, 2, 9, 1]], vec![vec![7, 0, 3, 4]]],
+            &[[(0, 20), (0, 5)], [(20, 1), (5, 30)], [(21, 1), (35, 1)]],
+        )
+    }
+}
+
+/// `rope`: the steps go through `attend` (rope of q and k, attention, the
+/// cache write: on CUDA, decode steps do all of it in the attention
+/// kernel), against the reference rope; else `attention` and `kv_write`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn test_attention(
+    h: &mut Harness,
+    rng: &mut Rng,
+    label: &str,
+    shape: AttentionShape,
+    dtype: KvDtype,
+    layers: [usize; 2],
+    tables: [Vec<Vec<u32>>; 2],
+    steps: &[[(usize, usize); 2]],
+    rope: Option<&RopeParams>,
+) {
+    let (nh, nkv, dk, dv) = (
+        shape.n_heads,
+        shape.n_kv_heads,
+        shape.key_dim,
+        shape.value_dim,
+    );
+    let mut hist = vec![vec![History::default(); 2]; 2];
+    for (si, st) in steps.iter().enumerate() {
+        let seqs: Vec<StepSeq> = st
+            .iter()
+            .zip(&tables)
+            .map(|(&(start, tokens), t)| StepSeq {
+                start,
+                tokens,
+                tables: t,
+            })
+            .collect();
+        let rows: usize = st.iter().map(|s| s.1).sum();
+        let step = Step { seqs: &seqs, rows };
+        for (li, &layer) in layers.iter().enumerate() {
+            let q = uniform(rng, rows * nh * dk);
+            let k = uniform(rng, rows * nkv * dk);
+            let v = uniform(rng, rows * nkv * dv);
+            h.set(Buf::Q, &q, nh * dk);
+            h.set(Buf::K, &k, nkv * dk);
+            h.set(Buf::V, &v, nkv * dv);
+            let (q, k) = match rope {
+                Some(r) => {
+                    h.b.attend(layer, &shape, &step, IO, r);
+                    let positions: Vec<usize> = step.positions().collect();
+                    let roped = |x: &[f32], heads: usize| -> Vec<f32> {
+                        x.chunks(heads * dk)
+                            .zip(&positions)
+                            .flat_map(|(row, &p)| {
+                                rope_ref(row, heads, dk, p, r.theta, r.neox, None)
+                            })
+                            .map(|v| v as f32)
+                            .collect()
+                    };
+                    (roped(&q, nh), roped(&k, nkv))
+                }
+                None => {
+                    h.b.attention(layer, &shape, &step, IO);
+                    h.b.kv_write(layer, &step, Buf::K, Buf::V, &shape);
+                    (q, k)
+                }
+            };
+            let got = h.get(Buf::AttnOut, rows, nh * dv);
+            let qr = if dtype == KvDtype::F16 {
+                round_kv(dtype, &q, dk)
+            } else {
+                q.clone()
+            };
+            let kr = round_kv(dtype, &k, dk);
+            let vr = round_kv(dtype, &v, dv);
+            let want = attention_ref(&shape, st, &hist[li], &qr, &kr, &vr);
+            let op = if rope.is_some() {
+                "attend"
+            } else {
+                "attention+kv_write"
+            };
+            h.check(
+                op,
+                &format!("{label} {} L{layer} step{si}", dtype.name()),
+                &got,
+                &want,
+                TOL_ATTN,
+            );
+            let mut row = 0;
+            for (seq, &(_, tokens)) in st.iter().enumerate() {
+                for t in 0..tokens {
+                    let r = row + t;
+                    hist[li][seq]
+                        .k
+                        .push(kr[r * nkv * dk..(r + 1) * nkv * dk].to_vec());
+                    hist[li][seq]
+                        .v
+                        .push(vr[r * nkv * dv..(r + 1) * nkv * dv].to_vec());
+                }
+                row += tokens;
+            }
+        }
+    }
+}
+
+/// The rope an attention case runs `attend` with: both pairings.
+pub(crate) fn attention_rope(label: &str) -> RopeParams {
+    RopeParams {
+        theta: 500_000.0,
+        neox: label.starts_with("Llama"),
+        freqs: None,
+    }
+}
+
+pub(crate) fn attention_cases() -> Vec<(String, AttentionShape, KvLayout, [usize; 2])> {
+    let smol = AttentionShape {
+        n_heads: 9,
+        n_kv_heads: 3,
+        key_dim: 64,
+        value_dim: 64,
+        window: None,
+        scale: 0.125,
+    };
+    let llama = AttentionShape {
+        n_heads: 32,
+        n_kv_heads: 8,
+        key_dim: 128,
+        value_dim: 128,
+        window: None,
+        scale: 1.0 / 128f32.sqrt(),
+    };
+    let mut out = Vec::new();
+    for dtype in KvDtype::ALL {
+        out.push((
+            "SmolLM2 9/3x64".to_string(),
+            smol,
+            KvLayout {
+                groups: vec![group(dtype, 3, 64, 64, 2, None, 12)],
+                dtype,
+                layer_groups: vec![Some(0), Some(0)],
+            },
+            [0, 1],
+        ));
+    }
+    for dtype in [KvDtype::F16, KvDtype::Q8_0] {
+        out.push((
+            "Llama-8B 32/8x128".to_string(),
+            llama,
+            KvLayout {
+                groups: vec![group(dtype, 8, 128, 128, 2, None, 12)],
+                dtype,
+                layer_groups: vec![Some(0), Some(0)],
+            },
+            [0, 1],
+        ));
+        // A sliding-window layer (window 32: a ring of two blocks) beside a
+        // full one, as Gemma 3 interleaves them.
+        let sliding = AttentionShape {
+            window: Some(32),
+            ..smol
+        };
+        out.push((
+            "sliding w32 9/3x64".to_string(),
+            sliding,
+            KvLayout {
+                groups: vec![
+                    group(dtype, 3, 64, 64, 1, None, 12),
+                    group(dtype, 3, 64, 64, 2, Some(32), 6),
+                ],
+                dtype,
+                layer_groups: vec![Some(0), Some(1), Some(1)],
+            },
+            [1, 2],
+        ));
+    }
+    out
+}

@@ -1,0 +1,133 @@
+//! Backend conformance, in the manner of llama.cpp's test-backend-ops:
+//! every op of the [`Backend`] trait, on every backend present, against an
+//! independent scalar reference written here (f64 accumulation; weights
+//! through `fathom_kernels::dequantize_row`, the bit-exact gguf-py port),
+//! on random inputs of real models' shapes (SmolLM2-135M, Llama-3.1-8B,
+//! Qwen3-30B-A3B experts).
+//!
+//! Only the trait is used: inputs go in through `embed` of an F32 table
+//! (an exact copy), outputs come back through `matmul` by an 8×8 identity
+//! into the logits buffer and `logits()` (exact too: one product by 1.0 and
+//! seven by 0.0 a value).
+//!
+//! A backend whose device is absent is skipped with a message naming why;
+//! `FATHOM_REQUIRE_GPU=1` turns a skipped GPU into a failure.
+//!
+//! Tolerances, as normalized mean squared error `Σ(got−ref)² / Σref²`:
+//! - matmul 5e-4: a backend may quantize activations to 8 bits (the CPU's
+//!   Q8_0 / Q8_K); that alone gives about (amax/127)²/12 relative variance,
+//!   ~2e-5 for Gaussian rows, while a wrong block decode or index is ≥1e-2.
+//!   Exact-f32 kernels land near 1e-13.
+//! - embed, rms/head norm, add, bias, zero, gather, glu, MoE scatter: 1e-10
+//!   (f32 arithmetic on exact inputs: ~1e-14).
+//! - rope 1e-9: angles in f64 then an f32 sine (~1e-6 absolute each).
+//! - attention 1e-8: K/V rounded to the cache dtype on both sides (the
+//!   reference rounds the same way), then f32 online softmax against f64.
+
+use std::sync::Arc;
+
+use fathom_backend::cuda::{self, CudaBackend};
+use fathom_backend::{
+    AttentionIo, AttentionShape, Backend, Buf, Glu, HostBytes, HostMatrix, KvLayout, MatrixId,
+    MatrixStorage, RopeParams, RoutedFfn, Step, StepSeq, WeightType,
+};
+use fathom_fixtures::Rng;
+use fathom_kernels::{affine_dequantize_row, dequantize_row, ops, AffineWeights};
+use fathom_plan::activations::ArenaBuffer;
+use fathom_plan::cuda::{
+    DeviceLayout, ALLOCATION_GRANULE, BLAS_HANDLE_BYTES, CONTEXT_BYTES, GRAPH_BYTES,
+    GRAPH_MAX_NODES, MODULE_BYTES,
+};
+use fathom_plan::kv::{KvGroup, KV_BLOCK_TOKENS};
+use fathom_plan::KvDtype;
+
+/// Every test buffer holds this many rows of this many f32.
+const ROWS: u64 = 256;
+const WIDTH: u64 = 14336;
+const WEIGHTS: u64 = 1 << 30;
+/// Read-back chunk: every tested width is a multiple of 8.
+const EYE: usize = 8;
+
+/// The attention op's buffers, as the forward pass passes them.
+const IO: AttentionIo = AttentionIo {
+    q: Buf::Q,
+    k: Buf::K,
+    v: Buf::V,
+    out: Buf::AttnOut,
+};
+
+const TOL_MATMUL: f64 = 5e-4;
+const TOL_EXACT: f64 = 1e-10;
+const TOL_ROPE: f64 = 1e-9;
+const TOL_ATTN: f64 = 1e-8;
+
+mod attention;
+mod cuda_only;
+mod elementwise;
+mod greedy;
+mod harness;
+mod matmul;
+mod moe;
+mod weights;
+
+use attention::*;
+use elementwise::*;
+use greedy::*;
+use harness::*;
+use matmul::*;
+use moe::*;
+use weights::*;
+
+#[test]
+fn conformance() {
+    let mut failures = Vec::new();
+    let mut rng = Rng::xorshift64_star(0x5eed_1234_abcd_0001);
+    let mut ran = 0;
+    for b in backends(&small_kv()) {
+        let mut h = Harness::new(b);
+        test_embed(&mut h, &mut rng);
+        test_matmul(&mut h, &mut rng, false);
+        test_elementwise(&mut h, &mut rng);
+        test_matmul_glu(&mut h, &mut rng);
+        test_matmul_many(&mut h, &mut rng);
+        test_norm_then_matmul(&mut h, &mut rng);
+        test_shards(&mut h, &mut rng);
+        test_rope(&mut h, &mut rng);
+        test_moe(&mut h, &mut rng);
+        test_routed_experts(&mut h, &mut rng);
+        test_greedy(&mut h, &mut rng);
+        failures.extend(h.finish());
+        ran += 1;
+    }
+    for (label, shape, kv, layers) in attention_cases() {
+        let dtype = kv.dtype;
+        let sliding = shape.window.is_some();
+        for rope in [None, Some(attention_rope(&label))] {
+            for b in backends(&kv) {
+                let mut h = Harness::new(b);
+                let (tables, steps) = attention_schedule(sliding);
+                test_attention(
+                    &mut h,
+                    &mut rng,
+                    &label,
+                    shape,
+                    dtype,
+                    layers,
+                    tables,
+                    steps,
+                    rope.as_ref(),
+                );
+                failures.extend(h.finish());
+            }
+        }
+    }
+    if ran == 0 {
+        println!("conformance: no backend present; nothing compared");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} checks failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

@@ -1,0 +1,260 @@
+//! MoE: routing, routed experts and tensor-parallel shards.
+
+use super::*;
+
+pub(crate) fn test_moe(h: &mut Harness, rng: &mut Rng) {
+    // Qwen3-30B-A3B: 128 experts, 8 active, hidden 2048.
+    let (rows, ne, k, d) = (6, 128, 8, 2048);
+    for normalize in [true, false] {
+        let logits: Vec<f32> = uniform(rng, rows * ne).iter().map(|v| v * 4.0).collect();
+        h.set(Buf::RouterLogits, &logits, ne);
+        h.b.route_experts(Buf::RouterLogits, rows, ne, k, normalize);
+        // Reference routes.
+        let mut routes = Vec::new();
+        for r in 0..rows {
+            let l = &logits[r * ne..(r + 1) * ne];
+            let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let e: Vec<f64> = l.iter().map(|&x| (x as f64 - m).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            let mut idx: Vec<usize> = (0..ne).collect();
+            idx.sort_by(|&a, &b| e[b].total_cmp(&e[a]));
+            let mut chosen: Vec<(usize, f64)> = idx[..k].iter().map(|&i| (i, e[i] / sum)).collect();
+            if normalize {
+                let t: f64 = chosen.iter().map(|c| c.1).sum();
+                chosen.iter_mut().for_each(|c| c.1 /= t);
+            }
+            routes.push(chosen);
+        }
+        let x = uniform(rng, rows * d);
+        h.set(Buf::Norm, &x, d);
+        h.b.zero(Buf::BranchOut, rows, d);
+        let mut want_out = vec![0f64; rows * d];
+        let mut count_fail = None;
+        for e in 0..ne {
+            let want_rows: Vec<usize> = (0..rows)
+                .filter(|&r| routes[r].iter().any(|c| c.0 == e))
+                .collect();
+            let n = h.b.gather_expert_rows(e, rows, k, Buf::Norm, d, Buf::MoeIn);
+            if n != want_rows.len() {
+                count_fail = Some(format!(
+                    "expert {e}: {n} rows gathered, {} expected",
+                    want_rows.len()
+                ));
+                break;
+            }
+            if n == 0 {
+                continue;
+            }
+            if e % 17 == 0 {
+                let got = h.get(Buf::MoeIn, n, d);
+                let want: Vec<f64> = want_rows
+                    .iter()
+                    .flat_map(|&r| x[r * d..(r + 1) * d].iter().map(|&v| v as f64))
+                    .collect();
+                h.check(
+                    "gather_expert_rows",
+                    &format!("expert {e} 6x2048 norm={normalize}"),
+                    &got,
+                    &want,
+                    TOL_EXACT,
+                );
+            }
+            // The expert's "output": its own random rows.
+            let y = uniform(rng, n * d);
+            h.set(Buf::MoeOut, &y, d);
+            h.b.scatter_expert_rows(e, rows, k, Buf::MoeOut, d, Buf::BranchOut);
+            for (i, &r) in want_rows.iter().enumerate() {
+                let w = routes[r]
+                    .iter()
+                    .find(|c| c.0 == e)
+                    .map(|c| c.1)
+                    .unwrap_or(0.0);
+                for c in 0..d {
+                    want_out[r * d + c] += w * y[i * d + c] as f64;
+                }
+            }
+        }
+        if let Some(msg) = count_fail {
+            let line = format!("{:5} route_experts      {msg} FAIL", h.b.name());
+            println!("{line}");
+            h.failures.push(line);
+            continue;
+        }
+        let got = h.get(Buf::BranchOut, rows, d);
+        h.check(
+            "route+scatter",
+            &format!("128 experts top-8 norm={normalize}"),
+            &got,
+            &want_out,
+            1e-9,
+        );
+    }
+}
+
+/// A layer's experts for [`test_routed_experts`]: gate and up of one kind,
+/// down of another, loaded expert by expert (gate, up, down) as the engine
+/// loads them; with their values.
+pub(crate) struct Experts {
+    pub(crate) ids: Vec<[MatrixId; 3]>,
+    pub(crate) values: Vec<[Vec<f32>; 3]>,
+    pub(crate) label: String,
+}
+
+/// (gate/up kind, down kind) pairs: each kind with routed kernels on the
+/// GPU (int8 activations, f32 activations, a Q4_K_M-like mix) and one
+/// without (Q4_1: the gather path everywhere).
+pub(crate) fn routed_kinds() -> Vec<(WeightType, WeightType)> {
+    use WeightType::*;
+    vec![
+        (Q4_0, Q4_0),
+        (Q8_0, Q8_0),
+        (Q4_K, Q6_K),
+        (F16, F16),
+        (Q5_K, Q5_K),
+        (Q4_1, Q4_1),
+    ]
+}
+
+/// Experts the routed tests use: 16 of them, 4 active, hidden 512, FFN 256.
+pub(crate) const ROUTED: (usize, usize, usize, usize) = (16, 4, 512, 256);
+
+pub(crate) fn load_experts<B: Backend + ?Sized>(
+    h: &mut Harness<B>,
+    rng: &mut Rng,
+    (gate_kind, down_kind): (WeightType, WeightType),
+) -> Experts {
+    let (ne, _, d, f) = ROUTED;
+    let (mut ids, mut values) = (Vec::new(), Vec::new());
+    for _ in 0..ne {
+        let (g, gv) = random_matrix(rng, Ok(gate_kind), f, d);
+        let (u, uv) = random_matrix(rng, Ok(gate_kind), f, d);
+        let (dn, dv) = random_matrix(rng, Ok(down_kind), d, f);
+        let load = |h: &mut Harness<B>, m| h.b.load_matrix(m).expect("loads");
+        ids.push([load(h, g), load(h, u), load(h, dn)]);
+        values.push([gv, uv, dv]);
+    }
+    Experts {
+        ids,
+        values,
+        label: format!("{}/{}", gate_kind.name(), down_kind.name()),
+    }
+}
+
+/// Routes `rows` random rows, then runs the routed experts over them into
+/// BranchOut; returns x and the router logits used.
+pub(crate) fn route_and_run<B: Backend + ?Sized>(
+    h: &mut Harness<B>,
+    rng: &mut Rng,
+    experts: &Experts,
+    rows: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let (ne, k, d, f) = ROUTED;
+    let logits: Vec<f32> = uniform(rng, rows * ne).iter().map(|v| v * 4.0).collect();
+    h.set(Buf::RouterLogits, &logits, ne);
+    let x = uniform(rng, rows * d);
+    h.set(Buf::Norm, &x, d);
+    h.b.route_experts(Buf::RouterLogits, rows, ne, k, true);
+    let out = Buf::BranchOut;
+    let ffn = RoutedFfn {
+        experts: &experts.ids,
+        k,
+        act: Glu::Silu,
+        width: d,
+        ffn_width: f,
+    };
+    h.b.routed_experts(&ffn, Buf::Norm, rows, out);
+    (x, logits)
+}
+
+/// routed_experts (after route_experts, normalized top-k) of one row (the
+/// GPU's on-device routes) and of three (the gather path), for each kind
+/// pair, against the f64 FFN of each row's experts weighted by its f64
+/// routes. Two matmuls deep on quantized activations: twice the matmul
+/// tolerance.
+pub(crate) fn test_routed_experts(h: &mut Harness, rng: &mut Rng) {
+    let (ne, k, d, f) = ROUTED;
+    for kinds in routed_kinds() {
+        let experts = load_experts(h, rng, kinds);
+        for rows in [1, 3] {
+            let (x, logits) = route_and_run(h, rng, &experts, rows);
+            let got = h.get(Buf::BranchOut, rows, d);
+            let mut want = vec![0f64; rows * d];
+            for r in 0..rows {
+                let l = &logits[r * ne..(r + 1) * ne];
+                let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+                let p: Vec<f64> = l.iter().map(|&v| (v as f64 - m).exp()).collect();
+                let mut idx: Vec<usize> = (0..ne).collect();
+                idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+                let total: f64 = idx[..k].iter().map(|&e| p[e]).sum();
+                let xr = &x[r * d..(r + 1) * d];
+                for &e in &idx[..k] {
+                    let [gv, uv, dv] = &experts.values[e];
+                    let hidden: Vec<f32> = reference_matmul(gv, f, d, xr, 1)
+                        .iter()
+                        .zip(reference_matmul(uv, f, d, xr, 1))
+                        .map(|(&g, u)| glu_ref(g, u, Glu::Silu) as f32)
+                        .collect();
+                    let y = reference_matmul(dv, d, f, &hidden, 1);
+                    for (o, v) in want[r * d..(r + 1) * d].iter_mut().zip(y) {
+                        *o += p[e] / total * v;
+                    }
+                }
+            }
+            h.check(
+                "routed_experts",
+                &format!("{} 16 experts top-4 x{rows}", experts.label),
+                &got,
+                &want,
+                2.0 * TOL_MATMUL,
+            );
+        }
+    }
+}
+
+/// Tensor-parallel shards of a matrix (`HostMatrix::rows_range`,
+/// `cols_range`) on one backend: a column-split (rows range) product is
+/// the whole product's rows; row-split (cols range) partial products of
+/// the matching slices of x, summed on the host where NCCL's all-reduce
+/// would sum them across GPUs, equal the whole product. Two and four
+/// shards, every weight kind.
+pub(crate) fn test_shards(h: &mut Harness, rng: &mut Rng) {
+    let (rows, cols, n) = (512, 2048, 3);
+    for kind in all_kinds() {
+        let (m, values) = random_matrix(rng, kind, rows, cols);
+        let x = uniform(rng, n * cols);
+        let want = reference_matmul(&values, rows, cols, &x, n);
+        for size in [2, 4] {
+            let (r, c) = (rows / size, cols / size);
+            let mut summed = vec![0f64; n * rows];
+            let mut stacked = vec![0f64; n * rows];
+            for rank in 0..size {
+                let id =
+                    h.b.load_matrix(m.rows_range(rank * r, (rank + 1) * r).expect("rows"))
+                        .expect("loads");
+                h.set(Buf::FfnGate, &x, cols);
+                h.b.matmul(id, Buf::FfnGate, n, Buf::FfnUp);
+                for (t, row) in h.get(Buf::FfnUp, n, r).chunks(r).enumerate() {
+                    for (i, &v) in row.iter().enumerate() {
+                        stacked[t * rows + rank * r + i] = v as f64;
+                    }
+                }
+                let id =
+                    h.b.load_matrix(m.cols_range(rank * c, (rank + 1) * c).expect("cols"))
+                        .expect("loads");
+                let xs: Vec<f32> = x
+                    .chunks(cols)
+                    .flat_map(|row| row[rank * c..(rank + 1) * c].to_vec())
+                    .collect();
+                h.set(Buf::FfnGate, &xs, c);
+                h.b.matmul(id, Buf::FfnGate, n, Buf::FfnUp);
+                for (s, &v) in summed.iter_mut().zip(&h.get(Buf::FfnUp, n, rows)) {
+                    *s += v as f64;
+                }
+            }
+            let case = format!("{} 512x2048 x{n} / {size}", kind_name(kind));
+            let f32s = |v: &[f64]| v.iter().map(|&x| x as f32).collect::<Vec<f32>>();
+            h.check("shard rows", &case, &f32s(&stacked), &want, TOL_MATMUL);
+            h.check("shard cols + sum", &case, &f32s(&summed), &want, TOL_MATMUL);
+        }
+    }
+}
