@@ -10,7 +10,7 @@ use fathom_plan::{quant, MemoryPlan};
 use fathom_spec::ModelSpec;
 use serde::Serialize;
 
-use crate::planning::{self, PlanArgs};
+use crate::planning::{self, PlacementArgs, PlanArgs};
 use crate::render;
 
 #[derive(Args)]
@@ -25,6 +25,8 @@ pub struct InspectArgs {
     pub batch: u64,
     #[command(flatten)]
     pub plan: PlanArgs,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
     /// Print one JSON object (schema in docs/inspect-json.md) instead of text.
     #[arg(long)]
     pub json: bool,
@@ -33,14 +35,16 @@ pub struct InspectArgs {
     pub recommend_quant: bool,
 }
 
-/// vLLM's `-tp N` (and `-tp=N`) for every command that plans: clap
-/// cannot take a short flag of two letters, and would read it as `-t p`
-/// (threads).
+/// vLLM's `-tp N` (and `-tp=N`) for every command that plans, and
+/// llama.cpp's `-ngl` and `-ot` for inspect: clap cannot take a short flag
+/// of several letters, and would read `-tp` as `-t p` (threads).
 pub fn rewrite_vllm_flags(mut args: Vec<OsString>) -> Vec<OsString> {
     for command in ["inspect", "generate", "run", "bench", "serve", "perplexity"] {
         args = crate::flags::rewrite_short(args, command, "-tp", "--tensor-parallel");
     }
-    args
+    // llama.cpp's placement flags, where fathom takes them.
+    args = crate::flags::rewrite_short(args, "inspect", "-ngl", "--gpu-layers");
+    crate::flags::rewrite_short(args, "inspect", "-ot", "--override-tensor")
 }
 
 /// The `--json` document: the plan's fields with the model's identity.
@@ -72,7 +76,7 @@ pub fn run(args: &InspectArgs) -> Result<ExitCode> {
     if args.recommend_quant && n != 1 {
         bail!("--recommend-quant weighs whole-model weights against one device's memory: drop it, or --tensor-parallel {n}");
     }
-    let plan = args.plan.plan(&spec, inputs)?;
+    let plan = args.placement.plan(&args.plan, &spec, inputs)?;
     let advice = args
         .recommend_quant
         .then(|| quant::advise(&spec, plan.kv_bytes, plan.available_bytes));

@@ -1,7 +1,8 @@
 //! Plan inputs shared by every command that plans: inspect, generate, run.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use fathom_plan::placement::{GpuLayers, PlacementRequest, TensorOverride};
 use fathom_plan::{env, rocm, Device, KvDtype, MemoryPlan, PlanInputs};
 use fathom_spec::ModelSpec;
 
@@ -32,6 +33,75 @@ pub struct PlanArgs {
         visible_alias = "tensor-parallel-size"
     )]
     pub tensor_parallel: u64,
+}
+
+/// Where tensors sit between the GPU and the host (`--device cuda`).
+#[derive(Args, Clone, Default)]
+pub struct PlacementArgs {
+    /// Layers whose attention and KV sit on the GPU (cuda): auto (all when the model fits, else the most that fit, the rest on the host from the input end), all, or N (the last N); -ngl N and --n-gpu-layers N are read as this flag.
+    #[arg(long, value_name = "auto|all|N", visible_alias = "n-gpu-layers")]
+    pub gpu_layers: Option<String>,
+    /// Keep every layer's routed expert tensors on the host (MoE models), as llama.cpp's --cpu-moe.
+    #[arg(long)]
+    pub cpu_moe: bool,
+    /// Keep the routed expert tensors of the first N layers on the host, as llama.cpp's --n-cpu-moe.
+    #[arg(long, value_name = "N")]
+    pub n_cpu_moe: Option<u64>,
+    /// Place tensors whose name matches REGEX: REGEX=cpu or REGEX=cuda, repeatable or comma-joined, later rules winning (llama.cpp's -ot, e.g. -ot 'exps=cpu'); -ot is read as this flag.
+    #[arg(long, value_name = "REGEX=cpu|cuda")]
+    pub override_tensor: Vec<String>,
+}
+
+impl PlacementArgs {
+    /// The request the flags make.
+    pub fn request(&self) -> Result<PlacementRequest> {
+        let gpu_layers = match &self.gpu_layers {
+            Some(text) => GpuLayers::parse(text)?,
+            None => GpuLayers::Auto,
+        };
+        let mut overrides = Vec::new();
+        for rule in &self.override_tensor {
+            overrides.extend(TensorOverride::parse(rule)?);
+        }
+        Ok(PlacementRequest {
+            gpu_layers,
+            cpu_moe_layers: if self.cpu_moe {
+                u64::MAX
+            } else {
+                self.n_cpu_moe.unwrap_or(0)
+            },
+            overrides,
+        })
+    }
+
+    /// The plan with these placement flags: placed on cuda with one
+    /// device; elsewhere the flags are refused unless left at their
+    /// defaults.
+    pub fn plan(
+        &self,
+        plan: &PlanArgs,
+        spec: &ModelSpec,
+        inputs: PlanInputs,
+    ) -> Result<MemoryPlan> {
+        let request = self.request()?;
+        let flags = "--gpu-layers, --cpu-moe, --n-cpu-moe and --override-tensor";
+        if inputs.device != Device::Cuda {
+            if !request.is_default() {
+                bail!("{flags} place tensors between a GPU and the host: they need --device cuda (this plan is for {})", inputs.device.name());
+            }
+            return plan.plan(spec, inputs);
+        }
+        if plan.tensor_parallel != 1 {
+            if !request.is_default() {
+                bail!(
+                    "{flags} do not combine with --tensor-parallel {} yet: drop one of them",
+                    plan.tensor_parallel
+                );
+            }
+            return plan.plan(spec, inputs);
+        }
+        MemoryPlan::with_placement(spec, inputs, &request).context("computing the memory plan")
+    }
 }
 
 impl PlanArgs {

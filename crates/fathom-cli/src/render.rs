@@ -3,6 +3,7 @@
 use std::fmt::Write;
 use std::path::Path;
 
+use fathom_plan::placement::Placement;
 use fathom_plan::quant::QuantAdvice;
 use fathom_plan::size::{format_binary, format_bytes};
 use fathom_plan::tensor_parallel::{Split, TensorParallel};
@@ -37,6 +38,8 @@ fn term_label(name: &str) -> &'static str {
         "nccl" => "NCCL buffers",
         "nccl_library" => "NCCL library",
         "device_contexts" => "Device contexts",
+        "host_kv" => "Host layers' KV",
+        "host_activations" => "Host activations",
         _ => "Other",
     }
 }
@@ -142,7 +145,62 @@ pub fn plan_text(model: &Path, format: &str, spec: &ModelSpec, plan: &MemoryPlan
     if let Some(tp) = &plan.tensor_parallel {
         tensor_parallel_text(&mut out, tp);
     }
+    if let Some(placed) = &plan.placement {
+        placement_text(&mut out, placed);
+    }
     out
+}
+
+/// Where the placement puts each layer, runs of alike layers on one line.
+fn placement_text(out: &mut String, p: &Placement) {
+    let _ = writeln!(
+        out,
+        "
+Placement ({}): {} of {} layers on the GPU, {} on the host; embeddings {}, output head {}; weights {} on the GPU, {} on the host",
+        p.chosen_by,
+        p.gpu_layers,
+        p.n_layers,
+        p.n_layers - p.gpu_layers,
+        p.embeddings.name(),
+        p.output.name(),
+        format_binary(p.device_weights_bytes),
+        format_binary(p.host_weights_bytes)
+    );
+    let mut at = 0;
+    while at < p.layers.len() {
+        let first = &p.layers[at];
+        let run = p.layers[at..]
+            .iter()
+            .take_while(|l| l.place == first.place && l.experts == first.experts)
+            .count();
+        let last = &p.layers[at + run - 1];
+        let (device, host) = p.layers[at..at + run]
+            .iter()
+            .fold((0u64, 0u64), |(d, h), l| {
+                (d + l.device_bytes, h + l.host_bytes)
+            });
+        let experts = match first.experts {
+            Some(e) if e != first.place => format!(", routed experts {}", e.name()),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  layers {:>3}-{:<3}  {} (attention and KV){experts}: {} on the GPU, {} on the host",
+            first.layer,
+            last.layer,
+            first.place.name(),
+            format_binary(device),
+            format_binary(host)
+        );
+        at += run;
+    }
+    for (pattern, place, tensors) in &p.overrides {
+        let _ = writeln!(
+            out,
+            "  --override-tensor {pattern}={}: {tensors} tensors",
+            place.name()
+        );
+    }
 }
 
 /// How the model is split, and the table of device counts.

@@ -13,6 +13,7 @@ pub mod cuda;
 pub mod device;
 pub mod env;
 pub mod kv;
+pub mod placement;
 pub mod quant;
 pub mod rocm;
 pub mod serve;
@@ -172,6 +173,11 @@ pub struct MemoryPlan {
     /// term.
     #[serde(skip)]
     pub device_layout: Option<cuda::DeviceLayout>,
+    /// Which tensors sit on the GPU and which on the host (`cuda` plans
+    /// made by [`MemoryPlan::with_placement`]); the fields above are then
+    /// the device's, `host` holds the rest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub placement: Option<placement::Placement>,
 }
 
 /// What a discrete GPU's run keeps in host memory, against host memory.
@@ -307,6 +313,125 @@ impl MemoryPlan {
             tp.sizes = sizes;
         }
         Ok(plan)
+    }
+
+    /// The plan with a placement between GPU and host (`cuda`; other
+    /// devices plan as [`MemoryPlan::new`]): `request`'s cut when the flags
+    /// fix one, else the first along [`placement`]'s order whose device
+    /// plan fits (everything on the host, not fitting, when none does).
+    pub fn with_placement(
+        spec: &ModelSpec,
+        inputs: PlanInputs,
+        request: &placement::PlacementRequest,
+    ) -> Result<Self, PlanError> {
+        if inputs.device != Device::Cuda {
+            return Self::new(spec, inputs);
+        }
+        let mut by = match request.gpu_layers {
+            placement::GpuLayers::Auto => "auto".to_string(),
+            placement::GpuLayers::All => "--gpu-layers all".to_string(),
+            placement::GpuLayers::Count(n) => format!("--gpu-layers {n}"),
+        };
+        if request.cpu_moe_layers > 0 {
+            by.push_str(&format!(" --n-cpu-moe {}", request.cpu_moe_layers));
+        }
+        for o in &request.overrides {
+            by.push_str(&format!(" -ot {}={}", o.pattern, o.place.name()));
+        }
+        let plan_of = |cut| -> Result<Self, PlanError> {
+            let (placed, device_spec, host_spec) =
+                placement::place(spec, cut, &request.overrides, by.clone());
+            let mut plan = Self::new(&device_spec, inputs.clone())?;
+            plan.add_host_side(spec, &host_spec, &placed);
+            plan.placement = Some(placed);
+            Ok(plan)
+        };
+        if let Some(cut) = placement::fixed_cut(spec, request) {
+            return plan_of(cut);
+        }
+        let cuts = placement::auto_cuts(spec, request.cpu_moe_layers);
+        let first = plan_of(cuts[0])?;
+        if first.fits {
+            return Ok(first);
+        }
+        // Each cut moves more to the host, so fitting is monotone: the
+        // first that fits, by bisection; the last (all on the host) if none.
+        let (mut lo, mut hi) = (1, cuts.len() - 1);
+        let mut best = plan_of(cuts[hi])?;
+        if !best.fits {
+            return Ok(best);
+        }
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let p = plan_of(cuts[mid])?;
+            if p.fits {
+                hi = mid;
+                best = p;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        Ok(best)
+    }
+
+    /// A placed device plan's host side: the host-placed tensors stay
+    /// mapped, the host layers' KV and the CPU's activations for them.
+    fn add_host_side(
+        &mut self,
+        whole: &ModelSpec,
+        host_spec: &ModelSpec,
+        placed: &placement::Placement,
+    ) {
+        let Some(host) = self.host.take() else {
+            return;
+        };
+        let inputs = &self.inputs;
+        let mut host = host;
+        if placed.host_weights_bytes > 0 {
+            if let Some(t) = host.terms.iter_mut().find(|t| t.name == "weights_staging") {
+                t.bytes = whole.weights_bytes();
+                t.derivation = format!(
+                    "the checkpoint's pages: the host's tensors ({}) stay mapped and are read in place, the device's ({}) are mapped while copied and released after loading",
+                    size::format_binary(placed.host_weights_bytes),
+                    size::format_binary(placed.device_weights_bytes)
+                );
+            }
+        }
+        let mut extra = Vec::new();
+        let host_layers = placed
+            .layers
+            .iter()
+            .filter(|l| l.place == placement::Place::Cpu)
+            .count();
+        let host_kv = kv::plan(host_spec, inputs.context, inputs.batch, inputs.kv_dtype);
+        if host_kv.bytes > 0 {
+            extra.push(Term {
+                name: "host_kv",
+                bytes: host_kv.bytes,
+                derivation: format!(
+                    "the {host_layers} host layers' KV: {}",
+                    host_kv.derivation(inputs.kv_dtype, inputs.batch)
+                ),
+            });
+        }
+        if placed.host_weights_bytes > 0 {
+            let cpu = activations::plan(
+                whole,
+                inputs.context,
+                inputs.batch,
+                inputs.max_tokens_per_step,
+                inputs.threads,
+            );
+            extra.push(Term {
+                name: "host_activations",
+                bytes: cpu.bytes,
+                derivation: format!(
+                    "the CPU backend's arena for the host's tensors (a whole step's buffers, the crossing included): {}",
+                    cpu.derivation(inputs.batch, whole.vocab, inputs.threads)
+                ),
+            });
+        }
+        self.host = Some(host.with_terms(extra, inputs));
     }
 
     /// The plan of one device; under tensor parallelism `shard` is what
@@ -447,6 +572,7 @@ impl MemoryPlan {
             terms,
             inputs,
             device_layout: s.layout,
+            placement: None,
         })
     }
 }

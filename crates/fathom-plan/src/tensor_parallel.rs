@@ -143,14 +143,14 @@ impl Role {
 /// One tensor's role, its layer, and whether its name is llama.cpp's
 /// (GGUF: ggml dimension order, row length first) or Hugging Face's (row
 /// length last).
-struct Classified {
-    role: Role,
-    layer: Option<usize>,
+pub(crate) struct Classified {
+    pub(crate) role: Role,
+    pub(crate) layer: Option<usize>,
     gguf: bool,
 }
 
 /// Reads a tensor's role from its name, in either format's naming.
-fn classify(t: &TensorEntry) -> Classified {
+pub(crate) fn classify(t: &TensorEntry) -> Classified {
     let vector = t.shape.len() <= 1;
     let (gguf, layer_rest) = if let Some(rest) = t.name.strip_prefix("blk.") {
         (true, Some(rest))

@@ -1,0 +1,146 @@
+//! `fathom inspect --device cuda` placing a model larger than the device
+//! between GPU and host, on header-only GGUF checkpoints of Llama-3.1-70B's
+//! and Qwen3-30B-A3B's published shapes (Q4_K). The placement arithmetic is
+//! derived by hand in crates/fathom-plan/tests/placement.rs; here the
+//! command's text and JSON carry it, llama.cpp's flag spellings are read,
+//! and misuse is refused with exit 1. No GPU is needed: `--memory` gives the
+//! device's memory.
+
+mod common;
+
+use common::{fathom, inspect_json, stderr, stdout, u, TempDir};
+use fathom_fixtures::{self as fx, Data, GgufTensorType};
+
+const MIB: u64 = 1 << 20;
+const GIB: u64 = 1 << 30;
+
+fn write(dir: &TempDir, model: &fx::ModelDef, name: &str) -> std::path::PathBuf {
+    let path = dir.0.join(name);
+    fx::write_gguf(model, &path, GgufTensorType::Q4_K, Data::Sparse).unwrap();
+    path
+}
+
+#[test]
+fn llama_70b_under_24g_is_placed_and_printed() {
+    let dir = TempDir::new("place-llama70b");
+    let gguf = write(&dir, &fx::llama_3_1_70b(), "llama-70b-q4_k.gguf");
+    let cuda = [
+        "--device", "cuda", "--memory", "24G", "-c", "8192", "-t", "2",
+    ];
+    let v = inspect_json(&gguf, &cuda, &[]);
+    let p = &v["placement"];
+    let n = u(p, "gpu_layers");
+    assert_eq!(p["chosen_by"], "auto");
+    assert_eq!(u(p, "n_layers"), 80);
+    assert!(n > 0 && n < 80, "{n}");
+    assert!(v["fits"].as_bool().unwrap());
+    assert!(u(&v, "total_bytes") <= 24 * GIB);
+    assert_eq!(p["embeddings"], "cpu");
+    assert_eq!(p["output"], "cuda");
+    // 32 MiB of f16 KV a layer at 8192 tokens (8 KV heads x 128 x 2 x 2 B).
+    assert_eq!(u(&v, "kv_bytes"), n * 32 * MIB);
+    let host_kv = v["host"]["terms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "host_kv")
+        .expect("a host_kv term");
+    assert_eq!(u(host_kv, "bytes"), (80 - n) * 32 * MIB);
+    let layers = p["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 80);
+    assert_eq!(layers[0]["place"], "cpu");
+    assert_eq!(layers[79]["place"], "cuda");
+    assert_eq!(
+        u(p, "device_weights_bytes"),
+        u(&v, "weights_bytes"),
+        "the device's weights are the placed ones"
+    );
+
+    // The text says the same, runs of layers on a line.
+    let mut all = vec!["inspect", gguf.to_str().unwrap()];
+    all.extend_from_slice(&cuda);
+    let out = fathom(&all, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains(&format!(
+            "Placement (auto): {n} of 80 layers on the GPU, {} on the host; embeddings cpu, output head cuda",
+            80 - n
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("layers   0-{:<3}  cpu (attention and KV)", 79 - n)),
+        "{text}"
+    );
+    assert!(text.contains("Host layers' KV"), "{text}");
+
+    // llama.cpp's -ngl, and `all`, which does not fit and says so.
+    let v = inspect_json(&gguf, &[&cuda[..], &["-ngl", "10"]].concat(), &[]);
+    assert_eq!(u(&v["placement"], "gpu_layers"), 10);
+    assert_eq!(v["placement"]["chosen_by"], "--gpu-layers 10");
+    let v = inspect_json(&gguf, &[&cuda[..], &["--gpu-layers", "all"]].concat(), &[]);
+    assert_eq!(u(&v["placement"], "gpu_layers"), 80);
+    assert!(!v["fits"].as_bool().unwrap());
+}
+
+#[test]
+fn qwen3_moe_experts_go_to_the_host_by_flag_and_by_regex() {
+    let dir = TempDir::new("place-qwen3moe");
+    let gguf = write(&dir, &fx::qwen3_30b_a3b(), "qwen3-30b-a3b-q4_k.gguf");
+    let cuda = ["--device", "cuda", "--memory", "80G", "-t", "2"];
+    let by_flag = inspect_json(&gguf, &[&cuda[..], &["--cpu-moe"]].concat(), &[]);
+    let by_regex = inspect_json(&gguf, &[&cuda[..], &["-ot", "exps=cpu"]].concat(), &[]);
+    for v in [&by_flag, &by_regex] {
+        assert_eq!(u(&v["placement"], "cpu_moe_layers"), 48);
+        assert_eq!(u(&v["placement"], "gpu_layers"), 48);
+    }
+    assert_eq!(
+        u(&by_flag["placement"], "host_weights_bytes"),
+        u(&by_regex["placement"], "host_weights_bytes")
+    );
+    assert_eq!(by_regex["placement"]["overrides"][0][2], 144);
+    // Under 12 GiB, auto moves experts and keeps every layer's attention.
+    let v = inspect_json(
+        &gguf,
+        &["--device", "cuda", "--memory", "12G", "-t", "2"],
+        &[],
+    );
+    let k = u(&v["placement"], "cpu_moe_layers");
+    assert!(k > 0 && k < 48, "{k}");
+    assert_eq!(u(&v["placement"], "gpu_layers"), 48);
+}
+
+#[test]
+fn placement_flags_need_one_cuda_device_and_valid_values() {
+    let dir = TempDir::new("place-errors");
+    let gguf = write(&dir, &fx::qwen3_30b_a3b(), "qwen3-30b-a3b-q4_k.gguf");
+    let model = gguf.to_str().unwrap();
+    for (args, want) in [
+        (
+            vec!["--device", "cpu", "--gpu-layers", "10"],
+            "need --device cuda",
+        ),
+        (
+            vec![
+                "--device",
+                "cuda",
+                "--memory",
+                "80G",
+                "--gpu-layers",
+                "most",
+            ],
+            "expected auto, all, or a layer count",
+        ),
+        (
+            vec!["--device", "cuda", "--memory", "80G", "-ot", "exps=tpu"],
+            "\"tpu\" is not cpu or cuda",
+        ),
+    ] {
+        let mut all = vec!["inspect", model];
+        all.extend_from_slice(&args);
+        let out = fathom(&all, &[]);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(want), "{args:?}: {}", stderr(&out));
+    }
+}

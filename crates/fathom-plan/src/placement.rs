@@ -1,0 +1,358 @@
+//! Which tensors sit on the GPU and which on the host, for a model larger
+//! than the device budget.
+//!
+//! The rule, from the headers and the budgets alone (deterministic):
+//! - A MoE model first moves expert tensors to the host, layer by layer
+//!   from the input end, keeping attention, norms, the router and shared
+//!   experts on the GPU: experts are most of the bytes and each token reads
+//!   only `k` of them, so the host's bandwidth costs least there.
+//! - Then (a dense model at once) whole layers go to the host from the
+//!   input end, with their KV: the host runs layers `0 .. L − N` and the GPU
+//!   the last `N` and the output head, so a step's activations cross once,
+//!   host to GPU, and the large output product stays on the GPU.
+//! - With any layer on the host the token embeddings go there too (a row
+//!   lookup, cheap on the CPU), unless the output head is the same tensor.
+//!
+//! The first placement along that order whose device plan fits is the
+//! `auto` choice; `--gpu-layers N`, `--n-cpu-moe N` / `--cpu-moe` and
+//! `--override-tensor REGEX=cpu|cuda` fix it by hand. A device's plan is the
+//! ordinary plan of a *device spec* (the model with the host's tensors
+//! removed and the host layers' attention holding no device KV), as a
+//! tensor-parallel device's is of its sharded spec.
+
+use fathom_spec::{Attention, ModelSpec};
+use regex::Regex;
+use serde::Serialize;
+
+use crate::tensor_parallel::{classify, Role};
+use crate::PlanError;
+
+/// Where a tensor (or a layer's KV) lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Place {
+    Cuda,
+    Cpu,
+}
+
+impl Place {
+    pub fn name(self) -> &'static str {
+        match self {
+            Place::Cuda => "cuda",
+            Place::Cpu => "cpu",
+        }
+    }
+}
+
+/// `--gpu-layers`: how many whole layers the GPU holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GpuLayers {
+    /// The most that fit (everything when the model fits).
+    #[default]
+    Auto,
+    /// Every layer; the plan does not fit when the model does not.
+    All,
+    /// The last `N` layers (more than the model has means all).
+    Count(u64),
+}
+
+impl GpuLayers {
+    pub fn parse(text: &str) -> Result<GpuLayers, PlanError> {
+        let t = text.trim();
+        match t.to_ascii_lowercase().as_str() {
+            "auto" => Ok(GpuLayers::Auto),
+            "all" => Ok(GpuLayers::All),
+            _ => t
+                .parse::<u64>()
+                .map(GpuLayers::Count)
+                .map_err(|_| PlanError::InvalidInput {
+                    what: "--gpu-layers".into(),
+                    value: text.into(),
+                    expected: "expected auto, all, or a layer count such as 20".into(),
+                }),
+        }
+    }
+}
+
+/// One `--override-tensor` rule: tensors whose name the pattern finds go to
+/// `place`.
+#[derive(Debug, Clone)]
+pub struct TensorOverride {
+    pub pattern: String,
+    regex: Regex,
+    pub place: Place,
+}
+
+impl TensorOverride {
+    /// `REGEX=cpu|cuda` (llama.cpp's spelling: `CPU`, `CUDA0` read too);
+    /// several rules may be joined by commas.
+    pub fn parse(text: &str) -> Result<Vec<TensorOverride>, PlanError> {
+        let invalid = |expected: String| PlanError::InvalidInput {
+            what: "--override-tensor".into(),
+            value: text.into(),
+            expected,
+        };
+        text.split(',')
+            .filter(|rule| !rule.trim().is_empty())
+            .map(|rule| {
+                let (pattern, place) = rule.rsplit_once('=').ok_or_else(|| {
+                    invalid(format!(
+                        "expected REGEX=cpu or REGEX=cuda (e.g. exps=cpu); {rule:?} has no '='"
+                    ))
+                })?;
+                let place = match place.trim().to_ascii_lowercase().as_str() {
+                    "cpu" => Place::Cpu,
+                    "cuda" | "cuda0" | "gpu" => Place::Cuda,
+                    other => {
+                        return Err(invalid(format!(
+                            "the place {other:?} is not cpu or cuda (in {rule:?})"
+                        )))
+                    }
+                };
+                let regex = Regex::new(pattern).map_err(|e| {
+                    invalid(format!("{pattern:?} is not a regular expression: {e}"))
+                })?;
+                Ok(TensorOverride {
+                    pattern: pattern.to_string(),
+                    regex,
+                    place,
+                })
+            })
+            .collect()
+    }
+}
+
+/// What the user asked of the placement (the flags).
+#[derive(Debug, Clone, Default)]
+pub struct PlacementRequest {
+    pub gpu_layers: GpuLayers,
+    /// Layers, from the input end, whose expert tensors stay on the host
+    /// (`--n-cpu-moe N`; `--cpu-moe` is every layer).
+    pub cpu_moe_layers: u64,
+    pub overrides: Vec<TensorOverride>,
+}
+
+impl PlacementRequest {
+    /// Whether the flags leave the choice to the plan with nothing forced
+    /// onto the host.
+    pub fn is_default(&self) -> bool {
+        self.gpu_layers == GpuLayers::Auto && self.cpu_moe_layers == 0 && self.overrides.is_empty()
+    }
+}
+
+/// One layer's place: attention, norms, router, dense FFN and shared
+/// experts go together; routed experts may sit apart.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LayerPlace {
+    pub layer: u64,
+    /// Where the layer runs (its attention and KV).
+    pub place: Place,
+    /// Where its routed expert tensors sit (MoE only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts: Option<Place>,
+    pub device_bytes: u64,
+    pub host_bytes: u64,
+}
+
+/// Which tensors the plan puts on the GPU and which on the host.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Placement {
+    /// Whole layers on the GPU (the last ones).
+    pub gpu_layers: u64,
+    pub n_layers: u64,
+    /// Layers whose routed experts are on the host.
+    pub cpu_moe_layers: u64,
+    /// `auto`, `all`, or the flags that fixed it.
+    pub chosen_by: String,
+    pub embeddings: Place,
+    pub output: Place,
+    pub layers: Vec<LayerPlace>,
+    pub device_weights_bytes: u64,
+    pub host_weights_bytes: u64,
+    /// `--override-tensor` patterns and how many tensors each moved.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub overrides: Vec<(String, Place, u64)>,
+}
+
+impl Placement {
+    /// Whether anything runs on the host.
+    pub fn is_split(&self) -> bool {
+        self.host_weights_bytes > 0 || self.layers.iter().any(|l| l.place == Place::Cpu)
+    }
+}
+
+/// One point along the placement order: routed experts of layers
+/// `0 .. host_experts` and whole layers `0 .. host_layers` on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cut {
+    pub host_experts: u64,
+    pub host_layers: u64,
+}
+
+/// The placement order for `auto`, from nothing on the host to everything:
+/// experts first (MoE), then whole layers; `min_experts` is `--n-cpu-moe`.
+pub(crate) fn auto_cuts(spec: &ModelSpec, min_experts: u64) -> Vec<Cut> {
+    let n = spec.layers.len() as u64;
+    let moe = spec.n_experts > 0;
+    let start = min_experts.min(n);
+    let mut cuts: Vec<Cut> = if moe {
+        (start..=n)
+            .map(|k| Cut {
+                host_experts: k,
+                host_layers: 0,
+            })
+            .collect()
+    } else {
+        vec![Cut {
+            host_experts: 0,
+            host_layers: 0,
+        }]
+    };
+    let experts_after = if moe { n } else { 0 };
+    cuts.extend((1..=n).map(|l| Cut {
+        host_experts: experts_after.max(start),
+        host_layers: l,
+    }));
+    cuts
+}
+
+/// The cut the flags fix, when they fix one (`--gpu-layers N` or `all`).
+pub(crate) fn fixed_cut(spec: &ModelSpec, request: &PlacementRequest) -> Option<Cut> {
+    let n = spec.layers.len() as u64;
+    let host_experts = request.cpu_moe_layers.min(n);
+    match request.gpu_layers {
+        GpuLayers::Auto => None,
+        GpuLayers::All => Some(Cut {
+            host_experts,
+            host_layers: 0,
+        }),
+        GpuLayers::Count(g) => Some(Cut {
+            host_experts,
+            host_layers: n.saturating_sub(g),
+        }),
+    }
+}
+
+/// The placement of `cut` with `overrides` applied, and the device and
+/// host specs it makes: the device spec holds the GPU's tensors and KV,
+/// the host spec the host's KV (its tensors are the rest).
+pub(crate) fn place(
+    spec: &ModelSpec,
+    cut: Cut,
+    overrides: &[TensorOverride],
+    chosen_by: String,
+) -> (Placement, ModelSpec, ModelSpec) {
+    let n = spec.layers.len() as u64;
+    let layer_place = |i: u64| {
+        if i < cut.host_layers {
+            Place::Cpu
+        } else {
+            Place::Cuda
+        }
+    };
+    let expert_place = |i: u64| {
+        if i < cut.host_experts.max(cut.host_layers) {
+            Place::Cpu
+        } else {
+            Place::Cuda
+        }
+    };
+    // A tied output head is the embedding table: it stays with the head.
+    let tied = !spec
+        .tensors
+        .iter()
+        .any(|t| classify(t).role == Role::OutputHead);
+    let mut embeddings = if cut.host_layers > 0 && !tied {
+        Place::Cpu
+    } else {
+        Place::Cuda
+    };
+    let mut output = Place::Cuda;
+    let mut overrides_used: Vec<(String, Place, u64)> = overrides
+        .iter()
+        .map(|o| (o.pattern.clone(), o.place, 0))
+        .collect();
+    let mut layers: Vec<LayerPlace> = (0..n)
+        .map(|i| LayerPlace {
+            layer: i,
+            place: layer_place(i),
+            experts: (spec.n_experts > 0).then(|| expert_place(i)),
+            device_bytes: 0,
+            host_bytes: 0,
+        })
+        .collect();
+    let (mut device_tensors, mut host_tensors) = (Vec::new(), Vec::new());
+    for t in &spec.tensors {
+        let c = classify(t);
+        let mut at = match (c.role, c.layer) {
+            (Role::ExpertsIn | Role::ExpertsDown, Some(i)) => expert_place(i as u64),
+            (_, Some(i)) => layer_place(i as u64),
+            (Role::Embedding, None) => embeddings,
+            _ => Place::Cuda,
+        };
+        // The last rule that matches wins, as later flags override earlier.
+        if let Some((k, o)) = overrides
+            .iter()
+            .enumerate()
+            .rev()
+            .find(|(_, o)| o.regex.is_match(&t.name))
+        {
+            at = o.place;
+            overrides_used[k].2 += 1;
+        }
+        match (c.role, c.layer.and_then(|i| layers.get_mut(i))) {
+            (_, Some(l)) => {
+                // KV sits where the layer's attention runs: with its q.
+                match c.role {
+                    Role::Query => l.place = at,
+                    Role::ExpertsIn | Role::ExpertsDown => l.experts = Some(at),
+                    _ => {}
+                }
+                match at {
+                    Place::Cuda => l.device_bytes = l.device_bytes.saturating_add(t.bytes),
+                    Place::Cpu => l.host_bytes = l.host_bytes.saturating_add(t.bytes),
+                }
+            }
+            (Role::Embedding, None) => embeddings = at,
+            (Role::OutputHead, None) => output = at,
+            _ => {}
+        }
+        match at {
+            Place::Cuda => device_tensors.push(t.clone()),
+            Place::Cpu => host_tensors.push(t.clone()),
+        }
+    }
+    let bytes =
+        |ts: &[fathom_spec::TensorEntry]| ts.iter().fold(0u64, |s, t| s.saturating_add(t.bytes));
+    let (device_weights_bytes, host_weights_bytes) = (bytes(&device_tensors), bytes(&host_tensors));
+    let (mut device_spec, mut host_spec) = (spec.clone(), spec.clone());
+    device_spec.tensors = device_tensors;
+    host_spec.tensors = host_tensors;
+    for ((d, h), l) in device_spec
+        .layers
+        .iter_mut()
+        .zip(host_spec.layers.iter_mut())
+        .zip(&layers)
+    {
+        match l.place {
+            Place::Cuda => h.attention = Attention::None,
+            Place::Cpu => d.attention = Attention::None,
+        }
+    }
+    let placement = Placement {
+        gpu_layers: layers.iter().filter(|l| l.place == Place::Cuda).count() as u64,
+        n_layers: n,
+        cpu_moe_layers: layers
+            .iter()
+            .filter(|l| l.experts == Some(Place::Cpu))
+            .count() as u64,
+        chosen_by,
+        embeddings,
+        output,
+        layers,
+        device_weights_bytes,
+        host_weights_bytes,
+        overrides: overrides_used,
+    };
+    (placement, device_spec, host_spec)
+}

@@ -1,0 +1,239 @@
+//! Placement between GPU and host on header-only GGUF checkpoints of the
+//! published Llama-3.1-70B and Qwen3-30B-A3B shapes (Q4_K), read by the real
+//! readers. Figures are derived by hand in the comments beside them.
+
+use std::path::PathBuf;
+
+use fathom_checkpoint::Checkpoint;
+use fathom_fixtures::{self as fx, Data, GgufTensorType, ModelDef};
+use fathom_plan::placement::{GpuLayers, Place, PlacementRequest, TensorOverride};
+use fathom_plan::{Available, Device, KvDtype, MemoryPlan, PlanInputs};
+use fathom_spec::ModelSpec;
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn gguf(model: &ModelDef, tag: &str) -> (TempDir, ModelSpec) {
+    let dir = std::env::temp_dir().join(format!("fathom-plan-place-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.gguf");
+    fx::write_gguf(model, &path, GgufTensorType::Q4_K, Data::Sparse).unwrap();
+    let spec = ModelSpec::from_checkpoint(&Checkpoint::open(&path).unwrap()).unwrap();
+    (TempDir(dir), spec)
+}
+
+const GIB: u64 = 1 << 30;
+const MIB: u64 = 1 << 20;
+
+fn inputs(device_bytes: u64) -> PlanInputs {
+    PlanInputs {
+        context: 8192,
+        batch: 1,
+        device: Device::Cuda,
+        kv_dtype: KvDtype::F16,
+        max_tokens_per_step: 512,
+        threads: 2,
+        headroom_factor: 1.0,
+        rocm_inflight_raw: None,
+        host_available: Some(Available {
+            bytes: 256 * GIB,
+            source: "test".into(),
+        }),
+        available: Available {
+            bytes: device_bytes,
+            source: "--memory".into(),
+        },
+    }
+}
+
+fn placed(spec: &ModelSpec, device_bytes: u64, request: &PlacementRequest) -> MemoryPlan {
+    MemoryPlan::with_placement(spec, inputs(device_bytes), request).unwrap()
+}
+
+fn host_term(plan: &MemoryPlan, name: &str) -> u64 {
+    let host = plan.host.as_ref().expect("a cuda plan has a host side");
+    host.terms
+        .iter()
+        .find(|t| t.name == name)
+        .map_or(0, |t| t.bytes)
+}
+
+fn gpu_layers(n: u64) -> PlacementRequest {
+    PlacementRequest {
+        gpu_layers: GpuLayers::Count(n),
+        ..PlacementRequest::default()
+    }
+}
+
+#[test]
+fn llama_70b_under_24_gib_keeps_the_last_layers_that_fit() {
+    let (_dir, spec) = gguf(&fx::llama_3_1_70b(), "llama70b");
+    let whole = spec.weights_bytes();
+    let p = placed(&spec, 24 * GIB, &PlacementRequest::default());
+    let placed_at = p.placement.as_ref().unwrap();
+    let n = placed_at.gpu_layers;
+    assert!(p.fits, "auto fits the device");
+    assert!(
+        n > 0 && n < 80,
+        "a 70B Q4_K (~40 GB) splits under 24 GiB: {n}"
+    );
+    assert_eq!(placed_at.chosen_by, "auto");
+    // Maximal: one more layer on the GPU no longer fits.
+    assert!(!placed(&spec, 24 * GIB, &gpu_layers(n + 1)).fits);
+    let mut fixed = placed(&spec, 24 * GIB, &gpu_layers(n));
+    assert_eq!(
+        fixed.placement.as_ref().unwrap().chosen_by,
+        format!("--gpu-layers {n}")
+    );
+    fixed.placement.as_mut().unwrap().chosen_by = "auto".into();
+    assert!(fixed == p, "auto is --gpu-layers {n}");
+    // The host runs the first 80 − n layers, the GPU the last n.
+    for l in &placed_at.layers {
+        let want = if l.layer < 80 - n {
+            Place::Cpu
+        } else {
+            Place::Cuda
+        };
+        assert_eq!(l.place, want, "layer {}", l.layer);
+    }
+    // Untied embeddings go to the host with the first layers; the output
+    // head stays on the GPU.
+    assert_eq!(placed_at.embeddings, Place::Cpu);
+    assert_eq!(placed_at.output, Place::Cuda);
+    // Every byte is somewhere, once.
+    assert_eq!(
+        placed_at.device_weights_bytes + placed_at.host_weights_bytes,
+        whole
+    );
+    assert_eq!(p.weights_bytes, placed_at.device_weights_bytes);
+    // KV by hand: 8 KV heads × 128 dims × (K + V) × 2 bytes = 4 KiB a
+    // token a layer, × 8192 tokens = 32 MiB a layer.
+    assert_eq!(p.kv_bytes, n * 32 * MIB);
+    assert_eq!(host_term(&p, "host_kv"), (80 - n) * 32 * MIB);
+    // The host keeps the whole file mapped while loading (its share stays).
+    assert_eq!(host_term(&p, "weights_staging"), whole);
+    assert!(host_term(&p, "host_activations") > 0);
+}
+
+#[test]
+fn all_layers_on_a_small_device_does_not_fit_and_says_so() {
+    let (_dir, spec) = gguf(&fx::llama_3_1_70b(), "llama70b-all");
+    let all = PlacementRequest {
+        gpu_layers: GpuLayers::All,
+        ..PlacementRequest::default()
+    };
+    let p = placed(&spec, 24 * GIB, &all);
+    assert!(!p.fits);
+    let placed_at = p.placement.as_ref().unwrap();
+    assert_eq!(placed_at.gpu_layers, 80);
+    assert_eq!(placed_at.host_weights_bytes, 0);
+    assert_eq!(placed_at.chosen_by, "--gpu-layers all");
+    // On a device that holds it, auto is everything on the GPU: the plan
+    // of no placement at all.
+    let roomy = placed(&spec, 80 * GIB, &PlacementRequest::default());
+    assert_eq!(roomy.placement.as_ref().unwrap().gpu_layers, 80);
+    assert!(!roomy.placement.as_ref().unwrap().is_split());
+    let plain = MemoryPlan::new(&spec, inputs(80 * GIB)).unwrap();
+    assert_eq!(roomy.total_bytes, plain.total_bytes);
+    assert_eq!(roomy.host, plain.host);
+}
+
+#[test]
+fn qwen3_30b_a3b_under_12_gib_moves_experts_first() {
+    let (_dir, spec) = gguf(&fx::qwen3_30b_a3b(), "qwen3moe");
+    let p = placed(&spec, 12 * GIB, &PlacementRequest::default());
+    let placed_at = p.placement.as_ref().unwrap();
+    let k = placed_at.cpu_moe_layers;
+    assert!(p.fits);
+    // Attention, norms, router and KV of all 48 layers stay on the GPU.
+    assert_eq!(placed_at.gpu_layers, 48);
+    assert!(k > 0 && k <= 48, "{k}");
+    for l in &placed_at.layers {
+        let want = if l.layer < k { Place::Cpu } else { Place::Cuda };
+        assert_eq!(l.experts, Some(want), "layer {}", l.layer);
+    }
+    // KV by hand: 4 KV heads × 128 dims × 2 × 2 bytes = 2 KiB a token a
+    // layer, 16 MiB at 8192 tokens, all 48 layers on the GPU.
+    assert_eq!(p.kv_bytes, 48 * 16 * MIB);
+    assert_eq!(host_term(&p, "host_kv"), 0);
+    // Minimal: experts of one layer fewer on the host do not fit.
+    let fewer = PlacementRequest {
+        gpu_layers: GpuLayers::All,
+        cpu_moe_layers: k - 1,
+        overrides: Vec::new(),
+    };
+    assert!(!placed(&spec, 12 * GIB, &fewer).fits);
+    // Host-side weights are exactly the k layers' experts: 3 stacked
+    // tensors of 128 experts a layer.
+    let experts_of = |layer: u64| -> u64 {
+        spec.tensors
+            .iter()
+            .filter(|t| t.name.starts_with(&format!("blk.{layer}.")) && t.name.contains("_exps"))
+            .map(|t| t.bytes)
+            .sum()
+    };
+    assert_eq!(
+        placed_at.host_weights_bytes,
+        (0..k).map(experts_of).sum::<u64>()
+    );
+}
+
+#[test]
+fn override_tensor_exps_to_cpu_equals_cpu_moe() {
+    let (_dir, spec) = gguf(&fx::qwen3_30b_a3b(), "qwen3moe-ot");
+    let by_flag = placed(
+        &spec,
+        80 * GIB,
+        &PlacementRequest {
+            gpu_layers: GpuLayers::All,
+            cpu_moe_layers: u64::MAX,
+            overrides: Vec::new(),
+        },
+    );
+    let by_regex = placed(
+        &spec,
+        80 * GIB,
+        &PlacementRequest {
+            gpu_layers: GpuLayers::All,
+            cpu_moe_layers: 0,
+            overrides: TensorOverride::parse("exps=cpu").unwrap(),
+        },
+    );
+    let (a, b) = (
+        by_flag.placement.as_ref().unwrap(),
+        by_regex.placement.as_ref().unwrap(),
+    );
+    assert_eq!(a.cpu_moe_layers, 48);
+    assert_eq!(a.device_weights_bytes, b.device_weights_bytes);
+    assert_eq!(a.host_weights_bytes, b.host_weights_bytes);
+    assert_eq!(by_flag.total_bytes, by_regex.total_bytes);
+    // 48 layers × 3 stacked expert tensors matched.
+    assert_eq!(b.overrides, vec![("exps".to_string(), Place::Cpu, 144)]);
+}
+
+#[test]
+fn bad_placement_flags_are_clear_errors() {
+    let err = GpuLayers::parse("most").unwrap_err().to_string();
+    assert!(
+        err.contains("--gpu-layers") && err.contains("auto, all, or a layer count"),
+        "{err}"
+    );
+    let err = TensorOverride::parse("exps").unwrap_err().to_string();
+    assert!(err.contains("REGEX=cpu") && err.contains("no '='"), "{err}");
+    let err = TensorOverride::parse("exps=tpu").unwrap_err().to_string();
+    assert!(err.contains("\"tpu\" is not cpu or cuda"), "{err}");
+    let err = TensorOverride::parse("(exps=cpu").unwrap_err().to_string();
+    assert!(err.contains("not a regular expression"), "{err}");
+    // llama.cpp's spellings and comma-joined rules.
+    let rules = TensorOverride::parse("exps=CPU,attn=CUDA0").unwrap();
+    assert_eq!(rules.len(), 2);
+    assert_eq!((rules[0].place, rules[1].place), (Place::Cpu, Place::Cuda));
+    assert_eq!(GpuLayers::parse("ALL").unwrap(), GpuLayers::All);
+    assert_eq!(GpuLayers::parse("12").unwrap(), GpuLayers::Count(12));
+}
