@@ -194,6 +194,32 @@ Placement ({}): {} of {} layers on the GPU, {} on the host; embeddings {}, outpu
         );
         at += run;
     }
+    let _ = writeln!(
+        out,
+        "  {:>10}  {:>12}  {:>12}  {:<12}  largest context (device)",
+        "GPU layers", "device total", "host total", "fits"
+    );
+    for o in &p.options {
+        let fits = match (o.fits, o.host_fits) {
+            (true, true) => "yes",
+            (false, true) => "no (device)",
+            (true, false) => "no (host)",
+            (false, false) => "no (both)",
+        };
+        let _ = writeln!(
+            out,
+            "  {:>10}  {:>12}  {:>12}  {fits:<12}  {}{}",
+            o.gpu_layers,
+            format_binary(o.device_total_bytes),
+            format_binary(o.host_total_bytes),
+            o.max_context_that_fits,
+            if o.gpu_layers == p.gpu_layers {
+                "  <- this plan"
+            } else {
+                ""
+            }
+        );
+    }
     for (pattern, place, tensors) in &p.overrides {
         let _ = writeln!(
             out,

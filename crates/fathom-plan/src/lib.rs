@@ -346,32 +346,54 @@ impl MemoryPlan {
             plan.placement = Some(placed);
             Ok(plan)
         };
-        if let Some(cut) = placement::fixed_cut(spec, request) {
-            return plan_of(cut);
-        }
-        let cuts = placement::auto_cuts(spec, request.cpu_moe_layers);
-        let first = plan_of(cuts[0])?;
-        if first.fits {
-            return Ok(first);
-        }
-        // Each cut moves more to the host, so fitting is monotone: the
-        // first that fits, by bisection; the last (all on the host) if none.
-        let (mut lo, mut hi) = (1, cuts.len() - 1);
-        let mut best = plan_of(cuts[hi])?;
-        if !best.fits {
-            return Ok(best);
-        }
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            let p = plan_of(cuts[mid])?;
-            if p.fits {
-                hi = mid;
-                best = p;
-            } else {
-                lo = mid + 1;
+        let chosen = match placement::fixed_cut(spec, request) {
+            Some(cut) => plan_of(cut)?,
+            None => {
+                let cuts = placement::auto_cuts(spec, request.cpu_moe_layers);
+                // Each cut moves more to the host, so fitting is monotone:
+                // the first that fits, by bisection; the last (all on the
+                // host) if none does.
+                let (mut lo, mut hi) = (0, cuts.len() - 1);
+                let mut best = plan_of(cuts[hi])?;
+                while best.fits && lo < hi {
+                    let mid = lo + (hi - lo) / 2;
+                    let p = plan_of(cuts[mid])?;
+                    if p.fits {
+                        hi = mid;
+                        best = p;
+                    } else {
+                        lo = mid + 1;
+                    }
+                }
+                best
+            }
+        };
+        let mut chosen = chosen;
+        if let Some(placed) = chosen.placement.as_ref() {
+            let (n, host_experts) = (placed.n_layers, placed.cpu_moe_layers);
+            let options = placement::option_counts(n, placed.gpu_layers)
+                .into_iter()
+                .map(|gpu_layers| {
+                    let p = plan_of(placement::Cut {
+                        host_experts,
+                        host_layers: n - gpu_layers,
+                    })?;
+                    let host = p.host.as_ref();
+                    Ok(placement::PlacementOption {
+                        gpu_layers,
+                        device_total_bytes: p.total_bytes,
+                        host_total_bytes: host.map_or(0, |h| h.total_bytes),
+                        fits: p.fits,
+                        host_fits: host.is_none_or(|h| h.fits),
+                        max_context_that_fits: p.max_context_that_fits,
+                    })
+                })
+                .collect::<Result<Vec<_>, PlanError>>()?;
+            if let Some(placed) = chosen.placement.as_mut() {
+                placed.options = options;
             }
         }
-        Ok(best)
+        Ok(chosen)
     }
 
     /// A placed device plan's host side: the host-placed tensors stay

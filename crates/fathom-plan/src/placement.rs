@@ -172,6 +172,39 @@ pub struct Placement {
     /// `--override-tensor` patterns and how many tensors each moved.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub overrides: Vec<(String, Place, u64)>,
+    /// The same placement with other GPU layer counts (all, this one, ¾,
+    /// ½, ¼ of the layers, none), for choosing by hand.
+    pub options: Vec<PlacementOption>,
+}
+
+/// One row of the placement's table of GPU layer counts.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PlacementOption {
+    pub gpu_layers: u64,
+    pub device_total_bytes: u64,
+    pub host_total_bytes: u64,
+    /// Whether the device budget holds it.
+    pub fits: bool,
+    /// Whether the host budget holds it (true when unchecked).
+    pub host_fits: bool,
+    /// The largest context per sequence the device holds at this
+    /// placement (the host's KV grows with it too: see `host_fits`).
+    pub max_context_that_fits: u64,
+}
+
+/// The GPU layer counts the table lists: all, `chosen`, ¾, ½, ¼, none.
+pub(crate) fn option_counts(n_layers: u64, chosen: u64) -> Vec<u64> {
+    let mut counts = vec![
+        n_layers,
+        chosen,
+        n_layers * 3 / 4,
+        n_layers / 2,
+        n_layers / 4,
+        0,
+    ];
+    counts.sort_unstable_by(|a, b| b.cmp(a));
+    counts.dedup();
+    counts
 }
 
 impl Placement {
@@ -353,6 +386,7 @@ pub(crate) fn place(
         device_weights_bytes,
         host_weights_bytes,
         overrides: overrides_used,
+        options: Vec::new(),
     };
     (placement, device_spec, host_spec)
 }

@@ -119,6 +119,20 @@ fn llama_70b_under_24_gib_keeps_the_last_layers_that_fit() {
     // The host keeps the whole file mapped while loading (its share stays).
     assert_eq!(host_term(&p, "weights_staging"), whole);
     assert!(host_term(&p, "host_activations") > 0);
+    // The table of layer counts: all, this one, 3/4, 1/2, 1/4, none; the
+    // row of this plan is the plan; more layers than auto's do not fit.
+    let counts: Vec<u64> = placed_at.options.iter().map(|o| o.gpu_layers).collect();
+    assert_eq!(counts, [80, 60, n, 40, 20, 0]);
+    let row = placed_at
+        .options
+        .iter()
+        .find(|o| o.gpu_layers == n)
+        .unwrap();
+    assert_eq!(row.device_total_bytes, p.total_bytes);
+    assert_eq!(row.host_total_bytes, p.host.as_ref().unwrap().total_bytes);
+    for o in &placed_at.options {
+        assert_eq!(o.fits, o.gpu_layers <= n, "{o:?}");
+    }
 }
 
 #[test]
