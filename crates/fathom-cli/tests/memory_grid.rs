@@ -124,13 +124,22 @@ fn recorded_cuda() -> Option<(PathBuf, Value)> {
 }
 
 /// A CUDA plan without what depends on the machine it was computed on:
-/// the host budget's available memory, its source and whether it fits.
+/// the host budget's available memory, its source and whether it fits;
+/// and without the placement, which the recorded grid predates: every cell
+/// fits its device, so the placement must keep every tensor there.
 fn without_host_availability(plan_json: &str) -> Value {
     let mut plan: Value = serde_json::from_str(plan_json).expect("plan JSON");
     if let Some(host) = plan["host"].as_object_mut() {
         for key in ["available_bytes", "available_source", "fits"] {
             host.remove(key);
         }
+    }
+    if let Some(placement) = plan.as_object_mut().and_then(|p| p.remove("placement")) {
+        assert_eq!(
+            (&placement["host_weights_bytes"], &placement["gpu_layers"]),
+            (&Value::from(0), &placement["n_layers"]),
+            "a plan that fits its device places everything there"
+        );
     }
     plan
 }
