@@ -25,7 +25,8 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
-use crate::api::{self, ApiError, GenerationRequest, Prompt, Route};
+use crate::api::{self, ApiError, GenerationRequest, OutputConstraint, Prompt, Route};
+use crate::constraint::{ConstraintState, Constraints, Grammar};
 use crate::logprobs::{self, LogprobsWriter};
 use crate::metrics::{self, Metrics, Snapshot};
 use crate::{Event, FinishReason, Job, Logprobs, Scheduler, SubmitError};
@@ -88,6 +89,9 @@ pub enum ServeError {
 struct Shared {
     config: ServerConfig,
     model: OnceLock<LoadedModel>,
+    /// The constraint compiler for the model's vocabulary, built at the
+    /// first constrained request.
+    constraints: OnceLock<Result<Constraints, String>>,
     metrics: Metrics,
     started: u64,
     counter: AtomicU64,
@@ -126,6 +130,7 @@ pub fn serve(
     let shared = Arc::new(Shared {
         config,
         model: OnceLock::new(),
+        constraints: OnceLock::new(),
         metrics: Metrics::default(),
         started: unix_now(),
         counter: AtomicU64::new(0),
@@ -700,6 +705,8 @@ struct Prepared {
     request: GenerationRequest,
     prompt: Vec<u32>,
     max_tokens: usize,
+    /// The compiled constraint of the answer, if any.
+    constraint: Option<Box<ConstraintState>>,
     /// The prompt as the response's text shows it, when echoed.
     echo: Option<String>,
 }
@@ -754,6 +761,7 @@ async fn generate(
         prompt,
         max_tokens,
         echo,
+        constraint,
     } = prepared;
     let (events, receiver) = unbounded_channel();
     let GenerationRequest {
@@ -776,6 +784,7 @@ async fn generate(
             sampling,
             stop,
             logprobs,
+            constraint,
             events,
         })
         .map_err(|e| {
@@ -917,11 +926,47 @@ fn prepare(
         // The parser takes echo on /v1/completions only.
         Prompt::Chat(_) => String::new(),
     });
+    let constraint = match &request.constraint {
+        None => None,
+        Some((param, c)) => {
+            let grammar = match c {
+                OutputConstraint::JsonObject => Grammar::JsonObject,
+                OutputConstraint::JsonSchema(schema) => Grammar::JsonSchema(schema.clone()),
+                OutputConstraint::Gbnf(text) => Grammar::Gbnf(text.clone()),
+            };
+            Some(compile(shared, model, param, &grammar)?)
+        }
+    };
     Ok(Prepared {
         request,
         prompt,
         max_tokens,
         echo,
+        constraint,
+    })
+}
+
+/// Compiles `grammar` for the request field `param` (a 400 naming it when
+/// the engine refuses it).
+fn compile(
+    shared: &Shared,
+    model: &LoadedModel,
+    param: &str,
+    grammar: &Grammar,
+) -> Result<Box<ConstraintState>, ApiError> {
+    let constraints = shared
+        .constraints
+        .get_or_init(|| Constraints::new(&model.tokenizer, model.tokenizer.vocab_size()));
+    let constraints = constraints
+        .as_ref()
+        .map_err(|e| ApiError::new(500, "server_error", e.clone()))?;
+    let code = match grammar {
+        Grammar::Gbnf(_) | Grammar::Lark(_) => "invalid_grammar",
+        Grammar::JsonObject | Grammar::JsonSchema(_) => "invalid_schema",
+    };
+    constraints.compile(grammar).map(Box::new).map_err(|e| {
+        ApiError::invalid(param, format!("{param} cannot be enforced: {}", e.message))
+            .with_code(code)
     })
 }
 
@@ -1207,6 +1252,7 @@ async fn collect(
             }
             Some(Event::Finished {
                 reason,
+                constraint: _,
                 prompt_tokens,
                 completion_tokens,
                 cached_tokens,
@@ -1282,6 +1328,7 @@ impl SseBody {
                 }
                 Some(Event::Finished {
                     reason,
+                    constraint: _,
                     prompt_tokens,
                     completion_tokens,
                     cached_tokens,

@@ -2,6 +2,8 @@
 //! block pool, with a prefix cache, behind OpenAI-compatible HTTP routes.
 
 pub mod api;
+pub mod constraint;
+pub mod gbnf;
 pub mod http;
 pub mod job;
 pub mod logprobs;

@@ -335,10 +335,7 @@ fn chat_template_features() {
                   {%- endfor -%}\n\
                   {{ {'k': 1} | tojson }}{% if add_generation_prompt %}{{ eos_token }}{% endif %}";
     let t = ChatTemplate::new(source, "<s>", "</s>").unwrap();
-    let msg = |role: &str, content: &str| Message {
-        role: role.into(),
-        content: content.into(),
-    };
+    let msg = |role: &str, content: &str| Message::new(role, content);
     let rendered = t
         .render(
             &[

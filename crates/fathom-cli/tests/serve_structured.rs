@@ -1,0 +1,358 @@
+//! Structured output through `fathom serve`: the real binary on loopback
+//! with the real SmolLM2 GGUF, over real HTTP. A corpus of JSON schemas
+//! (`tests/data/json_schemas/`) asked for with `response_format` at
+//! several temperatures, every finished answer checked by an independent
+//! validator (Python's `jsonschema`); GBNF grammars, `json_object`, the
+//! completions route, streaming; schemas the engine cannot enforce get a
+//! 400 naming the keyword, and hostile ones are refused or bounded.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::server::{sse_events, Server};
+use serde_json::{json, Value};
+
+/// The corpus: `{name, prompt, schema}` entries of every file.
+fn corpus() -> Vec<Value> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/json_schemas");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|f| {
+            let v: Value = serde_json::from_slice(&std::fs::read(f).unwrap()).unwrap();
+            v.as_array().unwrap().clone()
+        })
+        .collect()
+}
+
+/// Validates each `(schema, text)` with Python's `jsonschema` (Draft
+/// 2020-12, formats checked where it has checkers); returns the failures.
+fn validate(cases: &[(Value, String)]) -> Vec<String> {
+    let script = r#"
+import json, sys
+import jsonschema
+cases = json.load(sys.stdin)
+bad = []
+for i, (schema, text) in enumerate(cases):
+    try:
+        value = json.loads(text)
+    except Exception as e:
+        bad.append(f"{i}: not JSON ({e}): {text!r}")
+        continue
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    v = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    errors = [e.message for e in v.iter_errors(value)]
+    if errors:
+        bad.append(f"{i}: {errors[:3]}: {text!r}")
+print(json.dumps(bad))
+"#;
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 (scripts/test.sh installs jsonschema)");
+    let input = serde_json::to_vec(cases).unwrap();
+    child.stdin.take().unwrap().write_all(&input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the validator failed (pip install jsonschema; scripts/test.sh does): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn chat(server: &Server, body: Value) -> Value {
+    let r = server.post("/v1/chat/completions", &body.to_string(), &[]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()
+}
+
+/// Answers cut at `max_tokens` cannot be whole; at most this share may be.
+const MAX_CUT: f64 = 0.10;
+
+#[test]
+fn every_answer_to_the_schema_corpus_validates_at_any_temperature() {
+    let server = Server::start(&["-np", "4", "-c", "1024"], &[]);
+    let corpus = corpus();
+    assert!(corpus.len() >= 40, "{} schemas", corpus.len());
+    let mut jobs = Vec::new();
+    for (k, entry) in corpus.iter().enumerate() {
+        for (t, temperature) in [0.0, 0.7, 1.3].into_iter().enumerate() {
+            let body = json!({
+                "messages": [
+                    {"role": "system", "content": "Answer with JSON only."},
+                    {"role": "user", "content": entry["prompt"]},
+                ],
+                "max_tokens": 256,
+                "temperature": temperature,
+                "seed": k * 3 + t,
+                "response_format": {"type": "json_schema", "json_schema": {
+                    "name": entry["name"], "strict": true, "schema": entry["schema"],
+                }},
+            });
+            jobs.push((
+                entry["name"].as_str().unwrap().to_string(),
+                entry["schema"].clone(),
+                body,
+            ));
+        }
+    }
+    let started = Instant::now();
+    let results: Vec<(String, Value, String, String)> = std::thread::scope(|s| {
+        let chunks: Vec<_> = jobs.chunks(jobs.len().div_ceil(4)).collect();
+        let handles: Vec<_> = chunks
+            .into_iter()
+            .map(|chunk| {
+                let server = &server;
+                s.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|(name, schema, body)| {
+                            let v = chat(server, body.clone());
+                            let choice = &v["choices"][0];
+                            (
+                                name.clone(),
+                                schema.clone(),
+                                choice["message"]["content"].as_str().unwrap().to_string(),
+                                choice["finish_reason"].as_str().unwrap().to_string(),
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    let finished: Vec<(Value, String)> = results
+        .iter()
+        .filter(|r| r.3 == "stop")
+        .map(|r| (r.1.clone(), r.2.clone()))
+        .collect();
+    let cut: Vec<&str> = results
+        .iter()
+        .filter(|r| r.3 != "stop")
+        .map(|r| r.0.as_str())
+        .collect();
+    let bad = validate(&finished);
+    eprintln!(
+        "{} answers in {:.1} s: {} finished, all checked; {} cut at max_tokens {cut:?}",
+        results.len(),
+        started.elapsed().as_secs_f64(),
+        finished.len(),
+        cut.len()
+    );
+    assert!(
+        bad.is_empty(),
+        "answers that do not validate:\n{}",
+        bad.join("\n")
+    );
+    assert!(
+        (cut.len() as f64) <= MAX_CUT * results.len() as f64,
+        "{} of {} answers were cut at max_tokens: {cut:?}",
+        cut.len(),
+        results.len()
+    );
+}
+
+#[test]
+fn grammars_json_objects_completions_and_streams_are_constrained() {
+    let server = Server::start(&[], &[]);
+    // GBNF, at a high temperature.
+    let grammar = r#"root ::= "The answer is " ("yes" | "no") "." [ ]? [0-9]{1,3}"#;
+    for seed in 0..4 {
+        let v = chat(
+            &server,
+            json!({"messages": [{"role": "user", "content": "Is water wet?"}], "grammar": grammar,
+                   "temperature": 1.5, "seed": seed, "max_tokens": 30}),
+        );
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        let rest = text.strip_prefix("The answer is ").expect(text);
+        let rest = rest
+            .strip_prefix("yes.")
+            .or_else(|| rest.strip_prefix("no."))
+            .expect(text);
+        let digits = rest.strip_prefix(' ').unwrap_or(rest);
+        assert!(
+            (1..=3).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()),
+            "{text:?}"
+        );
+    }
+    // json_object: an object.
+    let v = chat(
+        &server,
+        json!({"messages": [{"role": "user", "content": "Describe a cat."}],
+               "response_format": {"type": "json_object"}, "max_tokens": 200}),
+    );
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    if v["choices"][0]["finish_reason"] == "stop" {
+        assert!(
+            serde_json::from_str::<Value>(text).unwrap().is_object(),
+            "{text}"
+        );
+    }
+    // /v1/completions with llama-server's json_schema.
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["n"], "additionalProperties": false});
+    let r = server.post(
+        "/v1/completions",
+        &json!({"prompt": "A number:", "json_schema": schema, "max_tokens": 20}).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let text = r.json()["choices"][0]["text"].as_str().unwrap().to_string();
+    let n = serde_json::from_str::<Value>(&text).unwrap()["n"]
+        .as_i64()
+        .unwrap();
+    assert!((1..=9).contains(&n), "{text}");
+    // Streamed: the deltas join into a valid answer.
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "sunny": {"type": "boolean"}}, "required": ["city", "sunny"], "additionalProperties": false});
+    let r = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Weather in Rome?"}], "stream": true, "max_tokens": 60,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}})
+        .to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (events, done) = sse_events(&r.body);
+    assert!(done);
+    let text: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let last = events
+        .iter()
+        .rev()
+        .find(|e| !e["choices"][0]["finish_reason"].is_null())
+        .unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "stop", "{text}");
+    assert!(validate(&[(schema, text)]).is_empty());
+}
+
+#[test]
+fn schemas_that_cannot_be_enforced_get_400_naming_the_keyword() {
+    let server = Server::start(&[], &[]);
+    let ask = |field: &str, value: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4});
+        body[field] = value;
+        server.post("/v1/chat/completions", &body.to_string(), &[])
+    };
+    for (schema, keyword) in [
+        (json!({"type": "array", "uniqueItems": true}), "uniqueItems"),
+        (
+            json!({"if": {"type": "string"}, "then": {"minLength": 2}}),
+            "if",
+        ),
+        (json!({"not": {"type": "string"}}), "not"),
+        (
+            json!({"type": "object", "dependentRequired": {"a": ["b"]}}),
+            "dependentRequired",
+        ),
+    ] {
+        let r = ask(
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}),
+        );
+        let v = r.assert_error(400, "invalid_schema");
+        assert_eq!(v["error"]["param"], "response_format", "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(keyword), "{keyword}: {message}");
+    }
+    let r = ask("json_schema", json!({"$ref": "#/$defs/missing"}));
+    r.assert_error(400, "invalid_schema");
+    let r = ask("grammar", json!("root ::= undefined-rule"));
+    let v = r.assert_error(400, "invalid_grammar");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("undefined-rule"),
+        "{v}"
+    );
+}
+
+/// Hostile schemas and grammars are refused or bounded, quickly, and the
+/// server goes on serving.
+#[test]
+fn hostile_schemas_are_refused_or_bounded_quickly() {
+    let server = Server::start(&[], &[]);
+    // Each within the body's JSON limits (nesting, value count), so the
+    // constraint engine is what meets them.
+    let mut deep = json!({"type": "integer"});
+    for _ in 0..60 {
+        deep = json!({"type": "array", "items": deep});
+    }
+    let huge_enum: Vec<String> = (0..20_000)
+        .map(|i| format!("value-{i:05}-{}", "x".repeat(i % 17)))
+        .collect();
+    let many_props: serde_json::Map<String, Value> = (0..2000)
+        .map(|i| {
+            (
+                format!("p{i}"),
+                json!({"type": "string", "pattern": "^(a|b|c)*[0-9]{3,7}(x|y)+$"}),
+            )
+        })
+        .collect();
+    let cases = [
+        ("deep nesting", json!({"json_schema": deep})),
+        ("huge enum", json!({"json_schema": {"enum": huge_enum}})),
+        (
+            "many patterned properties",
+            json!({"json_schema": {"type": "object", "properties": many_props, "required": many_props.keys().collect::<Vec<_>>()}}),
+        ),
+        (
+            "exponential regex",
+            json!({"json_schema": {"type": "string", "pattern": "^(a|aa)*(a|aa)*(a|aa)*(a|aa)*b{1,500}[a-z]{200,400}$"}}),
+        ),
+        (
+            "counted repetition",
+            json!({"json_schema": {"type": "string", "pattern": "^(x{1,1000}){1,1000}$"}}),
+        ),
+        (
+            "grammar blow-up",
+            json!({"grammar": format!("root ::= {}", "(\"a\" | \"b\" | \"ab\")* ".repeat(400))}),
+        ),
+    ];
+    for (what, extra) in cases {
+        let mut body = json!({"messages": [{"role": "user", "content": "go"}], "max_tokens": 16});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let started = Instant::now();
+        let r = server.post("/v1/chat/completions", &body.to_string(), &[]);
+        let took = started.elapsed();
+        assert!(
+            [200, 400, 413, 500].contains(&r.status),
+            "{what}: {} {}",
+            r.status,
+            r.body.chars().take(300).collect::<String>()
+        );
+        assert!(took < Duration::from_secs(20), "{what} took {took:?}");
+        eprintln!(
+            "{what}: {} in {:.2} s: {}",
+            r.status,
+            took.as_secs_f64(),
+            r.body.chars().take(160).collect::<String>()
+        );
+    }
+    // Still serving.
+    let v = chat(
+        &server,
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+    );
+    assert!(v["choices"][0]["message"]["content"].is_string());
+}
