@@ -356,3 +356,169 @@ fn hostile_schemas_are_refused_or_bounded_quickly() {
     );
     assert!(v["choices"][0]["message"]["content"].is_string());
 }
+
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {
+            "name": "get_weather", "description": "Get the current weather of a city",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 40},
+                "unit": {"enum": ["celsius", "fahrenheit"]}},
+                "required": ["city", "unit"], "additionalProperties": false},
+            "strict": true}},
+        {"type": "function", "function": {
+            "name": "search", "description": "Search the web",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string", "maxLength": 60}},
+                "required": ["query"], "additionalProperties": false}}},
+    ])
+}
+
+/// Asserts OpenAI's shape of a call and that its arguments validate
+/// against the named function's parameters; returns (name, arguments).
+fn check_call(call: &Value, tools: &Value) -> (String, Value) {
+    assert!(call["id"].as_str().unwrap().starts_with("call_"), "{call}");
+    assert_eq!(call["type"], "function", "{call}");
+    let name = call["function"]["name"].as_str().unwrap().to_string();
+    let args_text = call["function"]["arguments"]
+        .as_str()
+        .expect("arguments are a JSON string");
+    let tool = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["function"]["name"] == name.as_str())
+        .unwrap_or_else(|| panic!("a call to an unknown function: {call}"));
+    let schema = tool["function"]["parameters"].clone();
+    let bad = validate(&[(schema, args_text.to_string())]);
+    assert!(bad.is_empty(), "{bad:?}");
+    (name, serde_json::from_str(args_text).unwrap())
+}
+
+#[test]
+fn tool_calls_round_trip_required_named_auto_and_none() {
+    let server = Server::start(&["-c", "2048"], &[]);
+    let tools = weather_tools();
+    let ask = |choice: Value, temperature: f64, seed: u64| {
+        chat(
+            &server,
+            json!({"messages": [{"role": "user", "content": "What is the weather like in Paris today?"}],
+                   "tools": tools, "tool_choice": choice, "temperature": temperature, "seed": seed,
+                   "max_tokens": 120}),
+        )
+    };
+    // required: always a valid call, at any temperature.
+    for (seed, temperature) in [(1, 0.0), (2, 0.8), (3, 1.4), (4, 1.4)] {
+        let v = ask(json!("required"), temperature, seed);
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+        assert!(choice["message"]["content"].is_null(), "{v}");
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{v}");
+        check_call(&calls[0], &tools);
+    }
+    // A named function: that one.
+    let v = ask(
+        json!({"type": "function", "function": {"name": "search"}}),
+        1.0,
+        5,
+    );
+    let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+    let (name, args) = check_call(&calls[0], &tools);
+    assert_eq!(name, "search");
+    assert!(args["query"].is_string());
+    // auto: a call or an answer, either well formed.
+    for seed in 0..3 {
+        let v = ask(json!("auto"), 0.8, seed);
+        let choice = &v["choices"][0];
+        match choice["message"]["tool_calls"].as_array() {
+            Some(calls) => {
+                assert_eq!(choice["finish_reason"], "tool_calls");
+                check_call(&calls[0], &tools);
+            }
+            None => assert!(choice["message"]["content"].is_string(), "{v}"),
+        }
+    }
+    // none: plain text, no calls.
+    let v = ask(json!("none"), 0.0, 0);
+    assert!(
+        v["choices"][0]["message"].get("tool_calls").is_none(),
+        "{v}"
+    );
+    assert!(v["choices"][0]["message"]["content"].is_string());
+}
+
+#[test]
+fn a_history_with_tool_results_is_answered_and_streamed_calls_reassemble() {
+    let server = Server::start(&["-c", "2048"], &[]);
+    let tools = weather_tools();
+    let mut messages =
+        vec![json!({"role": "user", "content": "What is the weather like in Paris today?"})];
+    let v = chat(
+        &server,
+        json!({"messages": messages, "tools": tools, "tool_choice": "required", "max_tokens": 120}),
+    );
+    let message = v["choices"][0]["message"].clone();
+    let call = message["tool_calls"][0].clone();
+    check_call(&call, &tools);
+    // The call and its result go back; the model answers (or calls again).
+    messages.push(message);
+    messages.push(json!({"role": "tool", "tool_call_id": call["id"], "content": "{\"temperature\": 21, \"sky\": \"clear\"}"}));
+    let v = chat(
+        &server,
+        json!({"messages": messages, "tools": tools, "max_tokens": 120, "temperature": 0}),
+    );
+    let choice = &v["choices"][0];
+    assert!(
+        choice["message"]["content"].is_string() || choice["message"]["tool_calls"].is_array(),
+        "{v}"
+    );
+    assert!(
+        v["usage"]["prompt_tokens"].as_u64().unwrap() > 100,
+        "the history was rendered: {v}"
+    );
+
+    // Streamed: id, type and name first, then the arguments, which join
+    // into the same kind of call.
+    let r = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Search the web for Rust tutorials."}], "tools": tools,
+                "tool_choice": "required", "stream": true, "max_tokens": 120})
+        .to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (events, done) = sse_events(&r.body);
+    assert!(done);
+    let mut calls: Vec<Value> = Vec::new();
+    let mut finish = None;
+    for e in &events {
+        let choice = &e["choices"][0];
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            finish = Some(reason.to_string());
+        }
+        for d in choice["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let i = d["index"].as_u64().unwrap() as usize;
+            if i == calls.len() {
+                assert!(
+                    d["id"].is_string() && d["function"]["name"].is_string(),
+                    "the head first: {d}"
+                );
+                calls.push(json!({"id": d["id"], "type": d["type"],
+                    "function": {"name": d["function"]["name"], "arguments": ""}}));
+            }
+            let fragment = d["function"]["arguments"].as_str().unwrap_or("");
+            let joined = format!(
+                "{}{fragment}",
+                calls[i]["function"]["arguments"].as_str().unwrap()
+            );
+            calls[i]["function"]["arguments"] = json!(joined);
+        }
+    }
+    assert_eq!(finish.as_deref(), Some("tool_calls"));
+    assert_eq!(calls.len(), 1, "{events:?}");
+    check_call(&calls[0], &tools);
+}

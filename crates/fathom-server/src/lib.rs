@@ -10,6 +10,7 @@ pub mod logprobs;
 pub mod metrics;
 pub mod scheduler;
 pub mod stats;
+pub mod tools;
 pub mod wire;
 
 pub use job::{Event, FinishReason, Job, Logprobs, SubmitError};
