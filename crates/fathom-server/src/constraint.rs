@@ -21,12 +21,10 @@ use serde_json::Value;
 use toktrie::{ApproximateTokEnv, InferenceCapabilities, TokRxInfo, TokTrie};
 
 /// Grammars compiled and kept for reuse (by their text).
-pub const CACHE_ENTRIES: usize = 8;
+pub const CACHE_ENTRIES: usize = fathom_plan::serve::CONSTRAINT_CACHE_ENTRIES as usize;
 /// Lexer states one request's constraint may build (llguidance's
-/// `max_lexer_states`): each costs at most [`LEXER_STATE_BYTES`].
-pub const MAX_LEXER_STATES: usize = 4096;
-/// Bytes of one lexer state, at most (llguidance documents 1 to 2 kB).
-pub const LEXER_STATE_BYTES: u64 = 2048;
+/// `max_lexer_states`), as the plan's `constraints` term counts them.
+pub const MAX_LEXER_STATES: usize = fathom_plan::serve::CONSTRAINT_LEXER_STATES as usize;
 /// Earley items one mask may create (llguidance's `step_max_items`, about
 /// 20 per microsecond): about a millisecond.
 pub const STEP_MAX_ITEMS: usize = 20_000;
@@ -38,11 +36,6 @@ pub const INITIAL_LEXER_FUEL: u64 = 1_000_000;
 pub const MAX_GRAMMAR_SIZE: usize = 200_000;
 /// Earley items per row: the branching a grammar may have at one point.
 pub const MAX_ITEMS_IN_ROW: usize = 2000;
-/// Bytes of one request's parser state per generated token, at most
-/// (Earley rows of up to [`MAX_ITEMS_IN_ROW`] items are rare; JSON
-/// schemas keep a handful): the plan's estimate.
-pub const PARSER_BYTES_PER_TOKEN: u64 = 256;
-
 /// What a request's answer must match.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Grammar {
@@ -368,13 +361,4 @@ impl ConstraintState {
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)
     }
-}
-
-/// Bytes one request's constraint holds while it decodes `context`
-/// tokens over a vocabulary of `vocab` ids: its mask, its lexer (at most
-/// [`MAX_LEXER_STATES`]) and its parser rows.
-pub fn state_bytes(vocab: u64, context: u64) -> u64 {
-    (TokenMask::bytes_for(vocab as usize) as u64)
-        .saturating_add(MAX_LEXER_STATES as u64 * LEXER_STATE_BYTES)
-        .saturating_add(context.saturating_mul(PARSER_BYTES_PER_TOKEN))
 }
