@@ -522,3 +522,48 @@ fn a_history_with_tool_results_is_answered_and_streamed_calls_reassemble() {
     assert_eq!(calls.len(), 1, "{events:?}");
     check_call(&calls[0], &tools);
 }
+
+/// Runs `program args` and asserts it succeeded, showing its output.
+fn run_client(what: &str, cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {e} (scripts/test.sh installs the clients)"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{what}:\n{text}");
+    assert!(out.status.success(), "{what} failed:\n{text}");
+}
+
+/// The official clients, as agents use them: the `openai` Python package
+/// (`tools=`, streamed calls, a round trip, `chat.completions.parse` with
+/// pydantic models) and the `openai` npm package (installed by
+/// scripts/test.sh under `~/.cache/fathom/node`, or `FATHOM_NODE_MODULES`).
+#[test]
+fn the_official_openai_clients_call_tools_and_parse_structured_answers() {
+    let server = Server::start(&["-c", "2048"], &[]);
+    let base = server.url("/v1");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    run_client(
+        "openai (Python)",
+        Command::new("python3")
+            .arg(data.join("openai_client.py"))
+            .arg(&base),
+    );
+    let modules = std::env::var_os("FATHOM_NODE_MODULES")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(&std::env::var_os("HOME").unwrap_or_default()).join(".cache/fathom/node")
+        });
+    assert!(
+        modules.join("node_modules/openai").exists(),
+        "{} has no node_modules/openai: run scripts/test.sh (it installs the npm package openai there)",
+        modules.display()
+    );
+    // ES modules resolve packages from the script's folder: run a copy there.
+    let script = modules.join("fathom_openai_client.mjs");
+    std::fs::copy(data.join("openai_client.mjs"), &script).unwrap();
+    run_client("openai (JS)", Command::new("node").arg(&script).arg(&base));
+}
