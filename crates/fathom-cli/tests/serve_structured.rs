@@ -241,6 +241,14 @@ fn grammars_json_objects_completions_and_streams_are_constrained() {
         .unwrap();
     assert_eq!(last["choices"][0]["finish_reason"], "stop", "{text}");
     assert!(validate(&[(schema, text)]).is_empty());
+    // /metrics counts the constrained requests and their masks.
+    assert!(server.metric("fathom_constrained_requests_total").unwrap() >= 7.0);
+    let masks = server.metric("fathom_constraint_masks_total").unwrap();
+    let seconds = server
+        .metric("fathom_constraint_mask_seconds_total")
+        .unwrap();
+    assert!(masks > 7.0 && seconds > 0.0, "{masks} masks in {seconds} s");
+    assert!(server.metric("fathom_constraint_cache_hits_total").unwrap() >= 3.0);
 }
 
 #[test]

@@ -646,6 +646,17 @@ impl<'a> Loop<'a> {
         if let Some(mut kv) = slot.kv.take() {
             self.engine.release(&mut kv);
         }
+        if let Some(c) = slot.job.constraint.as_deref() {
+            let s = self.stats;
+            SchedulerStats::add(&s.constrained_jobs, 1);
+            SchedulerStats::add(&s.constraint_cache_hits, u64::from(c.cache_hit));
+            SchedulerStats::add(&s.constraint_masks, c.masks);
+            SchedulerStats::add(&s.constraint_mask_micros, c.mask_time.as_micros() as u64);
+            SchedulerStats::add(
+                &s.constraint_compile_micros,
+                c.compile_time.as_micros() as u64,
+            );
+        }
         let event = match outcome {
             Outcome::Running | Outcome::Cancelled => return,
             Outcome::Failed(message) => Event::Failed(message),
