@@ -1611,6 +1611,22 @@ mod mutation_tests {
             Route::Completion,
             r#"{"prompt":["text"],"stop":null,"n":null}"#,
         ),
+        (
+            Route::Chat,
+            r#"{"messages":[{"role":"user","content":"w"},{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"call_1","content":"ok"}],"tools":[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]},"strict":true}}],"tool_choice":{"type":"function","function":{"name":"f"}},"parallel_tool_calls":false}"#,
+        ),
+        (
+            Route::Chat,
+            r#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","strict":true,"schema":{"type":"object","properties":{"a":{"enum":[1,"b"]}}}}}}"#,
+        ),
+        (
+            Route::Completion,
+            r#"{"prompt":"x","grammar":"root ::= [a-z]+ \"!\"","max_tokens":4}"#,
+        ),
+        (
+            Route::Completion,
+            r##"{"prompt":"x","json_schema":{"type":"array","items":{"$ref":"#/$defs/a"},"$defs":{"a":{"type":"string"}}}}"##,
+        ),
     ];
 
     const TOKENS: &[&str] = &[

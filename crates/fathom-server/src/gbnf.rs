@@ -449,4 +449,43 @@ mod tests {
         let deep = format!("root ::= {}\"a\"{}", "(".repeat(100), ")".repeat(100));
         assert!(to_lark(&deep).unwrap_err().contains("nested"));
     }
+
+    /// Mutated grammars convert or give an error, never a panic.
+    #[test]
+    fn mutated_grammars_convert_or_fail_cleanly() {
+        let seed =
+            "root ::= (\"a\" | [^x-z\\n] | .)* item{2,3}\nitem ::= \"\\x41\\u00e9\" [0-9]+ # c\n";
+        let pieces = [
+            "(", ")", "[", "]", "\"", "\\", "{", "}", ",", "::=", "|", "*", "\n", "\\u", "\\x4",
+            "-", "^", "é",
+        ];
+        let mut rng = fathom_fixtures::Rng::new(7);
+        let (mut ok, mut bad) = (0, 0);
+        for _ in 0..5000 {
+            let mut g: Vec<char> = seed.chars().collect();
+            for _ in 0..1 + rng.below(4) {
+                let at = rng.below(g.len() + 1);
+                match rng.below(3) {
+                    0 if at < g.len() => {
+                        g.remove(at);
+                    }
+                    _ => {
+                        let p = pieces[rng.below(pieces.len())];
+                        for (k, c) in p.chars().enumerate() {
+                            g.insert(at + k, c);
+                        }
+                    }
+                }
+            }
+            let text: String = g.into_iter().collect();
+            match to_lark(&text) {
+                Ok(_) => ok += 1,
+                Err(e) => {
+                    assert!(!e.is_empty());
+                    bad += 1;
+                }
+            }
+        }
+        assert!(ok > 100 && bad > 100, "{ok} converted, {bad} refused");
+    }
 }
