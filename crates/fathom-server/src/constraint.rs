@@ -108,7 +108,7 @@ impl Constraints {
     /// them), and masks over `logits_vocab` ids.
     pub fn new(tokenizer: &Tokenizer, logits_vocab: usize) -> Result<Constraints, String> {
         let n = tokenizer.vocab_size();
-        let words: Vec<Vec<u8>> = (0..n as u32)
+        let mut words: Vec<Vec<u8>> = (0..n as u32)
             .map(|id| {
                 let plain = tokenizer.piece(id, false);
                 let special = tokenizer.piece(id, true);
@@ -123,12 +123,18 @@ impl Constraints {
             })
             .collect();
         let eog: Vec<u32> = tokenizer.end_of_generation_ids().collect();
-        let tok_eos = tokenizer
-            .eos()
-            .or_else(|| eog.first().copied())
-            .ok_or("the tokenizer has no end-of-generation token")?;
+        let tok_eos = match tokenizer.eos().or_else(|| eog.first().copied()) {
+            Some(id) => id,
+            None => {
+                // A vocabulary with no end token (synthetic checkpoints): a
+                // virtual one past the vocabulary, which masks never allow;
+                // the answer ends when the grammar allows nothing more.
+                words.push(b"\xFF<|fathom-end|>".to_vec());
+                n as u32
+            }
+        };
         let info = TokRxInfo {
-            vocab_size: n as u32,
+            vocab_size: words.len() as u32,
             tok_eos,
             tok_bos: tokenizer.bos(),
             tok_pad: None,
