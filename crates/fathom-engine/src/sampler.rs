@@ -124,18 +124,7 @@ impl Sampler {
                 return best;
             }
         }
-        let n = logits.len();
-        let cands = &mut candidates[..n];
-        for (i, (c, &l)) in cands.iter_mut().zip(logits.iter()).enumerate() {
-            *c = (i as u32, l);
-        }
-        // Entry i is token i until the candidates are reordered below.
-        for &(id, bias) in &self.params.logit_bias {
-            if let Some(c) = cands.get_mut(id as usize) {
-                c.1 += bias;
-            }
-        }
-        self.apply_penalties(cands, history);
+        let cands = self.adjusted(logits, history, candidates);
         for &id in banned {
             if let Some(c) = cands.get_mut(id as usize) {
                 c.1 = f32::NEG_INFINITY;
@@ -215,16 +204,7 @@ impl Sampler {
         mask: &TokenMask,
     ) -> u32 {
         let n = logits.len();
-        let cands = &mut candidates[..n];
-        for (i, (c, &l)) in cands.iter_mut().zip(logits.iter()).enumerate() {
-            *c = (i as u32, l);
-        }
-        for &(id, bias) in &self.params.logit_bias {
-            if let Some(c) = cands.get_mut(id as usize) {
-                c.1 += bias;
-            }
-        }
-        self.apply_penalties(cands, history);
+        let cands = self.adjusted(logits, history, candidates);
         let mut len = 0;
         for id in mask.iter() {
             let i = id as usize;
@@ -249,6 +229,28 @@ impl Sampler {
             return best.0;
         }
         self.draw(&mut cands[..len])
+    }
+
+    /// The candidates, entry i token i with its logit plus bias and
+    /// penalties.
+    fn adjusted<'c>(
+        &self,
+        logits: &[f32],
+        history: &[u32],
+        candidates: &'c mut [(u32, f32)],
+    ) -> &'c mut [(u32, f32)] {
+        let cands = &mut candidates[..logits.len()];
+        for (i, (c, &l)) in cands.iter_mut().zip(logits.iter()).enumerate() {
+            *c = (i as u32, l);
+        }
+        // Entry i is token i until the candidates are reordered.
+        for &(id, bias) in &self.params.logit_bias {
+            if let Some(c) = cands.get_mut(id as usize) {
+                c.1 += bias;
+            }
+        }
+        self.apply_penalties(cands, history);
+        cands
     }
 
     fn penalizes(&self) -> bool {

@@ -449,6 +449,32 @@ fn constraint(
     Ok(found.pop())
 }
 
+/// A field that must be there and be an object; `shape` says what it holds.
+fn required_object<'a>(
+    obj: &'a Map<String, Value>,
+    key: &str,
+    param: &str,
+    shape: &str,
+) -> Result<&'a Map<String, Value>, ApiError> {
+    match present(obj, key) {
+        Some(Value::Object(o)) => Ok(o),
+        Some(other) => Err(wrong_type(param, "an object", other)),
+        None => Err(ApiError::invalid(
+            param,
+            format!("{param} is required: {shape}"),
+        )),
+    }
+}
+
+/// A field that must be there and be a string.
+fn required_string(obj: &Map<String, Value>, key: &str, param: &str) -> Result<String, ApiError> {
+    match present(obj, key) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(other) => Err(wrong_type(param, "a string", other)),
+        None => Err(ApiError::invalid(param, format!("{param} is required"))),
+    }
+}
+
 /// A function name: OpenAI's rule, 1 to 64 of a-z, A-Z, 0-9, `_` and `-`.
 fn valid_function_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
@@ -503,38 +529,22 @@ fn tools(route: Route, obj: &Map<String, Value>) -> Result<Option<ToolRequest>, 
                 ))
             }
         }
-        let f = match present(t, "function") {
-            Some(Value::Object(f)) => f,
-            Some(other) => return Err(wrong_type(&at(".function"), "an object", other)),
-            None => {
-                return Err(ApiError::invalid(
-                    &at(".function"),
-                    format!(
-                        "{} is required: {{\"name\", \"description\", \"parameters\"}}",
-                        at(".function")
-                    ),
-                ))
-            }
-        };
-        let name = match present(f, "name") {
-            Some(Value::String(n)) if valid_function_name(n) => n.clone(),
-            Some(Value::String(n)) => {
-                return Err(ApiError::invalid(
-                    &at(".function.name"),
-                    format!(
-                        "{} is {n:?}; a function name is 1 to 64 letters, digits, '_', '-' or '.'",
-                        at(".function.name")
-                    ),
-                ))
-            }
-            Some(other) => return Err(wrong_type(&at(".function.name"), "a string", other)),
-            None => {
-                return Err(ApiError::invalid(
-                    &at(".function.name"),
-                    format!("{} is required", at(".function.name")),
-                ))
-            }
-        };
+        let f = required_object(
+            t,
+            "function",
+            &at(".function"),
+            "{\"name\", \"description\", \"parameters\"}",
+        )?;
+        let name = required_string(f, "name", &at(".function.name"))?;
+        if !valid_function_name(&name) {
+            return Err(ApiError::invalid(
+                &at(".function.name"),
+                format!(
+                    "{} is {name:?}; a function name is 1 to 64 letters, digits, '_', '-' or '.'",
+                    at(".function.name")
+                ),
+            ));
+        }
         if tools.iter().any(|t: &Tool| t.name == name) {
             return Err(ApiError::invalid(
                 &at(".function.name"),
@@ -1005,29 +1015,8 @@ fn tool_calls(i: usize, calls: &[Value]) -> Result<Vec<ToolCall>, ApiError> {
                 Some(Value::String(id)) => id.clone(),
                 Some(other) => return Err(wrong_type(&at(".id"), "a string", other)),
             };
-            let f = match present(c, "function") {
-                Some(Value::Object(f)) => f,
-                Some(other) => return Err(wrong_type(&at(".function"), "an object", other)),
-                None => {
-                    return Err(ApiError::invalid(
-                        &at(".function"),
-                        format!(
-                            "{} is required: {{\"name\", \"arguments\"}}",
-                            at(".function")
-                        ),
-                    ))
-                }
-            };
-            let name = match present(f, "name") {
-                Some(Value::String(n)) => n.clone(),
-                Some(other) => return Err(wrong_type(&at(".function.name"), "a string", other)),
-                None => {
-                    return Err(ApiError::invalid(
-                        &at(".function.name"),
-                        format!("{} is required", at(".function.name")),
-                    ))
-                }
-            };
+            let f = required_object(c, "function", &at(".function"), "{\"name\", \"arguments\"}")?;
+            let name = required_string(f, "name", &at(".function.name"))?;
             let arguments = match present(f, "arguments") {
                 None => "{}".to_string(),
                 Some(Value::String(a)) => a.clone(),
