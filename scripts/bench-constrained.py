@@ -7,8 +7,11 @@ compile time per request (from /metrics), and the time to first token with
 and without the schema cache.
 
 Every request asks for exactly -n tokens (`ignore_eos`; the schema and
-grammar allow answers of any length), so the modes decode the same number of
-tokens. Usage (from the repository root; builds the release binary):
+grammar need answers longer than that), so the modes decode the same number of
+tokens; tok/s is completion tokens over the whole time of the requests, their
+prefill included (the tool call's prompt is longer: it lists the tools), and
+a tool call's text is held back until it is complete, so its time to first
+token is the whole answer's. Usage (from the repository root; builds the release binary):
 
     scripts/bench-constrained.py [--streams 1,16] [-n 128] [--rounds 3] [-t 2] [--json FILE]
                                  [--model FILE --route completions] [-- SERVE_ARGS...]
@@ -56,21 +59,22 @@ ROUTE = {"path": "/v1/chat/completions"}
 
 
 def post_stream(base, body):
-    """Streams one chat completion; returns (time to first token, total time, completion tokens)."""
+    """Streams one completion; returns (time to first token, total time, completion tokens, prompt tokens)."""
     req = urllib.request.Request(base + ROUTE["path"], data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     start = time.perf_counter()
     first = None
-    tokens = 0
+    tokens = prompt_tokens = 0
     with urllib.request.urlopen(req, timeout=600) as r:
         for line in r:
             if (line.startswith(b"data: {") and first is None and b'"content":""' not in line
                     and b'"text":""' not in line):
                 first = time.perf_counter()
             if line.startswith(b'data: {') and b'"usage":{' in line:
-                tokens = json.loads(line[6:])["usage"]["completion_tokens"]
+                usage = json.loads(line[6:])["usage"]
+                tokens, prompt_tokens = usage["completion_tokens"], usage["prompt_tokens"]
     end = time.perf_counter()
-    return (first or end) - start, end - start, tokens
+    return (first or end) - start, end - start, tokens, prompt_tokens
 
 
 def metrics(base):
@@ -104,7 +108,7 @@ def one_round(base, mode, streams, n, seed):
     wall = time.perf_counter() - t0
     tokens = sum(x[2] for x in results)
     assert tokens == streams * n, f"{mode}: {tokens} tokens, not {streams} x {n}"
-    return tokens / wall, [x[0] for x in results]
+    return tokens / wall, [x[0] for x in results], results[0][3]
 
 
 def prompt(text):
@@ -168,10 +172,11 @@ def main():
             best = {m: 0.0 for m in MODES}
             ttfts = {m: [] for m in MODES}
             spent = {m: [0.0, 0.0, 0.0, 0.0] for m in MODES}
+            prompt_tokens = {}
             for r in range(args.rounds):
                 for mode in MODES:
                     m0 = metrics(base)
-                    rate, t = one_round(base, mode, streams, args.n, 7 + 1000 * r)
+                    rate, t, prompt_tokens[mode] = one_round(base, mode, streams, args.n, 7 + 1000 * r)
                     m1 = metrics(base)
                     best[mode] = max(best[mode], rate)
                     ttfts[mode].extend(t)
@@ -184,12 +189,13 @@ def main():
                 masks, mask_s, reqs, comp = spent[mode]
                 rate = best[mode]
                 ttft = sum(ttfts[mode]) / len(ttfts[mode])
-                row = {"streams": streams, "mode": mode, "tok_s": round(rate, 1),
+                row = {"streams": streams, "mode": mode, "prompt_tokens": prompt_tokens[mode], "tok_s": round(rate, 1),
                        "vs_plain": round(rate / baseline, 3), "ttft_ms": round(ttft * 1000, 1),
                        "mask_ms_per_token": round(1000 * mask_s / masks, 3) if masks else None,
                        "compile_ms_per_request": round(1000 * comp / reqs, 3) if reqs else None}
                 rows.append(row)
-                print(f"{streams:>3} streams  {mode:<12} {rate:8.1f} tok/s  {rate / baseline:6.3f} x plain  "
+                print(f"{streams:>3} streams  {mode:<12} prompt {prompt_tokens[mode]:4d}  {rate:8.1f} tok/s  "
+                      f"{rate / baseline:6.3f} x plain  "
                       f"TTFT {ttft * 1000:7.1f} ms  mask {row['mask_ms_per_token'] or 0:.3f} ms/token  "
                       f"compile {row['compile_ms_per_request'] or 0:.3f} ms/request")
         print(f"time to first token (2-token request): plain {plain_ttft * 1000:.1f} ms, a new schema "
