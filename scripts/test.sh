@@ -8,6 +8,11 @@ scripts/fetch-model.sh
 scripts/install-cuda-toolchain.sh
 # The independent numpy reference the engine's logits are checked against.
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "numpy>=1.26" "gguf==0.19.0"
+# The independent validator structured answers are checked with, and the
+# official OpenAI clients the server is tested against (serve_structured).
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
+    "jsonschema==4.26.0" "openai==3.51.0" "pydantic>=2.10"
+npm install --silent --no-audit --no-fund --prefix "$HOME/.cache/fathom/node" "openai@7.55.0"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The CPU-only build (no `cuda` feature) needs no nvcc: point it nowhere.

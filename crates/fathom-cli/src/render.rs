@@ -31,6 +31,7 @@ fn term_label(name: &str) -> &'static str {
         "backend_inflight" => "Backend in-flight",
         "headroom" => "Headroom",
         "requests" => "Request buffers",
+        "constraints" => "Constraints",
         "cuda_libraries" => "CUDA libraries",
         "cuda_kernels_and_graphs" => "Kernels + graphs",
         "host_buffers" => "Host buffers",

@@ -78,10 +78,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let mut sampler = Sampler::new(args.sampling.params());
     let mut history: Vec<Message> = Vec::new();
     if let Some(system) = &args.system {
-        history.push(Message {
-            role: "system".into(),
-            content: system.clone(),
-        });
+        history.push(Message::new("system", system.clone()));
     }
     let interactive = args.prompt.is_none() && std::io::stdin().is_terminal();
     let mut lines = std::io::stdin().lock().lines();
@@ -102,10 +99,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         if user.trim().is_empty() {
             continue;
         }
-        history.push(Message {
-            role: "user".into(),
-            content: user,
-        });
+        history.push(Message::new("user", user));
         // Typed text is text: only the template's markers are special tokens.
         let prompt = encode_chat(&engine.tokenizer, &template, &history, true, usize::MAX)?;
         let room = (engine.plan.inputs.context as usize).saturating_sub(prompt.len());
@@ -128,10 +122,7 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
             },
         )?;
         writeln!(out)?;
-        history.push(Message {
-            role: "assistant".into(),
-            content: answer,
-        });
+        history.push(Message::new("assistant", answer));
         if args.prompt.is_some() {
             break;
         }

@@ -266,6 +266,7 @@ fn serve_plan_text(model: &Path, served: &ServePlan) -> String {
         ("activations", "Activations"),
         ("runtime", "Runtime overhead"),
         ("requests", "Request buffers"),
+        ("constraints", "Constraints"),
     ] {
         if let Some(t) = term(name) {
             row(&mut out, label, t.bytes, &t.derivation);

@@ -176,9 +176,9 @@ fn control_token_texts_in_content_stay_text() {
 }
 
 /// Item 3: logit_bias changes the answer; bad ids or values are 400s
-/// naming the field; function-calling fields are refused.
+/// naming the field; the deprecated function-calling fields are refused.
 #[test]
-fn logit_bias_is_honoured_and_function_calling_is_refused() {
+fn logit_bias_is_honoured_and_deprecated_function_calling_is_refused() {
     let server = Server::start(&[], &[]);
     let complete = |extra: Value| {
         let mut body =
@@ -216,10 +216,11 @@ fn logit_bias_is_honoured_and_function_calling_is_refused() {
         let v = r.assert_error(400, "invalid_value");
         assert_eq!(v["error"]["param"], "logit_bias", "{v}");
     }
+    // The deprecated spellings of function calling are refused (tools and
+    // tool_choice are served: tests/serve_structured.rs).
     for (field, value) in [
         ("functions", json!([{"name": "f", "parameters": {}}])),
         ("function_call", json!("auto")),
-        ("tool_choice", json!("auto")),
     ] {
         let body = json!({"messages": [{"role": "user", "content": "x"}], field: value});
         let v = server

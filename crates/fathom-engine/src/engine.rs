@@ -14,6 +14,7 @@ use fathom_tokenizer::Tokenizer;
 
 use crate::kv::{BlockCounts, KvBlocks, SeqKv};
 use crate::logprob::TokenLogprob;
+use crate::mask::TokenMask;
 use crate::model::{Model, Segment};
 use crate::sampler::Sampler;
 use crate::step::plan_step;
@@ -386,7 +387,7 @@ impl Engine {
         // Moved out and back (no copy) so the history and the logits can
         // be borrowed together.
         let history = std::mem::take(&mut self.histories[index]);
-        let token = self.sample(row, sampler, &history);
+        let token = self.sample(row, sampler, &history, None);
         self.histories[index] = history;
         token
     }
@@ -396,14 +397,29 @@ impl Engine {
     /// stays the model's: [`Engine::token_logprob`] reads it afterwards.
     /// A plain greedy sampler takes the step's greedy pick, so its logits
     /// are never read back.
-    pub fn sample(&mut self, row: usize, sampler: &mut Sampler, history: &[u32]) -> u32 {
+    ///
+    /// With a `mask` (a constraint's allowed tokens) the pick is among
+    /// those alone. A plain greedy sampler still takes the step's greedy
+    /// pick when the mask allows it (the argmax of the allowed tokens is
+    /// then the same token); otherwise the row is read back and the
+    /// masked argmax found on the host.
+    pub fn sample(
+        &mut self,
+        row: usize,
+        sampler: &mut Sampler,
+        history: &[u32],
+        mask: Option<&TokenMask>,
+    ) -> u32 {
         if sampler.is_plain_greedy() {
             let [plain, unbanned] = self.scratch.greedy[row];
-            return if sampler.params.ignore_eos {
+            let pick = if sampler.params.ignore_eos {
                 unbanned
             } else {
                 plain
             };
+            if mask.is_none_or(|m| m.allows(pick)) {
+                return pick;
+            }
         }
         let vocab = self.model.spec.vocab as usize;
         let logits = &self.backend.logits(row + 1, vocab)[row * vocab..];
@@ -412,7 +428,7 @@ impl Engine {
         } else {
             &[]
         };
-        sampler.sample(logits, history, &mut self.candidates, banned)
+        sampler.sample_masked(logits, history, &mut self.candidates, banned, mask)
     }
 
     /// `token`'s log-probability under logits row `row` of the last step

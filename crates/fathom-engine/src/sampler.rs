@@ -5,6 +5,8 @@
 //! candidates, so the model's distribution can still be read after
 //! sampling (the server's `logprobs`).
 
+use crate::mask::TokenMask;
+
 /// Sampling settings; the defaults are llama.cpp's.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -93,6 +95,26 @@ impl Sampler {
         candidates: &mut [(u32, f32)],
         banned: &[u32],
     ) -> u32 {
+        self.sample_masked(logits, history, candidates, banned, None)
+    }
+
+    /// [`Sampler::sample`] among the tokens `mask` allows (a constraint's:
+    /// a JSON schema, a grammar), when one is given: the others are out
+    /// before bias, penalties, top-k, top-p, min-p and temperature, so the
+    /// pick always satisfies the constraint. With no mask it is
+    /// [`Sampler::sample`], bit for bit. A mask that allows nothing (or
+    /// only banned tokens) gives its first allowed token, or 0.
+    pub fn sample_masked(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        candidates: &mut [(u32, f32)],
+        banned: &[u32],
+        mask: Option<&TokenMask>,
+    ) -> u32 {
+        if let Some(mask) = mask {
+            return self.sample_within(logits, history, candidates, banned, mask);
+        }
         if self.is_plain_greedy() {
             // Greedy: the argmax, unless it is banned (`ignore_eos`); only
             // then the candidate pass below (128k candidates a row would
@@ -102,18 +124,7 @@ impl Sampler {
                 return best;
             }
         }
-        let n = logits.len();
-        let cands = &mut candidates[..n];
-        for (i, (c, &l)) in cands.iter_mut().zip(logits.iter()).enumerate() {
-            *c = (i as u32, l);
-        }
-        // Entry i is token i until the candidates are reordered below.
-        for &(id, bias) in &self.params.logit_bias {
-            if let Some(c) = cands.get_mut(id as usize) {
-                c.1 += bias;
-            }
-        }
-        self.apply_penalties(cands, history);
+        let cands = self.adjusted(logits, history, candidates);
         for &id in banned {
             if let Some(c) = cands.get_mut(id as usize) {
                 c.1 = f32::NEG_INFINITY;
@@ -130,8 +141,14 @@ impl Sampler {
             }
             return best.map_or(0, |(i, _)| i);
         }
+        self.draw(cands)
+    }
+
+    /// Top-k, top-p, min-p and temperature over `cands`, then a seeded draw.
+    fn draw(&mut self, cands: &mut [(u32, f32)]) -> u32 {
+        let p = &self.params;
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1);
-        let mut len = n;
+        let mut len = cands.len();
         if p.top_k > 0 && p.top_k < len {
             cands.select_nth_unstable_by(p.top_k - 1, by_logit);
             len = p.top_k;
@@ -173,6 +190,67 @@ impl Sampler {
             }
         }
         cands[cands.len() - 1].0
+    }
+
+    /// The masked pick: the allowed tokens' candidates (bias and
+    /// penalties applied, banned ones out) moved to the front, then the
+    /// usual chain over them alone.
+    fn sample_within(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+        candidates: &mut [(u32, f32)],
+        banned: &[u32],
+        mask: &TokenMask,
+    ) -> u32 {
+        let n = logits.len();
+        let cands = self.adjusted(logits, history, candidates);
+        let mut len = 0;
+        for id in mask.iter() {
+            let i = id as usize;
+            if i >= n || banned.contains(&id) || cands[i].1.is_nan() {
+                continue;
+            }
+            // Ids are increasing, so entry i (token i) is not yet overwritten.
+            cands[len] = cands[i];
+            len += 1;
+        }
+        if len == 0 {
+            return mask.iter().next().unwrap_or(0);
+        }
+        let p = &self.params;
+        if p.temperature <= 0.0 {
+            let mut best = cands[0];
+            for &c in &cands[1..len] {
+                if c.1 > best.1 {
+                    best = c;
+                }
+            }
+            return best.0;
+        }
+        self.draw(&mut cands[..len])
+    }
+
+    /// The candidates, entry i token i with its logit plus bias and
+    /// penalties.
+    fn adjusted<'c>(
+        &self,
+        logits: &[f32],
+        history: &[u32],
+        candidates: &'c mut [(u32, f32)],
+    ) -> &'c mut [(u32, f32)] {
+        let cands = &mut candidates[..logits.len()];
+        for (i, (c, &l)) in cands.iter_mut().zip(logits.iter()).enumerate() {
+            *c = (i as u32, l);
+        }
+        // Entry i is token i until the candidates are reordered.
+        for &(id, bias) in &self.params.logit_bias {
+            if let Some(c) = cands.get_mut(id as usize) {
+                c.1 += bias;
+            }
+        }
+        self.apply_penalties(cands, history);
+        cands
     }
 
     fn penalizes(&self) -> bool {
@@ -351,6 +429,54 @@ mod tests {
                 assert_eq!(got, want, "{row:?} banned {banned:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_mask_confines_every_pick_and_no_mask_changes_nothing() {
+        let logits = [1.0, 9.0, 0.5, 8.0, 7.0];
+        let mut c = vec![(0, 0.0); 5];
+        let mut mask = TokenMask::new(5);
+        mask.allow(2);
+        mask.allow(4);
+        assert_eq!(
+            sampler(0.0, 1).sample_masked(&logits, &[], &mut c, &[], Some(&mask)),
+            4
+        );
+        // Banned and masked: only 2 is left.
+        assert_eq!(
+            sampler(0.0, 1).sample_masked(&logits, &[], &mut c, &[4], Some(&mask)),
+            2
+        );
+        for temperature in [0.5, 1.0, 2.0] {
+            let mut s = sampler(temperature, 9);
+            for _ in 0..200 {
+                let t = s.sample_masked(&logits, &[], &mut c, &[], Some(&mask));
+                assert!(mask.allows(t), "{t}");
+            }
+        }
+        // A bias toward a masked-out token does not let it through.
+        let mut s = Sampler::new(SamplingParams {
+            temperature: 1.0,
+            logit_bias: vec![(1, 100.0)],
+            ..SamplingParams::default()
+        });
+        for _ in 0..50 {
+            assert!(mask.allows(s.sample_masked(&logits, &[], &mut c, &[], Some(&mask))));
+        }
+        // Without a mask the draws are the unmasked sampler's, in order.
+        let (mut a, mut b) = (sampler(1.0, 5), sampler(1.0, 5));
+        for _ in 0..100 {
+            assert_eq!(
+                a.sample(&logits, &[], &mut c, &[]),
+                b.sample_masked(&logits, &[], &mut c, &[], None)
+            );
+        }
+        // Nothing allowed: the first allowed id, or 0.
+        let none = TokenMask::new(5);
+        assert_eq!(
+            sampler(0.0, 1).sample_masked(&logits, &[], &mut c, &[], Some(&none)),
+            0
+        );
     }
 
     #[test]

@@ -474,14 +474,19 @@ mod serve {
             "the device's plan"
         );
         let (h0, h1) = (bare.plan.host.unwrap(), with.plan.host.unwrap());
-        assert_eq!(h1.total_bytes, h0.total_bytes + requests.bytes(1024));
+        let constraints = fathom_plan::serve::constraints_bytes(s.vocab, 1024, 4);
+        assert_eq!(
+            h1.total_bytes,
+            h0.total_bytes + requests.bytes(1024) + constraints
+        );
         assert!(h1.terms.iter().any(|t| t.name == "requests"));
+        assert!(h1.terms.iter().any(|t| t.name == "constraints"));
         // On the CPU the same term is part of the one budget.
         let cpu = serve(inputs(1024, 4, 1 << 40), requests);
         let cpu_bare = serve(inputs(1024, 4, 1 << 40), RequestBuffers::NONE);
         assert_eq!(
             cpu.plan.total_bytes,
-            cpu_bare.plan.total_bytes + requests.bytes(1024)
+            cpu_bare.plan.total_bytes + requests.bytes(1024) + constraints
         );
     }
 

@@ -6,6 +6,7 @@
 //! either a request or an [`ApiError`] with a 4xx status, never a panic.
 
 use fathom_engine::{Message, SamplingParams};
+use fathom_tokenizer::ToolCall;
 use serde_json::{json, Map, Value};
 
 /// Which generation route a body was sent to.
@@ -97,7 +98,66 @@ pub struct GenerationRequest {
     /// Completions only: the prompt is sent back in front of the
     /// completion, with its tokens' logprobs when `logprobs` is set.
     pub echo: bool,
+    /// What the answer must match, token by token: `response_format`
+    /// (`json_object`, `json_schema`), or llama-server's `json_schema` and
+    /// `grammar` extensions.
+    /// With the field that asked for it.
+    pub constraint: Option<(&'static str, OutputConstraint)>,
+    /// Chat only: the functions the model may call, and how
+    /// (`tools`, `tool_choice`, `parallel_tool_calls`). `None` when there
+    /// are none or `tool_choice` is `"none"`.
+    pub tools: Option<ToolRequest>,
 }
+
+/// What a constrained answer must be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OutputConstraint {
+    /// Any JSON object (`{"type": "json_object"}`).
+    JsonObject,
+    /// A JSON value valid against this schema.
+    JsonSchema(Value),
+    /// Text of this GBNF grammar (llama.cpp's format).
+    Gbnf(String),
+}
+
+/// One function a chat request offers (`tools[i].function`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tool {
+    pub name: String,
+    pub description: Option<String>,
+    /// The JSON schema of the arguments (an empty object schema when the
+    /// request gives none).
+    pub parameters: Value,
+    /// `strict`: the arguments are constrained to the schema.
+    pub strict: bool,
+}
+
+/// `tool_choice`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// The model answers in text or calls functions, as it likes.
+    Auto,
+    /// The model must call at least one function.
+    Required,
+    /// The model must call this function.
+    Function(String),
+}
+
+/// The functions of a chat request and how they may be called.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolRequest {
+    pub tools: Vec<Tool>,
+    pub choice: ToolChoice,
+    /// `parallel_tool_calls` (default true): more than one call per answer.
+    pub parallel: bool,
+}
+
+/// Most functions one request may offer (OpenAI's limit).
+pub const MAX_TOOLS: usize = 128;
+/// Most calls one assistant message of the history may hold.
+pub const MAX_TOOL_CALLS: usize = 128;
+/// Longest GBNF grammar accepted, in bytes.
+pub const MAX_GRAMMAR_BYTES: usize = 64 << 10;
 
 /// Defaults when a request leaves a sampling field out: llama-server's
 /// (and `fathom generate`'s).
@@ -256,6 +316,15 @@ pub fn parse_bounded(
         )
         .with_code("unsupported_parameter"));
     }
+    let constraint = constraint(&obj)?;
+    let tools = tools(route, &obj)?;
+    if let (Some(_), Some(_)) = (&constraint, &tools) {
+        return Err(ApiError::invalid(
+            "response_format",
+            "response_format (or json_schema, grammar) together with tools is not supported: the answer is either constrained to the format or may be a tool call",
+        )
+        .with_code("unsupported_parameter"));
+    }
     Ok(GenerationRequest {
         model,
         prompt,
@@ -267,7 +336,301 @@ pub fn parse_bounded(
         parse_special,
         logprobs,
         echo,
+        constraint,
+        tools,
     })
+}
+
+/// `response_format`, or llama-server's `json_schema` or `grammar`: at
+/// most one of them.
+fn constraint(
+    obj: &Map<String, Value>,
+) -> Result<Option<(&'static str, OutputConstraint)>, ApiError> {
+    let mut found: Vec<(&'static str, OutputConstraint)> = Vec::new();
+    if let Some(format) = present(obj, "response_format") {
+        let Value::Object(format) = format else {
+            return Err(wrong_type("response_format", "an object", format));
+        };
+        match present(format, "type") {
+            Some(Value::String(t)) if t == "text" => {}
+            Some(Value::String(t)) if t == "json_object" => {
+                found.push(("response_format", OutputConstraint::JsonObject))
+            }
+            Some(Value::String(t)) if t == "json_schema" => {
+                let spec = match present(format, "json_schema") {
+                    Some(Value::Object(spec)) => spec,
+                    Some(other) => {
+                        return Err(wrong_type("response_format.json_schema", "an object", other))
+                    }
+                    None => {
+                        return Err(ApiError::invalid(
+                            "response_format.json_schema",
+                            "response_format.json_schema is required with type \"json_schema\": {\"name\", \"schema\", \"strict\"}",
+                        ))
+                    }
+                };
+                if let Some(name) = present(spec, "name") {
+                    if !name.is_string() {
+                        return Err(wrong_type("response_format.json_schema.name", "a string", name));
+                    }
+                }
+                if let Some(strict) = present(spec, "strict") {
+                    if !strict.is_boolean() {
+                        return Err(wrong_type("response_format.json_schema.strict", "a boolean", strict));
+                    }
+                }
+                let c = match present(spec, "schema") {
+                    None => OutputConstraint::JsonObject,
+                    Some(schema @ (Value::Object(_) | Value::Bool(_))) => {
+                        OutputConstraint::JsonSchema(schema.clone())
+                    }
+                    Some(other) => {
+                        return Err(wrong_type(
+                            "response_format.json_schema.schema",
+                            "a JSON schema (an object)",
+                            other,
+                        ))
+                    }
+                };
+                found.push(("response_format", c));
+            }
+            Some(Value::String(t)) => {
+                return Err(ApiError::invalid(
+                    "response_format.type",
+                    format!("response_format.type is {t:?}; valid types are \"text\", \"json_object\" and \"json_schema\""),
+                ))
+            }
+            Some(other) => return Err(wrong_type("response_format.type", "a string", other)),
+            None => {
+                return Err(ApiError::invalid(
+                    "response_format.type",
+                    "response_format.type is required: \"text\", \"json_object\" or \"json_schema\"",
+                ))
+            }
+        }
+    }
+    match present(obj, "json_schema") {
+        None => {}
+        Some(schema @ (Value::Object(_) | Value::Bool(_))) => {
+            found.push(("json_schema", OutputConstraint::JsonSchema(schema.clone())))
+        }
+        Some(other) => {
+            return Err(wrong_type(
+                "json_schema",
+                "a JSON schema (an object)",
+                other,
+            ))
+        }
+    }
+    match present(obj, "grammar") {
+        None => {}
+        Some(Value::String(g)) if g.trim().is_empty() => {}
+        Some(Value::String(g)) if g.len() > MAX_GRAMMAR_BYTES => {
+            return Err(ApiError::invalid(
+                "grammar",
+                format!(
+                    "grammar has {} bytes; at most {MAX_GRAMMAR_BYTES} are accepted",
+                    g.len()
+                ),
+            ))
+        }
+        Some(Value::String(g)) => found.push(("grammar", OutputConstraint::Gbnf(g.clone()))),
+        Some(other) => return Err(wrong_type("grammar", "a string (a GBNF grammar)", other)),
+    }
+    if found.len() > 1 {
+        return Err(ApiError::invalid(
+            found[1].0,
+            format!(
+                "{} and {} both constrain the answer; give one of response_format, json_schema and grammar",
+                found[0].0, found[1].0
+            ),
+        ));
+    }
+    Ok(found.pop())
+}
+
+/// A field that must be there and be an object; `shape` says what it holds.
+fn required_object<'a>(
+    obj: &'a Map<String, Value>,
+    key: &str,
+    param: &str,
+    shape: &str,
+) -> Result<&'a Map<String, Value>, ApiError> {
+    match present(obj, key) {
+        Some(Value::Object(o)) => Ok(o),
+        Some(other) => Err(wrong_type(param, "an object", other)),
+        None => Err(ApiError::invalid(
+            param,
+            format!("{param} is required: {shape}"),
+        )),
+    }
+}
+
+/// A field that must be there and be a string.
+fn required_string(obj: &Map<String, Value>, key: &str, param: &str) -> Result<String, ApiError> {
+    match present(obj, key) {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(other) => Err(wrong_type(param, "a string", other)),
+        None => Err(ApiError::invalid(param, format!("{param} is required"))),
+    }
+}
+
+/// A function name: OpenAI's rule, 1 to 64 of a-z, A-Z, 0-9, `_` and `-`.
+fn valid_function_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls`.
+fn tools(route: Route, obj: &Map<String, Value>) -> Result<Option<ToolRequest>, ApiError> {
+    let list = match present(obj, "tools") {
+        None => Vec::new(),
+        Some(Value::Array(list)) => list.clone(),
+        Some(other) => return Err(wrong_type("tools", "an array", other)),
+    };
+    if !list.is_empty() && route == Route::Completion {
+        return Err(
+            ApiError::invalid("tools", "tools are a /v1/chat/completions field")
+                .with_code("unsupported_parameter"),
+        );
+    }
+    if list.len() > MAX_TOOLS {
+        return Err(ApiError::invalid(
+            "tools",
+            format!(
+                "tools holds {} functions; at most {MAX_TOOLS} are accepted",
+                list.len()
+            ),
+        ));
+    }
+    let mut tools = Vec::with_capacity(list.len());
+    for (i, t) in list.iter().enumerate() {
+        let at = |f: &str| format!("tools[{i}]{f}");
+        let Value::Object(t) = t else {
+            return Err(wrong_type(&at(""), "an object", t));
+        };
+        match present(t, "type") {
+            Some(Value::String(k)) if k == "function" => {}
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    &at(".type"),
+                    format!(
+                        "{} is {other}; the only tool type is \"function\"",
+                        at(".type")
+                    ),
+                ))
+            }
+            None => {
+                return Err(ApiError::invalid(
+                    &at(".type"),
+                    format!("{} is required: \"function\"", at(".type")),
+                ))
+            }
+        }
+        let f = required_object(
+            t,
+            "function",
+            &at(".function"),
+            "{\"name\", \"description\", \"parameters\"}",
+        )?;
+        let name = required_string(f, "name", &at(".function.name"))?;
+        if !valid_function_name(&name) {
+            return Err(ApiError::invalid(
+                &at(".function.name"),
+                format!(
+                    "{} is {name:?}; a function name is 1 to 64 letters, digits, '_', '-' or '.'",
+                    at(".function.name")
+                ),
+            ));
+        }
+        if tools.iter().any(|t: &Tool| t.name == name) {
+            return Err(ApiError::invalid(
+                &at(".function.name"),
+                format!("two tools are named {name:?}; names must be distinct"),
+            ));
+        }
+        let description = match present(f, "description") {
+            None => None,
+            Some(Value::String(d)) => Some(d.clone()),
+            Some(other) => return Err(wrong_type(&at(".function.description"), "a string", other)),
+        };
+        let parameters = match present(f, "parameters") {
+            None => serde_json::json!({"type": "object", "properties": {}}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(other) => {
+                return Err(wrong_type(
+                    &at(".function.parameters"),
+                    "a JSON schema (an object)",
+                    other,
+                ))
+            }
+        };
+        let strict = boolean(f, "strict")
+            .map_err(|e| ApiError {
+                param: Some(at(".function.strict")),
+                ..e
+            })?
+            .unwrap_or(false);
+        tools.push(Tool {
+            name,
+            description,
+            parameters,
+            strict,
+        });
+    }
+    let choice = match present(obj, "tool_choice") {
+        None => (!tools.is_empty()).then_some(ToolChoice::Auto),
+        Some(Value::String(c)) => match c.as_str() {
+            "none" => None,
+            "auto" => (!tools.is_empty()).then_some(ToolChoice::Auto),
+            "required" => Some(ToolChoice::Required),
+            other => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("tool_choice is {other:?}; valid are \"none\", \"auto\", \"required\" or {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"),
+                ))
+            }
+        },
+        Some(Value::Object(c)) => {
+            let name = c
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "tool_choice",
+                        "tool_choice as an object is {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    )
+                })?;
+            Some(ToolChoice::Function(name.to_string()))
+        }
+        Some(other) => return Err(wrong_type("tool_choice", "a string or an object", other)),
+    };
+    let parallel = boolean(obj, "parallel_tool_calls")?.unwrap_or(true);
+    let Some(choice) = choice else {
+        return Ok(None);
+    };
+    if tools.is_empty() {
+        return Err(ApiError::invalid(
+            "tool_choice",
+            "tool_choice asks for a function call, but tools lists no functions",
+        ));
+    }
+    if let ToolChoice::Function(name) = &choice {
+        if !tools.iter().any(|t| &t.name == name) {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!("tool_choice names the function {name:?}, which tools does not list"),
+            ));
+        }
+    }
+    Ok(Some(ToolRequest {
+        tools,
+        choice,
+        parallel,
+    }))
 }
 
 /// `max_completion_tokens`, else `max_tokens`: at least 1, or 0 with
@@ -484,29 +847,15 @@ fn unsupported(route: Route, obj: &Map<String, Value>) -> Result<(), ApiError> {
             }
         }
     }
-    if matches!(present(obj, "tools"), Some(Value::Array(a)) if !a.is_empty()) {
-        return refuse("tools", "tools (function calling)");
-    }
+    // The deprecated spelling of tools: refused with the way to say it now.
     if matches!(present(obj, "functions"), Some(v) if v != &Value::Array(Vec::new())) {
-        return refuse("functions", "functions (function calling)");
+        return refuse("functions", "functions (deprecated; send tools)");
     }
-    // "none" asks for no calls, which is what this server does.
-    for field in ["tool_choice", "function_call"] {
-        if matches!(present(obj, field), Some(v) if v != "none") {
-            return refuse(
-                field,
-                &format!("{field} other than \"none\" (function calling)"),
-            );
-        }
-    }
-    if let Some(format) = present(obj, "response_format") {
-        let kind = format.get("type").and_then(Value::as_str);
-        if kind != Some("text") {
-            return refuse(
-                "response_format",
-                "a response_format other than {\"type\": \"text\"}",
-            );
-        }
+    if matches!(present(obj, "function_call"), Some(v) if v != "none") {
+        return refuse(
+            "function_call",
+            "function_call other than \"none\" (deprecated; send tool_choice)",
+        );
     }
     Ok(())
 }
@@ -560,14 +909,14 @@ fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
         }
     };
     let role = match role {
-        "system" | "user" | "assistant" => role,
+        "system" | "user" | "assistant" | "tool" => role,
         // OpenAI's newer name for system instructions.
         "developer" => "system",
         other => {
             return Err(ApiError::invalid(
                 &at("role"),
                 format!(
-                    "{} is {other:?}; valid roles are system, developer, user and assistant",
+                    "{} is {other:?}; valid roles are system, developer, user, assistant and tool",
                     at("role")
                 ),
             ))
@@ -610,10 +959,83 @@ fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
             ))
         }
     };
+    let tool_calls = match (role, present(m, "tool_calls")) {
+        (_, None) => Vec::new(),
+        ("assistant", Some(Value::Array(calls))) => tool_calls(i, calls)?,
+        ("assistant", Some(other)) => return Err(wrong_type(&at("tool_calls"), "an array", other)),
+        (_, Some(_)) => {
+            return Err(ApiError::invalid(
+                &at("tool_calls"),
+                format!("{} is for assistant messages", at("tool_calls")),
+            ))
+        }
+    };
+    let string_field = |name: &str| match present(m, name) {
+        None => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(wrong_type(&at(name), "a string", other)),
+    };
+    let (tool_call_id, name) = if role == "tool" {
+        (string_field("tool_call_id")?, string_field("name")?)
+    } else {
+        (None, None)
+    };
     Ok(Message {
         role: role.to_string(),
         content,
+        tool_calls,
+        tool_call_id,
+        name,
     })
+}
+
+/// An assistant message's `tool_calls`: `{"id", "type": "function",
+/// "function": {"name", "arguments"}}` each, arguments a JSON string (an
+/// object is taken too, and written as JSON).
+fn tool_calls(i: usize, calls: &[Value]) -> Result<Vec<ToolCall>, ApiError> {
+    if calls.len() > MAX_TOOL_CALLS {
+        return Err(ApiError::invalid(
+            &format!("messages[{i}].tool_calls"),
+            format!(
+                "messages[{i}].tool_calls holds {} calls; at most {MAX_TOOL_CALLS} are accepted",
+                calls.len()
+            ),
+        ));
+    }
+    calls
+        .iter()
+        .enumerate()
+        .map(|(j, c)| {
+            let at = |f: &str| format!("messages[{i}].tool_calls[{j}]{f}");
+            let Value::Object(c) = c else {
+                return Err(wrong_type(&at(""), "an object", c));
+            };
+            let id = match present(c, "id") {
+                None => format!("call_{i}_{j}"),
+                Some(Value::String(id)) => id.clone(),
+                Some(other) => return Err(wrong_type(&at(".id"), "a string", other)),
+            };
+            let f = required_object(c, "function", &at(".function"), "{\"name\", \"arguments\"}")?;
+            let name = required_string(f, "name", &at(".function.name"))?;
+            let arguments = match present(f, "arguments") {
+                None => "{}".to_string(),
+                Some(Value::String(a)) => a.clone(),
+                Some(a @ Value::Object(_)) => a.to_string(),
+                Some(other) => {
+                    return Err(wrong_type(
+                        &at(".function.arguments"),
+                        "a JSON string",
+                        other,
+                    ))
+                }
+            };
+            Ok(ToolCall {
+                id,
+                name,
+                arguments,
+            })
+        })
+        .collect()
 }
 
 fn completion_prompt(obj: &Map<String, Value>) -> Result<Prompt, ApiError> {
@@ -728,14 +1150,8 @@ mod tests {
         assert_eq!(
             r.prompt,
             Prompt::Chat(vec![
-                Message {
-                    role: "system".into(),
-                    content: "be brief".into()
-                },
-                Message {
-                    role: "user".into(),
-                    content: "hi there".into()
-                },
+                Message::new("system", "be brief"),
+                Message::new("user", "hi there"),
             ])
         );
         assert_eq!(r.max_tokens, Some(6), "max_completion_tokens wins");
@@ -903,14 +1319,11 @@ mod tests {
     }
 
     #[test]
-    fn function_calling_fields_are_refused_not_ignored() {
+    fn the_deprecated_function_fields_are_refused_not_ignored() {
         for field in [
             r#""functions":[{"name":"f","parameters":{}}]"#,
             r#""function_call":"auto""#,
             r#""function_call":{"name":"f"}"#,
-            r#""tool_choice":"auto""#,
-            r#""tool_choice":"required""#,
-            r#""tools":[{"type":"function","function":{"name":"f"}}]"#,
         ] {
             let body = format!(r#"{{"messages":[{{"role":"user","content":"x"}}],{field}}}"#);
             let e = chat(&body).unwrap_err();
@@ -921,8 +1334,180 @@ mod tests {
             );
         }
         // Asking for no calls is honoured.
-        chat(r#"{"messages":[{"role":"user","content":"x"}],"tool_choice":"none","function_call":"none","tools":[],"functions":[]}"#)
+        let r = chat(r#"{"messages":[{"role":"user","content":"x"}],"tool_choice":"none","function_call":"none","tools":[],"functions":[]}"#)
             .unwrap();
+        assert_eq!(r.tools, None);
+    }
+
+    #[test]
+    fn tools_and_tool_choice_parse_and_errors_name_the_field() {
+        let tools = r#""tools":[{"type":"function","function":{"name":"get_weather","description":"d","parameters":{"type":"object","properties":{"city":{"type":"string"}}},"strict":true}},{"type":"function","function":{"name":"now"}}]"#;
+        let body = |rest: &str| {
+            format!(r#"{{"messages":[{{"role":"user","content":"x"}}],{tools}{rest}}}"#)
+        };
+        let r = chat(&body("")).unwrap();
+        let t = r.tools.unwrap();
+        assert_eq!(t.choice, ToolChoice::Auto);
+        assert!(t.parallel);
+        assert_eq!(t.tools.len(), 2);
+        assert!(t.tools[0].strict && !t.tools[1].strict);
+        assert_eq!(
+            t.tools[1].parameters,
+            json!({"type": "object", "properties": {}})
+        );
+        let r = chat(&body(
+            r#","tool_choice":"required","parallel_tool_calls":false"#,
+        ))
+        .unwrap();
+        let t = r.tools.unwrap();
+        assert_eq!((t.choice, t.parallel), (ToolChoice::Required, false));
+        let r = chat(&body(
+            r#","tool_choice":{"type":"function","function":{"name":"now"}}"#,
+        ))
+        .unwrap();
+        assert_eq!(r.tools.unwrap().choice, ToolChoice::Function("now".into()));
+        assert_eq!(chat(&body(r#","tool_choice":"none""#)).unwrap().tools, None);
+        for (rest, param) in [
+            (
+                r#","tool_choice":{"type":"function","function":{"name":"nope"}}"#,
+                "tool_choice",
+            ),
+            (r#","tool_choice":"sometimes""#, "tool_choice"),
+            (r#","parallel_tool_calls":1"#, "parallel_tool_calls"),
+            (
+                r#","response_format":{"type":"json_object"}"#,
+                "response_format",
+            ),
+        ] {
+            let e = chat(&body(rest)).unwrap_err();
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (400, Some(param)),
+                "{rest}: {e:?}"
+            );
+        }
+        for (tools, param) in [
+            (r#"[{"type":"retrieval"}]"#, "tools[0].type"),
+            (r#"[{"type":"function"}]"#, "tools[0].function"),
+            (
+                r#"[{"type":"function","function":{"name":"a b"}}]"#,
+                "tools[0].function.name",
+            ),
+            (
+                r#"[{"type":"function","function":{"name":"f","parameters":[]}}]"#,
+                "tools[0].function.parameters",
+            ),
+            (
+                r#"[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]"#,
+                "tools[1].function.name",
+            ),
+            (r#"{}"#, "tools"),
+        ] {
+            let e = chat(&format!(
+                r#"{{"messages":[{{"role":"user","content":"x"}}],"tools":{tools}}}"#
+            ))
+            .unwrap_err();
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (400, Some(param)),
+                "{tools}: {e:?}"
+            );
+        }
+        let e = chat(r#"{"messages":[{"role":"user","content":"x"}],"tool_choice":"required"}"#)
+            .unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tool_choice"));
+        let e = completion(&format!(r#"{{"prompt":"x",{tools}}}"#)).unwrap_err();
+        assert_eq!(e.code, Some("unsupported_parameter"));
+    }
+
+    #[test]
+    fn a_history_with_tool_calls_and_results_parses() {
+        let r = chat(
+            r#"{"messages":[{"role":"user","content":"weather?"},
+                {"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
+                {"role":"tool","tool_call_id":"call_1","content":"22 C"}]}"#,
+        )
+        .unwrap();
+        let Prompt::Chat(m) = r.prompt else { panic!() };
+        assert_eq!(m[1].tool_calls.len(), 1);
+        assert_eq!(m[1].tool_calls[0].name, "get_weather");
+        assert_eq!(m[1].tool_calls[0].arguments, r#"{"city":"Paris"}"#);
+        assert_eq!(m[2].role, "tool");
+        assert_eq!(m[2].tool_call_id.as_deref(), Some("call_1"));
+        let e =
+            chat(r#"{"messages":[{"role":"user","content":"x","tool_calls":[]}]}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages[0].tool_calls"));
+        let e = chat(r#"{"messages":[{"role":"assistant","tool_calls":[{"id":"c","function":{"arguments":"{}"}}]}]}"#).unwrap_err();
+        assert_eq!(
+            e.param.as_deref(),
+            Some("messages[0].tool_calls[0].function.name")
+        );
+    }
+
+    #[test]
+    fn response_format_json_schema_and_grammar_parse() {
+        let c = |rest: &str| {
+            chat(&format!(
+                r#"{{"messages":[{{"role":"user","content":"x"}}],{rest}}}"#
+            ))
+            .map(|r| r.constraint)
+        };
+        assert_eq!(c(r#""response_format":{"type":"text"}"#), Ok(None));
+        assert_eq!(
+            c(r#""response_format":{"type":"json_object"}"#),
+            Ok(Some(("response_format", OutputConstraint::JsonObject)))
+        );
+        assert_eq!(
+            c(
+                r#""response_format":{"type":"json_schema","json_schema":{"name":"n","strict":true,"schema":{"type":"integer"}}}"#
+            ),
+            Ok(Some((
+                "response_format",
+                OutputConstraint::JsonSchema(json!({"type": "integer"}))
+            )))
+        );
+        assert_eq!(
+            c(r#""json_schema":{"type":"integer"}"#),
+            Ok(Some((
+                "json_schema",
+                OutputConstraint::JsonSchema(json!({"type": "integer"}))
+            )))
+        );
+        assert_eq!(
+            c(r#""grammar":"root ::= \"a\"""#),
+            Ok(Some((
+                "grammar",
+                OutputConstraint::Gbnf(r#"root ::= "a""#.into())
+            )))
+        );
+        let r = completion(r#"{"prompt":"x","json_schema":{"type":"integer"}}"#).unwrap();
+        assert!(r.constraint.is_some());
+        for (rest, param) in [
+            (
+                r#""response_format":{"type":"xml"}"#,
+                "response_format.type",
+            ),
+            (r#""response_format":{}"#, "response_format.type"),
+            (r#""response_format":"json""#, "response_format"),
+            (
+                r#""response_format":{"type":"json_schema"}"#,
+                "response_format.json_schema",
+            ),
+            (
+                r#""response_format":{"type":"json_schema","json_schema":{"schema":1}}"#,
+                "response_format.json_schema.schema",
+            ),
+            (r#""json_schema":"{}""#, "json_schema"),
+            (r#""grammar":5"#, "grammar"),
+            (r#""grammar":"root ::= \"a\"","json_schema":{}"#, "grammar"),
+        ] {
+            let e = c(rest).unwrap_err();
+            assert_eq!(
+                (e.status, e.param.as_deref()),
+                (400, Some(param)),
+                "{rest}: {e:?}"
+            );
+        }
     }
 
     #[test]
@@ -1014,6 +1599,22 @@ mod mutation_tests {
         (
             Route::Completion,
             r#"{"prompt":["text"],"stop":null,"n":null}"#,
+        ),
+        (
+            Route::Chat,
+            r#"{"messages":[{"role":"user","content":"w"},{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]},{"role":"tool","tool_call_id":"call_1","content":"ok"}],"tools":[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]},"strict":true}}],"tool_choice":{"type":"function","function":{"name":"f"}},"parallel_tool_calls":false}"#,
+        ),
+        (
+            Route::Chat,
+            r#"{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","strict":true,"schema":{"type":"object","properties":{"a":{"enum":[1,"b"]}}}}}}"#,
+        ),
+        (
+            Route::Completion,
+            r#"{"prompt":"x","grammar":"root ::= [a-z]+ \"!\"","max_tokens":4}"#,
+        ),
+        (
+            Route::Completion,
+            r##"{"prompt":"x","json_schema":{"type":"array","items":{"$ref":"#/$defs/a"},"$defs":{"a":{"type":"string"}}}}"##,
         ),
     ];
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use fathom_engine::{ChatTemplate, Tokenizer};
-use fathom_tokenizer::{encode_chat, ChatEncodeError, Special, TooManyTokens};
+use fathom_tokenizer::{encode_chat_tools, ChatEncodeError, Special, TooManyTokens};
 use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::header::{self, HeaderMap, HeaderValue};
@@ -25,9 +25,11 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
-use crate::api::{self, ApiError, GenerationRequest, Prompt, Route};
+use crate::api::{self, ApiError, GenerationRequest, OutputConstraint, Prompt, Route};
+use crate::constraint::{ConstraintState, Constraints, Grammar};
 use crate::logprobs::{self, LogprobsWriter};
 use crate::metrics::{self, Metrics, Snapshot};
+use crate::tools::{self, ToolFormat};
 use crate::{Event, FinishReason, Job, Logprobs, Scheduler, SubmitError};
 
 /// How the server behaves, from flags and environment.
@@ -88,6 +90,9 @@ pub enum ServeError {
 struct Shared {
     config: ServerConfig,
     model: OnceLock<LoadedModel>,
+    /// The constraint compiler for the model's vocabulary, built at the
+    /// first constrained request.
+    constraints: OnceLock<Result<Constraints, String>>,
     metrics: Metrics,
     started: u64,
     counter: AtomicU64,
@@ -126,6 +131,7 @@ pub fn serve(
     let shared = Arc::new(Shared {
         config,
         model: OnceLock::new(),
+        constraints: OnceLock::new(),
         metrics: Metrics::default(),
         started: unix_now(),
         counter: AtomicU64::new(0),
@@ -700,6 +706,10 @@ struct Prepared {
     request: GenerationRequest,
     prompt: Vec<u32>,
     max_tokens: usize,
+    /// The compiled constraint of the answer, if any.
+    constraint: Option<Box<ConstraintState>>,
+    /// The functions the answer may call, and the format it writes them in.
+    tools: Option<(ToolFormat, api::ToolRequest)>,
     /// The prompt as the response's text shows it, when echoed.
     echo: Option<String>,
 }
@@ -754,6 +764,8 @@ async fn generate(
         prompt,
         max_tokens,
         echo,
+        constraint,
+        tools,
     } = prepared;
     let (events, receiver) = unbounded_channel();
     let GenerationRequest {
@@ -776,6 +788,7 @@ async fn generate(
             sampling,
             stop,
             logprobs,
+            constraint,
             events,
         })
         .map_err(|e| {
@@ -800,6 +813,7 @@ async fn generate(
         model: shared.config.model_id.clone(),
         include_usage,
         echo,
+        tools,
     };
     let writer = logprobs.map(|_| LogprobsWriter::new(route, model.tokenizer.clone()));
     let timing = Timing {
@@ -831,6 +845,8 @@ async fn generate(
             format,
             writer,
             pending,
+            held: String::new(),
+            held_logprobs: Value::Null,
             done: false,
             timing,
             cut,
@@ -899,7 +915,14 @@ fn prepare(
     let limit = model
         .context
         .saturating_sub(request.max_tokens.unwrap_or(1));
-    let prompt = tokenize(model, &request, limit).map_err(|e| match e {
+    // Function calling: the conversation and the constraint as the
+    // model's tool format has them.
+    let format = ToolFormat::detect(model.tokenizer.chat_template());
+    let tool_prep = match (&request.tools, &request.prompt) {
+        (Some(req), Prompt::Chat(messages)) => Some(tools::prepare(format, messages, req)),
+        _ => None,
+    };
+    let prompt = tokenize(model, &request, tool_prep.as_ref(), limit).map_err(|e| match e {
         Tokenized::Err(e) => e,
         Tokenized::TooMany => {
             exceeded_while_tokenizing(model.context, limit, request.max_tokens, prompt_param)
@@ -917,11 +940,52 @@ fn prepare(
         // The parser takes echo on /v1/completions only.
         Prompt::Chat(_) => String::new(),
     });
+    let constraint = match &request.constraint {
+        None => match tool_prep.and_then(|p| p.grammar) {
+            Some(grammar) => Some(compile(shared, model, "tools", &grammar)?),
+            None => None,
+        },
+        Some((param, c)) => {
+            let grammar = match c {
+                OutputConstraint::JsonObject => Grammar::JsonObject,
+                OutputConstraint::JsonSchema(schema) => Grammar::JsonSchema(schema.clone()),
+                OutputConstraint::Gbnf(text) => Grammar::Gbnf(text.clone()),
+            };
+            Some(compile(shared, model, param, &grammar)?)
+        }
+    };
+    let tools = request.tools.clone().map(|t| (format, t));
     Ok(Prepared {
         request,
         prompt,
         max_tokens,
         echo,
+        constraint,
+        tools,
+    })
+}
+
+/// Compiles `grammar` for the request field `param` (a 400 naming it when
+/// the engine refuses it).
+fn compile(
+    shared: &Shared,
+    model: &LoadedModel,
+    param: &str,
+    grammar: &Grammar,
+) -> Result<Box<ConstraintState>, ApiError> {
+    let constraints = shared
+        .constraints
+        .get_or_init(|| Constraints::new(&model.tokenizer, model.tokenizer.vocab_size()));
+    let constraints = constraints
+        .as_ref()
+        .map_err(|e| ApiError::new(500, "server_error", e.clone()))?;
+    let code = match grammar {
+        Grammar::Gbnf(_) | Grammar::Lark(_) => "invalid_grammar",
+        Grammar::JsonObject | Grammar::JsonSchema(_) => "invalid_schema",
+    };
+    constraints.compile(grammar).map(Box::new).map_err(|e| {
+        ApiError::invalid(param, format!("{param} cannot be enforced: {}", e.message))
+            .with_code(code)
     })
 }
 
@@ -976,6 +1040,7 @@ impl From<TooManyTokens> for Tokenized {
 fn tokenize(
     model: &LoadedModel,
     request: &GenerationRequest,
+    tool_prep: Option<&tools::Prepared>,
     limit: usize,
 ) -> Result<Vec<u32>, Tokenized> {
     let tokenizer = &model.tokenizer;
@@ -989,16 +1054,21 @@ fn tokenize(
                 )
                 .into());
             };
-            encode_chat(tokenizer, template, messages, true, limit).map_err(|e| match e {
-                ChatEncodeError::Template(e) => Tokenized::Err(ApiError::invalid(
-                    "messages",
-                    format!("the chat template refused the messages: {e}"),
-                )),
-                ChatEncodeError::ControlText { message, .. } => Tokenized::Err(ApiError::invalid(
-                    &format!("messages[{message}].content"),
-                    e.to_string(),
-                )),
-                ChatEncodeError::TooMany(_) => Tokenized::TooMany,
+            let (messages, tools) = match tool_prep {
+                Some(p) => (&p.messages[..], p.tools.as_ref()),
+                None => (&messages[..], None),
+            };
+            encode_chat_tools(tokenizer, template, messages, tools, true, limit).map_err(|e| {
+                match e {
+                    ChatEncodeError::Template(e) => Tokenized::Err(ApiError::invalid(
+                        "messages",
+                        format!("the chat template refused the messages: {e}"),
+                    )),
+                    ChatEncodeError::ControlText { message, .. } => Tokenized::Err(
+                        ApiError::invalid(&format!("messages[{message}].content"), e.to_string()),
+                    ),
+                    ChatEncodeError::TooMany(_) => Tokenized::TooMany,
+                }
             })?
         }
         Prompt::Text(text) => {
@@ -1077,6 +1147,9 @@ struct Format {
     include_usage: bool,
     /// The prompt's text, sent back first (completions' `echo`).
     echo: Option<String>,
+    /// The functions the answer may call: its text is held back and read
+    /// as calls or content when it is complete.
+    tools: Option<(ToolFormat, api::ToolRequest)>,
 }
 
 fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
@@ -1123,6 +1196,13 @@ impl Format {
         v
     }
 
+    /// The last chunk of a choice, with its finish reason.
+    fn chunk_finish(&self, delta: Value, finish: &str) -> Value {
+        let mut v = self.chunk(delta, Value::Null, None);
+        v["choices"][0]["finish_reason"] = json!(finish);
+        v
+    }
+
     fn usage_chunk(&self, usage: Value) -> Value {
         json!({
             "id": self.id,
@@ -1134,14 +1214,60 @@ impl Format {
         })
     }
 
+    /// The answer as content and calls, and the finish reason to report
+    /// (`tool_calls` when it called functions).
+    fn answer(&self, text: String, finish: FinishReason) -> (tools::Answer, &'static str) {
+        match &self.tools {
+            None => (
+                tools::Answer {
+                    content: Some(text),
+                    calls: Vec::new(),
+                },
+                finish.as_str(),
+            ),
+            Some((format, req)) => {
+                let hex = self
+                    .id
+                    .rsplit('-')
+                    .next()
+                    .unwrap_or("")
+                    .get(..12)
+                    .unwrap_or("");
+                let answer = tools::parse(*format, &text, req, hex);
+                let reason = if answer.calls.is_empty() || finish != FinishReason::Stop {
+                    finish.as_str()
+                } else {
+                    "tool_calls"
+                };
+                (answer, reason)
+            }
+        }
+    }
+
     fn whole(&self, text: String, logprobs: Value, finish: FinishReason, usage: Value) -> Value {
         let choice = match self.route {
-            Route::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": logprobs,
-                "finish_reason": finish.as_str(),
-            }),
+            Route::Chat => {
+                let (answer, reason) = self.answer(text, finish);
+                let mut message = json!({"role": "assistant", "content": answer.content});
+                if !answer.calls.is_empty() {
+                    message["tool_calls"] = Value::Array(
+                        answer
+                            .calls
+                            .iter()
+                            .map(|c| {
+                                json!({"id": c.id, "type": "function",
+                                       "function": {"name": c.name, "arguments": c.arguments}})
+                            })
+                            .collect(),
+                    );
+                }
+                json!({
+                    "index": 0,
+                    "message": message,
+                    "logprobs": logprobs,
+                    "finish_reason": reason,
+                })
+            }
             Route::Completion => json!({
                 "text": text, "index": 0, "logprobs": logprobs, "finish_reason": finish.as_str(),
             }),
@@ -1207,6 +1333,7 @@ async fn collect(
             }
             Some(Event::Finished {
                 reason,
+                constraint: _,
                 prompt_tokens,
                 completion_tokens,
                 cached_tokens,
@@ -1239,6 +1366,9 @@ pub struct SseBody {
     /// Renders each chunk's logprobs, when asked for.
     writer: Option<LogprobsWriter>,
     pending: VecDeque<Bytes>,
+    /// With tools: the answer so far and its logprobs, held back.
+    held: String,
+    held_logprobs: Value,
     done: bool,
     timing: Timing,
     /// Resolves when the shutdown timeout cuts the stream off.
@@ -1277,11 +1407,22 @@ impl SseBody {
                         .writer
                         .as_mut()
                         .map_or(Value::Null, |w| w.generated(&logprobs));
+                    if f.tools.is_some() {
+                        // Held back until the answer is complete.
+                        self.held.push_str(&text);
+                        if self.held_logprobs.is_null() {
+                            self.held_logprobs = logprobs;
+                        } else {
+                            logprobs::join(&mut self.held_logprobs, logprobs);
+                        }
+                        continue;
+                    }
                     let chunk = f.chunk(json!({"content": text}), logprobs, None);
                     self.pending.push_back(sse(&chunk));
                 }
                 Some(Event::Finished {
                     reason,
+                    constraint: _,
                     prompt_tokens,
                     completion_tokens,
                     cached_tokens,
@@ -1290,8 +1431,29 @@ impl SseBody {
                         Route::Chat => json!({}),
                         Route::Completion => json!({"content": ""}),
                     };
-                    self.pending
-                        .push_back(sse(&f.chunk(delta, Value::Null, Some(reason))));
+                    let mut finish = reason.as_str();
+                    if f.tools.is_some() {
+                        let (answer, r) = f.answer(std::mem::take(&mut self.held), reason);
+                        finish = r;
+                        let logprobs = std::mem::replace(&mut self.held_logprobs, Value::Null);
+                        if let Some(content) = answer.content.filter(|c| !c.is_empty()) {
+                            let chunk = f.chunk(json!({"content": content}), logprobs, None);
+                            self.pending.push_back(sse(&chunk));
+                        }
+                        // Each call: its id, type and name first, then its
+                        // arguments, as OpenAI streams them.
+                        for (index, c) in answer.calls.iter().enumerate() {
+                            let head = json!({"tool_calls": [{"index": index, "id": c.id, "type": "function",
+                                "function": {"name": c.name, "arguments": ""}}]});
+                            self.pending
+                                .push_back(sse(&f.chunk(head, Value::Null, None)));
+                            let args = json!({"tool_calls": [{"index": index,
+                                "function": {"arguments": c.arguments}}]});
+                            self.pending
+                                .push_back(sse(&f.chunk(args, Value::Null, None)));
+                        }
+                    }
+                    self.pending.push_back(sse(&f.chunk_finish(delta, finish)));
                     if f.include_usage {
                         let usage = usage(prompt_tokens, completion_tokens, cached_tokens);
                         self.pending.push_back(sse(&f.usage_chunk(usage)));

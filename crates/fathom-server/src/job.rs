@@ -2,6 +2,8 @@
 //! and the events that come back while it runs.
 
 use fathom_engine::{SamplingParams, TokenLogprob};
+
+use crate::constraint::ConstraintState;
 use tokio::sync::mpsc::UnboundedSender;
 
 /// One generation request, already tokenized and checked against the
@@ -16,6 +18,9 @@ pub struct Job {
     pub stop: Vec<String>,
     /// Log-probabilities to report; `None`: none.
     pub logprobs: Option<Logprobs>,
+    /// The constraint the answer must satisfy (a JSON schema, a grammar),
+    /// compiled: each sampled token is drawn from its mask.
+    pub constraint: Option<Box<ConstraintState>>,
     /// Where the scheduler sends this job's events. Dropping the receiver
     /// (the client went away) cancels the job and frees its KV blocks
     /// within one step.
@@ -68,6 +73,8 @@ pub enum Event {
     },
     Finished {
         reason: FinishReason,
+        /// The constraint's mask time over the answer, and how many masks.
+        constraint: Option<ConstraintStats>,
         prompt_tokens: usize,
         completion_tokens: usize,
         /// Prompt tokens whose KV came from the prefix cache.
@@ -78,6 +85,14 @@ pub enum Event {
     /// The server began shutting down while the job waited for a slot:
     /// it never ran (a 503 response).
     ShuttingDown,
+}
+
+/// What a constrained job's masks cost.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ConstraintStats {
+    pub masks: u64,
+    pub mask_seconds: f64,
+    pub compile_seconds: f64,
 }
 
 /// Why the scheduler did not take a job.

@@ -2,12 +2,15 @@
 //! block pool, with a prefix cache, behind OpenAI-compatible HTTP routes.
 
 pub mod api;
+pub mod constraint;
+pub mod gbnf;
 pub mod http;
 pub mod job;
 pub mod logprobs;
 pub mod metrics;
 pub mod scheduler;
 pub mod stats;
+pub mod tools;
 pub mod wire;
 
 pub use job::{Event, FinishReason, Job, Logprobs, SubmitError};

@@ -210,6 +210,36 @@ impl Metrics {
                 "Sequences preempted and recomputed",
                 get(&s.preemptions),
             );
+            counter(
+                &mut out,
+                "fathom_constrained_requests_total",
+                "Requests decoded under a constraint (response_format, json_schema, grammar, tools), counted when they end",
+                get(&s.constrained_jobs),
+            );
+            counter(
+                &mut out,
+                "fathom_constraint_cache_hits_total",
+                "Constrained requests whose compiled constraint came from the cache",
+                get(&s.constraint_cache_hits),
+            );
+            counter(
+                &mut out,
+                "fathom_constraint_masks_total",
+                "Token masks computed for constrained requests",
+                get(&s.constraint_masks),
+            );
+            seconds(
+                &mut out,
+                "fathom_constraint_mask_seconds_total",
+                "Time spent computing token masks",
+                get(&s.constraint_mask_micros),
+            );
+            seconds(
+                &mut out,
+                "fathom_constraint_compile_seconds_total",
+                "Time spent compiling constraints (or taking them from the cache)",
+                get(&s.constraint_compile_micros),
+            );
         }
         if !snap.plan.is_empty() {
             let _ = writeln!(
@@ -285,6 +315,15 @@ fn counter(out: &mut String, name: &str, help: &str, value: u64) {
     let _ = writeln!(
         out,
         "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
+    );
+}
+
+/// A counter of seconds kept in microseconds.
+fn seconds(out: &mut String, name: &str, help: &str, micros: u64) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} counter\n{name} {}",
+        micros as f64 / 1e6
     );
 }
 

@@ -18,7 +18,7 @@ use fathom_engine::{
     plan_step, Engine, OutputText, Sampler, ScoreRows, Segment, SeqKv, TokenLogprob,
 };
 
-use crate::job::{Event, FinishReason, Job, SubmitError};
+use crate::job::{ConstraintStats, Event, FinishReason, Job, SubmitError};
 use crate::stats::SchedulerStats;
 
 #[derive(Debug, Clone)]
@@ -450,18 +450,26 @@ impl<'a> Loop<'a> {
         // Per entry of `wanted`: the prompt being scored, its tokens and
         // the segment's first position.
         let mut scoring = Vec::new();
+        // The constraints of the slots that sample after this step: their
+        // masks are computed on another thread while the step runs.
+        let mut constrained = Vec::new();
         self.wanted.clear();
         for (slot, &n) in self.running.iter_mut().zip(&self.chunk) {
             if n == 0 {
                 continue;
             }
+            let samples = n == slot.pending() && slot.generated < slot.job.max_tokens;
             let Slot {
                 kv,
                 tokens,
                 prompt_score,
                 prompt_len,
+                job,
                 ..
             } = slot;
+            if let Some(c) = job.constraint.as_deref_mut().filter(|_| samples) {
+                constrained.push(c);
+            }
             let kv = kv.as_mut().expect("running slots hold KV");
             let start = kv.len;
             if let Some(score) = prompt_score {
@@ -484,15 +492,35 @@ impl<'a> Loop<'a> {
         if segments.is_empty() {
             return Ok(());
         }
-        self.engine
-            .step_scoring(&mut segments, &self.wanted, &mut |k, row, logits| {
+        let (engine, wanted) = (&mut self.engine, &self.wanted);
+        let stepped = std::thread::scope(|s| {
+            let masks = (!constrained.is_empty()).then(|| {
+                std::thread::Builder::new()
+                    .name("fathom-masks".into())
+                    .spawn_scoped(s, move || {
+                        for c in constrained {
+                            c.update_mask();
+                        }
+                    })
+            });
+            let stepped = engine.step_scoring(&mut segments, wanted, &mut |k, row, logits| {
                 let (score, tokens, start) = &mut scoring[k];
                 let p = *start + row;
                 let entry = TokenLogprob::new(logits, tokens[p + 1], score.top);
                 score.entries.push(entry);
                 score.scored = p + 1;
-            })
-            .map_err(|e| e.to_string())?;
+            });
+            match masks {
+                // No thread to spare: the masks are computed after the step.
+                Some(Err(_)) => {}
+                Some(Ok(handle)) => {
+                    let _ = handle.join();
+                }
+                None => {}
+            }
+            stepped
+        });
+        stepped.map_err(|e| e.to_string())?;
         drop(scoring);
         drop(segments);
         let mut row = 0;
@@ -524,7 +552,23 @@ impl<'a> Loop<'a> {
                     .push((i, Outcome::Finished(FinishReason::Length)));
                 continue;
             }
-            let token = self.engine.sample(row - 1, &mut slot.sampler, &slot.tokens);
+            let mut mask = None;
+            if let Some(c) = slot.job.constraint.as_deref_mut() {
+                if c.is_stopped() {
+                    // The answer is complete: nothing more may follow.
+                    self.finished
+                        .push((i, Outcome::Finished(FinishReason::Stop)));
+                    continue;
+                }
+                if let Err(e) = c.mask_ready() {
+                    self.finished.push((i, Outcome::Failed(e)));
+                    continue;
+                }
+                mask = Some(c.mask());
+            }
+            let token = self
+                .engine
+                .sample(row - 1, &mut slot.sampler, &slot.tokens, mask);
             let logprob = slot
                 .job
                 .logprobs
@@ -553,6 +597,13 @@ impl<'a> Loop<'a> {
         if tokenizer.end_of_generation(token) {
             return Outcome::Finished(FinishReason::Stop);
         }
+        let mut complete = false;
+        if let Some(c) = slot.job.constraint.as_deref_mut() {
+            if let Err(e) = c.commit(token) {
+                return Outcome::Failed(format!("the answer's constraint failed: {e}"));
+            }
+            complete = c.is_stopped();
+        }
         slot.tokens.push(token);
         slot.held.extend(logprob);
         let (text, hit) = slot.text.push(tokenizer, token);
@@ -567,6 +618,22 @@ impl<'a> Loop<'a> {
         }
         if hit {
             Outcome::Finished(FinishReason::Stop)
+        } else if complete {
+            // The grammar allows nothing more: what is held back is the
+            // end of the answer.
+            let text = slot.text.finish();
+            if !text.is_empty() || !slot.held.is_empty() {
+                let logprobs = std::mem::take(&mut slot.held);
+                if slot
+                    .job
+                    .events
+                    .send(Event::Text { text, logprobs })
+                    .is_err()
+                {
+                    return Outcome::Cancelled;
+                }
+            }
+            Outcome::Finished(FinishReason::Stop)
         } else if slot.generated >= slot.job.max_tokens {
             Outcome::Finished(FinishReason::Length)
         } else {
@@ -579,6 +646,17 @@ impl<'a> Loop<'a> {
         if let Some(mut kv) = slot.kv.take() {
             self.engine.release(&mut kv);
         }
+        if let Some(c) = slot.job.constraint.as_deref() {
+            let s = self.stats;
+            SchedulerStats::add(&s.constrained_jobs, 1);
+            SchedulerStats::add(&s.constraint_cache_hits, u64::from(c.cache_hit));
+            SchedulerStats::add(&s.constraint_masks, c.masks);
+            SchedulerStats::add(&s.constraint_mask_micros, c.mask_time.as_micros() as u64);
+            SchedulerStats::add(
+                &s.constraint_compile_micros,
+                c.compile_time.as_micros() as u64,
+            );
+        }
         let event = match outcome {
             Outcome::Running | Outcome::Cancelled => return,
             Outcome::Failed(message) => Event::Failed(message),
@@ -590,8 +668,14 @@ impl<'a> Loop<'a> {
                         let _ = slot.job.events.send(Event::Text { text, logprobs });
                     }
                 }
+                let constraint = slot.job.constraint.as_deref().map(|c| ConstraintStats {
+                    masks: c.masks,
+                    mask_seconds: c.mask_time.as_secs_f64(),
+                    compile_seconds: c.compile_time.as_secs_f64(),
+                });
                 Event::Finished {
                     reason,
+                    constraint,
                     prompt_tokens: slot.prompt_len,
                     completion_tokens: slot.generated,
                     cached_tokens: slot.cached_tokens,

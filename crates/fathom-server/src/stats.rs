@@ -25,6 +25,15 @@ pub struct SchedulerStats {
     pub generated_tokens: AtomicU64,
     /// Sequences preempted (blocks freed, re-queued, recomputed).
     pub preemptions: AtomicU64,
+    /// Jobs decoded under a constraint (structured output, tool calls).
+    pub constrained_jobs: AtomicU64,
+    /// Of those, the ones whose compiled constraint came from the cache.
+    pub constraint_cache_hits: AtomicU64,
+    /// Token masks computed, and the microseconds they took.
+    pub constraint_masks: AtomicU64,
+    pub constraint_mask_micros: AtomicU64,
+    /// Microseconds spent compiling constraints (or cloning cached ones).
+    pub constraint_compile_micros: AtomicU64,
 }
 
 impl SchedulerStats {

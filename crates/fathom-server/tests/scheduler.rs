@@ -78,6 +78,7 @@ impl Encoder {
             },
             stop: vec![],
             logprobs: None,
+            constraint: None,
             events,
         };
         (job, receiver)

@@ -1,7 +1,6 @@
 //! Chat templates: the Jinja source a checkpoint ships, rendered the way
 //! Hugging Face `apply_chat_template` renders it.
 
-use std::collections::BTreeMap;
 use std::ops::Range;
 
 use minijinja::syntax::SyntaxConfig;
@@ -10,10 +9,96 @@ use minijinja::{context, Environment, Error, ErrorKind, Value};
 use crate::{Special, Tokenizer, TokenizerError, TooManyTokens};
 
 /// One chat message.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Message {
     pub role: String,
     pub content: String,
+    /// An assistant message's function calls (OpenAI's `tool_calls`).
+    pub tool_calls: Vec<ToolCall>,
+    /// A `tool` message: the call it answers (OpenAI's `tool_call_id`).
+    pub tool_call_id: Option<String>,
+    /// A `tool` message: the function that answered, when known.
+    pub name: Option<String>,
+}
+
+impl Message {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Message {
+            role: role.into(),
+            content: content.into(),
+            ..Message::default()
+        }
+    }
+}
+
+/// One function call of an assistant message.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments as the JSON text OpenAI's `function.arguments` holds.
+    pub arguments: String,
+}
+
+/// A JSON value as templates see it: objects as maps (key order kept),
+/// arrays as lists.
+pub fn json_to_template(v: &serde_json::Value) -> Value {
+    match v {
+        serde_json::Value::Null => Value::from(()),
+        serde_json::Value::Bool(b) => Value::from(*b),
+        serde_json::Value::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (None, Some(u)) => Value::from(u),
+            _ => Value::from(n.as_f64().unwrap_or(0.0)),
+        },
+        serde_json::Value::String(s) => Value::from(s.as_str()),
+        serde_json::Value::Array(a) => {
+            Value::from(a.iter().map(json_to_template).collect::<Vec<_>>())
+        }
+        serde_json::Value::Object(o) => {
+            Value::from_pairs(o.iter().map(|(k, v)| (k.clone(), json_to_template(v))))
+        }
+    }
+}
+
+fn message_value(m: &Message) -> Value {
+    let mut fields: Vec<(&str, Value)> = vec![
+        ("role", Value::from(m.role.as_str())),
+        ("content", Value::from(m.content.as_str())),
+    ];
+    if !m.tool_calls.is_empty() {
+        let calls = m
+            .tool_calls
+            .iter()
+            .map(|c| {
+                // Templates write `arguments | tojson`, so they get the
+                // parsed object when the text is JSON (as Hugging Face's
+                // and vLLM's chat paths give it), else the text.
+                let arguments = serde_json::from_str::<serde_json::Value>(&c.arguments)
+                    .map_or_else(
+                        |_| Value::from(c.arguments.as_str()),
+                        |v| json_to_template(&v),
+                    );
+                let function = Value::from_pairs([
+                    ("name", Value::from(c.name.as_str())),
+                    ("arguments", arguments),
+                ]);
+                Value::from_pairs([
+                    ("id", Value::from(c.id.as_str())),
+                    ("type", Value::from("function")),
+                    ("function", function),
+                ])
+            })
+            .collect::<Vec<_>>();
+        fields.push(("tool_calls", Value::from(calls)));
+    }
+    if let Some(id) = &m.tool_call_id {
+        fields.push(("tool_call_id", Value::from(id.as_str())));
+    }
+    if let Some(name) = &m.name {
+        fields.push(("name", Value::from(name.as_str())));
+    }
+    Value::from_pairs(fields)
 }
 
 /// Byte ranges of a rendered prompt that hold message contents.
@@ -82,9 +167,10 @@ impl ChatTemplate {
     pub fn render_with_contents(
         &self,
         messages: &[Message],
+        tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<(String, Option<ContentRanges>), TokenizerError> {
-        let text = self.render(messages, add_generation_prompt)?;
+        let text = self.render_tools(messages, tools, add_generation_prompt)?;
         // A private-use character that neither the contents nor the
         // rendered text hold marks each placeholder: MARK index MARK.
         let Some(mark) = ('\u{E000}'..='\u{F8FF}')
@@ -97,11 +183,11 @@ impl ChatTemplate {
             .iter()
             .enumerate()
             .map(|(i, m)| Message {
-                role: m.role.clone(),
                 content: format!("{mark}{i}{mark}"),
+                ..m.clone()
             })
             .collect();
-        let Ok(skeleton) = self.render(&placeholders, add_generation_prompt) else {
+        let Ok(skeleton) = self.render_tools(&placeholders, tools, add_generation_prompt) else {
             return Ok((text, None));
         };
         for trim in [false, true] {
@@ -121,19 +207,25 @@ impl ChatTemplate {
         messages: &[Message],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.render_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render`] with `tools` (OpenAI's list of
+    /// `{"type": "function", "function": {...}}`), which templates that
+    /// support function calling read as `tools`.
+    pub fn render_tools(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
         let template = self.env.get_template(NAME).map_err(template_error)?;
-        let messages: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                Value::from(BTreeMap::from([
-                    ("role", Value::from(m.role.as_str())),
-                    ("content", Value::from(m.content.as_str())),
-                ]))
-            })
-            .collect();
+        let messages: Vec<Value> = messages.iter().map(message_value).collect();
+        let tools = tools.map_or(Value::from(()), json_to_template);
         template
             .render(context! {
                 messages => messages,
+                tools => tools,
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token.as_str(),
                 eos_token => self.eos_token.as_str(),
@@ -194,8 +286,28 @@ pub fn encode_chat(
     add_generation_prompt: bool,
     limit: usize,
 ) -> Result<Vec<u32>, ChatEncodeError> {
+    encode_chat_tools(
+        tokenizer,
+        template,
+        messages,
+        None,
+        add_generation_prompt,
+        limit,
+    )
+}
+
+/// [`encode_chat`] with `tools` given to the template (see
+/// [`ChatTemplate::render_tools`]).
+pub fn encode_chat_tools(
+    tokenizer: &Tokenizer,
+    template: &ChatTemplate,
+    messages: &[Message],
+    tools: Option<&serde_json::Value>,
+    add_generation_prompt: bool,
+    limit: usize,
+) -> Result<Vec<u32>, ChatEncodeError> {
     let (text, contents) = template
-        .render_with_contents(messages, add_generation_prompt)
+        .render_with_contents(messages, tools, add_generation_prompt)
         .map_err(ChatEncodeError::Template)?;
     let special = match &contents {
         Some(ranges) => Special::PlainIn(ranges),

@@ -14,7 +14,10 @@ mod stream;
 mod tokenizer;
 mod unicode;
 
-pub use chat::{encode_chat, ChatEncodeError, ChatTemplate, Message};
+pub use chat::{
+    encode_chat, encode_chat_tools, json_to_template, ChatEncodeError, ChatTemplate, Message,
+    ToolCall,
+};
 pub use stream::StreamDecoder;
 pub use tokenizer::{Special, Tokenizer, TooManyTokens};
 

@@ -249,10 +249,7 @@ fn smollm2_chat_template_renders_chatml() {
     let tok = smollm2();
     let template =
         ChatTemplate::new(tok.chat_template().unwrap(), "<|im_start|>", "<|im_end|>").unwrap();
-    let msg = |role: &str, content: &str| Message {
-        role: role.into(),
-        content: content.into(),
-    };
+    let msg = |role: &str, content: &str| Message::new(role, content);
     let conversation = [
         msg("system", "You are terse."),
         msg("user", "Hi!"),
@@ -401,10 +398,7 @@ fn chat_content_is_text_and_only_template_markers_are_special() {
         .to_string();
     let template = ChatTemplate::new(&source, "<|im_start|>", "<|im_end|>").unwrap();
     let chat = |content: &str| {
-        let messages = [Message {
-            role: "user".into(),
-            content: content.into(),
-        }];
+        let messages = [Message::new("user", content)];
         fathom_tokenizer::encode_chat(&tok, &template, &messages, true, usize::MAX).unwrap()
     };
     let im_end = tok.token_id("<|im_end|>").unwrap();
@@ -426,20 +420,14 @@ fn chat_content_is_text_and_only_template_markers_are_special() {
         broken.len()
     );
     // Bounded: more tokens than the limit stop the work.
-    let messages = [Message {
-        role: "user".into(),
-        content: "word ".repeat(200_000),
-    }];
+    let messages = [Message::new("user", "word ".repeat(200_000))];
     let started = Instant::now();
     let err = fathom_tokenizer::encode_chat(&tok, &template, &messages, true, 512).unwrap_err();
     assert!(
         matches!(err, fathom_tokenizer::ChatEncodeError::TooMany(_)),
         "{err}"
     );
-    let one_word = [Message {
-        role: "user".into(),
-        content: "a".repeat(3_900_000),
-    }];
+    let one_word = [Message::new("user", "a".repeat(3_900_000))];
     let err = fathom_tokenizer::encode_chat(&tok, &template, &one_word, true, 512).unwrap_err();
     assert!(
         matches!(err, fathom_tokenizer::ChatEncodeError::TooMany(_)),

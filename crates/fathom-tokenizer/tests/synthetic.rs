@@ -335,10 +335,7 @@ fn chat_template_features() {
                   {%- endfor -%}\n\
                   {{ {'k': 1} | tojson }}{% if add_generation_prompt %}{{ eos_token }}{% endif %}";
     let t = ChatTemplate::new(source, "<s>", "</s>").unwrap();
-    let msg = |role: &str, content: &str| Message {
-        role: role.into(),
-        content: content.into(),
-    };
+    let msg = |role: &str, content: &str| Message::new(role, content);
     let rendered = t
         .render(
             &[
@@ -362,6 +359,47 @@ fn chat_template_features() {
     let err = ChatTemplate::new("{% for m in messages %}", "", "").unwrap_err();
     assert!(matches!(err, TokenizerError::Template(_)), "{err}");
     assert!(err.to_string().contains("syntax error"), "{err}");
+}
+
+/// Templates with function calling (Qwen2.5's shape, shortened) read
+/// `tools`, assistant `tool_calls` with `function.arguments` as an object
+/// (`tojson`), and `tool` messages.
+#[test]
+fn chat_templates_render_tools_and_a_tool_call_history() {
+    let source = "{%- if tools %}<tools>{% for t in tools %}{{ t | tojson }}{% endfor %}</tools>\n{% endif %}\
+        {%- for m in messages %}\
+        {%- if m.role == 'assistant' and m.tool_calls %}<A>{% for c in m.tool_calls %}<tool_call>{\"name\": \"{{ c.function.name }}\", \"arguments\": {{ c.function.arguments | tojson }}}</tool_call>{% endfor %}</A>\n\
+        {%- elif m.role == 'tool' %}<T id={{ m.tool_call_id }}>{{ m.content }}</T>\n\
+        {%- else %}<{{ m.role }}>{{ m.content }}\n{% endif %}\
+        {%- endfor %}";
+    let t = ChatTemplate::new(source, "", "").unwrap();
+    let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"z": {}, "a": {}}}}}]);
+    let messages = [
+        Message::new("user", "go"),
+        Message {
+            tool_calls: vec![fathom_tokenizer::ToolCall {
+                id: "call_1".into(),
+                name: "f".into(),
+                arguments: r#"{"z": 1, "a": [true]}"#.into(),
+            }],
+            ..Message::new("assistant", "")
+        },
+        Message {
+            tool_call_id: Some("call_1".into()),
+            ..Message::new("tool", "done")
+        },
+    ];
+    let rendered = t.render_tools(&messages, Some(&tools), false).unwrap();
+    assert_eq!(
+        rendered,
+        "<tools>{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": {\"z\": {}, \"a\": {}}}}}</tools>\n\
+         <user>go\n\
+         <A><tool_call>{\"name\": \"f\", \"arguments\": {\"z\": 1, \"a\": [true]}}</tool_call></A>\
+         <T id=call_1>done</T>",
+        "key order is kept, arguments are an object"
+    );
+    // Without tools the template sees none.
+    assert!(!t.render(&messages[..1], false).unwrap().contains("<tools>"));
 }
 
 fn gpt2_meta() -> Vec<(&'static str, MetaValue)> {

@@ -1,0 +1,577 @@
+//! Structured output through `fathom serve`: the real binary on loopback
+//! with the real SmolLM2 GGUF, over real HTTP. A corpus of JSON schemas
+//! (`tests/data/json_schemas/`) asked for with `response_format` at
+//! several temperatures, every finished answer checked by an independent
+//! validator (Python's `jsonschema`); GBNF grammars, `json_object`, the
+//! completions route, streaming; schemas the engine cannot enforce get a
+//! 400 naming the keyword, and hostile ones are refused or bounded.
+
+mod common;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::server::{sse_events, Server};
+use serde_json::{json, Value};
+
+/// The corpus: `{name, prompt, schema}` entries of every file.
+fn corpus() -> Vec<Value> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/json_schemas");
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .flat_map(|f| {
+            let v: Value = serde_json::from_slice(&std::fs::read(f).unwrap()).unwrap();
+            v.as_array().unwrap().clone()
+        })
+        .collect()
+}
+
+/// Validates each `(schema, text)` with Python's `jsonschema` (Draft
+/// 2020-12, formats checked where it has checkers); returns the failures.
+fn validate(cases: &[(Value, String)]) -> Vec<String> {
+    let script = r#"
+import json, sys
+import jsonschema
+cases = json.load(sys.stdin)
+bad = []
+for i, (schema, text) in enumerate(cases):
+    try:
+        value = json.loads(text)
+    except Exception as e:
+        bad.append(f"{i}: not JSON ({e}): {text!r}")
+        continue
+    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    v = cls(schema, format_checker=cls.FORMAT_CHECKER)
+    errors = [e.message for e in v.iter_errors(value)]
+    if errors:
+        bad.append(f"{i}: {errors[:3]}: {text!r}")
+print(json.dumps(bad))
+"#;
+    let mut child = Command::new("python3")
+        .args(["-c", script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 (scripts/test.sh installs jsonschema)");
+    let input = serde_json::to_vec(cases).unwrap();
+    child.stdin.take().unwrap().write_all(&input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the validator failed (pip install jsonschema; scripts/test.sh does): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn chat(server: &Server, body: Value) -> Value {
+    let r = server.post("/v1/chat/completions", &body.to_string(), &[]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()
+}
+
+/// Answers cut at `max_tokens` cannot be whole; at most this share may be.
+const MAX_CUT: f64 = 0.10;
+
+#[test]
+fn every_answer_to_the_schema_corpus_validates_at_any_temperature() {
+    let server = Server::start(&["-np", "4", "-c", "1024"], &[]);
+    let corpus = corpus();
+    assert!(corpus.len() >= 40, "{} schemas", corpus.len());
+    let mut jobs = Vec::new();
+    for (k, entry) in corpus.iter().enumerate() {
+        for (t, temperature) in [0.0, 0.7, 1.3].into_iter().enumerate() {
+            let body = json!({
+                "messages": [
+                    {"role": "system", "content": "Answer with JSON only."},
+                    {"role": "user", "content": entry["prompt"]},
+                ],
+                "max_tokens": 256,
+                "temperature": temperature,
+                "seed": k * 3 + t,
+                "response_format": {"type": "json_schema", "json_schema": {
+                    "name": entry["name"], "strict": true, "schema": entry["schema"],
+                }},
+            });
+            jobs.push((
+                entry["name"].as_str().unwrap().to_string(),
+                entry["schema"].clone(),
+                body,
+            ));
+        }
+    }
+    let started = Instant::now();
+    let results: Vec<(String, Value, String, String)> = std::thread::scope(|s| {
+        let chunks: Vec<_> = jobs.chunks(jobs.len().div_ceil(4)).collect();
+        let handles: Vec<_> = chunks
+            .into_iter()
+            .map(|chunk| {
+                let server = &server;
+                s.spawn(move || {
+                    chunk
+                        .iter()
+                        .map(|(name, schema, body)| {
+                            let v = chat(server, body.clone());
+                            let choice = &v["choices"][0];
+                            (
+                                name.clone(),
+                                schema.clone(),
+                                choice["message"]["content"].as_str().unwrap().to_string(),
+                                choice["finish_reason"].as_str().unwrap().to_string(),
+                            )
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
+    });
+    let finished: Vec<(Value, String)> = results
+        .iter()
+        .filter(|r| r.3 == "stop")
+        .map(|r| (r.1.clone(), r.2.clone()))
+        .collect();
+    let cut: Vec<&str> = results
+        .iter()
+        .filter(|r| r.3 != "stop")
+        .map(|r| r.0.as_str())
+        .collect();
+    let bad = validate(&finished);
+    eprintln!(
+        "{} answers in {:.1} s: {} finished, all checked; {} cut at max_tokens {cut:?}",
+        results.len(),
+        started.elapsed().as_secs_f64(),
+        finished.len(),
+        cut.len()
+    );
+    assert!(
+        bad.is_empty(),
+        "answers that do not validate:\n{}",
+        bad.join("\n")
+    );
+    assert!(
+        (cut.len() as f64) <= MAX_CUT * results.len() as f64,
+        "{} of {} answers were cut at max_tokens: {cut:?}",
+        cut.len(),
+        results.len()
+    );
+}
+
+#[test]
+fn grammars_json_objects_completions_and_streams_are_constrained() {
+    let server = Server::start(&[], &[]);
+    // GBNF, at a high temperature.
+    let grammar = r#"root ::= "The answer is " ("yes" | "no") "." [ ]? [0-9]{1,3}"#;
+    for seed in 0..4 {
+        let v = chat(
+            &server,
+            json!({"messages": [{"role": "user", "content": "Is water wet?"}], "grammar": grammar,
+                   "temperature": 1.5, "seed": seed, "max_tokens": 30}),
+        );
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        let rest = text.strip_prefix("The answer is ").expect(text);
+        let rest = rest
+            .strip_prefix("yes.")
+            .or_else(|| rest.strip_prefix("no."))
+            .expect(text);
+        let digits = rest.strip_prefix(' ').unwrap_or(rest);
+        assert!(
+            (1..=3).contains(&digits.len()) && digits.bytes().all(|b| b.is_ascii_digit()),
+            "{text:?}"
+        );
+    }
+    // json_object: an object.
+    let v = chat(
+        &server,
+        json!({"messages": [{"role": "user", "content": "Describe a cat."}],
+               "response_format": {"type": "json_object"}, "max_tokens": 200}),
+    );
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    if v["choices"][0]["finish_reason"] == "stop" {
+        assert!(
+            serde_json::from_str::<Value>(text).unwrap().is_object(),
+            "{text}"
+        );
+    }
+    // /v1/completions with llama-server's json_schema.
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 9}}, "required": ["n"], "additionalProperties": false});
+    let r = server.post(
+        "/v1/completions",
+        &json!({"prompt": "A number:", "json_schema": schema, "max_tokens": 20}).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let text = r.json()["choices"][0]["text"].as_str().unwrap().to_string();
+    let n = serde_json::from_str::<Value>(&text).unwrap()["n"]
+        .as_i64()
+        .unwrap();
+    assert!((1..=9).contains(&n), "{text}");
+    // Streamed: the deltas join into a valid answer.
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "sunny": {"type": "boolean"}}, "required": ["city", "sunny"], "additionalProperties": false});
+    let r = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Weather in Rome?"}], "stream": true, "max_tokens": 60,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}})
+        .to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (events, done) = sse_events(&r.body);
+    assert!(done);
+    let text: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let last = events
+        .iter()
+        .rev()
+        .find(|e| !e["choices"][0]["finish_reason"].is_null())
+        .unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "stop", "{text}");
+    assert!(validate(&[(schema, text)]).is_empty());
+    // /metrics counts the constrained requests and their masks.
+    assert!(server.metric("fathom_constrained_requests_total").unwrap() >= 7.0);
+    let masks = server.metric("fathom_constraint_masks_total").unwrap();
+    let seconds = server
+        .metric("fathom_constraint_mask_seconds_total")
+        .unwrap();
+    assert!(masks > 7.0 && seconds > 0.0, "{masks} masks in {seconds} s");
+    assert!(server.metric("fathom_constraint_cache_hits_total").unwrap() >= 3.0);
+}
+
+#[test]
+fn schemas_that_cannot_be_enforced_get_400_naming_the_keyword() {
+    let server = Server::start(&[], &[]);
+    let ask = |field: &str, value: Value| {
+        let mut body = json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 4});
+        body[field] = value;
+        server.post("/v1/chat/completions", &body.to_string(), &[])
+    };
+    for (schema, keyword) in [
+        (json!({"type": "array", "uniqueItems": true}), "uniqueItems"),
+        (
+            json!({"if": {"type": "string"}, "then": {"minLength": 2}}),
+            "if",
+        ),
+        (json!({"not": {"type": "string"}}), "not"),
+        (
+            json!({"type": "object", "dependentRequired": {"a": ["b"]}}),
+            "dependentRequired",
+        ),
+    ] {
+        let r = ask(
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}),
+        );
+        let v = r.assert_error(400, "invalid_schema");
+        assert_eq!(v["error"]["param"], "response_format", "{v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(keyword), "{keyword}: {message}");
+    }
+    let r = ask("json_schema", json!({"$ref": "#/$defs/missing"}));
+    r.assert_error(400, "invalid_schema");
+    let r = ask("grammar", json!("root ::= undefined-rule"));
+    let v = r.assert_error(400, "invalid_grammar");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("undefined-rule"),
+        "{v}"
+    );
+}
+
+/// Hostile schemas and grammars are refused or bounded, quickly, and the
+/// server goes on serving.
+#[test]
+fn hostile_schemas_are_refused_or_bounded_quickly() {
+    let server = Server::start(&[], &[]);
+    // Each within the body's JSON limits (nesting, value count), so the
+    // constraint engine is what meets them.
+    let mut deep = json!({"type": "integer"});
+    for _ in 0..60 {
+        deep = json!({"type": "array", "items": deep});
+    }
+    let huge_enum: Vec<String> = (0..12_000)
+        .map(|i| format!("value-{i:05}-{}", "x".repeat(i % 17)))
+        .collect();
+    let many_props: serde_json::Map<String, Value> = (0..2000)
+        .map(|i| {
+            (
+                format!("p{i}"),
+                json!({"type": "string", "pattern": "^(a|b|c)*[0-9]{3,7}(x|y)+$"}),
+            )
+        })
+        .collect();
+    let cases = [
+        ("deep nesting", json!({"json_schema": deep})),
+        ("huge enum", json!({"json_schema": {"enum": huge_enum}})),
+        (
+            "many patterned properties",
+            json!({"json_schema": {"type": "object", "properties": many_props, "required": many_props.keys().collect::<Vec<_>>()}}),
+        ),
+        (
+            "exponential regex",
+            json!({"json_schema": {"type": "string", "pattern": "^(a|aa)*(a|aa)*(a|aa)*(a|aa)*b{1,500}[a-z]{200,400}$"}}),
+        ),
+        (
+            "counted repetition",
+            json!({"json_schema": {"type": "string", "pattern": "^(x{1,1000}){1,1000}$"}}),
+        ),
+        (
+            "grammar blow-up",
+            json!({"grammar": format!("root ::= {}", "(\"a\" | \"b\" | \"ab\")* ".repeat(400))}),
+        ),
+    ];
+    for (what, extra) in cases {
+        let mut body = json!({"messages": [{"role": "user", "content": "go"}], "max_tokens": 16});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let started = Instant::now();
+        let r = server.post("/v1/chat/completions", &body.to_string(), &[]);
+        let took = started.elapsed();
+        assert!(
+            [200, 400, 413, 500].contains(&r.status),
+            "{what}: {} {}",
+            r.status,
+            r.body.chars().take(300).collect::<String>()
+        );
+        assert!(took < Duration::from_secs(20), "{what} took {took:?}");
+        eprintln!(
+            "{what}: {} in {:.2} s: {}",
+            r.status,
+            took.as_secs_f64(),
+            r.body.chars().take(160).collect::<String>()
+        );
+    }
+    // Still serving.
+    let v = chat(
+        &server,
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+    );
+    assert!(v["choices"][0]["message"]["content"].is_string());
+}
+
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {
+            "name": "get_weather", "description": "Get the current weather of a city",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 40},
+                "unit": {"enum": ["celsius", "fahrenheit"]}},
+                "required": ["city", "unit"], "additionalProperties": false},
+            "strict": true}},
+        {"type": "function", "function": {
+            "name": "search", "description": "Search the web",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string", "maxLength": 60}},
+                "required": ["query"], "additionalProperties": false}}},
+    ])
+}
+
+/// Asserts OpenAI's shape of a call and that its arguments validate
+/// against the named function's parameters; returns (name, arguments).
+fn check_call(call: &Value, tools: &Value) -> (String, Value) {
+    assert!(call["id"].as_str().unwrap().starts_with("call_"), "{call}");
+    assert_eq!(call["type"], "function", "{call}");
+    let name = call["function"]["name"].as_str().unwrap().to_string();
+    let args_text = call["function"]["arguments"]
+        .as_str()
+        .expect("arguments are a JSON string");
+    let tool = tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["function"]["name"] == name.as_str())
+        .unwrap_or_else(|| panic!("a call to an unknown function: {call}"));
+    let schema = tool["function"]["parameters"].clone();
+    let bad = validate(&[(schema, args_text.to_string())]);
+    assert!(bad.is_empty(), "{bad:?}");
+    (name, serde_json::from_str(args_text).unwrap())
+}
+
+#[test]
+fn tool_calls_round_trip_required_named_auto_and_none() {
+    let server = Server::start(&["-c", "2048"], &[]);
+    let tools = weather_tools();
+    let ask = |choice: Value, temperature: f64, seed: u64| {
+        chat(
+            &server,
+            json!({"messages": [{"role": "user", "content": "What is the weather like in Paris today?"}],
+                   "tools": tools, "tool_choice": choice, "temperature": temperature, "seed": seed,
+                   "max_tokens": 120}),
+        )
+    };
+    // required: always a valid call, at any temperature.
+    for (seed, temperature) in [(1, 0.0), (2, 0.8), (3, 1.4), (4, 1.4)] {
+        let v = ask(json!("required"), temperature, seed);
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+        assert!(choice["message"]["content"].is_null(), "{v}");
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{v}");
+        check_call(&calls[0], &tools);
+    }
+    // A named function: that one.
+    let v = ask(
+        json!({"type": "function", "function": {"name": "search"}}),
+        1.0,
+        5,
+    );
+    let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+    let (name, args) = check_call(&calls[0], &tools);
+    assert_eq!(name, "search");
+    assert!(args["query"].is_string());
+    // auto: a call or an answer, either well formed.
+    for seed in 0..3 {
+        let v = ask(json!("auto"), 0.8, seed);
+        let choice = &v["choices"][0];
+        match choice["message"]["tool_calls"].as_array() {
+            Some(calls) => {
+                assert_eq!(choice["finish_reason"], "tool_calls");
+                check_call(&calls[0], &tools);
+            }
+            None => assert!(choice["message"]["content"].is_string(), "{v}"),
+        }
+    }
+    // none: plain text, no calls.
+    let v = ask(json!("none"), 0.0, 0);
+    assert!(
+        v["choices"][0]["message"].get("tool_calls").is_none(),
+        "{v}"
+    );
+    assert!(v["choices"][0]["message"]["content"].is_string());
+}
+
+#[test]
+fn a_history_with_tool_results_is_answered_and_streamed_calls_reassemble() {
+    let server = Server::start(&["-c", "2048"], &[]);
+    let tools = weather_tools();
+    let mut messages =
+        vec![json!({"role": "user", "content": "What is the weather like in Paris today?"})];
+    let v = chat(
+        &server,
+        json!({"messages": messages, "tools": tools, "tool_choice": "required", "max_tokens": 120}),
+    );
+    let message = v["choices"][0]["message"].clone();
+    let call = message["tool_calls"][0].clone();
+    check_call(&call, &tools);
+    // The call and its result go back; the model answers (or calls again).
+    messages.push(message);
+    messages.push(json!({"role": "tool", "tool_call_id": call["id"], "content": "{\"temperature\": 21, \"sky\": \"clear\"}"}));
+    let v = chat(
+        &server,
+        json!({"messages": messages, "tools": tools, "max_tokens": 120, "temperature": 0}),
+    );
+    let choice = &v["choices"][0];
+    assert!(
+        choice["message"]["content"].is_string() || choice["message"]["tool_calls"].is_array(),
+        "{v}"
+    );
+    assert!(
+        v["usage"]["prompt_tokens"].as_u64().unwrap() > 100,
+        "the history was rendered: {v}"
+    );
+
+    // Streamed: id, type and name first, then the arguments, which join
+    // into the same kind of call.
+    let r = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Search the web for Rust tutorials."}], "tools": tools,
+                "tool_choice": "required", "stream": true, "max_tokens": 120})
+        .to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (events, done) = sse_events(&r.body);
+    assert!(done);
+    let mut calls: Vec<Value> = Vec::new();
+    let mut finish = None;
+    for e in &events {
+        let choice = &e["choices"][0];
+        if let Some(reason) = choice["finish_reason"].as_str() {
+            finish = Some(reason.to_string());
+        }
+        for d in choice["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let i = d["index"].as_u64().unwrap() as usize;
+            if i == calls.len() {
+                assert!(
+                    d["id"].is_string() && d["function"]["name"].is_string(),
+                    "the head first: {d}"
+                );
+                calls.push(json!({"id": d["id"], "type": d["type"],
+                    "function": {"name": d["function"]["name"], "arguments": ""}}));
+            }
+            let fragment = d["function"]["arguments"].as_str().unwrap_or("");
+            let joined = format!(
+                "{}{fragment}",
+                calls[i]["function"]["arguments"].as_str().unwrap()
+            );
+            calls[i]["function"]["arguments"] = json!(joined);
+        }
+    }
+    assert_eq!(finish.as_deref(), Some("tool_calls"));
+    assert_eq!(calls.len(), 1, "{events:?}");
+    check_call(&calls[0], &tools);
+}
+
+/// Runs `program args` and asserts it succeeded, showing its output.
+fn run_client(what: &str, cmd: &mut Command) {
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: {e} (scripts/test.sh installs the clients)"));
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{what}:\n{text}");
+    assert!(out.status.success(), "{what} failed:\n{text}");
+}
+
+/// The official clients, as agents use them: the `openai` Python package
+/// (`tools=`, streamed calls, a round trip, `chat.completions.parse` with
+/// pydantic models) and the `openai` npm package (installed by
+/// scripts/test.sh under `~/.cache/fathom/node`, or `FATHOM_NODE_MODULES`).
+#[test]
+fn the_official_openai_clients_call_tools_and_parse_structured_answers() {
+    let server = Server::start(&["-c", "2048"], &[]);
+    let base = server.url("/v1");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    run_client(
+        "openai (Python)",
+        Command::new("python3")
+            .arg(data.join("openai_client.py"))
+            .arg(&base),
+    );
+    let modules = std::env::var_os("FATHOM_NODE_MODULES")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(&std::env::var_os("HOME").unwrap_or_default()).join(".cache/fathom/node")
+        });
+    assert!(
+        modules.join("node_modules/openai").exists(),
+        "{} has no node_modules/openai: run scripts/test.sh (it installs the npm package openai there)",
+        modules.display()
+    );
+    // ES modules resolve packages from the script's folder: run a copy there.
+    let script = modules.join("fathom_openai_client.mjs");
+    std::fs::copy(data.join("openai_client.mjs"), &script).unwrap();
+    run_client("openai (JS)", Command::new("node").arg(&script).arg(&base));
+}

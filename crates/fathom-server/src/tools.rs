@@ -1,0 +1,543 @@
+//! Function calling: how a chat request's `tools` reach the model, which
+//! constraint its answer decodes under, and how the answer is read back
+//! into OpenAI's `tool_calls`.
+//!
+//! Three formats, chosen from the model's chat template:
+//! - **Hermes** (Qwen2.5, Qwen3, Hermes and others whose template writes
+//!   `<tool_call>`): the template renders `tools`; a call is
+//!   `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`.
+//! - **Llama 3** (Llama 3.1/3.2, whose template knows `<|python_tag|>`):
+//!   the template renders `tools`; a call is a JSON object
+//!   `{"name": ..., "parameters": {...}}`, maybe after `<|python_tag|>`.
+//! - **Generic** (templates with no tool support, such as SmolLM2's): the
+//!   functions are described in the system message and the answer is
+//!   always constrained to one JSON object, `{"tool_call": {"name",
+//!   "arguments"}}` or `{"response": "..."}`, so any model can call
+//!   functions.
+//!
+//! With `tool_choice` `required` or a named function, the answer is
+//! constrained to calls whose arguments validate against the function's
+//! `parameters` in every format; with `auto` the generic format is
+//! constrained too (call or response), the native ones are free text
+//! parsed afterwards.
+
+use fathom_engine::Message;
+use fathom_tokenizer::ToolCall;
+use serde_json::{json, Map, Value};
+
+use crate::api::{Tool, ToolChoice, ToolRequest};
+use crate::constraint::Grammar;
+
+/// How a model writes function calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ToolFormat {
+    Hermes,
+    Llama3,
+    Generic,
+}
+
+impl ToolFormat {
+    /// The format a chat template speaks (`None`: no template).
+    pub fn detect(template: Option<&str>) -> ToolFormat {
+        let Some(t) = template else {
+            return ToolFormat::Generic;
+        };
+        if t.contains("<tool_call>") {
+            ToolFormat::Hermes
+        } else if t.contains("<|python_tag|>") || (t.contains("tools") && t.contains("<|eom_id|>"))
+        {
+            ToolFormat::Llama3
+        } else {
+            ToolFormat::Generic
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ToolFormat::Hermes => "hermes",
+            ToolFormat::Llama3 => "llama3",
+            ToolFormat::Generic => "generic",
+        }
+    }
+}
+
+/// The functions a call may name under `choice`.
+fn allowed(req: &ToolRequest) -> Vec<&Tool> {
+    match &req.choice {
+        ToolChoice::Function(name) => req.tools.iter().filter(|t| &t.name == name).collect(),
+        ToolChoice::Auto | ToolChoice::Required => req.tools.iter().collect(),
+    }
+}
+
+/// OpenAI's `tools` list, as templates read it.
+pub fn template_tools(req: &ToolRequest) -> Value {
+    Value::Array(
+        req.tools
+            .iter()
+            .map(|t| {
+                let mut f = Map::new();
+                f.insert("name".into(), json!(t.name));
+                if let Some(d) = &t.description {
+                    f.insert("description".into(), json!(d));
+                }
+                f.insert("parameters".into(), t.parameters.clone());
+                json!({"type": "function", "function": f})
+            })
+            .collect(),
+    )
+}
+
+/// The schema of one call: `{name_key: name, args_key: arguments}`.
+fn call_schema(t: &Tool, args_key: &str) -> Value {
+    json!({
+        "type": "object",
+        "properties": {"name": {"const": t.name}, args_key: t.parameters},
+        "required": ["name", args_key],
+        "additionalProperties": false,
+    })
+}
+
+fn any_of(schemas: Vec<Value>) -> Value {
+    if schemas.len() == 1 {
+        schemas.into_iter().next().unwrap_or(Value::Null)
+    } else {
+        json!({"anyOf": schemas})
+    }
+}
+
+/// The messages the template renders and the constraint of the answer.
+pub struct Prepared {
+    pub messages: Vec<Message>,
+    /// `tools` for the template (native formats).
+    pub tools: Option<Value>,
+    pub grammar: Option<Grammar>,
+}
+
+/// Readies `messages` and the constraint for `req` in `format`.
+pub fn prepare(format: ToolFormat, messages: &[Message], req: &ToolRequest) -> Prepared {
+    let must_call = !matches!(req.choice, ToolChoice::Auto);
+    let allowed = allowed(req);
+    match format {
+        ToolFormat::Generic => {
+            let calls: Vec<Value> = allowed
+                .iter()
+                .map(|t| {
+                    json!({
+                        "type": "object",
+                        "properties": {"tool_call": call_schema(t, "arguments")},
+                        "required": ["tool_call"],
+                        "additionalProperties": false,
+                    })
+                })
+                .collect();
+            let mut branches = calls;
+            if !must_call {
+                branches.push(json!({
+                    "type": "object",
+                    "properties": {"response": {"type": "string"}},
+                    "required": ["response"],
+                    "additionalProperties": false,
+                }));
+            }
+            Prepared {
+                messages: generic_messages(messages, req, &allowed, must_call),
+                tools: None,
+                grammar: Some(Grammar::JsonSchema(any_of(branches))),
+            }
+        }
+        ToolFormat::Hermes => {
+            let grammar = must_call.then(|| {
+                let schema = any_of(
+                    allowed
+                        .iter()
+                        .map(|t| call_schema(t, "arguments"))
+                        .collect(),
+                );
+                let call = format!("\"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\"");
+                Grammar::Lark(if req.parallel {
+                    format!("start: call (\"\\n\" call)*\ncall: {call}\n")
+                } else {
+                    format!("start: {call}\n")
+                })
+            });
+            Prepared {
+                messages: messages.to_vec(),
+                tools: Some(template_tools(req)),
+                grammar,
+            }
+        }
+        ToolFormat::Llama3 => {
+            let grammar = must_call.then(|| {
+                let schema = any_of(
+                    allowed
+                        .iter()
+                        .map(|t| call_schema(t, "parameters"))
+                        .collect(),
+                );
+                Grammar::Lark(format!("start: %json {schema}\n"))
+            });
+            Prepared {
+                messages: messages.to_vec(),
+                tools: Some(template_tools(req)),
+                grammar,
+            }
+        }
+    }
+}
+
+/// The generic format's conversation: the functions and the answer's
+/// shape in the system message, past calls as the JSON the model would
+/// have written, tool results as user turns.
+fn generic_messages(
+    messages: &[Message],
+    req: &ToolRequest,
+    allowed: &[&Tool],
+    must_call: bool,
+) -> Vec<Message> {
+    let mut system =
+        String::from("You can call these functions (each with a JSON schema of its arguments):\n");
+    for t in &req.tools {
+        system.push_str(&format!("- {}", t.name));
+        if let Some(d) = &t.description {
+            system.push_str(&format!(": {d}"));
+        }
+        system.push_str(&format!("\n  arguments: {}\n", t.parameters));
+    }
+    if must_call {
+        let names: Vec<&str> = allowed.iter().map(|t| t.name.as_str()).collect();
+        system.push_str(&format!(
+            "Call a function now ({}). Answer with one JSON object: {{\"tool_call\": {{\"name\": \"<function name>\", \"arguments\": {{...}}}}}}.",
+            names.join(", ")
+        ));
+    } else {
+        system.push_str("Answer with one JSON object: either {\"tool_call\": {\"name\": \"<function name>\", \"arguments\": {...}}} to call a function, or {\"response\": \"<your answer>\"} to answer directly.");
+    }
+    let mut out = Vec::with_capacity(messages.len() + 1);
+    let mut rest = messages;
+    match messages.first() {
+        Some(first) if first.role == "system" => {
+            out.push(Message::new(
+                "system",
+                format!("{}\n\n{system}", first.content),
+            ));
+            rest = &messages[1..];
+        }
+        _ => out.push(Message::new("system", system)),
+    }
+    for m in rest {
+        match m.role.as_str() {
+            "assistant" if !m.tool_calls.is_empty() => {
+                let calls: Vec<String> = m
+                    .tool_calls
+                    .iter()
+                    .map(|c| {
+                        let arguments = serde_json::from_str::<Value>(&c.arguments)
+                            .unwrap_or_else(|_| Value::String(c.arguments.clone()));
+                        json!({"tool_call": {"name": c.name, "arguments": arguments}}).to_string()
+                    })
+                    .collect();
+                out.push(Message::new("assistant", calls.join("\n")));
+            }
+            "assistant" => out.push(Message::new(
+                "assistant",
+                json!({"response": m.content}).to_string(),
+            )),
+            "tool" => {
+                let name = m
+                    .name
+                    .clone()
+                    .or_else(|| {
+                        // The call this result answers, by id.
+                        messages.iter().flat_map(|x| &x.tool_calls).find_map(|c| {
+                            (Some(&c.id) == m.tool_call_id.as_ref()).then(|| c.name.clone())
+                        })
+                    })
+                    .unwrap_or_else(|| "the function".into());
+                out.push(Message::new(
+                    "user",
+                    format!("Result of {name}: {}", m.content),
+                ));
+            }
+            _ => out.push(m.clone()),
+        }
+    }
+    out
+}
+
+/// An answer read back: text for `content`, and the calls.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Answer {
+    pub content: Option<String>,
+    pub calls: Vec<ToolCall>,
+}
+
+/// Reads `text` (the whole answer) in `format`; calls to functions that
+/// `req` does not list are left as text. Ids are `call_` + `id_hex` + index.
+pub fn parse(format: ToolFormat, text: &str, req: &ToolRequest, id_hex: &str) -> Answer {
+    let known = |name: &str| req.tools.iter().any(|t| t.name == name);
+    let mut calls: Vec<(String, Value)> = Vec::new();
+    let mut content = String::new();
+    match format {
+        ToolFormat::Generic => match serde_json::from_str::<Value>(text.trim()) {
+            Ok(Value::Object(o)) => {
+                if let Some(Value::Object(call)) = o.get("tool_call") {
+                    match (
+                        call.get("name").and_then(Value::as_str),
+                        call.get("arguments"),
+                    ) {
+                        (Some(name), Some(args)) if known(name) => {
+                            calls.push((name.to_string(), args.clone()))
+                        }
+                        _ => content = text.to_string(),
+                    }
+                } else if let Some(Value::String(r)) = o.get("response") {
+                    content = r.clone();
+                } else {
+                    content = text.to_string();
+                }
+            }
+            _ => content = text.to_string(),
+        },
+        ToolFormat::Hermes => {
+            let mut rest = text;
+            while let Some(start) = rest.find("<tool_call>") {
+                let after = &rest[start + "<tool_call>".len()..];
+                let Some(end) = after.find("</tool_call>") else {
+                    break;
+                };
+                let parsed = serde_json::from_str::<Value>(after[..end].trim()).ok();
+                match parsed.as_ref().and_then(|v| {
+                    let name = v.get("name")?.as_str()?;
+                    let args = v.get("arguments").or_else(|| v.get("parameters"))?;
+                    known(name).then(|| (name.to_string(), args.clone()))
+                }) {
+                    Some(call) => {
+                        content.push_str(&rest[..start]);
+                        calls.push(call);
+                    }
+                    None => content.push_str(
+                        &rest[..start + "<tool_call>".len() + end + "</tool_call>".len()],
+                    ),
+                }
+                rest = &after[end + "</tool_call>".len()..];
+            }
+            content.push_str(rest);
+        }
+        ToolFormat::Llama3 => {
+            let body = text.trim();
+            let body = body.strip_prefix("<|python_tag|>").unwrap_or(body).trim();
+            let mut parsed = Vec::new();
+            for part in body.split(';') {
+                let call = serde_json::from_str::<Value>(part.trim())
+                    .ok()
+                    .and_then(|v| {
+                        let name = v.get("name")?.as_str()?.to_string();
+                        let args = v.get("parameters").or_else(|| v.get("arguments"))?.clone();
+                        known(&name).then_some((name, args))
+                    });
+                match call {
+                    Some(c) => parsed.push(c),
+                    None => {
+                        parsed.clear();
+                        break;
+                    }
+                }
+            }
+            if parsed.is_empty() {
+                content = text.to_string();
+            } else {
+                calls = parsed;
+            }
+        }
+    }
+    let content = content.trim();
+    Answer {
+        content: (!content.is_empty() || calls.is_empty()).then(|| content.to_string()),
+        calls: calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, (name, args))| ToolCall {
+                id: format!("call_{id_hex}{i}"),
+                name,
+                arguments: match args {
+                    Value::String(s) => s,
+                    other => other.to_string(),
+                },
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(choice: ToolChoice) -> ToolRequest {
+        ToolRequest {
+            tools: vec![
+                Tool {
+                    name: "get_weather".into(),
+                    description: Some("Weather of a city".into()),
+                    parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+                    strict: false,
+                },
+                Tool {
+                    name: "now".into(),
+                    description: None,
+                    parameters: json!({"type": "object", "properties": {}}),
+                    strict: false,
+                },
+            ],
+            choice,
+            parallel: true,
+        }
+    }
+
+    #[test]
+    fn formats_are_told_from_the_template() {
+        assert_eq!(ToolFormat::detect(None), ToolFormat::Generic);
+        assert_eq!(
+            ToolFormat::detect(Some(
+                "{% for m in messages %}<|im_start|>{{ m.role }}{% endfor %}"
+            )),
+            ToolFormat::Generic
+        );
+        assert_eq!(
+            ToolFormat::detect(Some("{%- if tools %}<tools>{% endif %}<tool_call>")),
+            ToolFormat::Hermes
+        );
+        assert_eq!(
+            ToolFormat::detect(Some("{%- if tools %}{% endif %}<|python_tag|>")),
+            ToolFormat::Llama3
+        );
+    }
+
+    #[test]
+    fn answers_are_read_back_per_format() {
+        let r = req(ToolChoice::Auto);
+        let a = parse(
+            ToolFormat::Generic,
+            r#"{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}"#,
+            &r,
+            "ab",
+        );
+        assert_eq!(a.content, None);
+        assert_eq!(
+            a.calls,
+            [ToolCall {
+                id: "call_ab0".into(),
+                name: "get_weather".into(),
+                arguments: r#"{"city":"Paris"}"#.into()
+            }]
+        );
+        let a = parse(ToolFormat::Generic, r#"{"response": "Hello"}"#, &r, "x");
+        assert_eq!((a.content.as_deref(), a.calls.len()), (Some("Hello"), 0));
+        let a = parse(ToolFormat::Generic, r#"{"respo"#, &r, "x");
+        assert_eq!(a.content.as_deref(), Some(r#"{"respo"#));
+
+        let text = "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>";
+        let a = parse(ToolFormat::Hermes, text, &r, "h");
+        assert_eq!(a.content.as_deref(), Some("Let me check."));
+        assert_eq!(a.calls.len(), 2);
+        assert_eq!(a.calls[1].name, "now");
+        assert_eq!(a.calls[1].id, "call_h1");
+        // An unknown function stays text.
+        let a = parse(
+            ToolFormat::Hermes,
+            "<tool_call>{\"name\": \"rm\", \"arguments\": {}}</tool_call>",
+            &r,
+            "h",
+        );
+        assert!(a.calls.is_empty() && a.content.unwrap().contains("rm"));
+
+        let a = parse(
+            ToolFormat::Llama3,
+            "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Rome\"}}",
+            &r,
+            "l",
+        );
+        assert_eq!(a.calls[0].arguments, r#"{"city":"Rome"}"#);
+        let a = parse(ToolFormat::Llama3, "The weather is fine.", &r, "l");
+        assert_eq!(a.content.as_deref(), Some("The weather is fine."));
+    }
+
+    #[test]
+    fn the_generic_format_describes_tools_and_rewrites_the_history() {
+        let r = req(ToolChoice::Function("get_weather".into()));
+        let history = vec![
+            Message::new("system", "Be brief."),
+            Message::new("user", "Weather in Paris?"),
+            Message {
+                tool_calls: vec![ToolCall {
+                    id: "call_1".into(),
+                    name: "get_weather".into(),
+                    arguments: r#"{"city":"Paris"}"#.into(),
+                }],
+                ..Message::new("assistant", "")
+            },
+            Message {
+                tool_call_id: Some("call_1".into()),
+                ..Message::new("tool", "22 C")
+            },
+        ];
+        let p = prepare(ToolFormat::Generic, &history, &r);
+        assert_eq!(p.messages.len(), 4);
+        assert!(p.messages[0]
+            .content
+            .starts_with("Be brief.\n\nYou can call"));
+        assert!(p.messages[0]
+            .content
+            .contains("Call a function now (get_weather)"));
+        assert_eq!(
+            p.messages[2].content,
+            r#"{"tool_call":{"name":"get_weather","arguments":{"city":"Paris"}}}"#
+        );
+        assert_eq!(p.messages[3].role, "user");
+        assert_eq!(p.messages[3].content, "Result of get_weather: 22 C");
+        let Some(Grammar::JsonSchema(schema)) = p.grammar else {
+            panic!()
+        };
+        // Named: one branch, the call, no response.
+        assert_eq!(
+            schema["properties"]["tool_call"]["properties"]["name"]["const"],
+            "get_weather"
+        );
+        let p = prepare(ToolFormat::Generic, &history[1..2], &req(ToolChoice::Auto));
+        let Some(Grammar::JsonSchema(schema)) = p.grammar else {
+            panic!()
+        };
+        assert_eq!(schema["anyOf"].as_array().unwrap().len(), 3);
+        assert_eq!(p.messages[0].role, "system");
+    }
+
+    #[test]
+    fn native_formats_constrain_only_when_a_call_is_required() {
+        let p = prepare(
+            ToolFormat::Hermes,
+            &[Message::new("user", "x")],
+            &req(ToolChoice::Auto),
+        );
+        assert!(p.grammar.is_none() && p.tools.is_some());
+        let p = prepare(
+            ToolFormat::Hermes,
+            &[Message::new("user", "x")],
+            &req(ToolChoice::Required),
+        );
+        let Some(Grammar::Lark(lark)) = p.grammar else {
+            panic!()
+        };
+        assert!(
+            lark.contains("<tool_call>") && lark.contains("%json"),
+            "{lark}"
+        );
+        let p = prepare(
+            ToolFormat::Llama3,
+            &[Message::new("user", "x")],
+            &req(ToolChoice::Required),
+        );
+        let Some(Grammar::Lark(lark)) = p.grammar else {
+            panic!()
+        };
+        assert!(lark.contains("\"parameters\""), "{lark}");
+    }
+}

@@ -1,0 +1,113 @@
+//! The constraint engine over the real SmolLM2 vocabulary: the grammars
+//! the tool formats ask for compile, accept the calls they describe token
+//! by token (as the model's tokenizer splits them) and refuse others; the
+//! cache hands out independent states.
+
+use std::path::Path;
+
+use fathom_checkpoint::Checkpoint;
+use fathom_server::api::{Tool, ToolChoice, ToolRequest};
+use fathom_server::constraint::{ConstraintState, Constraints, Grammar};
+use fathom_server::tools::{self, ToolFormat};
+use fathom_tokenizer::Message;
+use serde_json::json;
+
+fn tokenizer() -> fathom_engine::Tokenizer {
+    let model =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    fathom_engine::load_tokenizer(&Checkpoint::open(&model).unwrap()).unwrap()
+}
+
+/// Feeds `text` token by token; returns how many tokens the masks allowed
+/// before one was refused (all of them: the text is accepted).
+fn walk(state: &mut ConstraintState, tok: &fathom_engine::Tokenizer, text: &str) -> (usize, usize) {
+    let ids = tok.encode(text, false, false);
+    for (i, &id) in ids.iter().enumerate() {
+        state.compute_mask().unwrap();
+        if !state.mask().allows(id) {
+            return (i, ids.len());
+        }
+        state.commit(id).unwrap();
+    }
+    (ids.len(), ids.len())
+}
+
+fn request(choice: ToolChoice) -> ToolRequest {
+    ToolRequest {
+        tools: vec![Tool {
+            name: "get_weather".into(),
+            description: None,
+            parameters: json!({"type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"], "additionalProperties": false}),
+            strict: true,
+        }],
+        choice,
+        parallel: false,
+    }
+}
+
+#[test]
+fn tool_grammars_accept_valid_calls_and_refuse_others() {
+    let tok = tokenizer();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let user = [Message::new("user", "weather?")];
+    let eog: Vec<u32> = tok.end_of_generation_ids().collect();
+    for (format, good, bad) in [
+        (
+            ToolFormat::Hermes,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}\n</tool_call>",
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"kelvin\"}}\n</tool_call>",
+        ),
+        (
+            ToolFormat::Llama3,
+            "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"unit\": \"fahrenheit\"}}",
+            "{\"name\": \"get_time\", \"parameters\": {}}",
+        ),
+        (
+            ToolFormat::Generic,
+            "{\"tool_call\": {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}}",
+            "{\"response\": \"It is sunny.\"}",
+        ),
+    ] {
+        let prepared = tools::prepare(format, &user, &request(ToolChoice::Required));
+        let grammar = prepared.grammar.expect("required calls are constrained");
+        let mut state = c.compile(&grammar).unwrap_or_else(|e| panic!("{format:?}: {e:?}"));
+        let (ok, n) = walk(&mut state, &tok, good);
+        assert_eq!(ok, n, "{format:?}: the valid call was refused at token {ok}");
+        state.compute_mask().unwrap();
+        assert!(eog.iter().any(|&id| state.mask().allows(id)), "{format:?}: the call may end");
+        let mut state = c.compile(&grammar).unwrap();
+        assert!(state.cache_hit, "the second compile comes from the cache");
+        let (ok, n) = walk(&mut state, &tok, bad);
+        assert!(ok < n, "{format:?}: an invalid call went through");
+    }
+    // auto in the generic format: a response is fine too.
+    let prepared = tools::prepare(ToolFormat::Generic, &user, &request(ToolChoice::Auto));
+    let mut state = c.compile(&prepared.grammar.unwrap()).unwrap();
+    let (ok, n) = walk(&mut state, &tok, "{\"response\": \"It is sunny.\"}");
+    assert_eq!(ok, n);
+    assert!(state.is_stopped() || state.is_accepting());
+}
+
+#[test]
+fn json_schemas_walk_the_compact_layout_and_gbnf_compiles() {
+    let tok = tokenizer();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "boolean"}}}, "required": ["a", "b"], "additionalProperties": false});
+    let mut state = c.compile(&Grammar::JsonSchema(schema.clone())).unwrap();
+    let (ok, n) = walk(&mut state, &tok, "{\"a\": 12, \"b\": [true, false]}");
+    assert_eq!(ok, n);
+    // Free whitespace is not allowed: no runaway newlines.
+    let mut state = c.compile(&Grammar::JsonSchema(schema)).unwrap();
+    let (ok, n) = walk(&mut state, &tok, "{\n\"a\": 12, \"b\": []}");
+    assert!(ok < n);
+    let mut state = c
+        .compile(&Grammar::Gbnf("root ::= \"yes\" | \"no\"".into()))
+        .unwrap();
+    let (ok, n) = walk(&mut state, &tok, "yes");
+    assert_eq!(ok, n);
+    assert!(state.is_stopped() || state.is_accepting());
+    let e = c
+        .compile(&Grammar::Gbnf("root ::= missing".into()))
+        .unwrap_err();
+    assert!(e.message.contains("missing"), "{e:?}");
+}
