@@ -19,11 +19,13 @@ pub mod cpu;
 pub mod cuda;
 mod error;
 mod host;
+pub mod hybrid;
 pub mod parallel;
 mod registry;
 mod shard;
 
 use fathom_plan::kv::KvGroup;
+pub use fathom_plan::placement::Place;
 use fathom_plan::KvDtype;
 
 pub use error::BackendError;
@@ -488,6 +490,22 @@ pub trait Backend: Send {
     fn greedy(&mut self, rows: usize, width: usize, banned: &[u32], out: &mut [[u32; 2]]) {
         greedy_from_rows(self.logits(rows, width), width, banned, out);
     }
+
+    /// Makes `to` the side the next weights load on and the next ops run
+    /// on, carrying the first `rows` rows of each `(buffer, width)` there
+    /// from the side before: a backend over the host and a device (a model
+    /// the plan's placement splits, [`hybrid::Hybrid`]); a backend of one
+    /// device has one side and ignores it.
+    fn switch_to(&mut self, _to: Place, _carry: &[(Buf, usize)], _rows: usize) {}
+
+    /// Copies the first `rows × width` values of `x` into `out` (host
+    /// memory): one side of a crossing between a device and the host.
+    fn read_rows(&mut self, x: Buf, rows: usize, width: usize, out: &mut [f32]);
+
+    /// Copies `values` (`rows × width`, host memory) into the first rows
+    /// of `x`: the other side of a crossing. `step_start`: this is the
+    /// step's first op on this backend (the host ran the ones before).
+    fn write_rows(&mut self, x: Buf, rows: usize, width: usize, values: &[f32], step_start: bool);
 
     /// The first device error since the last call, if any. Ops return
     /// nothing (a GPU queues them), so a backend whose device can fail

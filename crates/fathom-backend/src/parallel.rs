@@ -375,6 +375,17 @@ impl<B: Backend, R: Reduce<B>> Backend for TensorParallel<B, R> {
         self.ranks.iter_mut().for_each(|r| r.zero(x, rows, width));
     }
 
+    /// Rank 0's: every rank holds the same rows where a crossing reads.
+    fn read_rows(&mut self, x: Buf, rows: usize, width: usize, out: &mut [f32]) {
+        self.ranks[0].read_rows(x, rows, width, out)
+    }
+
+    fn write_rows(&mut self, x: Buf, rows: usize, width: usize, values: &[f32], start: bool) {
+        self.ranks
+            .iter_mut()
+            .for_each(|r| r.write_rows(x, rows, width, values, start));
+    }
+
     /// Rank 0's: every rank computed the same logits.
     fn logits(&mut self, rows: usize, width: usize) -> &mut [f32] {
         self.ranks[0].logits(rows, width)

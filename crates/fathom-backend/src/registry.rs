@@ -7,6 +7,7 @@ use fathom_plan::{Device, MemoryPlan};
 use crate::cpu::CpuBackend;
 use crate::cuda::nccl::NcclSum;
 use crate::cuda::{self, CudaBackend};
+use crate::hybrid::Hybrid;
 use crate::parallel::TensorParallel;
 use crate::{Backend, BackendError, KvLayout};
 
@@ -37,8 +38,14 @@ pub fn devices() -> Vec<DeviceKind> {
 
 /// The backend for `plan`'s device, allocating what the plan lists for it;
 /// under tensor parallelism one CUDA rank a device (`0 .. N`, each with
-/// one device's plan) and NCCL between them.
-pub fn open(plan: &MemoryPlan, kv: KvLayout) -> Result<Box<dyn Backend>, BackendError> {
+/// one device's plan) and NCCL between them; a placement that puts part of
+/// the model on the host adds the CPU backend for it (`host_kv`: the host
+/// layers' KV), driven with the device's as one ([`Hybrid`]).
+pub fn open(
+    plan: &MemoryPlan,
+    kv: KvLayout,
+    host_kv: Option<KvLayout>,
+) -> Result<Box<dyn Backend>, BackendError> {
     let inputs = &plan.inputs;
     let device_err = |message: String| BackendError::Device {
         backend: inputs.device.name(),
@@ -55,6 +62,14 @@ pub fn open(plan: &MemoryPlan, kv: KvLayout) -> Result<Box<dyn Backend>, Backend
                 device_err("the plan carries no device layout (it was not made for cuda)".into())
             })?;
             let rank = |d| CudaBackend::new(d, &plan.activation_detail, kv.clone(), layout);
+            let split = plan.placement.as_ref().filter(|p| p.is_split());
+            if let Some(placed) = split {
+                let host_kv = host_kv.ok_or_else(|| {
+                    device_err("the plan splits the model but no host KV layout came".into())
+                })?;
+                let host = CpuBackend::new(inputs.threads as usize, &placed.host_arena, host_kv)?;
+                return Ok(Box::new(Hybrid::new(host, rank(0)?)));
+            }
             match plan.tensor_parallel.as_ref().map_or(1, |tp| tp.size) as usize {
                 1 => Ok(Box::new(rank(0)?)),
                 n => {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 
-use crate::planning::PlanArgs;
+use crate::planning::{PlacementArgs, PlanArgs};
 use crate::session;
 
 #[derive(Args)]
@@ -37,6 +37,8 @@ pub struct BenchArgs {
     pub json: bool,
     #[command(flatten)]
     pub plan: PlanArgs,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {
@@ -131,9 +133,8 @@ pub fn run(args: &BenchArgs) -> Result<ExitCode> {
     let model = crate::pull::resolve(name)?;
     let opened = session::open(&model)?;
     let context = args.prompt.max(args.depth + args.generate).max(1) as u64;
-    let plan = args
-        .plan
-        .plan(&opened.spec, args.plan.inputs(context, 1)?)?;
+    let inputs = args.plan.inputs(context, 1)?;
+    let plan = args.placement.plan(&args.plan, &opened.spec, inputs)?;
     let threads = plan.inputs.threads;
     // The CPU kernel family, so figures say which path they measured.
     let kernels = (plan.inputs.device == fathom_plan::Device::Cpu)

@@ -7,7 +7,7 @@ use anyhow::Result;
 use clap::Args;
 use fathom_engine::{Sampler, SamplingParams};
 
-use crate::planning::PlanArgs;
+use crate::planning::{PlacementArgs, PlanArgs};
 use crate::session::{self, PreflightArgs, SamplingArgs};
 
 #[derive(Args)]
@@ -40,6 +40,8 @@ pub struct GenerateArgs {
     #[command(flatten)]
     pub plan: PlanArgs,
     #[command(flatten)]
+    pub placement: PlacementArgs,
+    #[command(flatten)]
     pub preflight: PreflightArgs,
 }
 
@@ -55,9 +57,8 @@ pub fn run(args: &GenerateArgs) -> Result<ExitCode> {
     let context = args
         .max_tokens
         .unwrap_or((prompt.len() + args.tokens) as u64);
-    let plan = args
-        .plan
-        .plan(&opened.spec, args.plan.inputs(context, args.parallel)?)?;
+    let inputs = args.plan.inputs(context, args.parallel)?;
+    let plan = args.placement.plan(&args.plan, &opened.spec, inputs)?;
     if let Some(code) = session::preflight(&model, &opened, &plan, &args.preflight) {
         return Ok(code);
     }

@@ -42,9 +42,12 @@ pub fn rewrite_vllm_flags(mut args: Vec<OsString>) -> Vec<OsString> {
     for command in ["inspect", "generate", "run", "bench", "serve", "perplexity"] {
         args = crate::flags::rewrite_short(args, command, "-tp", "--tensor-parallel");
     }
-    // llama.cpp's placement flags, where fathom takes them.
-    args = crate::flags::rewrite_short(args, "inspect", "-ngl", "--gpu-layers");
-    crate::flags::rewrite_short(args, "inspect", "-ot", "--override-tensor")
+    // llama.cpp's placement flags, for the commands that place a model.
+    for command in ["inspect", "generate", "run", "bench"] {
+        args = crate::flags::rewrite_short(args, command, "-ngl", "--gpu-layers");
+        args = crate::flags::rewrite_short(args, command, "-ot", "--override-tensor");
+    }
+    args
 }
 
 /// The `--json` document: the plan's fields with the model's identity.

@@ -10,7 +10,7 @@ use clap::Args;
 use fathom_engine::{ChatTemplate, Message, Sampler};
 use fathom_tokenizer::encode_chat;
 
-use crate::planning::{self, PlanArgs};
+use crate::planning::{self, PlacementArgs, PlanArgs};
 use crate::session::{self, PreflightArgs, SamplingArgs};
 
 /// The model `run` uses when none is named: the README's default, as
@@ -37,6 +37,8 @@ pub struct RunArgs {
     pub sampling: SamplingArgs,
     #[command(flatten)]
     pub plan: PlanArgs,
+    #[command(flatten)]
+    pub placement: PlacementArgs,
     #[command(flatten)]
     pub preflight: PreflightArgs,
 }
@@ -68,9 +70,8 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
     let context = args
         .max_tokens
         .unwrap_or_else(|| planning::default_context(&opened.spec));
-    let plan = args
-        .plan
-        .plan(&opened.spec, args.plan.inputs(context, 1)?)?;
+    let inputs = args.plan.inputs(context, 1)?;
+    let plan = args.placement.plan(&args.plan, &opened.spec, inputs)?;
     if let Some(code) = session::preflight(&model, &opened, &plan, &args.preflight) {
         return Ok(code);
     }

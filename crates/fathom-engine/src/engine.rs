@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use fathom_backend::{Backend, Buf, KvLayout};
 use fathom_checkpoint::Checkpoint;
+use fathom_plan::placement::{Place, Placement};
 use fathom_plan::MemoryPlan;
 use fathom_spec::ModelSpec;
 use fathom_tokenizer::Tokenizer;
@@ -186,17 +187,33 @@ impl Engine {
         plan: MemoryPlan,
         tokenizer: Tokenizer,
     ) -> Result<Self, EngineError> {
-        let backend = fathom_backend::open(&plan, Self::kv_layout(&spec, &plan))?;
+        let host_kv = Self::host_kv_layout(&spec, &plan)?;
+        let backend = fathom_backend::open(&plan, Self::kv_layout(&spec, &plan)?, host_kv)?;
         Self::load_on(checkpoint, spec, plan, tokenizer, backend)
     }
 
-    /// The KV layout `plan` gives one device.
-    pub fn kv_layout(spec: &ModelSpec, plan: &MemoryPlan) -> KvLayout {
-        KvLayout {
-            groups: plan.kv_detail.clone(),
-            dtype: plan.inputs.kv_dtype,
-            layer_groups: fathom_plan::kv::layer_groups(spec),
+    /// The KV layout `plan` gives one device (under a placement that puts
+    /// layers on the host, the device's layers only).
+    pub fn kv_layout(spec: &ModelSpec, plan: &MemoryPlan) -> Result<KvLayout, EngineError> {
+        match split_placement(plan) {
+            Some(placed) => side_kv_layout(spec, plan, placed, Place::Cuda),
+            None => Ok(KvLayout {
+                groups: plan.kv_detail.clone(),
+                dtype: plan.inputs.kv_dtype,
+                layer_groups: fathom_plan::kv::layer_groups(spec),
+            }),
         }
+    }
+
+    /// The host layers' KV layout when `plan` puts part of the model on
+    /// the host.
+    pub fn host_kv_layout(
+        spec: &ModelSpec,
+        plan: &MemoryPlan,
+    ) -> Result<Option<KvLayout>, EngineError> {
+        split_placement(plan)
+            .map(|placed| side_kv_layout(spec, plan, placed, Place::Cpu))
+            .transpose()
     }
 
     /// [`Engine::load`] onto a backend built from `plan` by the caller
@@ -209,7 +226,7 @@ impl Engine {
         mut backend: Box<dyn Backend>,
     ) -> Result<Self, EngineError> {
         let i = &plan.inputs;
-        let model = Model::load(checkpoint, spec, backend.as_mut())?;
+        let model = Model::load(checkpoint, spec, backend.as_mut(), split_placement(&plan))?;
         let rows = |id: Buf| {
             plan.activation_detail
                 .iter()
@@ -221,8 +238,14 @@ impl Engine {
             .iter()
             .find(|b| b.id == Buf::Residual)
             .map_or(1, |b| b.rows as usize);
+        // The page tables cover every layer's group; under a split each
+        // side stores its own layers of those groups.
+        let kv_groups = match split_placement(&plan) {
+            Some(_) => fathom_plan::kv::plan(&model.spec, i.context, i.batch, i.kv_dtype).groups,
+            None => plan.kv_detail.clone(),
+        };
         Ok(Engine {
-            kv: KvBlocks::new(&plan.kv_detail),
+            kv: KvBlocks::new(&kv_groups),
             candidates: vec![(0, 0.0); rows(Buf::Sampler)],
             histories: (0..i.batch)
                 .map(|_| Vec::with_capacity(i.context as usize))
@@ -632,4 +655,39 @@ impl Engine {
         let vocab = self.model.spec.vocab as usize;
         Ok(self.backend.logits(1, vocab))
     }
+}
+
+/// The plan's placement when it puts part of the model on the host.
+fn split_placement(plan: &MemoryPlan) -> Option<&Placement> {
+    plan.placement.as_ref().filter(|p| p.is_split())
+}
+
+/// One side's KV layout under a split: its layers in the whole model's
+/// groups (the engine's page tables are per group of the whole model), so
+/// the side's own grouping must number them alike.
+fn side_kv_layout(
+    spec: &ModelSpec,
+    plan: &MemoryPlan,
+    placed: &Placement,
+    side: Place,
+) -> Result<KvLayout, EngineError> {
+    let i = &plan.inputs;
+    let side_spec = placed.side_spec(spec, side);
+    let layer_groups = fathom_plan::kv::layer_groups(&side_spec);
+    let whole = fathom_plan::kv::layer_groups(spec);
+    if let Some(layer) =
+        (0..whole.len()).find(|&l| layer_groups[l].is_some_and(|g| Some(g) != whole[l]))
+    {
+        return Err(EngineError::Placement(format!(
+            "the {side} side numbers layer {layer}'s KV group differently from the whole model \
+             (its sliding and full layers fall unevenly between the sides); choose another \
+             --gpu-layers (`fathom inspect` lists the options)",
+            side = side.name()
+        )));
+    }
+    Ok(KvLayout {
+        groups: fathom_plan::kv::plan(&side_spec, i.context, i.batch, i.kv_dtype).groups,
+        dtype: i.kv_dtype,
+        layer_groups,
+    })
 }

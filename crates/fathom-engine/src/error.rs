@@ -38,6 +38,9 @@ pub enum EngineError {
         context: usize,
         trained: u64,
     },
+    /// A placement between the GPU and the host that a run cannot execute.
+    #[error("placement: {0}")]
+    Placement(String),
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     BadToken { id: u32, vocab: usize },
 }

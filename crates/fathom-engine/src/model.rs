@@ -15,6 +15,7 @@ use fathom_backend::{
     Split, Step, StepSeq, VectorId,
 };
 use fathom_checkpoint::Checkpoint;
+use fathom_plan::placement::{Place, Placement};
 use fathom_plan::tensor_parallel::{Role, Split as PlanSplit};
 use fathom_spec::{Activation, Attention, ModelSpec};
 
@@ -45,6 +46,10 @@ enum Ffn {
 }
 
 struct Layer {
+    /// Where the layer runs (its attention, norms and dense FFN) and where
+    /// its routed experts do, under a placement between GPU and host.
+    place: Place,
+    experts_place: Place,
     shape: AttentionShape,
     rope: RopeParams,
     attn_norm: VectorId,
@@ -69,6 +74,11 @@ pub struct Model {
     embed: MatrixId,
     output: MatrixId,
     out_norm: VectorId,
+    /// Where the embedding lookup and the output head run. Without a
+    /// placement every place is `Cuda` and [`Backend::switch_to`] is a
+    /// no-op on the one device.
+    embed_place: Place,
+    output_place: Place,
     layers: Vec<Layer>,
     eps: f32,
     embed_scale: f32,
@@ -92,7 +102,35 @@ struct Loader<'a> {
     devices: usize,
 }
 
+/// Where a placement puts the model's weight groups.
+struct Places<'p>(Option<&'p Placement>);
+
+impl Places<'_> {
+    fn layer(&self, i: usize) -> Place {
+        self.0.map_or(Place::Cuda, |p| p.layers[i].place)
+    }
+
+    fn experts(&self, i: usize) -> Place {
+        self.0.map_or(Place::Cuda, |p| {
+            p.layers[i].experts.unwrap_or(p.layers[i].place)
+        })
+    }
+
+    fn embeddings(&self) -> Place {
+        self.0.map_or(Place::Cuda, |p| p.embeddings)
+    }
+
+    fn output(&self) -> Place {
+        self.0.map_or(Place::Cuda, |p| p.output)
+    }
+}
+
 impl Loader<'_> {
+    /// The next weights load on `place`.
+    fn at(&mut self, place: Place) {
+        self.backend.switch_to(place, &[], 0);
+    }
+
     fn matrix(&mut self, m: HostMatrix, split: Split) -> Result<MatrixId, EngineError> {
         if self.backend.reads_host_weights() {
             self.matrices.push(m.clone());
@@ -161,17 +199,37 @@ impl Loader<'_> {
 }
 
 impl Model {
-    /// Reads the weights' headers and hands every weight to `backend`.
+    /// Reads the weights' headers and hands every weight to `backend`, on
+    /// the side `placement` puts it when the plan splits the model between
+    /// the GPU and the host.
     pub fn load(
         checkpoint: &Checkpoint,
         spec: ModelSpec,
         backend: &mut dyn Backend,
+        placement: Option<&Placement>,
     ) -> Result<Self, EngineError> {
         if !spec.is_known_family() || spec.layers.is_empty() {
             return Err(EngineError::UnsupportedFamily {
                 architecture: spec.architecture.clone(),
             });
         }
+        if let Some(p) = placement {
+            if !p.apart.is_empty() {
+                return Err(EngineError::Placement(format!(
+                    "--override-tensor put {} apart from the rest of its group ({}); a run \
+                     places a layer's attention, norms and dense FFN together, its routed \
+                     experts together, and the output head with its norm: widen the pattern",
+                    p.apart.len(),
+                    p.apart
+                        .iter()
+                        .take(3)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
+        let places = Places(placement);
         let files = WeightFiles::open(checkpoint)?;
         let naming = match checkpoint {
             Checkpoint::Gguf(_) => Naming::Gguf,
@@ -203,7 +261,10 @@ impl Model {
             devices,
         };
         let embed_split = loader.split(Role::Embedding, 0);
+        let (embed_place, output_place) = (places.embeddings(), places.output());
+        loader.at(embed_place);
         let embed = loader.named_matrix(&naming.embed(), vocab, d, embed_split)?;
+        loader.at(output_place);
         let output = if files.has(&naming.output()) {
             let head_split = loader.split(Role::OutputHead, 0);
             loader.named_matrix(&naming.output(), vocab, d, head_split)?
@@ -220,17 +281,25 @@ impl Model {
             llama3: None,
         });
         let head_dim = spec.head_dim as usize;
-        let freqs = if files.has("rope_freqs.weight") {
-            Some(loader.vector("rope_freqs.weight", head_dim / 2, false)?)
-        } else {
-            match rope.llama3.as_ref() {
-                Some(l3) => {
-                    let v = l3.freq_factors(rope.theta, head_dim);
-                    Some(loader.backend.load_vector(&v)?)
-                }
-                None => None,
+        // The rope factors, on each side that runs layers.
+        let mut freqs = [None, None];
+        for side in [Place::Cuda, Place::Cpu] {
+            if !(0..spec.layers.len()).any(|i| places.layer(i) == side) {
+                continue;
             }
-        };
+            loader.at(side);
+            freqs[side as usize] = if files.has("rope_freqs.weight") {
+                Some(loader.vector("rope_freqs.weight", head_dim / 2, false)?)
+            } else {
+                match rope.llama3.as_ref() {
+                    Some(l3) => {
+                        let v = l3.freq_factors(rope.theta, head_dim);
+                        Some(loader.backend.load_vector(&v)?)
+                    }
+                    None => None,
+                }
+            };
+        }
         let globals = LayerGlobals {
             attn_scale: spec
                 .attn_scale
@@ -244,12 +313,13 @@ impl Model {
         for (i, l) in spec.layers.iter().enumerate() {
             let n = naming.layer(style.post_norms, i);
             let shapes = (l, &local.layers[i]);
+            let at = (places.layer(i), places.experts(i));
             layers.push(load_layer(
                 &mut loader,
                 &naming,
                 &spec,
                 &globals,
-                i,
+                (i, at),
                 shapes,
                 &n,
             )?);
@@ -270,6 +340,8 @@ impl Model {
             embed,
             output,
             out_norm,
+            embed_place,
+            output_place,
             layers,
             eps: spec.rms_norm_eps as f32,
             embed_scale: if style.embed_scaled {
@@ -371,20 +443,30 @@ impl Model {
             seqs: &seqs,
             rows: tokens.len(),
         };
+        backend.switch_to(self.embed_place, &[], 0);
         backend.embed(self.embed, tokens, self.embed_scale, Buf::Residual);
+        // Under a split the residual crosses where the side changes: only
+        // it is live between layers.
+        let residual = [(Buf::Residual, d)];
+        let mut side = self.embed_place;
         // Every norm of a block input follows the residual add before it
-        // (`add_branch`), but the first.
-        if let Some(first) = self.layers.first() {
-            backend.rms_norm(
-                Buf::Residual,
-                first.attn_norm,
-                self.eps,
-                step.rows,
-                d,
-                Buf::Norm,
-            );
-        }
+        // (`add_branch`), but the first and the first on a new side.
+        let mut normed = false;
         for (li, layer) in self.layers.iter().enumerate() {
+            if layer.place != side {
+                backend.switch_to(layer.place, &residual, step.rows);
+                side = layer.place;
+            }
+            if !normed {
+                backend.rms_norm(
+                    Buf::Residual,
+                    layer.attn_norm,
+                    self.eps,
+                    step.rows,
+                    d,
+                    Buf::Norm,
+                );
+            }
             self.attention_block(backend, &step, li, layer);
             match &layer.ffn {
                 Ffn::Dense { gate, up, down } => self.ffn(
@@ -394,12 +476,20 @@ impl Model {
                     step.rows,
                     Buf::BranchOut,
                 ),
-                Ffn::Moe { router, experts } => self.moe_ffn(backend, *router, experts, step.rows),
+                Ffn::Moe { router, experts } => {
+                    self.moe_ffn(backend, layer, *router, experts, step.rows)
+                }
             }
             backend.all_reduce(Buf::BranchOut, step.rows, d);
-            let next = self.layers.get(li + 1).map(|l| l.attn_norm);
+            let next = self
+                .layers
+                .get(li + 1)
+                .filter(|l| l.place == side)
+                .map(|l| l.attn_norm);
             self.add_branch(backend, layer.post_ffn_norm, step.rows, next);
+            normed = next.is_some();
         }
+        backend.switch_to(self.output_place, &residual, step.rows);
         Ok(())
     }
 
@@ -482,9 +572,13 @@ impl Model {
 
     /// Routed experts: each row's top-k experts by router softmax, their
     /// outputs weighted into `branch_out` ([`Backend::routed_experts`]).
+    /// Where the layer and its experts sit apart (a placement), the
+    /// normed rows and router logits cross to the experts and their sum
+    /// crosses back.
     fn moe_ffn(
         &self,
         backend: &mut dyn Backend,
+        layer: &Layer,
         router: MatrixId,
         experts: &[[MatrixId; 3]],
         rows: usize,
@@ -492,6 +586,11 @@ impl Model {
         let d = self.spec.hidden as usize;
         let k = self.spec.n_experts_active as usize;
         backend.matmul(router, Buf::Norm, rows, Buf::RouterLogits);
+        backend.switch_to(
+            layer.experts_place,
+            &[(Buf::Norm, d), (Buf::RouterLogits, experts.len())],
+            rows,
+        );
         backend.route_experts(
             Buf::RouterLogits,
             rows,
@@ -507,6 +606,7 @@ impl Model {
             ffn_width: self.ffn_width,
         };
         backend.routed_experts(&ffn, Buf::Norm, rows, Buf::BranchOut);
+        backend.switch_to(layer.place, &[(Buf::BranchOut, d)], rows);
     }
 }
 
@@ -517,7 +617,8 @@ struct LayerGlobals {
     /// Base frequency of sliding-window layers.
     local_theta: f32,
     neox: bool,
-    freqs: Option<VectorId>,
+    /// The rope factors as each side holds them (indexed by `Place`).
+    freqs: [Option<VectorId>; 2],
 }
 
 fn load_layer(
@@ -525,10 +626,11 @@ fn load_layer(
     naming: &Naming,
     spec: &ModelSpec,
     globals: &LayerGlobals,
-    i: usize,
+    (i, (place, experts_place)): (usize, (Place, Place)),
     (l, local): (&fathom_spec::Layer, &fathom_spec::Layer),
     n: &LayerNames,
 ) -> Result<Layer, EngineError> {
+    loader.at(place);
     let d = spec.hidden as usize;
     let n_heads = spec.n_heads as usize;
     let (kvh, dk, dv) = (
@@ -575,6 +677,7 @@ fn load_layer(
     };
     let ffn = if spec.n_experts > 0 {
         let (e_n, f) = (spec.n_experts as usize, spec.expert_ffn as usize);
+        loader.at(experts_place);
         let mut experts = Vec::with_capacity(e_n);
         for e in 0..e_n {
             let [g, u, dn] = match naming {
@@ -603,6 +706,7 @@ fn load_layer(
                 loader.matrix(dn, experts_down)?,
             ]);
         }
+        loader.at(place);
         Ffn::Moe {
             router: loader.named_matrix(&n.router, e_n, d, router_split)?,
             experts,
@@ -620,6 +724,8 @@ fn load_layer(
         _ => None,
     };
     Ok(Layer {
+        place,
+        experts_place,
         shape: AttentionShape {
             n_heads: n_heads / devices,
             n_kv_heads: local.n_kv_heads as usize,
@@ -635,7 +741,7 @@ fn load_layer(
                 globals.theta
             },
             neox: globals.neox,
-            freqs: globals.freqs,
+            freqs: globals.freqs[place as usize],
         },
         attn_norm: loader.vector(&n.attn_norm, d, true)?,
         wq: loader.named_matrix(&n.q, n_heads * dk, d, q_split)?,

@@ -14,6 +14,7 @@ use common::families::{family, Format, FAMILIES, HF_FORMATS};
 use fathom_checkpoint::Checkpoint;
 use fathom_engine::{Engine, Sampler, Tokenizer};
 use fathom_fixtures::{self as fx, Data, GgufTensorType as T};
+use fathom_plan::placement::{GpuLayers, PlacementRequest};
 use fathom_plan::{Available, Device, KvDtype, MemoryPlan, PlanInputs};
 use fathom_spec::ModelSpec;
 
@@ -70,14 +71,16 @@ fn engine_of(
     batch: u64,
     tokenizer: Tokenizer,
 ) -> Engine {
-    let checkpoint = Checkpoint::open(path).unwrap();
-    let spec = ModelSpec::from_checkpoint(&checkpoint).unwrap();
-    let inputs = PlanInputs {
+    placed_engine(path, inputs(device, context, batch, 512), None, tokenizer)
+}
+
+fn inputs(device: Device, context: u64, batch: u64, step: u64) -> PlanInputs {
+    PlanInputs {
         context,
         batch,
         device,
         kv_dtype: KvDtype::F16,
-        max_tokens_per_step: 512,
+        max_tokens_per_step: step,
         threads: 4,
         headroom_factor: 1.0,
         rocm_inflight_raw: None,
@@ -86,8 +89,23 @@ fn engine_of(
             bytes: 64 << 30,
             source: "test".into(),
         },
+    }
+}
+
+/// An engine of `inputs`, placed between the GPU and the host as
+/// `placement` asks when given.
+fn placed_engine(
+    path: &Path,
+    inputs: PlanInputs,
+    placement: Option<&PlacementRequest>,
+    tokenizer: Tokenizer,
+) -> Engine {
+    let checkpoint = Checkpoint::open(path).unwrap();
+    let spec = ModelSpec::from_checkpoint(&checkpoint).unwrap();
+    let plan = match placement {
+        Some(request) => MemoryPlan::with_placement(&spec, inputs, request).unwrap(),
+        None => MemoryPlan::new(&spec, inputs).unwrap(),
     };
-    let plan = MemoryPlan::new(&spec, inputs).unwrap();
     Engine::load(&checkpoint, spec, plan, tokenizer)
         .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -224,4 +242,78 @@ fn greedy_tokens_match_the_cpu_where_its_margin_is_clear() {
     }
     println!("{BATCH} sequences decoded together: every one equals the CPU's tokens");
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A model split between the GPU and the host (the first layer, or every
+/// layer's experts, on the CPU backend) against the same model all on the
+/// GPU: prefill in chunks and one-token steps (graphs, the residual
+/// crossing each step), within the CPU-vs-GPU tolerance of the format
+/// (the host layers round activations to 8 bits on quantized weights).
+#[test]
+fn gpu_and_host_split_matches_the_all_gpu_run() {
+    if !gpu() {
+        return;
+    }
+    let d = dir("split");
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 1000).collect();
+    let mut failures = Vec::new();
+    for f in &FAMILIES {
+        for ty in [T::F32, T::Q8_0] {
+            let path = d.join(format!("{}-{}.gguf", f.name, ty.name()));
+            Format::Gguf(ty).write(&f.real_shaped(), &path, 5);
+            let mut requests = vec![(
+                "-ngl 1",
+                PlacementRequest {
+                    gpu_layers: GpuLayers::Count(1),
+                    ..PlacementRequest::default()
+                },
+            )];
+            if f.name == "qwen3_moe" {
+                requests.push((
+                    "--cpu-moe",
+                    PlacementRequest {
+                        cpu_moe_layers: u64::MAX,
+                        ..PlacementRequest::default()
+                    },
+                ));
+            }
+            for step in [16, 1] {
+                let all = placed_engine(
+                    &path,
+                    inputs(Device::Cuda, 64, 1, step),
+                    None,
+                    tokenizer(&d),
+                )
+                .logits(&tokens)
+                .unwrap()
+                .to_vec();
+                for (name, request) in &requests {
+                    let mut split = placed_engine(
+                        &path,
+                        inputs(Device::Cuda, 64, 1, step),
+                        Some(request),
+                        tokenizer(&d),
+                    );
+                    let got = split.logits(&tokens).unwrap().to_vec();
+                    let a = compare(&got, &all);
+                    println!(
+                        "{:<10} {:<5} {name:<9} step {step:>2}: max_rel {:.2e} rms_rel {:.2e}",
+                        f.name,
+                        ty.name(),
+                        a.max_rel,
+                        a.rms_rel
+                    );
+                    if !(a.max_rel < tolerance(ty.name()) && a.same_argmax) {
+                        failures.push(format!(
+                            "{} {} {name} step {step}: {a:?}",
+                            f.name,
+                            ty.name()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&d);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

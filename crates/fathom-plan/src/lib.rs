@@ -339,10 +339,10 @@ impl MemoryPlan {
             by.push_str(&format!(" -ot {}={}", o.pattern, o.place.name()));
         }
         let plan_of = |cut| -> Result<Self, PlanError> {
-            let (placed, device_spec, host_spec) =
+            let (mut placed, device_spec, host_spec) =
                 placement::place(spec, cut, &request.overrides, by.clone());
             let mut plan = Self::new(&device_spec, inputs.clone())?;
-            plan.add_host_side(spec, &host_spec, &placed);
+            plan.add_host_side(spec, &host_spec, &mut placed);
             plan.placement = Some(placed);
             Ok(plan)
         };
@@ -397,12 +397,13 @@ impl MemoryPlan {
     }
 
     /// A placed device plan's host side: the host-placed tensors stay
-    /// mapped, the host layers' KV and the CPU's activations for them.
+    /// mapped, their 1-D tensors converted, the host layers' KV and the
+    /// CPU's arena for them (kept in `placed` for the run).
     fn add_host_side(
         &mut self,
         whole: &ModelSpec,
         host_spec: &ModelSpec,
-        placed: &placement::Placement,
+        placed: &mut placement::Placement,
     ) {
         let Some(host) = self.host.take() else {
             return;
@@ -436,6 +437,30 @@ impl MemoryPlan {
                 ),
             });
         }
+        let host_layers_rope = if host_layers > 0 {
+            whole
+                .tensors
+                .iter()
+                .find(|t| t.name.starts_with("rope_freqs"))
+                .map_or(0, |t| t.params.saturating_mul(4))
+        } else {
+            0
+        };
+        let converted = converted_vector_bytes(host_spec).saturating_add(host_layers_rope);
+        if converted > 0 {
+            extra.push(Term {
+                name: "host_converted",
+                bytes: converted,
+                derivation: format!(
+                    "the host's 1-D tensors (norms, biases) as f32{}",
+                    if host_layers_rope > 0 {
+                        ", and a copy of the rope factors for the host layers"
+                    } else {
+                        ""
+                    }
+                ),
+            });
+        }
         if placed.host_weights_bytes > 0 {
             let cpu = activations::plan(
                 whole,
@@ -452,6 +477,7 @@ impl MemoryPlan {
                     cpu.derivation(inputs.batch, whole.vocab, inputs.threads)
                 ),
             });
+            placed.host_arena = cpu.buffers;
         }
         self.host = Some(host.with_terms(extra, inputs));
     }

@@ -22,6 +22,8 @@
 
 use fathom_spec::{Attention, ModelSpec};
 use regex::Regex;
+
+use crate::activations::ArenaBuffer;
 use serde::Serialize;
 
 use crate::tensor_parallel::{classify, Role};
@@ -175,6 +177,17 @@ pub struct Placement {
     /// The same placement with other GPU layer counts (all, this one, ¾,
     /// ½, ¼ of the layers, none), for choosing by hand.
     pub options: Vec<PlacementOption>,
+    /// Tensors an `--override-tensor` rule put apart from the rest of their
+    /// group (a layer's attention, norms and dense FFN; its routed experts;
+    /// the output head with its norm): the plan counts them, but a run
+    /// executes each group on one side and refuses such a placement.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub apart: Vec<String>,
+    /// The CPU backend's arena for the host's part of a step (its bytes
+    /// are the host plan's `host_activations`); empty when nothing runs on
+    /// the host.
+    #[serde(skip)]
+    pub host_arena: Vec<ArenaBuffer>,
 }
 
 /// One row of the placement's table of GPU layer counts.
@@ -211,6 +224,18 @@ impl Placement {
     /// Whether anything runs on the host.
     pub fn is_split(&self) -> bool {
         self.host_weights_bytes > 0 || self.layers.iter().any(|l| l.place == Place::Cpu)
+    }
+
+    /// `spec` as one side sees it: the other side's layers hold no KV (the
+    /// tensors stay listed; the side's plan counts its own).
+    pub fn side_spec(&self, spec: &ModelSpec, side: Place) -> ModelSpec {
+        let mut s = spec.clone();
+        for (layer, placed) in s.layers.iter_mut().zip(&self.layers) {
+            if placed.place != side {
+                layer.attention = Attention::None;
+            }
+        }
+        s
     }
 }
 
@@ -315,6 +340,7 @@ pub(crate) fn place(
         })
         .collect();
     let (mut device_tensors, mut host_tensors) = (Vec::new(), Vec::new());
+    let mut placed_at = Vec::with_capacity(spec.tensors.len());
     for t in &spec.tensors {
         let c = classify(t);
         let mut at = match (c.role, c.layer) {
@@ -350,28 +376,37 @@ pub(crate) fn place(
             (Role::OutputHead, None) => output = at,
             _ => {}
         }
+        placed_at.push(at);
         match at {
             Place::Cuda => device_tensors.push(t.clone()),
             Place::Cpu => host_tensors.push(t.clone()),
         }
     }
+    if tied {
+        output = embeddings;
+    }
+    // What each tensor's group runs on, once every group's place is known.
+    let apart = spec
+        .tensors
+        .iter()
+        .zip(&placed_at)
+        .filter(|(t, &at)| {
+            let c = classify(t);
+            let group = match (c.role, c.layer.and_then(|i| layers.get(i))) {
+                (Role::ExpertsIn | Role::ExpertsDown, Some(l)) => l.experts.unwrap_or(l.place),
+                (_, Some(l)) => l.place,
+                (Role::Embedding, None) => embeddings,
+                (Role::OutputHead | Role::Norm, None) => output,
+                // Rope factors: every side that runs layers takes a copy.
+                _ => at,
+            };
+            group != at
+        })
+        .map(|(t, _)| t.name.clone())
+        .collect();
     let bytes =
         |ts: &[fathom_spec::TensorEntry]| ts.iter().fold(0u64, |s, t| s.saturating_add(t.bytes));
     let (device_weights_bytes, host_weights_bytes) = (bytes(&device_tensors), bytes(&host_tensors));
-    let (mut device_spec, mut host_spec) = (spec.clone(), spec.clone());
-    device_spec.tensors = device_tensors;
-    host_spec.tensors = host_tensors;
-    for ((d, h), l) in device_spec
-        .layers
-        .iter_mut()
-        .zip(host_spec.layers.iter_mut())
-        .zip(&layers)
-    {
-        match l.place {
-            Place::Cuda => h.attention = Attention::None,
-            Place::Cpu => d.attention = Attention::None,
-        }
-    }
     let placement = Placement {
         gpu_layers: layers.iter().filter(|l| l.place == Place::Cuda).count() as u64,
         n_layers: n,
@@ -387,6 +422,14 @@ pub(crate) fn place(
         host_weights_bytes,
         overrides: overrides_used,
         options: Vec::new(),
+        apart,
+        host_arena: Vec::new(),
     };
+    let (mut device_spec, mut host_spec) = (
+        placement.side_spec(spec, Place::Cuda),
+        placement.side_spec(spec, Place::Cpu),
+    );
+    device_spec.tensors = device_tensors;
+    host_spec.tensors = host_tensors;
     (placement, device_spec, host_spec)
 }

@@ -61,6 +61,11 @@ impl CpuBackend {
         })
     }
 
+    /// The first `n` values of buffer `x`, for a crossing to a device.
+    pub(crate) fn rows_mut(&mut self, x: Buf, n: usize) -> &mut [f32] {
+        &mut self.arena.f32(x)[..n]
+    }
+
     /// Bytes of the arena and of the KV store: the plan's device-side
     /// activations and its `kv` term.
     pub fn allocated(&self) -> (usize, usize) {
@@ -119,6 +124,16 @@ impl Backend for CpuBackend {
     fn load_vector(&mut self, values: &[f32]) -> Result<VectorId, BackendError> {
         self.vectors.push(values.to_vec());
         Ok(VectorId(self.vectors.len() as u32 - 1))
+    }
+
+    fn read_rows(&mut self, x: Buf, rows: usize, width: usize, out: &mut [f32]) {
+        let n = rows * width;
+        out[..n].copy_from_slice(&self.arena.f32(x)[..n]);
+    }
+
+    fn write_rows(&mut self, x: Buf, rows: usize, width: usize, values: &[f32], _: bool) {
+        let n = rows * width;
+        self.arena.f32(x)[..n].copy_from_slice(&values[..n]);
     }
 
     fn embed(&mut self, table: MatrixId, tokens: &[u32], scale: f32, out: Buf) {

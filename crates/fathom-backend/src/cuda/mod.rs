@@ -38,6 +38,7 @@ macro_rules! args {
 mod abi;
 mod attention;
 mod blas;
+mod crossing;
 mod device;
 mod elementwise;
 mod greedy;
@@ -421,6 +422,14 @@ impl Backend for CudaBackend {
 
     fn logits(&mut self, rows: usize, width: usize) -> &mut [f32] {
         CudaBackend::logits(self, rows, width)
+    }
+
+    fn read_rows(&mut self, x: Buf, rows: usize, width: usize, out: &mut [f32]) {
+        CudaBackend::read_rows(self, x, rows, width, out)
+    }
+
+    fn write_rows(&mut self, x: Buf, rows: usize, width: usize, values: &[f32], step_start: bool) {
+        CudaBackend::write_rows(self, x, rows, width, values, step_start)
     }
 
     fn greedy(&mut self, rows: usize, width: usize, banned: &[u32], out: &mut [[u32; 2]]) {

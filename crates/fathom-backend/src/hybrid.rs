@@ -1,0 +1,351 @@
+//! A model split between a device and the host by the plan's placement:
+//! one [`Backend`] over the CPU backend (the host's tensors, read in place,
+//! the host layers' KV, the host arena) and a device backend (the rest),
+//! each allocated from its own side of the plan.
+//!
+//! The engine says where each group of weights loads and each run of ops
+//! goes with [`Backend::switch_to`], carrying the rows that are live at
+//! that point (the residual at a layer boundary; a MoE layer's normed
+//! input and router logits to its experts and their output back). Every
+//! other op runs on the current side; a weight op checks that its weight
+//! lives there. Weight ids are this backend's own, mapped to each side's.
+
+use crate::cpu::CpuBackend;
+use crate::{
+    AttentionIo, AttentionShape, Backend, BackendError, Buf, DeviceMemory, Glu, HostMatrix,
+    MatrixId, Place, RopeParams, RoutedFfn, Step, VectorId,
+};
+
+/// The host's CPU backend and a device backend driven as one.
+pub struct Hybrid<D> {
+    host: CpuBackend,
+    device: D,
+    /// Where the next op runs.
+    side: Place,
+    /// Each matrix id's side and id there.
+    matrices: Vec<(Place, MatrixId)>,
+    vectors: Vec<(Place, VectorId)>,
+    /// Whether the device has run an op since the step's embedding.
+    device_in_step: bool,
+    /// Room for a MoE layer's expert ids as its side knows them (sized at
+    /// load, reused each step).
+    experts: Vec<[MatrixId; 3]>,
+}
+
+impl<D: Backend> Hybrid<D> {
+    /// `host` runs what the placement puts on the host, `device` the rest;
+    /// the device side is current until the engine switches.
+    pub fn new(host: CpuBackend, device: D) -> Self {
+        Hybrid {
+            host,
+            device,
+            side: Place::Cuda,
+            matrices: Vec::new(),
+            vectors: Vec::new(),
+            device_in_step: false,
+            experts: Vec::new(),
+        }
+    }
+
+    /// The side that runs the next op.
+    fn here(&mut self) -> &mut dyn Backend {
+        match self.side {
+            Place::Cpu => &mut self.host,
+            Place::Cuda => {
+                self.device_in_step = true;
+                &mut self.device
+            }
+        }
+    }
+
+    fn matrix(&self, id: MatrixId) -> MatrixId {
+        let (at, inner) = self.matrices[id.0 as usize];
+        assert_eq!(
+            at,
+            self.side,
+            "matrix {} lives on {} but the step is on {}",
+            id.0,
+            at.name(),
+            self.side.name()
+        );
+        inner
+    }
+
+    fn vector(&self, id: VectorId) -> VectorId {
+        let (at, inner) = self.vectors[id.0 as usize];
+        assert_eq!(
+            at,
+            self.side,
+            "vector {} lives on {} but the step is on {}",
+            id.0,
+            at.name(),
+            self.side.name()
+        );
+        inner
+    }
+
+    /// Copies the first `rows × width` values of `x` from the current side
+    /// to the other.
+    fn carry(&mut self, x: Buf, rows: usize, width: usize) {
+        let n = rows * width;
+        match self.side {
+            Place::Cpu => {
+                let start = !self.device_in_step;
+                self.device
+                    .write_rows(x, rows, width, self.host.rows_mut(x, n), start);
+                self.device_in_step = true;
+            }
+            Place::Cuda => self
+                .device
+                .read_rows(x, rows, width, self.host.rows_mut(x, n)),
+        }
+    }
+}
+
+impl<D: Backend> Backend for Hybrid<D> {
+    fn name(&self) -> &'static str {
+        self.device.name()
+    }
+
+    /// The device's: the host's memory is the host plan's business.
+    fn memory(&self) -> DeviceMemory {
+        self.device.memory()
+    }
+
+    /// The host side reads its weights in place (they stay mapped); the
+    /// device copies its own.
+    fn reads_host_weights(&self) -> bool {
+        self.side == Place::Cpu
+    }
+
+    fn load_matrix(&mut self, matrix: HostMatrix) -> Result<MatrixId, BackendError> {
+        let side = self.side;
+        let inner = match side {
+            Place::Cpu => self.host.load_matrix(matrix)?,
+            Place::Cuda => self.device.load_matrix(matrix)?,
+        };
+        self.matrices.push((side, inner));
+        // A MoE layer's experts are three matrices each: room for all of
+        // a layer's ids is there before the first step.
+        let room = self.matrices.len().div_ceil(3);
+        if self.experts.capacity() < room {
+            self.experts.reserve(room);
+        }
+        Ok(MatrixId(self.matrices.len() as u32 - 1))
+    }
+
+    fn load_vector(&mut self, values: &[f32]) -> Result<VectorId, BackendError> {
+        let side = self.side;
+        let inner = match side {
+            Place::Cpu => self.host.load_vector(values)?,
+            Place::Cuda => self.device.load_vector(values)?,
+        };
+        self.vectors.push((side, inner));
+        Ok(VectorId(self.vectors.len() as u32 - 1))
+    }
+
+    fn switch_to(&mut self, to: Place, carry: &[(Buf, usize)], rows: usize) {
+        if to == self.side {
+            return;
+        }
+        for &(x, width) in carry {
+            self.carry(x, rows, width);
+        }
+        self.side = to;
+    }
+
+    fn read_rows(&mut self, x: Buf, rows: usize, width: usize, out: &mut [f32]) {
+        self.here().read_rows(x, rows, width, out)
+    }
+
+    fn write_rows(&mut self, x: Buf, rows: usize, width: usize, values: &[f32], start: bool) {
+        self.here().write_rows(x, rows, width, values, start)
+    }
+
+    fn embed(&mut self, table: MatrixId, tokens: &[u32], scale: f32, out: Buf) {
+        // A step begins: the device has run nothing of it yet.
+        self.device_in_step = false;
+        let table = self.matrix(table);
+        self.here().embed(table, tokens, scale, out)
+    }
+
+    fn matmul(&mut self, w: MatrixId, x: Buf, rows: usize, out: Buf) {
+        let w = self.matrix(w);
+        self.here().matmul(w, x, rows, out)
+    }
+
+    fn matmul_many(&mut self, ws: &[MatrixId], x: Buf, rows: usize, outs: &[Buf]) {
+        match *ws {
+            [a, b, c] => {
+                let inner = [self.matrix(a), self.matrix(b), self.matrix(c)];
+                self.here().matmul_many(&inner, x, rows, outs)
+            }
+            _ => {
+                for (&w, &out) in ws.iter().zip(outs) {
+                    self.matmul(w, x, rows, out);
+                }
+            }
+        }
+    }
+
+    fn matmul_glu(
+        &mut self,
+        [gate, up]: [MatrixId; 2],
+        x: Buf,
+        rows: usize,
+        act: Glu,
+        out: [Buf; 2],
+        width: usize,
+    ) {
+        let w = [self.matrix(gate), self.matrix(up)];
+        self.here().matmul_glu(w, x, rows, act, out, width)
+    }
+
+    fn rms_norm(&mut self, x: Buf, w: VectorId, eps: f32, rows: usize, width: usize, out: Buf) {
+        let w = self.vector(w);
+        self.here().rms_norm(x, w, eps, rows, width, out)
+    }
+
+    fn head_norm(
+        &mut self,
+        x: Buf,
+        w: VectorId,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        head_dim: usize,
+    ) {
+        let w = self.vector(w);
+        self.here().head_norm(x, w, eps, rows, width, head_dim)
+    }
+
+    fn add_bias(&mut self, x: Buf, b: VectorId, rows: usize, width: usize) {
+        let b = self.vector(b);
+        self.here().add_bias(x, b, rows, width)
+    }
+
+    fn add(&mut self, dst: Buf, src: Buf, rows: usize, width: usize) {
+        self.here().add(dst, src, rows, width)
+    }
+
+    fn add_rms_norm(
+        &mut self,
+        dst: Buf,
+        src: Buf,
+        w: VectorId,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        out: Buf,
+    ) {
+        let w = self.vector(w);
+        self.here().add_rms_norm(dst, src, w, eps, rows, width, out)
+    }
+
+    fn gather_rows(&mut self, src: Buf, src_rows: &[usize], width: usize, dst: Buf) {
+        self.here().gather_rows(src, src_rows, width, dst)
+    }
+
+    fn rope(&mut self, x: Buf, step: &Step, n_heads: usize, head_dim: usize, rope: &RopeParams) {
+        let rope = RopeParams {
+            freqs: rope.freqs.map(|f| self.vector(f)),
+            ..*rope
+        };
+        self.here().rope(x, step, n_heads, head_dim, &rope)
+    }
+
+    fn glu(&mut self, gate: Buf, up: Buf, rows: usize, width: usize, act: Glu) {
+        self.here().glu(gate, up, rows, width, act)
+    }
+
+    fn attention(&mut self, layer: usize, shape: &AttentionShape, step: &Step, io: AttentionIo) {
+        self.here().attention(layer, shape, step, io)
+    }
+
+    fn kv_write(&mut self, layer: usize, step: &Step, k: Buf, v: Buf, shape: &AttentionShape) {
+        self.here().kv_write(layer, step, k, v, shape)
+    }
+
+    fn attend(
+        &mut self,
+        layer: usize,
+        shape: &AttentionShape,
+        step: &Step,
+        io: AttentionIo,
+        rope: &RopeParams,
+    ) {
+        let rope = RopeParams {
+            freqs: rope.freqs.map(|f| self.vector(f)),
+            ..*rope
+        };
+        self.here().attend(layer, shape, step, io, &rope)
+    }
+
+    fn route_experts(
+        &mut self,
+        logits: Buf,
+        rows: usize,
+        n_experts: usize,
+        k: usize,
+        normalize: bool,
+    ) {
+        self.here()
+            .route_experts(logits, rows, n_experts, k, normalize)
+    }
+
+    fn gather_expert_rows(
+        &mut self,
+        expert: usize,
+        rows: usize,
+        k: usize,
+        src: Buf,
+        width: usize,
+        dst: Buf,
+    ) -> usize {
+        self.here()
+            .gather_expert_rows(expert, rows, k, src, width, dst)
+    }
+
+    fn scatter_expert_rows(
+        &mut self,
+        expert: usize,
+        rows: usize,
+        k: usize,
+        src: Buf,
+        width: usize,
+        dst: Buf,
+    ) {
+        self.here()
+            .scatter_expert_rows(expert, rows, k, src, width, dst)
+    }
+
+    fn routed_experts(&mut self, ffn: &RoutedFfn, x: Buf, rows: usize, out: Buf) {
+        let mut experts = std::mem::take(&mut self.experts);
+        experts.clear();
+        experts.extend(ffn.experts.iter().map(|e| e.map(|m| self.matrix(m))));
+        let inner = RoutedFfn {
+            experts: &experts,
+            ..*ffn
+        };
+        self.here().routed_experts(&inner, x, rows, out);
+        self.experts = experts;
+    }
+
+    fn zero(&mut self, x: Buf, rows: usize, width: usize) {
+        self.here().zero(x, rows, width)
+    }
+
+    fn logits(&mut self, rows: usize, width: usize) -> &mut [f32] {
+        self.here().logits(rows, width)
+    }
+
+    fn greedy(&mut self, rows: usize, width: usize, banned: &[u32], out: &mut [[u32; 2]]) {
+        self.here().greedy(rows, width, banned, out)
+    }
+
+    fn take_error(&mut self) -> Option<BackendError> {
+        let device = self.device.take_error();
+        let host = self.host.take_error();
+        device.or(host)
+    }
+}
