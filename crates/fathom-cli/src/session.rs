@@ -136,11 +136,12 @@ pub fn preflight(
             format_bytes(h.total_bytes.saturating_sub(h.available_bytes))
         ),
         _ => format!(
-            "the plan needs {} but {} is available ({}): {} over. Lower -n or --ctx-size, use --kv-dtype q8_0, or a smaller or more quantized model",
+            "the plan needs {} but {} is available ({}): {} over{}. Lower -n or --ctx-size, use --kv-dtype q8_0, or a smaller or more quantized model",
             format_bytes(plan.total_bytes),
             format_bytes(plan.available_bytes),
             plan.available_source,
-            format_bytes(plan.overflow_bytes)
+            format_bytes(plan.overflow_bytes),
+            placed_budgets(plan)
         ),
     };
     if args.force {
@@ -149,6 +150,23 @@ pub fn preflight(
     }
     eprintln!("error: {advice}; --force loads anyway");
     Some(ExitCode::from(2))
+}
+
+/// For a plan placed between GPU and host: what the placement left on the
+/// GPU and what the host's budget says, so both budgets are named.
+fn placed_budgets(plan: &MemoryPlan) -> String {
+    match (&plan.placement, &plan.host) {
+        (Some(p), Some(h)) => format!(
+            " on the device with {} of {} layers on the GPU ({}), and the host needs {} of {} ({})",
+            p.gpu_layers,
+            p.n_layers,
+            p.chosen_by,
+            format_bytes(h.total_bytes),
+            format_bytes(h.available_bytes),
+            if h.fits { "fits" } else { "does not fit" }
+        ),
+        _ => String::new(),
+    }
 }
 
 pub fn load(opened: Opened, plan: MemoryPlan) -> Result<(Engine, Duration)> {
@@ -305,6 +323,16 @@ pub fn report(load: Duration, stats: &GenerateStats, plan: &MemoryPlan) {
         stats.decode.as_secs_f64() * 1e3,
         rate(stats.generated_tokens, stats.decode)
     );
+    if let Some(p) = plan.placement.as_ref().filter(|p| p.is_split()) {
+        eprintln!(
+            "placement: {} of {} layers on the GPU, routed experts of {} on the host ({}); host weights {}",
+            p.gpu_layers,
+            p.n_layers,
+            p.cpu_moe_layers,
+            p.chosen_by,
+            format_bytes(p.host_weights_bytes)
+        );
+    }
     // On a GPU the host budget is the host plan's; on the CPU, the plan's.
     let host_plan = plan
         .host

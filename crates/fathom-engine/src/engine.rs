@@ -187,33 +187,28 @@ impl Engine {
         plan: MemoryPlan,
         tokenizer: Tokenizer,
     ) -> Result<Self, EngineError> {
-        let host_kv = Self::host_kv_layout(&spec, &plan)?;
-        let backend = fathom_backend::open(&plan, Self::kv_layout(&spec, &plan)?, host_kv)?;
+        let host_kv = Self::host_kv_layout(&spec, &plan);
+        let backend = fathom_backend::open(&plan, Self::kv_layout(&spec, &plan), host_kv)?;
         Self::load_on(checkpoint, spec, plan, tokenizer, backend)
     }
 
     /// The KV layout `plan` gives one device (under a placement that puts
     /// layers on the host, the device's layers only).
-    pub fn kv_layout(spec: &ModelSpec, plan: &MemoryPlan) -> Result<KvLayout, EngineError> {
+    pub fn kv_layout(spec: &ModelSpec, plan: &MemoryPlan) -> KvLayout {
         match split_placement(plan) {
             Some(placed) => side_kv_layout(spec, plan, placed, Place::Cuda),
-            None => Ok(KvLayout {
+            None => KvLayout {
                 groups: plan.kv_detail.clone(),
                 dtype: plan.inputs.kv_dtype,
                 layer_groups: fathom_plan::kv::layer_groups(spec),
-            }),
+            },
         }
     }
 
     /// The host layers' KV layout when `plan` puts part of the model on
     /// the host.
-    pub fn host_kv_layout(
-        spec: &ModelSpec,
-        plan: &MemoryPlan,
-    ) -> Result<Option<KvLayout>, EngineError> {
-        split_placement(plan)
-            .map(|placed| side_kv_layout(spec, plan, placed, Place::Cpu))
-            .transpose()
+    pub fn host_kv_layout(spec: &ModelSpec, plan: &MemoryPlan) -> Option<KvLayout> {
+        split_placement(plan).map(|placed| side_kv_layout(spec, plan, placed, Place::Cpu))
     }
 
     /// [`Engine::load`] onto a backend built from `plan` by the caller
@@ -662,32 +657,20 @@ fn split_placement(plan: &MemoryPlan) -> Option<&Placement> {
     plan.placement.as_ref().filter(|p| p.is_split())
 }
 
-/// One side's KV layout under a split: its layers in the whole model's
-/// groups (the engine's page tables are per group of the whole model), so
-/// the side's own grouping must number them alike.
+/// One side's KV layout under a split: its own layers, in the whole
+/// model's groups (the engine's page tables are per group of the whole
+/// model; the side's spec numbers them alike).
 fn side_kv_layout(
     spec: &ModelSpec,
     plan: &MemoryPlan,
     placed: &Placement,
     side: Place,
-) -> Result<KvLayout, EngineError> {
+) -> KvLayout {
     let i = &plan.inputs;
     let side_spec = placed.side_spec(spec, side);
-    let layer_groups = fathom_plan::kv::layer_groups(&side_spec);
-    let whole = fathom_plan::kv::layer_groups(spec);
-    if let Some(layer) =
-        (0..whole.len()).find(|&l| layer_groups[l].is_some_and(|g| Some(g) != whole[l]))
-    {
-        return Err(EngineError::Placement(format!(
-            "the {side} side numbers layer {layer}'s KV group differently from the whole model \
-             (its sliding and full layers fall unevenly between the sides); choose another \
-             --gpu-layers (`fathom inspect` lists the options)",
-            side = side.name()
-        )));
-    }
-    Ok(KvLayout {
+    KvLayout {
         groups: fathom_plan::kv::plan(&side_spec, i.context, i.batch, i.kv_dtype).groups,
         dtype: i.kv_dtype,
-        layer_groups,
-    })
+        layer_groups: fathom_plan::kv::layer_groups(&side_spec),
+    }
 }

@@ -58,7 +58,7 @@ fn cpu_group(path: &Path, n: u64, context: u64) -> Engine {
     let spec = ModelSpec::from_checkpoint(&checkpoint).unwrap();
     let local = tensor_parallel::shard(&spec, n).unwrap().spec;
     let plan = MemoryPlan::new(&local, common::inputs(context, KvDtype::F16)).unwrap();
-    let layout = Engine::kv_layout(&spec, &plan).unwrap();
+    let layout = Engine::kv_layout(&spec, &plan);
     let ranks = (0..n)
         .map(|_| CpuBackend::new(1, &plan.activation_detail, layout.clone()).unwrap())
         .collect();
@@ -211,7 +211,7 @@ fn cuda_group_of_one_matches_cuda_alone() {
         let rank = CudaBackend::new(
             0,
             &plan.activation_detail,
-            Engine::kv_layout(&spec, &plan).unwrap(),
+            Engine::kv_layout(&spec, &plan),
             plan.device_layout.as_ref().unwrap(),
         )
         .unwrap();

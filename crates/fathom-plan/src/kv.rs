@@ -111,8 +111,20 @@ pub struct KvPlan {
 /// Each layer's group index (in order of first appearance), or `None`
 /// for a layer without attention. Layers share a group when their
 /// attention kind and KV shape match; the engine lays out its pool by the
-/// same grouping, so this is the one place that decides it.
+/// same grouping, so this is the one place that decides it. A layer whose
+/// KV is held on the other side of a placement (`kv_elsewhere`) numbers its
+/// group like the others but holds none here (`None`), so both sides of a
+/// split number the groups as the whole model does.
 pub fn layer_groups(spec: &ModelSpec) -> Vec<Option<usize>> {
+    numbered_groups(spec)
+        .into_iter()
+        .zip(&spec.layers)
+        .map(|(g, l)| g.filter(|_| !l.kv_elsewhere))
+        .collect()
+}
+
+/// Each attention layer's group, held here or not.
+fn numbered_groups(spec: &ModelSpec) -> Vec<Option<usize>> {
     let mut keys: Vec<(Attention, u64, u64, u64)> = Vec::new();
     spec.layers
         .iter()
@@ -131,10 +143,11 @@ pub fn layer_groups(spec: &ModelSpec) -> Vec<Option<usize>> {
 
 pub fn plan(spec: &ModelSpec, max_tokens: u64, batch: u64, dtype: KvDtype) -> KvPlan {
     let mut groups: Vec<KvGroup> = Vec::new();
-    for (layer, group) in spec.layers.iter().zip(layer_groups(spec)) {
+    for (layer, group) in spec.layers.iter().zip(numbered_groups(spec)) {
         let Some(group) = group else { continue };
+        let held = u64::from(!layer.kv_elsewhere);
         if let Some(g) = groups.get_mut(group) {
-            g.layers += 1;
+            g.layers += held;
             continue;
         }
         let (attention, window, tokens) = match layer.attention {
@@ -144,7 +157,7 @@ pub fn plan(spec: &ModelSpec, max_tokens: u64, batch: u64, dtype: KvDtype) -> Kv
         groups.push(KvGroup {
             attention,
             window,
-            layers: 1,
+            layers: held,
             n_kv_heads: layer.n_kv_heads,
             key_dim: layer.key_dim,
             value_dim: layer.value_dim,
@@ -185,6 +198,7 @@ impl KvPlan {
         let parts: Vec<String> = self
             .groups
             .iter()
+            .filter(|g| g.layers > 0)
             .map(|g| {
                 let kind = match g.window {
                     Some(w) => format!("sliding window {w}, "),

@@ -20,7 +20,7 @@
 //! removed and the host layers' attention holding no device KV), as a
 //! tensor-parallel device's is of its sharded spec.
 
-use fathom_spec::{Attention, ModelSpec};
+use fathom_spec::ModelSpec;
 use regex::Regex;
 
 use crate::activations::ArenaBuffer;
@@ -226,14 +226,13 @@ impl Placement {
         self.host_weights_bytes > 0 || self.layers.iter().any(|l| l.place == Place::Cpu)
     }
 
-    /// `spec` as one side sees it: the other side's layers hold no KV (the
+    /// `spec` as one side sees it: the other side's layers hold no KV
+    /// here, their groups still numbered as in the whole model (the
     /// tensors stay listed; the side's plan counts its own).
     pub fn side_spec(&self, spec: &ModelSpec, side: Place) -> ModelSpec {
         let mut s = spec.clone();
         for (layer, placed) in s.layers.iter_mut().zip(&self.layers) {
-            if placed.place != side {
-                layer.attention = Attention::None;
-            }
+            layer.kv_elsewhere = placed.place != side;
         }
         s
     }

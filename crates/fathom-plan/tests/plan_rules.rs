@@ -27,6 +27,7 @@ fn spec(layers: Vec<Attention>, context_length: u64) -> ModelSpec {
                 n_kv_heads: 2,
                 key_dim: 64,
                 value_dim: 64,
+                kv_elsewhere: false,
             })
             .collect(),
         rope: None,

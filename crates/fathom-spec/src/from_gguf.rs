@@ -136,6 +136,7 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
             n_kv_heads: kv_heads[i as usize],
             key_dim,
             value_dim,
+            kv_elsewhere: false,
         })
         .collect();
 

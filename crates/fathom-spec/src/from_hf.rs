@@ -122,6 +122,7 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
             n_kv_heads,
             key_dim: head_dim,
             value_dim: head_dim,
+            kv_elsewhere: false,
         })
         .collect();
 
