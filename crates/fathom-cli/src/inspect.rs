@@ -43,7 +43,7 @@ pub fn rewrite_vllm_flags(mut args: Vec<OsString>) -> Vec<OsString> {
         args = crate::flags::rewrite_short(args, command, "-tp", "--tensor-parallel");
     }
     // llama.cpp's placement flags, for the commands that place a model.
-    for command in ["inspect", "generate", "run", "bench"] {
+    for command in ["inspect", "generate", "run", "bench", "serve"] {
         args = crate::flags::rewrite_short(args, command, "-ngl", "--gpu-layers");
         args = crate::flags::rewrite_short(args, command, "-ot", "--override-tensor");
     }

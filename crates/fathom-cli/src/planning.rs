@@ -83,24 +83,37 @@ impl PlacementArgs {
         spec: &ModelSpec,
         inputs: PlanInputs,
     ) -> Result<MemoryPlan> {
-        let request = self.request()?;
-        let flags = "--gpu-layers, --cpu-moe, --n-cpu-moe and --override-tensor";
-        if inputs.device != Device::Cuda {
-            if !request.is_default() {
-                bail!("{flags} place tensors between a GPU and the host: they need --device cuda (this plan is for {})", inputs.device.name());
-            }
-            return plan.plan(spec, inputs);
+        match self.request_for(plan, &inputs)? {
+            Some(request) => MemoryPlan::with_placement(spec, inputs, &request)
+                .context("computing the memory plan"),
+            None => plan.plan(spec, inputs),
         }
-        if plan.tensor_parallel != 1 {
+    }
+
+    /// The placement request when the plan may place the model between
+    /// the GPU and the host (cuda, one device); `None` where it may not,
+    /// and there the flags are refused unless left at their defaults.
+    pub fn request_for(
+        &self,
+        plan: &PlanArgs,
+        inputs: &PlanInputs,
+    ) -> Result<Option<PlacementRequest>> {
+        let request = self.request()?;
+        if inputs.device != Device::Cuda || plan.tensor_parallel != 1 {
             if !request.is_default() {
                 bail!(
-                    "{flags} do not combine with --tensor-parallel {} yet: drop one of them",
-                    plan.tensor_parallel
+                    "--gpu-layers, --cpu-moe, --n-cpu-moe and --override-tensor place tensors between one GPU and the host: they need --device cuda without --tensor-parallel (this plan is for {}{})",
+                    inputs.device.name(),
+                    if plan.tensor_parallel != 1 {
+                        format!(" over {} devices", plan.tensor_parallel)
+                    } else {
+                        String::new()
+                    }
                 );
             }
-            return plan.plan(spec, inputs);
+            return Ok(None);
         }
-        MemoryPlan::with_placement(spec, inputs, &request).context("computing the memory plan")
+        Ok(Some(request))
     }
 }
 

@@ -22,7 +22,7 @@ use fathom_plan::Device;
 use fathom_server::http::{LoadedModel, ServerConfig};
 use fathom_server::{Scheduler, SchedulerConfig};
 
-use crate::planning::{self, PlanArgs};
+use crate::planning::{self, PlacementArgs, PlanArgs};
 use crate::render::{self, row};
 use crate::session::{self, PreflightArgs};
 
@@ -72,6 +72,8 @@ pub struct ServeArgs {
     #[command(flatten)]
     pub plan: PlanArgs,
     #[command(flatten)]
+    pub placement: PlacementArgs,
+    #[command(flatten)]
     pub preflight: PreflightArgs,
 }
 
@@ -120,15 +122,37 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         max_body_bytes: max_body,
         max_token_bytes: opened.tokenizer.max_token_bytes() as u64,
     };
-    let served = ServePlan::with_requests(
-        &opened.spec,
-        args.plan.inputs(context, args.parallel)?,
-        kv_budget,
-        prompt_cache,
-        requests,
-        args.plan.tensor_parallel,
-    )
-    .context("computing the serve plan")?;
+    let inputs = args.plan.inputs(context, args.parallel)?;
+    let served = match args.placement.request_for(&args.plan, &inputs)? {
+        Some(request) => {
+            let unsplit = ServePlan::with_requests(
+                &opened.spec,
+                inputs.clone(),
+                kv_budget,
+                prompt_cache,
+                requests,
+                1,
+            );
+            // A model that leaves room for at least one full-context slot
+            // on the GPU keeps every layer there (the pool shrinks to
+            // what is left); otherwise the plan places it between the GPU
+            // and the host, sized for every slot.
+            match unsplit {
+                Ok(s) if request.is_default() && fits_one_slot(&s) => s,
+                _ => ServePlan::placed(&opened.spec, inputs, &request, requests)
+                    .context("computing the serve plan")?,
+            }
+        }
+        None => ServePlan::with_requests(
+            &opened.spec,
+            inputs,
+            kv_budget,
+            prompt_cache,
+            requests,
+            args.plan.tensor_parallel,
+        )
+        .context("computing the serve plan")?,
+    };
     if let Some(code) = session::preflight(&model, &opened, &served.plan, &args.preflight) {
         return Ok(code);
     }
@@ -200,6 +224,12 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
 
 /// `(term, bytes)` for `/metrics`: the plan's terms, then the pool's
 /// block size, the prompt-cache capacity, the total and the budget.
+/// Whether an unsplit serve plan fits with a pool of at least one
+/// full-context sequence.
+fn fits_one_slot(served: &ServePlan) -> bool {
+    served.plan.fits && served.kv_blocks >= served.kv_blocks_per_sequence
+}
+
 fn plan_terms(served: &ServePlan) -> Vec<(String, u64)> {
     let plan = &served.plan;
     let mut terms: Vec<(String, u64)> = plan
@@ -335,6 +365,13 @@ fn serve_plan_text(model: &Path, served: &ServePlan) -> String {
             )
         }
     );
+    if let Some(p) = plan.placement.as_ref().filter(|p| p.is_split()) {
+        let _ = writeln!(
+            out,
+            "Placement ({}): {} of {} layers on the GPU, routed experts of {} layers on the host; the pool's blocks hold each side's layers (no prompt cache)",
+            p.chosen_by, p.gpu_layers, p.n_layers, p.cpu_moe_layers
+        );
+    }
     if let Some(host) = &plan.host {
         out.push_str(&render::host_text(host));
     }

@@ -10,6 +10,7 @@ use serde::Serialize;
 
 use crate::cuda::DeviceLayout;
 use crate::kv::{KvGroup, KV_BLOCK_TOKENS};
+use crate::placement::PlacementRequest;
 use crate::size::{format_binary, parse_size};
 use crate::{device, Device, MemoryPlan, PlanError, PlanInputs, Term};
 
@@ -278,35 +279,7 @@ impl ServePlan {
             devices,
         )?;
         let mut base = MemoryPlan::with_tensor_parallel(spec, inputs, devices)?;
-        if requests.slots > 0 {
-            let context = base.inputs.context;
-            base.add_host_term(Term {
-                name: "requests",
-                bytes: requests.bytes(context),
-                derivation: format!(
-                    "{} bodies of up to {} + {} parsed and tokenized at once x {} ({BODY_COPIES} copies, {} JSON values, {} tokens of up to {} bytes)",
-                    requests.slots,
-                    format_binary(requests.max_body_bytes),
-                    requests.processors,
-                    format_binary(requests.per_processor(context)),
-                    context.saturating_add(STRUCTURE_VALUES),
-                    context,
-                    requests.max_token_bytes
-                ),
-            });
-        }
-        if requests.slots > 0 {
-            // Structured output and tool calls: what constrained decoding holds.
-            let (context, slots, vocab) = (base.inputs.context, base.inputs.batch, spec.vocab);
-            base.add_host_term(Term {
-                name: "constraints",
-                bytes: constraints_bytes(vocab, context, slots),
-                derivation: format!(
-                    "{vocab} tokens x {CONSTRAINT_TRIE_BYTES_PER_TOKEN} B (token trie) + {slots} slots x {} (mask, {CONSTRAINT_LEXER_STATES} lexer states, {context} tokens of parser rows) + {CONSTRAINT_CACHE_ENTRIES} cached lexers",
-                    format_binary(constraint_state_bytes(vocab, context)),
-                ),
-            });
-        }
+        base.add_request_terms(&requests, spec.vocab);
         let block_bytes = full_block_bytes(&base.kv_detail);
         let sliding_bytes = base
             .kv_detail
@@ -391,6 +364,51 @@ impl ServePlan {
     }
 }
 
+impl ServePlan {
+    /// The serve plan of a model placed between the GPU and the host
+    /// (`fathom serve --device cuda` when the model does not fit, or with
+    /// placement flags): the placement is chosen for the workload (every
+    /// slot at its full context), and the pool is that workload on both
+    /// sides, each side holding its layers' share of every block; no
+    /// prompt cache, so no block outlives its sequence.
+    pub fn placed(
+        spec: &ModelSpec,
+        inputs: PlanInputs,
+        request: &PlacementRequest,
+        requests: RequestBuffers,
+    ) -> Result<ServePlan, PlanError> {
+        let mut plan = MemoryPlan::with_placement(spec, inputs, request)?;
+        plan.add_request_terms(&requests, spec.vocab);
+        let whole = crate::kv::plan(
+            spec,
+            plan.inputs.context,
+            plan.inputs.batch,
+            plan.inputs.kv_dtype,
+        );
+        let per_sequence = whole
+            .groups
+            .iter()
+            .find(|g| g.window.is_none())
+            .map_or(0, |g| g.blocks_per_sequence);
+        Ok(ServePlan {
+            kv_budget: KvBudget::Workload,
+            kv_block_bytes: full_block_bytes(&plan.kv_detail),
+            kv_blocks: per_sequence.saturating_mul(plan.inputs.batch),
+            kv_blocks_per_sequence: per_sequence,
+            sliding_bytes: plan
+                .kv_detail
+                .iter()
+                .filter(|g| g.window.is_some())
+                .fold(0u64, |sum, g| sum.saturating_add(g.bytes)),
+            prompt_cache_bytes: 0,
+            prompt_cache_blocks: 0,
+            prompt_cache_entry_bytes: 0,
+            requests,
+            plan,
+        })
+    }
+}
+
 /// weights + KV times the headroom factor, as the plan rounds it.
 pub(crate) fn scaled(bytes: u64, factor: f64) -> u64 {
     if factor == 1.0 {
@@ -401,6 +419,38 @@ pub(crate) fn scaled(bytes: u64, factor: f64) -> u64 {
 }
 
 impl MemoryPlan {
+    /// The HTTP side's request buffers (when `requests.slots` > 0) and
+    /// the constraint engine's state, as host terms.
+    fn add_request_terms(&mut self, requests: &RequestBuffers, vocab: u64) {
+        if requests.slots == 0 {
+            return;
+        }
+        let (context, slots) = (self.inputs.context, self.inputs.batch);
+        self.add_host_term(Term {
+            name: "requests",
+            bytes: requests.bytes(context),
+            derivation: format!(
+                "{} bodies of up to {} + {} parsed and tokenized at once x {} ({BODY_COPIES} copies, {} JSON values, {} tokens of up to {} bytes)",
+                requests.slots,
+                format_binary(requests.max_body_bytes),
+                requests.processors,
+                format_binary(requests.per_processor(context)),
+                context.saturating_add(STRUCTURE_VALUES),
+                context,
+                requests.max_token_bytes
+            ),
+        });
+        // Structured output and tool calls: what constrained decoding holds.
+        self.add_host_term(Term {
+            name: "constraints",
+            bytes: constraints_bytes(vocab, context, slots),
+            derivation: format!(
+                "{vocab} tokens x {CONSTRAINT_TRIE_BYTES_PER_TOKEN} B (token trie) + {slots} slots x {} (mask, {CONSTRAINT_LEXER_STATES} lexer states, {context} tokens of parser rows) + {CONSTRAINT_CACHE_ENTRIES} cached lexers",
+                format_binary(constraint_state_bytes(vocab, context)),
+            ),
+        });
+    }
+
     /// Adds a term of host memory outside weights and KV, and recomputes
     /// the totals: a discrete GPU's host budget takes it, else the plan.
     fn add_host_term(&mut self, term: Term) {

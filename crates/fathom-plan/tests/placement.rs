@@ -251,3 +251,45 @@ fn bad_placement_flags_are_clear_errors() {
     assert_eq!(GpuLayers::parse("ALL").unwrap(), GpuLayers::All);
     assert_eq!(GpuLayers::parse("12").unwrap(), GpuLayers::Count(12));
 }
+
+/// `fathom serve` of a model larger than the GPU: the placement is chosen
+/// for every slot at full context, and the pool is that workload on both
+/// sides. Llama-3.1-70B Q4_K, 4 slots of 4,096 tokens under 24 GiB: each
+/// full-context slot is 4096 / 16 = 256 blocks, so the pool is 1,024
+/// blocks; a block of the device's N layers is N x 16 tokens x 4,096 B
+/// (8 KV heads x 128 dims x (K + V) x f16 bytes), the device's KV N x
+/// 4 slots x 4,096 tokens x 4,096 B, and the host's the other 80 − N
+/// layers' (together the whole model's 10 GiB).
+#[test]
+fn serving_a_split_model_pools_the_workload_on_both_sides() {
+    use fathom_plan::serve::{RequestBuffers, ServePlan};
+    let (_dir, spec) = gguf(&fx::llama_3_1_70b(), "llama70b-serve");
+    let inputs = PlanInputs {
+        context: 4096,
+        batch: 4,
+        ..inputs(24 * GIB)
+    };
+    let served = ServePlan::placed(
+        &spec,
+        inputs,
+        &PlacementRequest::default(),
+        RequestBuffers::NONE,
+    )
+    .unwrap();
+    let plan = &served.plan;
+    let placed = plan.placement.as_ref().unwrap();
+    assert!(plan.fits && placed.is_split(), "{placed:?}");
+    let n = placed.gpu_layers;
+    assert!((1..80).contains(&n), "{n} GPU layers");
+    assert_eq!(served.kv_blocks_per_sequence, 256);
+    assert_eq!(served.kv_blocks, 1024);
+    assert_eq!(served.prompt_cache_blocks, 0);
+    // 8 KV heads x 128 dims x 2 (K and V) x 2 bytes = 4,096 B a token a layer.
+    let per_token_layer = 8 * 128 * 2 * 2;
+    assert_eq!(served.kv_block_bytes, n * 16 * per_token_layer);
+    assert_eq!(plan.kv_bytes, n * 4 * 4096 * per_token_layer);
+    assert_eq!(
+        host_term(plan, "host_kv"),
+        (80 - n) * 4 * 4096 * per_token_layer
+    );
+}
