@@ -43,6 +43,10 @@ const CUDA_MEMORY: &str = "128G";
 /// device allocation is made whole at start-up, so a longer fill only adds
 /// prefill time (recorded per cell as `prompt_tokens`).
 const CUDA_FILL: u64 = 8192;
+/// A split cell's prompt: two 64-token steps' worth past the chunk size
+/// would only add host prefill time; the arena, KV and placement are all
+/// allocated at start-up.
+const SPLIT_FILL: u64 = 192;
 /// Tokens generated after the prompt.
 const GENERATE: u64 = 64;
 /// A plan looser than this times the peak is reported as not tight.
@@ -51,8 +55,9 @@ pub const TIGHTNESS: f64 = 1.10;
 #[derive(Args)]
 pub struct MemoryArgs {
     /// Which grid: `full` (the recorded one: 30 cells, about 50 minutes on a
-    /// busy 2-core VM; on cuda 21 cells) or `ci` (3 SmolLM2 cells, for the
-    /// test suite; on cuda 2).
+    /// busy 2-core VM; on cuda 21 cells), `ci` (3 SmolLM2 cells, for the
+    /// test suite; on cuda 2) or `split` (cuda: 11 cells under device caps
+    /// that split the model between the GPU and the host).
     #[arg(long, default_value = "full")]
     pub grid: String,
     /// cpu (peak RSS against the plan) or cuda (the device plan against the
@@ -93,19 +98,34 @@ struct Cell {
     batch: u64,
     kv: &'static str,
     cuda: bool,
+    /// A device cap under which the plan places the model between the GPU
+    /// and the host (`--memory`, the split grid); `None`: [`CUDA_MEMORY`].
+    cap: Option<&'static str>,
 }
 
 impl Cell {
     fn id(&self) -> String {
         let device = if self.cuda { "cuda/" } else { "" };
+        let cap = self.cap.map(|c| format!("/cap{c}")).unwrap_or_default();
         format!(
-            "{device}{}/c{}/b{}/{}",
+            "{device}{}/c{}/b{}/{}{cap}",
             self.key, self.context, self.batch, self.kv
         )
     }
 
+    /// The device's `--memory`.
+    fn memory(&self) -> &'static str {
+        match (self.cap, self.cuda) {
+            (Some(cap), _) => cap,
+            (None, true) => CUDA_MEMORY,
+            (None, false) => MEMORY,
+        }
+    }
+
     fn prompt_tokens(&self) -> u64 {
-        if self.cuda {
+        if self.cap.is_some() {
+            self.context.min(SPLIT_FILL) - GENERATE
+        } else if self.cuda {
             self.context.min(CUDA_FILL) - GENERATE
         } else {
             self.context - GENERATE
@@ -143,7 +163,7 @@ impl Cell {
             "-t".into(),
             THREADS.to_string(),
             "--memory".into(),
-            if self.cuda { CUDA_MEMORY } else { MEMORY }.into(),
+            self.memory().into(),
         ];
         if self.cuda {
             args.extend(["--device".into(), "cuda".into()]);
@@ -203,6 +223,7 @@ fn cells(grid: &str, models: &[GridModel]) -> Result<Vec<Cell>> {
         batch,
         kv,
         cuda: false,
+        cap: None,
     };
     let mut cells = Vec::new();
     match grid {
@@ -223,6 +244,7 @@ fn cells(grid: &str, models: &[GridModel]) -> Result<Vec<Cell>> {
                         batch: 1,
                         kv,
                         cuda: false,
+                        cap: None,
                     });
                 }
             }
@@ -305,8 +327,18 @@ fn cuda_cells(grid: &str, models: &[GridModel]) -> Result<Vec<Cell>> {
         batch,
         kv,
         cuda: true,
+        cap: None,
     };
     match grid {
+        "split" => Ok(SPLIT_GRID
+            .iter()
+            .flat_map(|(i, list)| {
+                list.iter().map(|&(inputs, cap)| Cell {
+                    cap: Some(cap),
+                    ..cell(&models[*i], inputs)
+                })
+            })
+            .collect()),
         "full" => Ok(CUDA_GRID
             .iter()
             .flat_map(|(i, list)| list.iter().map(|&c| cell(&models[*i], c)))
@@ -315,9 +347,38 @@ fn cuda_cells(grid: &str, models: &[GridModel]) -> Result<Vec<Cell>> {
             cell(&models[0], (1024, 1, "f16")),
             cell(&models[0], (1024, 16, "q8_0")),
         ]),
-        other => bail!("unknown grid {other:?}: expected full or ci"),
+        other => bail!("unknown grid {other:?}: expected full, ci or split (cuda)"),
     }
 }
+
+/// The split grid (cuda): per checkpoint of [`fx::cuda_memory_grid_models`],
+/// cells under a device cap the model does not fit, so the plan's `auto`
+/// placement puts part of it on the host: the largest fit, at the edge.
+/// 8B Q4_K is 4.58 GiB of weights (f16 KV: 128 KiB a token); the MoE's 16
+/// layers 5.6 GiB, mostly experts; gemma-3-1b (sliding and full layers,
+/// split so that each side holds both kinds or one) 1.0 GiB.
+const SPLIT_GRID: [(usize, &[(CellInputs, &str)]); 3] = [
+    (
+        2,
+        &[
+            ((4096, 1, "f16"), "4G"),
+            ((4096, 1, "f16"), "5G"),
+            ((32768, 1, "f16"), "6G"),
+            ((32768, 1, "q8_0"), "6G"),
+            ((4096, 16, "q8_0"), "8G"),
+        ],
+    ),
+    (
+        3,
+        &[
+            ((4096, 1, "f16"), "2G"),
+            ((4096, 1, "f16"), "4G"),
+            ((32768, 1, "f16"), "3G"),
+            ((4096, 16, "f16"), "4G"),
+        ],
+    ),
+    (4, &[((32768, 1, "f16"), "1G"), ((4096, 16, "f16"), "1G")]),
+];
 
 /// What one child process did.
 struct Measured {
@@ -617,7 +678,7 @@ fn cuda_cell_result(
         "batch": cell.batch,
         "kv_dtype": cell.kv,
         "threads": THREADS,
-        "memory": CUDA_MEMORY,
+        "memory": cell.memory(),
         "prompt_tokens": prompt,
         "generated_tokens": generated,
         "command": format!("fathom {}", args.join(" ")),
@@ -645,6 +706,12 @@ fn cuda_cell_result(
         "host_ratio": round4(host_plan as f64 / rss_peak.max(1) as f64),
         "host_covered": host_plan >= rss_peak,
         "wall_s": runs.iter().map(|m| (m.wall.as_secs_f64() * 10.0).round() / 10.0).collect::<Vec<_>>(),
+        "placement": plan.get("placement").map(|p| json!({
+            "gpu_layers": p["gpu_layers"],
+            "n_layers": p["n_layers"],
+            "cpu_moe_layers": p["cpu_moe_layers"],
+            "host_weights_bytes": p["host_weights_bytes"],
+        })),
         "llama_cpp": null,
     })
 }

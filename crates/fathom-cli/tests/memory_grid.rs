@@ -105,6 +105,11 @@ fn every_recorded_plan_rederives_exactly_and_covers_its_peak_within_10_percent()
 /// The newest recorded CUDA grid (`docs/benchmark_results/memory-cuda-<date>.json`,
 /// from `fathom bench memory --device cuda` on the GPU machine), if any.
 fn recorded_cuda() -> Option<(PathBuf, Value)> {
+    newest_recorded("memory-cuda-")
+}
+
+/// The newest `docs/benchmark_results/<prefix><date>.json`, if any.
+fn newest_recorded(prefix: &str) -> Option<(PathBuf, Value)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/benchmark_results");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap()
@@ -112,7 +117,7 @@ fn recorded_cuda() -> Option<(PathBuf, Value)> {
         .filter(|p| {
             p.file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("memory-cuda-") && n.ends_with(".json"))
+                .is_some_and(|n| n.starts_with(prefix) && n.ends_with(".json"))
         })
         .collect();
     files.sort();
@@ -128,18 +133,25 @@ fn recorded_cuda() -> Option<(PathBuf, Value)> {
 /// and without the placement, which the recorded grid predates: every cell
 /// fits its device, so the placement must keep every tensor there.
 fn without_host_availability(plan_json: &str) -> Value {
-    let mut plan: Value = serde_json::from_str(plan_json).expect("plan JSON");
-    if let Some(host) = plan["host"].as_object_mut() {
-        for key in ["available_bytes", "available_source", "fits"] {
-            host.remove(key);
-        }
-    }
+    let mut plan = machine_free(plan_json);
     if let Some(placement) = plan.as_object_mut().and_then(|p| p.remove("placement")) {
         assert_eq!(
             (&placement["host_weights_bytes"], &placement["gpu_layers"]),
             (&Value::from(0), &placement["n_layers"]),
             "a plan that fits its device places everything there"
         );
+    }
+    plan
+}
+
+/// A CUDA plan without the host budget's available memory, its source
+/// and whether it fits: what depends on the machine it was computed on.
+fn machine_free(plan_json: &str) -> Value {
+    let mut plan: Value = serde_json::from_str(plan_json).expect("plan JSON");
+    if let Some(host) = plan["host"].as_object_mut() {
+        for key in ["available_bytes", "available_source", "fits"] {
+            host.remove(key);
+        }
     }
     plan
 }
@@ -265,5 +277,64 @@ fn the_ci_grid_measured_now_is_covered_within_10_percent() {
             cell["id"]
         );
         assert_eq!(n(cell, "generated_tokens"), 64, "{}", cell["id"]);
+    }
+}
+
+/// The recorded split grid (`fathom bench memory --device cuda --grid
+/// split`, docs/benchmark_results/memory-split-cuda-<date>.json): models
+/// under device caps they do not fit, placed by the plan's `auto` between
+/// the GPU and the host. Every cell re-derives its plan (placement
+/// included) from header-only copies, is split, and both budgets hold:
+/// the device plan covers the NVML peak within 1.10x and the host plan
+/// covers the peak RSS. Skips, saying so, until the grid is recorded.
+#[test]
+fn every_recorded_split_plan_rederives_and_covers_both_peaks() {
+    let Some((path, doc)) = newest_recorded("memory-split-cuda-") else {
+        eprintln!(
+            "skipped: no docs/benchmark_results/memory-split-cuda-<date>.json yet \
+             (fathom bench memory --device cuda --grid split records it on the GPU machine)"
+        );
+        return;
+    };
+    let dir = TempDir::new("memory-grid-split");
+    for model in fx::cuda_memory_grid_models() {
+        fx::write_grid_model(&model, &dir.0, Data::Sparse).unwrap();
+    }
+    let cells = cells(&doc);
+    assert!(cells.len() >= 10, "{}: fewer than 10 cells", path.display());
+    for cell in cells {
+        let id = &cell["id"];
+        let plan_json = rederive(&dir.0, cell);
+        let recorded = cell["plan_json"].as_str().expect("plan_json");
+        assert_eq!(
+            machine_free(&plan_json),
+            machine_free(recorded),
+            "{id}: the plan re-derived from the recorded inputs differs from the recorded plan"
+        );
+        let plan: Value = serde_json::from_str(recorded).unwrap();
+        let placement = &plan["placement"];
+        assert!(
+            n(placement, "gpu_layers") < n(placement, "n_layers")
+                || n(placement, "cpu_moe_layers") > 0,
+            "{id}: not split: {placement}"
+        );
+        let (total, peak) = (n(&plan, "total_bytes"), n(cell, "peak_bytes"));
+        assert!(
+            plan["fits"] == true,
+            "{id}: the device plan does not fit its cap"
+        );
+        assert!(
+            total >= peak,
+            "{id}: device plan {total} below the peak {peak}"
+        );
+        assert!(
+            total as f64 <= TIGHTNESS * peak as f64,
+            "{id}: device plan {total} looser than {TIGHTNESS} x the peak {peak}"
+        );
+        let (host, rss) = (n(&plan["host"], "total_bytes"), n(cell, "host_peak_bytes"));
+        assert!(
+            host >= rss,
+            "{id}: host plan {host} below the peak RSS {rss}"
+        );
     }
 }
