@@ -404,6 +404,100 @@ fn hostile_schemas_are_refused_or_bounded_quickly() {
     assert!(v["choices"][0]["message"]["content"].is_string());
 }
 
+/// Streams `body` to `/v1/chat/completions` over a raw socket; returns the
+/// longest wait between two reads that brought events, and the whole
+/// response.
+fn stream_with_gaps(server: &Server, body: &Value) -> (Duration, String) {
+    let addr = server.base.trim_start_matches("http://").to_string();
+    let mut socket = std::net::TcpStream::connect(addr).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let body = body.to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    socket.write_all(head.as_bytes()).unwrap();
+    socket.write_all(body.as_bytes()).unwrap();
+    let (mut out, mut buf) = (Vec::new(), [0u8; 16384]);
+    let (mut last, mut longest) = (None::<Instant>, Duration::ZERO);
+    loop {
+        let n = std::io::Read::read(&mut socket, &mut buf).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+        if buf[..n].windows(6).any(|w| w == b"data: ") {
+            let now = Instant::now();
+            if let Some(last) = last {
+                longest = longest.max(now - last);
+            }
+            last = Some(now);
+        }
+    }
+    (longest, String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Slow constraints (masks near their per-token budget, or past it) slow
+/// the steps they share by at most that budget: a plain stream beside
+/// them keeps getting tokens, and each of them ends, answered or failed.
+#[test]
+fn slow_constraints_never_stall_the_other_streams() {
+    let server = Server::start(&["-np", "4", "-c", "1024"], &[]);
+    let slow = [
+        json!({"grammar": format!("root ::= {}", "(\"a\" | \"b\" | \"ab\")* ".repeat(40))}),
+        json!({"json_schema": {"type": "string", "pattern": "^(a|aa)*(a|aa)*(a|aa)*b{1,50}[a-z]{20,40}$"}}),
+        json!({"grammar": "root ::= ([a-z] | [a-z] [a-z] | [a-z] [a-z] [a-z])+ \".\""}),
+    ];
+    let plain = json!({"messages": [{"role": "user", "content": "Tell me about the sea."}],
+                       "max_tokens": 48, "ignore_eos": true, "stream": true, "temperature": 0});
+    let started = Instant::now();
+    let (gap, response) = std::thread::scope(|s| {
+        let others: Vec<_> = slow
+            .iter()
+            .map(|extra| {
+                let server = &server;
+                s.spawn(move || {
+                    let mut body = json!({"messages": [{"role": "user", "content": "go"}],
+                                          "max_tokens": 48, "temperature": 1.0});
+                    for (k, v) in extra.as_object().unwrap() {
+                        body[k] = v.clone();
+                    }
+                    let r = server.post("/v1/chat/completions", &body.to_string(), &[]);
+                    assert!(
+                        [200, 400, 500].contains(&r.status),
+                        "{} {}",
+                        r.status,
+                        r.body
+                    );
+                })
+            })
+            .collect();
+        // The slow ones are in the batch by now.
+        std::thread::sleep(Duration::from_millis(300));
+        let plain = stream_with_gaps(&server, &plain);
+        for h in others {
+            h.join().unwrap();
+        }
+        plain
+    });
+    let text = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let events = text.matches("\"delta\":{\"content\":").count();
+    eprintln!(
+        "plain stream beside slow constraints: {events} content events, longest gap {:.0} ms, all done in {:.1} s",
+        gap.as_secs_f64() * 1000.0,
+        started.elapsed().as_secs_f64()
+    );
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(text.contains("[DONE]"), "the plain stream ended: {text}");
+    assert!(events >= 8, "the plain stream got its tokens: {text}");
+    assert!(
+        gap < Duration::from_secs(3),
+        "the plain stream waited {gap:?} between tokens"
+    );
+}
+
 fn weather_tools() -> Value {
     json!([
         {"type": "function", "function": {
