@@ -13,7 +13,7 @@ prefill included (the tool call's prompt is longer: it lists the tools), and
 a tool call's text is held back until it is complete, so its time to first
 token is the whole answer's. Usage (from the repository root; builds the release binary):
 
-    scripts/bench-constrained.py [--streams 1,16] [-n 128] [--rounds 3] [-t 2] [--json FILE]
+    scripts/bench-constrained.py [--streams 1,16] [-n 128] [--rounds 5] [-t 2] [--json FILE]
                                  [--model FILE --route completions] [-- SERVE_ARGS...]
 
 `--route completions` (for checkpoints without a chat template, such as the
@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -129,7 +130,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--streams", default="1,16")
     ap.add_argument("-n", type=int, default=128)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--port", type=int, default=18299)
     ap.add_argument("--fathom", default=os.path.join(ROOT, "target", "release", "fathom"))
@@ -156,7 +157,7 @@ def main():
                     break
             except Exception:
                 time.sleep(0.1)
-        print(f"CPU flags: {cpu_flags()}; {args.threads} threads; -n {args.n}, best of {args.rounds} rounds; "
+        print(f"CPU flags: {cpu_flags()}; {args.threads} threads; -n {args.n}, median of {args.rounds} rounds; "
               f"{os.path.basename(args.model)} {' '.join(args.serve_args)}")
         rows = []
         # Time to first token of a schema the cache has not seen, then seen.
@@ -168,8 +169,8 @@ def main():
         plain_ttft = post_stream(base, {"max_tokens": 2, "stream": True, **prompt("A list.")})[0]
         for streams in levels:
             # Modes take turns within each round, so load from elsewhere on
-            # the machine falls on all of them alike; the best round counts.
-            best = {m: 0.0 for m in MODES}
+            # the machine falls on all of them alike; the median round counts.
+            rates = {m: [] for m in MODES}
             ttfts = {m: [] for m in MODES}
             spent = {m: [0.0, 0.0, 0.0, 0.0] for m in MODES}
             prompt_tokens = {}
@@ -178,18 +179,20 @@ def main():
                     m0 = metrics(base)
                     rate, t, prompt_tokens[mode] = one_round(base, mode, streams, args.n, 7 + 1000 * r)
                     m1 = metrics(base)
-                    best[mode] = max(best[mode], rate)
+                    rates[mode].append(rate)
                     ttfts[mode].extend(t)
                     for k, name in enumerate(["fathom_constraint_masks_total", "fathom_constraint_mask_seconds_total",
                                               "fathom_constrained_requests_total",
                                               "fathom_constraint_compile_seconds_total"]):
                         spent[mode][k] += m1[name] - m0[name]
-            baseline = best["plain"]
+            median = {m: statistics.median(r) for m, r in rates.items()}
+            baseline = median["plain"]
             for mode in MODES:
                 masks, mask_s, reqs, comp = spent[mode]
-                rate = best[mode]
+                rate = median[mode]
                 ttft = sum(ttfts[mode]) / len(ttfts[mode])
                 row = {"streams": streams, "mode": mode, "prompt_tokens": prompt_tokens[mode], "tok_s": round(rate, 1),
+                       "rounds_tok_s": [round(r, 1) for r in rates[mode]],
                        "vs_plain": round(rate / baseline, 3), "ttft_ms": round(ttft * 1000, 1),
                        "mask_ms_per_token": round(1000 * mask_s / masks, 3) if masks else None,
                        "compile_ms_per_request": round(1000 * comp / reqs, 3) if reqs else None}
@@ -202,7 +205,8 @@ def main():
               f"{ttft_fresh * 1000:.1f} ms, the same schema again (cached) {ttft_cached * 1000:.1f} ms")
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"cpu_flags": cpu_flags(), "threads": args.threads, "n": args.n, "rows": rows,
+                json.dump({"command": " ".join(sys.argv), "cpu_flags": cpu_flags(), "threads": args.threads, "n": args.n,
+                           "rounds": args.rounds, "statistic": "median", "rows": rows,
                            "ttft_ms": {"plain": plain_ttft * 1000, "new_schema": ttft_fresh * 1000,
                                        "cached_schema": ttft_cached * 1000}}, f, indent=1)
     finally:

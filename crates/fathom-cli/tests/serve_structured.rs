@@ -1,10 +1,14 @@
 //! Structured output through `fathom serve`: the real binary on loopback
-//! with the real SmolLM2 GGUF, over real HTTP. A corpus of JSON schemas
-//! (`tests/data/json_schemas/`) asked for with `response_format` at
-//! several temperatures, every finished answer checked by an independent
-//! validator (Python's `jsonschema`); GBNF grammars, `json_object`, the
-//! completions route, streaming; schemas the engine cannot enforce get a
-//! 400 naming the keyword, and hostile ones are refused or bounded.
+//! with the real SmolLM2 GGUF, over real HTTP. A corpus of over 200 JSON
+//! schemas (`tests/data/json_schemas/`: GitHub-, Stripe- and
+//! Kubernetes-like objects, OpenAPI fragments, other services' payloads and
+//! one file per JSON Schema keyword family) asked for with
+//! `response_format` at several temperatures, every finished answer checked
+//! by an independent validator (Python's `jsonschema`); GBNF grammars,
+//! `json_object`, the completions route, streaming; schemas the engine
+//! cannot enforce (`tests/data/refused_schemas.json`, real-API-style ones
+//! among them) get a 400 naming the keyword, and hostile ones are refused
+//! or bounded.
 
 mod common;
 
@@ -16,6 +20,15 @@ use std::time::{Duration, Instant};
 use common::server::{sse_events, Server};
 use serde_json::{json, Value};
 
+/// The entries of a JSON array file under `tests/data/`.
+fn data_entries(file: &Path) -> Vec<Value> {
+    let v: Value = serde_json::from_slice(&std::fs::read(file).unwrap())
+        .unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    v.as_array()
+        .unwrap_or_else(|| panic!("{} holds no array", file.display()))
+        .clone()
+}
+
 /// The corpus: `{name, prompt, schema}` entries of every file.
 fn corpus() -> Vec<Value> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/json_schemas");
@@ -25,13 +38,7 @@ fn corpus() -> Vec<Value> {
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
         .collect();
     files.sort();
-    files
-        .iter()
-        .flat_map(|f| {
-            let v: Value = serde_json::from_slice(&std::fs::read(f).unwrap()).unwrap();
-            v.as_array().unwrap().clone()
-        })
-        .collect()
+    files.iter().flat_map(|f| data_entries(f)).collect()
 }
 
 /// Validates each `(schema, text)` with Python's `jsonschema` (Draft
@@ -82,36 +89,49 @@ fn chat(server: &Server, body: Value) -> Value {
 /// Answers cut at `max_tokens` cannot be whole; at most this share may be.
 const MAX_CUT: f64 = 0.10;
 
+/// Temperatures the corpus is answered at: greedy, a usual one, a hot one.
+const TEMPERATURES: [f64; 3] = [0.0, 0.7, 1.3];
+
+/// Every schema of the corpus once, the temperatures taking turns (schema
+/// k at `TEMPERATURES[k % 3]`), so each temperature meets about a third of
+/// the corpus, every keyword family among them (about 22,000 tokens: 4 to
+/// 5 minutes measured on two cores that other builds shared); all
+/// three on every schema would take three times as long. At most a tenth
+/// may be cut at `max_tokens` (a small model may run on in a number's
+/// digits); every finished answer must validate.
 #[test]
 fn every_answer_to_the_schema_corpus_validates_at_any_temperature() {
-    let server = Server::start(&["-np", "4", "-c", "1024"], &[]);
+    let server = Server::start(&["-np", "8", "-c", "1024"], &[]);
     let corpus = corpus();
-    assert!(corpus.len() >= 40, "{} schemas", corpus.len());
-    let mut jobs = Vec::new();
-    for (k, entry) in corpus.iter().enumerate() {
-        for (t, temperature) in [0.0, 0.7, 1.3].into_iter().enumerate() {
+    assert!(corpus.len() >= 200, "{} schemas", corpus.len());
+    let mut names: Vec<&str> = corpus.iter().map(|e| e["name"].as_str().unwrap()).collect();
+    names.sort_unstable();
+    let before = names.len();
+    names.dedup();
+    assert_eq!(names.len(), before, "schema names are unique");
+    let jobs: Vec<(String, Value, Value)> = corpus
+        .iter()
+        .enumerate()
+        .map(|(k, entry)| {
             let body = json!({
                 "messages": [
                     {"role": "system", "content": "Answer with JSON only."},
                     {"role": "user", "content": entry["prompt"]},
                 ],
                 "max_tokens": 256,
-                "temperature": temperature,
-                "seed": k * 3 + t,
+                "temperature": TEMPERATURES[k % TEMPERATURES.len()],
+                "seed": k,
                 "response_format": {"type": "json_schema", "json_schema": {
                     "name": entry["name"], "strict": true, "schema": entry["schema"],
                 }},
             });
-            jobs.push((
-                entry["name"].as_str().unwrap().to_string(),
-                entry["schema"].clone(),
-                body,
-            ));
-        }
-    }
+            let name = entry["name"].as_str().unwrap().to_string();
+            (name, entry["schema"].clone(), body)
+        })
+        .collect();
     let started = Instant::now();
     let results: Vec<(String, Value, String, String)> = std::thread::scope(|s| {
-        let chunks: Vec<_> = jobs.chunks(jobs.len().div_ceil(4)).collect();
+        let chunks: Vec<_> = jobs.chunks(jobs.len().div_ceil(8)).collect();
         let handles: Vec<_> = chunks
             .into_iter()
             .map(|chunk| {
@@ -280,6 +300,25 @@ fn schemas_that_cannot_be_enforced_get_400_naming_the_keyword() {
         let message = v["error"]["message"].as_str().unwrap();
         assert!(message.contains(keyword), "{keyword}: {message}");
     }
+    // Real-API-style schemas with such keywords: refused, the keyword named.
+    let refused = data_entries(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/refused_schemas.json"),
+    );
+    assert!(refused.len() >= 10, "{} refused schemas", refused.len());
+    for entry in &refused {
+        let r = ask(
+            "response_format",
+            json!({"type": "json_schema", "json_schema": {"name": entry["name"], "schema": entry["schema"]}}),
+        );
+        let v = r.assert_error(400, "invalid_schema");
+        let message = v["error"]["message"].as_str().unwrap();
+        let keyword = entry["keyword"].as_str().unwrap();
+        assert!(
+            message.contains(keyword),
+            "{}: {keyword}: {message}",
+            entry["name"]
+        );
+    }
     let r = ask("json_schema", json!({"$ref": "#/$defs/missing"}));
     r.assert_error(400, "invalid_schema");
     let r = ask("grammar", json!("root ::= undefined-rule"));
@@ -363,6 +402,100 @@ fn hostile_schemas_are_refused_or_bounded_quickly() {
         json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
     );
     assert!(v["choices"][0]["message"]["content"].is_string());
+}
+
+/// Streams `body` to `/v1/chat/completions` over a raw socket; returns the
+/// longest wait between two reads that brought events, and the whole
+/// response.
+fn stream_with_gaps(server: &Server, body: &Value) -> (Duration, String) {
+    let addr = server.base.trim_start_matches("http://").to_string();
+    let mut socket = std::net::TcpStream::connect(addr).unwrap();
+    socket
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .unwrap();
+    let body = body.to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    socket.write_all(head.as_bytes()).unwrap();
+    socket.write_all(body.as_bytes()).unwrap();
+    let (mut out, mut buf) = (Vec::new(), [0u8; 16384]);
+    let (mut last, mut longest) = (None::<Instant>, Duration::ZERO);
+    loop {
+        let n = std::io::Read::read(&mut socket, &mut buf).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.extend_from_slice(&buf[..n]);
+        if buf[..n].windows(6).any(|w| w == b"data: ") {
+            let now = Instant::now();
+            if let Some(last) = last {
+                longest = longest.max(now - last);
+            }
+            last = Some(now);
+        }
+    }
+    (longest, String::from_utf8_lossy(&out).into_owned())
+}
+
+/// Slow constraints (masks near their per-token budget, or past it) slow
+/// the steps they share by at most that budget: a plain stream beside
+/// them keeps getting tokens, and each of them ends, answered or failed.
+#[test]
+fn slow_constraints_never_stall_the_other_streams() {
+    let server = Server::start(&["-np", "4", "-c", "1024"], &[]);
+    let slow = [
+        json!({"grammar": format!("root ::= {}", "(\"a\" | \"b\" | \"ab\")* ".repeat(40))}),
+        json!({"json_schema": {"type": "string", "pattern": "^(a|aa)*(a|aa)*(a|aa)*b{1,50}[a-z]{20,40}$"}}),
+        json!({"grammar": "root ::= ([a-z] | [a-z] [a-z] | [a-z] [a-z] [a-z])+ \".\""}),
+    ];
+    let plain = json!({"messages": [{"role": "user", "content": "Tell me about the sea."}],
+                       "max_tokens": 48, "ignore_eos": true, "stream": true, "temperature": 0});
+    let started = Instant::now();
+    let (gap, response) = std::thread::scope(|s| {
+        let others: Vec<_> = slow
+            .iter()
+            .map(|extra| {
+                let server = &server;
+                s.spawn(move || {
+                    let mut body = json!({"messages": [{"role": "user", "content": "go"}],
+                                          "max_tokens": 48, "temperature": 1.0});
+                    for (k, v) in extra.as_object().unwrap() {
+                        body[k] = v.clone();
+                    }
+                    let r = server.post("/v1/chat/completions", &body.to_string(), &[]);
+                    assert!(
+                        [200, 400, 500].contains(&r.status),
+                        "{} {}",
+                        r.status,
+                        r.body
+                    );
+                })
+            })
+            .collect();
+        // The slow ones are in the batch by now.
+        std::thread::sleep(Duration::from_millis(300));
+        let plain = stream_with_gaps(&server, &plain);
+        for h in others {
+            h.join().unwrap();
+        }
+        plain
+    });
+    let text = response.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    let events = text.matches("\"delta\":{\"content\":").count();
+    eprintln!(
+        "plain stream beside slow constraints: {events} content events, longest gap {:.0} ms, all done in {:.1} s",
+        gap.as_secs_f64() * 1000.0,
+        started.elapsed().as_secs_f64()
+    );
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    assert!(text.contains("[DONE]"), "the plain stream ended: {text}");
+    assert!(events >= 8, "the plain stream got its tokens: {text}");
+    assert!(
+        gap < Duration::from_secs(3),
+        "the plain stream waited {gap:?} between tokens"
+    );
 }
 
 fn weather_tools() -> Value {

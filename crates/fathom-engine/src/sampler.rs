@@ -192,9 +192,11 @@ impl Sampler {
         cands[cands.len() - 1].0
     }
 
-    /// The masked pick: the allowed tokens' candidates (bias and
-    /// penalties applied, banned ones out) moved to the front, then the
-    /// usual chain over them alone.
+    /// The masked pick: the allowed tokens alone become candidates, read
+    /// off the mask's words (a zero word skips 32 tokens at once), so the
+    /// vocabulary is not walked; bias and penalties then act on those
+    /// candidates (found by id: they stay in id order until the draw), and
+    /// the usual chain runs over them.
     fn sample_within(
         &mut self,
         logits: &[f32],
@@ -204,17 +206,33 @@ impl Sampler {
         mask: &TokenMask,
     ) -> u32 {
         let n = logits.len();
-        let cands = self.adjusted(logits, history, candidates);
         let mut len = 0;
-        for id in mask.iter() {
-            let i = id as usize;
-            if i >= n || banned.contains(&id) || cands[i].1.is_nan() {
-                continue;
+        for (w, &word) in mask.words().iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                let id = w as u32 * 32 + bits.trailing_zeros();
+                bits &= bits - 1;
+                let i = id as usize;
+                if i >= n {
+                    break;
+                }
+                candidates[len] = (id, logits[i]);
+                len += 1;
             }
-            // Ids are increasing, so entry i (token i) is not yet overwritten.
-            cands[len] = cands[i];
-            len += 1;
         }
+        let cands = &mut candidates[..len];
+        let position =
+            |cands: &[(u32, f32)], id: u32| cands.binary_search_by_key(&id, |c| c.0).ok();
+        self.bias_and_penalize(cands, history, position);
+        let mut kept = 0;
+        for k in 0..len {
+            let c = cands[k];
+            if !c.1.is_nan() && !banned.contains(&c.0) {
+                cands[kept] = c;
+                kept += 1;
+            }
+        }
+        let len = kept;
         if len == 0 {
             return mask.iter().next().unwrap_or(0);
         }
@@ -244,13 +262,27 @@ impl Sampler {
             *c = (i as u32, l);
         }
         // Entry i is token i until the candidates are reordered.
+        let n = cands.len();
+        self.bias_and_penalize(cands, history, |_, id| {
+            ((id as usize) < n).then_some(id as usize)
+        });
+        cands
+    }
+
+    /// Adds the logit bias and the penalties to the entries of `cands`
+    /// that `position` finds for a token id.
+    fn bias_and_penalize(
+        &self,
+        cands: &mut [(u32, f32)],
+        history: &[u32],
+        position: impl Fn(&[(u32, f32)], u32) -> Option<usize>,
+    ) {
         for &(id, bias) in &self.params.logit_bias {
-            if let Some(c) = cands.get_mut(id as usize) {
-                c.1 += bias;
+            if let Some(k) = position(cands, id) {
+                cands[k].1 += bias;
             }
         }
-        self.apply_penalties(cands, history);
-        cands
+        self.apply_penalties(cands, history, position);
     }
 
     fn penalizes(&self) -> bool {
@@ -258,8 +290,13 @@ impl Sampler {
         p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0
     }
 
-    /// Penalizes the recent tokens' entries of `cands` (entry i is token i).
-    fn apply_penalties(&self, cands: &mut [(u32, f32)], history: &[u32]) {
+    /// Penalizes the recent tokens' entries of `cands`, found by `position`.
+    fn apply_penalties(
+        &self,
+        cands: &mut [(u32, f32)],
+        history: &[u32],
+        position: impl Fn(&[(u32, f32)], u32) -> Option<usize>,
+    ) {
         if !self.penalizes() {
             return;
         }
@@ -270,9 +307,10 @@ impl Sampler {
             if recent[..i].contains(&tok) {
                 continue;
             }
-            let Some((_, l)) = cands.get_mut(tok as usize) else {
+            let Some(k) = position(cands, tok) else {
                 continue;
             };
+            let l = &mut cands[k].1;
             let count = recent.iter().filter(|&&t| t == tok).count() as f32;
             if p.repeat_penalty != 1.0 {
                 *l = if *l > 0.0 {
@@ -477,6 +515,64 @@ mod tests {
             sampler(0.0, 1).sample_masked(&logits, &[], &mut c, &[], Some(&none)),
             0
         );
+    }
+
+    /// The masked pick reads only the allowed tokens; with bias, penalties
+    /// and the whole chain it draws what the unmasked sampler draws from
+    /// logits whose disallowed tokens are −∞ (the masks allow more than
+    /// top-k tokens, so −∞ never reaches the draw).
+    #[test]
+    fn masked_sampling_is_sampling_with_the_rest_at_minus_infinity() {
+        let n = 300;
+        let mut state = 0x1234_5678_u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for case in 0..40 {
+            // Continuous logits: no ties, which the two selections could break apart.
+            let logits: Vec<f32> = (0..n)
+                .map(|_| (next() >> 40) as f32 / (1u64 << 24) as f32 * 20.0 - 10.0)
+                .collect();
+            let mut mask = TokenMask::new(n);
+            for id in 0..n as u32 {
+                if next() % 3 != 0 {
+                    mask.allow(id);
+                }
+            }
+            let reference: Vec<f32> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| {
+                    if mask.allows(i as u32) {
+                        l
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                })
+                .collect();
+            let history: Vec<u32> = (0..24).map(|_| (next() % n as u64) as u32).collect();
+            let banned = [(next() % n as u64) as u32];
+            let params = SamplingParams {
+                temperature: [0.0, 0.7, 1.3][case % 3],
+                repeat_penalty: 1.3,
+                presence_penalty: 0.4,
+                frequency_penalty: 0.2,
+                logit_bias: (0..6).map(|_| ((next() % n as u64) as u32, 5.0)).collect(),
+                seed: case as u64,
+                ..SamplingParams::default()
+            };
+            let (mut masked, mut plain) = (Sampler::new(params.clone()), Sampler::new(params));
+            let mut c = vec![(0, 0.0); n];
+            for _ in 0..20 {
+                let got = masked.sample_masked(&logits, &history, &mut c, &banned, Some(&mask));
+                let want = plain.sample(&reference, &history, &mut c, &banned);
+                assert_eq!(got, want, "case {case}");
+                assert!(mask.allows(got) && got != banned[0]);
+            }
+        }
     }
 
     #[test]

@@ -122,9 +122,16 @@ pub const CONSTRAINT_LEXER_STATE_BYTES: u64 = 2048;
 /// JSON schemas keep a handful of items a row).
 pub const CONSTRAINT_PARSER_BYTES_PER_TOKEN: u64 = 256;
 
+/// The stack of the server's one mask worker, the thread that computes the
+/// constrained rows' token masks while a step runs (Rust's default thread
+/// stack, which the hostile schemas' tests run within: 60-deep nesting, a
+/// 12,000-value enum, pathological regexes).
+pub const MASK_WORKER_STACK_BYTES: u64 = 2 << 20;
+
 /// What one slot's constraint holds while it decodes `context` tokens over
-/// a vocabulary of `vocab` ids: the mask and the engine's own bit set of
-/// the allowed tokens, the lexer at its limit, the parser's rows.
+/// a vocabulary of `vocab` ids: the slot's mask buffer (allocated once, at
+/// start-up) and the engine's own bit set of the allowed tokens, the lexer
+/// at its limit, the parser's rows.
 pub fn constraint_state_bytes(vocab: u64, context: u64) -> u64 {
     vocab
         .div_ceil(32)
@@ -134,7 +141,7 @@ pub fn constraint_state_bytes(vocab: u64, context: u64) -> u64 {
 }
 
 /// The serve plan's `constraints` term: the engine's tables, one state per
-/// slot, and the cache's compiled constraints.
+/// slot, the cache's compiled constraints and the mask worker's stack.
 pub fn constraints_bytes(vocab: u64, context: u64, slots: u64) -> u64 {
     vocab
         .saturating_mul(CONSTRAINT_TRIE_BYTES_PER_TOKEN)
@@ -142,6 +149,7 @@ pub fn constraints_bytes(vocab: u64, context: u64, slots: u64) -> u64 {
         .saturating_add(
             CONSTRAINT_CACHE_ENTRIES * CONSTRAINT_LEXER_STATES * CONSTRAINT_LEXER_STATE_BYTES,
         )
+        .saturating_add(MASK_WORKER_STACK_BYTES)
 }
 
 impl RequestBuffers {
@@ -445,8 +453,9 @@ impl MemoryPlan {
             name: "constraints",
             bytes: constraints_bytes(vocab, context, slots),
             derivation: format!(
-                "{vocab} tokens x {CONSTRAINT_TRIE_BYTES_PER_TOKEN} B (token trie) + {slots} slots x {} (mask, {CONSTRAINT_LEXER_STATES} lexer states, {context} tokens of parser rows) + {CONSTRAINT_CACHE_ENTRIES} cached lexers",
+                "{vocab} tokens x {CONSTRAINT_TRIE_BYTES_PER_TOKEN} B (token trie) + {slots} slots x {} (mask, {CONSTRAINT_LEXER_STATES} lexer states, {context} tokens of parser rows) + {CONSTRAINT_CACHE_ENTRIES} cached lexers + {} mask worker stack",
                 format_binary(constraint_state_bytes(vocab, context)),
+                format_binary(MASK_WORKER_STACK_BYTES),
             ),
         });
     }

@@ -222,7 +222,8 @@ impl Constraints {
         };
         Ok(ConstraintState {
             matcher,
-            mask: TokenMask::new(self.mask_len),
+            mask: TokenMask::default(),
+            mask_len: self.mask_len,
             eog: self.eog.clone(),
             tok_eos: self.tok_eos,
             compile_time: started.elapsed(),
@@ -259,7 +260,12 @@ fn describe(e: &str) -> String {
 /// One request's constraint as it decodes.
 pub struct ConstraintState {
     matcher: Matcher,
+    /// The mask buffer: a slot's, from the scheduler's pool
+    /// ([`ConstraintState::attach_mask`]), or allocated at the first mask
+    /// of a state used on its own.
     mask: TokenMask,
+    /// Ids a mask ranges over.
+    mask_len: usize,
     eog: Arc<[u32]>,
     tok_eos: u32,
     /// Time compiling (or cloning from the cache) took.
@@ -288,6 +294,9 @@ impl ConstraintState {
     /// (lexer fuel, Earley items) is spent or it reached a dead end.
     pub fn compute_mask(&mut self) -> Result<(), String> {
         let started = Instant::now();
+        if self.mask.len() != self.mask_len {
+            self.mask = TokenMask::new(self.mask_len);
+        }
         let result = if self.matcher.is_stopped() {
             self.mask.clear();
             Ok(())
@@ -332,6 +341,28 @@ impl ConstraintState {
     /// another thread while the step runs).
     pub fn update_mask(&mut self) {
         self.fresh = Some(self.compute_mask());
+    }
+
+    /// Records a mask that could not be computed: the next
+    /// [`ConstraintState::mask_ready`] fails with `message`.
+    pub fn fail_mask(&mut self, message: &str) {
+        self.fresh = Some(Err(message.to_string()));
+    }
+
+    /// Gives the state a slot's mask buffer, planned and allocated once at
+    /// start-up, so decoding allocates none; a buffer of another length
+    /// comes back.
+    pub fn attach_mask(&mut self, mask: TokenMask) -> Result<(), TokenMask> {
+        if mask.len() != self.mask_len || self.mask.len() == self.mask_len {
+            return Err(mask);
+        }
+        self.mask = mask;
+        Ok(())
+    }
+
+    /// Takes the mask buffer back (for the pool), leaving none.
+    pub fn take_mask(&mut self) -> TokenMask {
+        std::mem::take(&mut self.mask)
     }
 
     /// The mask for the next token, computed now unless

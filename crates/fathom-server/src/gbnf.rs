@@ -7,6 +7,17 @@
 //! `{m}`, `{m,}`, `{m,n}`, `{,n}` after an element; `#` comments; escapes
 //! `\n \r \t \\ \" \[ \] \xHH \uHHHH \UHHHHHHHH`. The start is `root`.
 //! Token references (`<[id]>`, `<token>`) are refused.
+//!
+//! Each literal and character class is a lexeme, and GBNF's repetition a
+//! grammar rule over them, so `[a-z]{1,30}` is thirty one-character
+//! lexemes and costs the Earley parser a step per byte of every token it
+//! checks. Where it cannot change the language, a repeated class becomes
+//! one regex lexeme (`/[a-z]{1,30}/`, one step): when it repeats at least
+//! once and the next element of its sequence is a literal whose first
+//! character the class does not hold. llguidance's lexemes are greedy,
+//! and then the class's run ends exactly where that literal begins, as the
+//! grammar-level repetition does; a class followed by anything else stays
+//! per character.
 
 use std::collections::HashMap;
 
@@ -66,6 +77,30 @@ pub fn to_lark(src: &str) -> Result<String, String> {
         out.push('\n');
     }
     Ok(out)
+}
+
+/// A character class as written: its Lark regex and its ranges.
+struct Class {
+    regex: String,
+    ranges: Vec<(char, char)>,
+    negated: bool,
+}
+
+impl Class {
+    fn holds(&self, c: char) -> bool {
+        self.ranges.iter().any(|&(lo, hi)| (lo..=hi).contains(&c)) != self.negated
+    }
+}
+
+/// One element of a sequence, with what folding needs to know of it.
+struct Element {
+    lark: String,
+    /// A class repeated at least once, and its repetition (`+`, `{m,n}`):
+    /// one regex lexeme when the next element allows it.
+    run: Option<(Class, String)>,
+    /// The first character of a literal that is always there (no
+    /// repetition after it).
+    first: Option<char>,
 }
 
 struct Parser {
@@ -183,10 +218,12 @@ impl Parser {
     }
 
     fn sequence(&mut self, depth: usize) -> Result<String, String> {
-        let mut items: Vec<String> = Vec::new();
+        let mut items: Vec<Element> = Vec::new();
         loop {
             self.skip(depth > 0);
             let Some(c) = self.peek() else { break };
+            let mut class = None;
+            let mut first = None;
             let item = match c {
                 '"' => {
                     self.i += 1;
@@ -205,15 +242,17 @@ impl Parser {
                             }
                         }
                     }
+                    first = text.chars().next();
                     lark_string(&text)
                 }
                 '[' => {
                     self.i += 1;
                     let negated = self.eat('^');
-                    let mut class = String::from("[");
+                    let mut regex = String::from("[");
                     if negated {
-                        class.push('^');
+                        regex.push('^');
                     }
+                    let mut ranges = Vec::new();
                     let mut any = false;
                     loop {
                         let lo = match self.peek() {
@@ -229,7 +268,8 @@ impl Parser {
                             }
                         };
                         any = true;
-                        class.push_str(&regex_char(lo));
+                        regex.push_str(&regex_char(lo));
+                        let mut range = (lo, lo);
                         if self.peek() == Some('-')
                             && self.s.get(self.i + 1).is_some_and(|&c| c != ']')
                         {
@@ -245,12 +285,20 @@ impl Parser {
                             if hi < lo {
                                 return Err(format!("the range {lo:?}-{hi:?} is empty"));
                             }
-                            class.push('-');
-                            class.push_str(&regex_char(hi));
+                            regex.push('-');
+                            regex.push_str(&regex_char(hi));
+                            range.1 = hi;
                         }
+                        ranges.push(range);
                     }
-                    class.push(']');
-                    format!("/{class}/")
+                    regex.push(']');
+                    let lark = format!("/{regex}/");
+                    class = Some(Class {
+                        regex,
+                        ranges,
+                        negated,
+                    });
+                    lark
                 }
                 '.' => {
                     self.i += 1;
@@ -283,22 +331,45 @@ impl Parser {
                 }
                 _ => break,
             };
-            let item = self.postfix(item)?;
-            items.push(item);
+            let (lark, repeat) = self.postfix(item)?;
+            let first = first.filter(|_| repeat.is_none());
+            let run = match (class, repeat) {
+                (Some(class), Some((lo, rep))) if lo >= 1 => Some((class, rep)),
+                _ => None,
+            };
+            items.push(Element { lark, run, first });
         }
-        Ok(if items.is_empty() {
-            "\"\"".to_string()
-        } else {
-            items.join(" ")
-        })
+        if items.is_empty() {
+            return Ok("\"\"".to_string());
+        }
+        let lexemes: Vec<String> = items
+            .iter()
+            .enumerate()
+            .map(
+                |(k, e)| match (&e.run, items.get(k + 1).and_then(|n| n.first)) {
+                    (Some((class, rep)), Some(next)) if !class.holds(next) => {
+                        format!("/{}{rep}/", class.regex)
+                    }
+                    _ => e.lark.clone(),
+                },
+            )
+            .collect();
+        Ok(lexemes.join(" "))
     }
 
-    fn postfix(&mut self, mut item: String) -> Result<String, String> {
+    /// The postfix operators after an element, applied to its Lark text;
+    /// with the last one's minimum and regex text (`+`, `{m,n}`) when
+    /// there was exactly one repetition and it may repeat.
+    fn postfix(&mut self, mut item: String) -> Result<(String, Option<(u64, String)>), String> {
+        let mut ops = 0;
+        let mut repeat = None;
         loop {
             match self.peek() {
                 Some(op @ ('*' | '+' | '?')) => {
                     self.i += 1;
                     item = format!("({item}){op}");
+                    ops += 1;
+                    repeat = (op == '+').then(|| (1, "+".to_string()));
                 }
                 Some('{') => {
                     self.i += 1;
@@ -337,12 +408,15 @@ impl Parser {
                             hi.unwrap_or(0)
                         ));
                     }
-                    item = match hi {
-                        Some(h) => format!("({item}){{{lo},{h}}}"),
-                        None => format!("({item}){{{lo},}}"),
+                    let rep = match hi {
+                        Some(h) => format!("{{{lo},{h}}}"),
+                        None => format!("{{{lo},}}"),
                     };
+                    item = format!("({item}){rep}");
+                    ops += 1;
+                    repeat = Some((lo, rep));
                 }
-                _ => return Ok(item),
+                _ => return Ok((item, repeat.filter(|_| ops == 1))),
             }
         }
     }
@@ -425,6 +499,31 @@ mod tests {
         assert!(lark.contains("/[^\\x{22}\\x{5C}]/ /(?s:.)/"), "{lark}");
         assert!(
             lark.contains("(/[\\x{61}-\\x{7A}\\x{30}-\\x{39}]/){3,3} (g_x){0,2}"),
+            "{lark}"
+        );
+    }
+
+    /// A repeated class becomes one lexeme only where the literal after it
+    /// starts with a character it does not hold.
+    #[test]
+    fn repeated_classes_before_a_distinct_literal_become_one_lexeme() {
+        let lark = to_lark(
+            "root ::= \"\\\"\" [a-zA-Z ]{1,30} \"\\\"\" [0-9]+ \"9\" [^x]* \"x\" [a-c]? \"d\" [a-c]+ [d]",
+        )
+        .unwrap();
+        let a = "\\x{61}-\\x{7A}\\x{41}-\\x{5A}\\x{20}";
+        // Folded: the class does not hold `"`.
+        assert!(
+            lark.contains(&format!("\"\\\"\" /[{a}]{{1,30}}/ \"\\\"\"")),
+            "{lark}"
+        );
+        // Kept: [0-9] holds 9, [^x]* may be empty, [a-c]? too, and [a-c]+
+        // is followed by a class.
+        assert!(lark.contains("(/[\\x{30}-\\x{39}]/)+ \"9\""), "{lark}");
+        assert!(lark.contains("(/[^\\x{78}]/)* \"x\""), "{lark}");
+        assert!(lark.contains("(/[\\x{61}-\\x{63}]/)? \"d\""), "{lark}");
+        assert!(
+            lark.contains("(/[\\x{61}-\\x{63}]/)+ /[\\x{64}]/"),
             "{lark}"
         );
     }

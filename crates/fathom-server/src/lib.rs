@@ -7,6 +7,7 @@ pub mod gbnf;
 pub mod http;
 pub mod job;
 pub mod logprobs;
+pub mod masks;
 pub mod metrics;
 pub mod scheduler;
 pub mod stats;

@@ -15,10 +15,11 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
 use fathom_engine::{
-    plan_step, Engine, OutputText, Sampler, ScoreRows, Segment, SeqKv, TokenLogprob,
+    plan_step, Engine, OutputText, Sampler, ScoreRows, Segment, SeqKv, TokenLogprob, TokenMask,
 };
 
 use crate::job::{ConstraintStats, Event, FinishReason, Job, SubmitError};
+use crate::masks::MaskWorker;
 use crate::stats::SchedulerStats;
 
 #[derive(Debug, Clone)]
@@ -224,6 +225,14 @@ struct Loop<'a> {
     finished: Vec<(usize, Outcome)>,
     /// Prompt rows scored this step (reused each step).
     wanted: Vec<ScoreRows>,
+    /// Computes the constrained rows' masks while the step runs.
+    masks: MaskWorker,
+    /// Mask buffers of the slots (one each, allocated here once): a
+    /// constrained slot holds one while it runs.
+    mask_pool: Vec<TokenMask>,
+    /// The running slots whose constraints are with the worker this
+    /// step, in the order handed over (reused each step).
+    masking: Vec<usize>,
 }
 
 impl<'a> Loop<'a> {
@@ -234,7 +243,13 @@ impl<'a> Loop<'a> {
         stats: &'a SchedulerStats,
         refuse_queued: &'a AtomicBool,
     ) -> Self {
+        let mask_len = engine.tokenizer.vocab_size();
         Loop {
+            masks: MaskWorker::start(config.parallel),
+            mask_pool: (0..config.parallel)
+                .map(|_| TokenMask::new(mask_len))
+                .collect(),
+            masking: Vec::with_capacity(config.parallel),
             running: Vec::with_capacity(config.parallel),
             queue: VecDeque::with_capacity(config.queue_capacity + config.parallel),
             chunk: Vec::with_capacity(config.parallel),
@@ -277,12 +292,15 @@ impl<'a> Loop<'a> {
             }
             self.fill_slots();
             if let Err(message) = self.step() {
-                for mut slot in self.running.drain(..) {
+                let mut failed = std::mem::take(&mut self.running);
+                for mut slot in failed.drain(..) {
                     if let Some(mut kv) = slot.kv.take() {
                         self.engine.release(&mut kv);
                     }
+                    self.return_mask(&mut slot);
                     let _ = slot.job.events.send(Event::Failed(message.clone()));
                 }
+                self.running = failed;
             }
             self.publish();
         }
@@ -366,6 +384,13 @@ impl<'a> Loop<'a> {
                 }
             }
             slot.kv = Some(kv);
+            if let Some(c) = slot.job.constraint.as_deref_mut() {
+                if let Some(mask) = self.mask_pool.pop() {
+                    if let Err(mask) = c.attach_mask(mask) {
+                        self.mask_pool.push(mask);
+                    }
+                }
+            }
             self.running.push(slot);
         }
     }
@@ -423,6 +448,7 @@ impl<'a> Loop<'a> {
         if let Some(mut kv) = slot.kv.take() {
             self.engine.release(&mut kv);
         }
+        self.return_mask(&mut slot);
         SchedulerStats::add(&self.stats.preemptions, 1);
         self.queue.push_front(slot);
     }
@@ -446,30 +472,37 @@ impl<'a> Loop<'a> {
             self.engine.step_tokens(),
             &mut self.chunk,
         );
+        // The constraints of the slots that sample after this step go to
+        // the mask worker, which computes their masks while the step runs;
+        // each comes back just before its row is sampled.
+        self.masking.clear();
+        for (i, (slot, &n)) in self.running.iter_mut().zip(&self.chunk).enumerate() {
+            let samples = n > 0 && n == slot.pending() && slot.generated < slot.job.max_tokens;
+            let Some(c) = slot.job.constraint.take_if(|c| samples && !c.is_stopped()) else {
+                continue;
+            };
+            match self.masks.submit(c) {
+                Ok(()) => self.masking.push(i),
+                // No worker: the mask is computed when the row is sampled.
+                Err(c) => slot.job.constraint = Some(c),
+            }
+        }
         let mut segments = Vec::with_capacity(self.running.len());
         // Per entry of `wanted`: the prompt being scored, its tokens and
         // the segment's first position.
         let mut scoring = Vec::new();
-        // The constraints of the slots that sample after this step: their
-        // masks are computed on another thread while the step runs.
-        let mut constrained = Vec::new();
         self.wanted.clear();
         for (slot, &n) in self.running.iter_mut().zip(&self.chunk) {
             if n == 0 {
                 continue;
             }
-            let samples = n == slot.pending() && slot.generated < slot.job.max_tokens;
             let Slot {
                 kv,
                 tokens,
                 prompt_score,
                 prompt_len,
-                job,
                 ..
             } = slot;
-            if let Some(c) = job.constraint.as_deref_mut().filter(|_| samples) {
-                constrained.push(c);
-            }
             let kv = kv.as_mut().expect("running slots hold KV");
             let start = kv.len;
             if let Some(score) = prompt_score {
@@ -492,39 +525,43 @@ impl<'a> Loop<'a> {
         if segments.is_empty() {
             return Ok(());
         }
-        let (engine, wanted) = (&mut self.engine, &self.wanted);
-        let stepped = std::thread::scope(|s| {
-            let masks = (!constrained.is_empty()).then(|| {
-                std::thread::Builder::new()
-                    .name("fathom-masks".into())
-                    .spawn_scoped(s, move || {
-                        for c in constrained {
-                            c.update_mask();
-                        }
-                    })
-            });
-            let stepped = engine.step_scoring(&mut segments, wanted, &mut |k, row, logits| {
-                let (score, tokens, start) = &mut scoring[k];
-                let p = *start + row;
-                let entry = TokenLogprob::new(logits, tokens[p + 1], score.top);
-                score.entries.push(entry);
-                score.scored = p + 1;
-            });
-            match masks {
-                // No thread to spare: the masks are computed after the step.
-                Some(Err(_)) => {}
-                Some(Ok(handle)) => {
-                    let _ = handle.join();
-                }
-                None => {}
-            }
-            stepped
-        });
-        stepped.map_err(|e| e.to_string())?;
+        let stepped =
+            self.engine
+                .step_scoring(&mut segments, &self.wanted, &mut |k, row, logits| {
+                    let (score, tokens, start) = &mut scoring[k];
+                    let p = *start + row;
+                    let entry = TokenLogprob::new(logits, tokens[p + 1], score.top);
+                    score.entries.push(entry);
+                    score.scored = p + 1;
+                });
         drop(scoring);
         drop(segments);
+        if let Err(e) = stepped {
+            // The constraints come back before the slots are failed.
+            for k in 0..self.masking.len() {
+                self.take_back_mask(k);
+            }
+            return Err(e.to_string());
+        }
         let mut row = 0;
+        let mut masked = 0;
         for i in 0..self.running.len() {
+            if self.masking.get(masked) == Some(&i) {
+                // Waits for this row's mask alone: the rows before it were
+                // sampled while the worker went on.
+                if !self.take_back_mask(masked) {
+                    self.finished.push((
+                        i,
+                        Outcome::Failed(
+                            "the answer's constraint was lost: its mask worker stopped".into(),
+                        ),
+                    ));
+                    masked += 1;
+                    row += 1;
+                    continue;
+                }
+                masked += 1;
+            }
             if self.chunk[i] == 0 {
                 continue;
             }
@@ -587,6 +624,18 @@ impl<'a> Loop<'a> {
         Ok(())
     }
 
+    /// Takes the `k`th constraint handed to the mask worker this step back
+    /// into its slot; false when the worker is gone with it.
+    fn take_back_mask(&mut self, k: usize) -> bool {
+        match self.masks.receive() {
+            Some(c) => {
+                self.running[self.masking[k]].job.constraint = Some(c);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Handles a sampled token (with its logprob when asked for): the
     /// end, a stop string, text to send.
     fn emit(&mut self, i: usize, token: u32, logprob: Option<TokenLogprob>) -> Outcome {
@@ -641,11 +690,23 @@ impl<'a> Loop<'a> {
         }
     }
 
+    /// Puts a slot's mask buffer back in the pool (a slot that leaves the
+    /// running ones).
+    fn return_mask(&mut self, slot: &mut Slot) {
+        if let Some(c) = slot.job.constraint.as_deref_mut() {
+            let mask = c.take_mask();
+            if !mask.is_empty() && self.mask_pool.len() < self.config.parallel {
+                self.mask_pool.push(mask);
+            }
+        }
+    }
+
     /// Releases a slot's blocks and sends its last event.
     fn finish(&mut self, mut slot: Slot, outcome: Outcome) {
         if let Some(mut kv) = slot.kv.take() {
             self.engine.release(&mut kv);
         }
+        self.return_mask(&mut slot);
         if let Some(c) = slot.job.constraint.as_deref() {
             let s = self.stats;
             SchedulerStats::add(&s.constrained_jobs, 1);

@@ -1,7 +1,8 @@
 //! The constraint engine over the real SmolLM2 vocabulary: the grammars
 //! the tool formats ask for compile, accept the calls they describe token
 //! by token (as the model's tokenizer splits them) and refuse others; the
-//! cache hands out independent states.
+//! cache hands out independent states; GBNF's folded classes keep their
+//! language.
 
 use std::path::Path;
 
@@ -106,6 +107,23 @@ fn json_schemas_walk_the_compact_layout_and_gbnf_compiles() {
     let (ok, n) = walk(&mut state, &tok, "yes");
     assert_eq!(ok, n);
     assert!(state.is_stopped() || state.is_accepting());
+    // A repeated class folded into one lexeme keeps its language: at most
+    // 30 letters between the quotes, nothing else.
+    let list = "root ::= \"[\" item (\", \" item)*\nitem ::= \"\\\"\" [a-zA-Z ]{1,30} \"\\\"\"\n";
+    let walked = |text: &str| {
+        let mut state = c.compile(&Grammar::Gbnf(list.into())).unwrap();
+        walk(&mut state, &tok, text)
+    };
+    let (ok, n) = walked("[\"apples\", \"Sweet pears and plums\", \"x\"");
+    assert_eq!(ok, n);
+    for bad in [
+        "[\"apples1\"",
+        "[\"\", \"a\"",
+        "[\"abcdefghijklmnopqrstuvwxyzabcde\"",
+    ] {
+        let (ok, n) = walked(bad);
+        assert!(ok < n, "{bad:?} went through");
+    }
     let e = c
         .compile(&Grammar::Gbnf("root ::= missing".into()))
         .unwrap_err();

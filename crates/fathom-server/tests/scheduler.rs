@@ -1,5 +1,6 @@
 //! The scheduler on the real SmolLM2 GGUF, without HTTP: concurrent jobs
-//! equal sequential ones, preemption under a small pool, prefix reuse,
+//! equal sequential ones (constrained ones too, their masks computed by
+//! the mask worker), preemption under a small pool, prefix reuse,
 //! cancellation, the bounded queue, and logprobs equal to what
 //! `fathom perplexity` computes.
 
@@ -10,6 +11,7 @@ use fathom_engine::logprob::{log_prob, TokenLogprob};
 use fathom_engine::{Engine, SamplingParams};
 use fathom_plan::serve::{KvBudget, PromptCache, ServePlan};
 use fathom_plan::{Available, Device, KvDtype, PlanInputs};
+use fathom_server::constraint::{Constraints, Grammar};
 use fathom_server::{Event, FinishReason, Job, Logprobs, Scheduler, SchedulerConfig, SubmitError};
 use fathom_spec::ModelSpec;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
@@ -107,6 +109,73 @@ const PROMPTS: [&str; 8] = [
     "The largest planet in the solar system is",
     "1, 2, 3, 4, 5,",
 ];
+
+/// One schema per job: a mask handed to the wrong slot shows.
+fn schema_job(
+    encoder: &Encoder,
+    constraints: &Constraints,
+    k: usize,
+) -> (Job, UnboundedReceiver<Event>) {
+    let (mut job, rx) = encoder.job(PROMPTS[k % PROMPTS.len()], 60);
+    if k % 3 != 2 {
+        let schema = serde_json::json!({"type": "object", "properties": {
+            "job": {"const": k}, "words": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}},
+            "required": ["job", "words"], "additionalProperties": false});
+        job.constraint = Some(Box::new(
+            constraints.compile(&Grammar::JsonSchema(schema)).unwrap(),
+        ));
+    }
+    (job, rx)
+}
+
+/// Constrained and plain jobs together on a pool that preempts, twice
+/// over on one scheduler: each answer equals the same job's alone, every
+/// constrained one its own schema's (so each state came back from the
+/// mask worker to its own slot).
+#[test]
+fn constrained_jobs_under_preemption_equal_the_same_jobs_one_at_a_time() {
+    let jobs = 9;
+    let (scheduler, encoder) = start(1, 256, KvBudget::Workload, 64);
+    let constraints = Constraints::new(&encoder.0, encoder.0.vocab_size()).unwrap();
+    let alone: Vec<(String, Event)> = (0..jobs)
+        .map(|k| {
+            let (job, rx) = schema_job(&encoder, &constraints, k);
+            scheduler.submit(job).unwrap();
+            collect(rx)
+        })
+        .collect();
+    scheduler.shutdown();
+    // 6 blocks of 16 tokens: one job (at most 70 tokens) fits, four do not.
+    let block = 30 * 16 * 2 * 192 * 2; // layers x tokens x K,V x width x f16
+    let (scheduler, encoder) = start(4, 256, KvBudget::Bytes(6 * block), 64);
+    for round in 0..2 {
+        let receivers: Vec<_> = (0..jobs)
+            .map(|k| {
+                let (job, rx) = schema_job(&encoder, &constraints, k);
+                scheduler.submit(job).unwrap();
+                rx
+            })
+            .collect();
+        for (k, rx) in receivers.into_iter().enumerate() {
+            let (text, last) = collect(rx);
+            assert!(matches!(last, Event::Finished { .. }), "job {k}: {last:?}");
+            assert_eq!(text, alone[k].0, "round {round}, job {k}");
+            if k % 3 != 2 {
+                if let Event::Finished {
+                    reason: FinishReason::Stop,
+                    ..
+                } = last
+                {
+                    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+                    assert_eq!(v["job"], k, "{text}");
+                }
+            }
+        }
+    }
+    let preempted = fathom_server::SchedulerStats::get(&scheduler.stats().preemptions);
+    assert!(preempted > 0, "the pool was large enough not to preempt");
+    scheduler.shutdown();
+}
 
 fn sequential(texts: &[String], max_tokens: usize) -> Vec<String> {
     let (scheduler, encoder) = start(1, 256, KvBudget::Workload, 64);
