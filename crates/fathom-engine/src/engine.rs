@@ -196,6 +196,7 @@ impl Engine {
             groups: plan.kv_detail.clone(),
             dtype: plan.inputs.kv_dtype,
             layer_groups: fathom_plan::kv::layer_groups(spec),
+            recurrent: plan.recurrent_detail.clone(),
         }
     }
 
@@ -222,7 +223,10 @@ impl Engine {
             .find(|b| b.id == Buf::Residual)
             .map_or(1, |b| b.rows as usize);
         Ok(Engine {
-            kv: KvBlocks::new(&plan.kv_detail),
+            kv: KvBlocks::new(
+                &plan.kv_detail,
+                plan.recurrent_detail.as_ref().map(|r| r.sequences),
+            ),
             candidates: vec![(0, 0.0); rows(Buf::Sampler)],
             histories: (0..i.batch)
                 .map(|_| Vec::with_capacity(i.context as usize))

@@ -109,7 +109,8 @@ pub struct KvPlan {
 }
 
 /// Each layer's group index (in order of first appearance), or `None`
-/// for a layer without attention. Layers share a group when their
+/// for a layer without KV (no attention, or linear attention, whose state
+/// is the recurrent term). Layers share a group when their
 /// attention kind and KV shape match; the engine lays out its pool by the
 /// same grouping, so this is the one place that decides it.
 pub fn layer_groups(spec: &ModelSpec) -> Vec<Option<usize>> {
@@ -117,7 +118,7 @@ pub fn layer_groups(spec: &ModelSpec) -> Vec<Option<usize>> {
     spec.layers
         .iter()
         .map(|l| {
-            if l.attention == Attention::None {
+            if matches!(l.attention, Attention::None | Attention::Linear) {
                 return None;
             }
             let key = (l.attention, l.n_kv_heads, l.key_dim, l.value_dim);
