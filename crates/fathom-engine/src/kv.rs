@@ -238,3 +238,46 @@ impl KvBlocks {
         true
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One full-attention group of 8 blocks (2 layers of 64-byte tokens).
+    fn group() -> KvGroup {
+        KvGroup {
+            attention: "full",
+            window: None,
+            layers: 2,
+            n_kv_heads: 1,
+            key_dim: 16,
+            value_dim: 16,
+            bytes_per_token_per_layer: 64,
+            tokens: 64,
+            blocks_per_sequence: 4,
+            bytes: 8 * 2 * KV_BLOCK_TOKENS * 64,
+        }
+    }
+
+    /// A hybrid model's sequences each take a state slot with their first
+    /// blocks, wait when none is free, give it back when released, and
+    /// never share a prefix.
+    #[test]
+    fn state_slots_are_taken_with_blocks_and_prefixes_are_not_cached() {
+        let mut kv = KvBlocks::new(&[group()], Some(2));
+        assert!(
+            !kv.enable_prefix_cache(8),
+            "a hybrid model has no prefix cache"
+        );
+        let (mut a, mut b, mut c) = (kv.open(&[]), kv.open(&[]), kv.open(&[]));
+        assert!(kv.reserve(&mut a, 16) && kv.reserve(&mut b, 16));
+        assert_ne!(a.state_slot(), b.state_slot());
+        assert!(!kv.reserve(&mut c, 16), "both slots are held");
+        kv.release(&mut c);
+        kv.release(&mut a);
+        assert!(kv.reserve(&mut c, 16));
+        assert_ne!(c.state_slot(), b.state_slot());
+        // A model without linear layers keeps its prefix cache.
+        assert!(KvBlocks::new(&[group()], None).enable_prefix_cache(8));
+    }
+}

@@ -181,7 +181,8 @@ impl KvPlan {
     /// `30 layers x 3 kv heads x (64 + 64) dims x f16, 8192 tokens (512 blocks of 16) x 1 seq`.
     pub fn derivation(&self, dtype: KvDtype, batch: u64) -> String {
         if self.groups.is_empty() {
-            return "no attention layers known: no KV planned".into();
+            return "no layer holds KV (none known, or linear attention only): no KV planned"
+                .into();
         }
         let parts: Vec<String> = self
             .groups
