@@ -8,9 +8,10 @@
 //! together, oldest first) and then one `head_dim × head_dim` state per
 //! value head (row j, the value index, over the key index).
 
-use fathom_kernels::ops;
+use fathom_kernels::{ops, Pool};
 use fathom_plan::recurrent::RecurrentPlan;
 
+use super::attention::SharedOut;
 use crate::{LinearShape, StepSeq};
 
 /// Every slot's states, allocated once.
@@ -78,8 +79,13 @@ fn sigmoid(x: f32) -> f32 {
 }
 
 /// Runs layer `layer` for the step's sequences (`states[i]` is sequence
-/// i's slot), as [`crate::Backend::gated_delta_rule`] describes.
+/// i's slot), as [`crate::Backend::gated_delta_rule`] describes: first the
+/// convolution token by token (cheap, and each token needs the inputs
+/// before it), then the delta rule with one work item per (sequence,
+/// value head), whose state and output columns no other item touches.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn run(
+    pool: &Pool,
     store: &mut RecurrentStore,
     layer: usize,
     shape: &LinearShape,
@@ -96,8 +102,11 @@ pub(super) fn run(
         taps >= 1 && store.conv == (taps - 1) * ch && store.delta == vh * hd * hd,
         "the layer's shape matches the planned states"
     );
-    let inner = vh * hd;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let slots = store.states.len() / store.per_slot.max(1);
+    for (i, &slot) in states.iter().enumerate() {
+        assert!(slot < slots, "state slot {slot} of {slots}");
+        assert!(!states[..i].contains(&slot), "two sequences in slot {slot}");
+    }
     let mut row = 0;
     for (seq, &slot) in seqs.iter().zip(states) {
         let (conv_state, delta_state) = store.layer(slot, layer);
@@ -108,27 +117,52 @@ pub(super) fn run(
         for t in row..row + seq.tokens {
             let x = &mut rows.qkv[t * ch..(t + 1) * ch];
             convolve(conv_state, x, w.conv, taps);
-            let (qk, v) = x.split_at_mut(2 * kh * hd);
-            for head in qk.chunks_exact_mut(hd) {
+            for head in x[..2 * kh * hd].chunks_exact_mut(hd) {
                 unit_length(head, shape.eps);
-            }
-            let (q, k) = qk.split_at(kh * hd);
-            let out = &mut rows.out[t * inner..(t + 1) * inner];
-            for h in 0..vh {
-                let g = w.decay[h] * softplus(rows.alpha[t * vh + h] + w.dt_bias[h]);
-                let beta = sigmoid(rows.beta[t * vh + h]);
-                let src = h % kh;
-                delta_step(
-                    &mut delta_state[h * hd * hd..(h + 1) * hd * hd],
-                    [&q[src * hd..(src + 1) * hd], &k[src * hd..(src + 1) * hd]],
-                    &v[h * hd..(h + 1) * hd],
-                    (g.exp(), beta, scale),
-                    &mut out[h * hd..(h + 1) * hd],
-                );
             }
         }
         row += seq.tokens;
     }
+    let qkv: &[f32] = rows.qkv;
+    let (alpha, beta) = (rows.alpha, rows.beta);
+    let inner = vh * hd;
+    assert!(
+        rows.out.len() >= row * inner,
+        "the output holds the step's rows"
+    );
+    let out = SharedOut(rows.out.as_mut_ptr());
+    let layer_start = layer * (store.conv + store.delta) + store.conv;
+    let (per_slot, state_len) = (store.per_slot, store.states.len());
+    let state = SharedOut(store.states.as_mut_ptr());
+    let scale = 1.0 / (hd as f32).sqrt();
+    let items = seqs.len() * vh;
+    pool.run(&|worker, workers| {
+        for item in (worker..items).step_by(workers) {
+            let (i, h) = (item / vh, item % vh);
+            let first_row: usize = seqs[..i].iter().map(|s| s.tokens).sum();
+            let at = states[i] * per_slot + layer_start + h * hd * hd;
+            assert!(at + hd * hd <= state_len);
+            // SAFETY: in bounds by the assertion; (slot, head) is this
+            // item's alone (the slots differ, checked above), so no other
+            // worker reads or writes these values.
+            let s = unsafe { std::slice::from_raw_parts_mut(state.ptr().add(at), hd * hd) };
+            let src = h % kh;
+            for t in first_row..first_row + seqs[i].tokens {
+                let x = &qkv[t * ch..(t + 1) * ch];
+                let q = &x[src * hd..(src + 1) * hd];
+                let k = &x[(kh + src) * hd..(kh + src + 1) * hd];
+                let v = &x[(2 * kh + h) * hd..(2 * kh + h + 1) * hd];
+                let g = w.decay[h] * softplus(alpha[t * vh + h] + w.dt_bias[h]);
+                // SAFETY: row t's columns of head h, inside the output
+                // (asserted above) and written by this item only.
+                let o = unsafe {
+                    std::slice::from_raw_parts_mut(out.ptr().add(t * inner + h * hd), hd)
+                };
+                let b = sigmoid(beta[t * vh + h]);
+                delta_step(s, [q, k], v, (g.exp(), b, scale), o);
+            }
+        }
+    });
 }
 
 /// One token through the causal convolution: each channel's output is its

@@ -415,7 +415,16 @@ impl Backend for CpuBackend {
             beta,
             out,
         };
-        linear::run(store, linear_layer, shape, &w, step.seqs, states, rows);
+        linear::run(
+            &self.pool,
+            store,
+            linear_layer,
+            shape,
+            &w,
+            step.seqs,
+            states,
+            rows,
+        );
     }
 
     fn split_heads(&mut self, x: Buf, rows: usize, heads: usize, head_dim: usize, a: Buf, b: Buf) {
