@@ -65,7 +65,7 @@ pub fn plan(spec: &ModelSpec, sequences: u64) -> Option<RecurrentPlan> {
 }
 
 impl RecurrentPlan {
-    /// `24 linear layers x (conv 3 x 8192 + delta 32 x 128 x 128) f32 = 48.28 MiB a sequence x 4 seq`.
+    /// `24 linear-attention layers x (conv 3 x 8192 + delta 32 x 128 x 128) f32 = 50.25 MiB a sequence x 4 seq`.
     pub fn derivation(&self, spec: &ModelSpec) -> String {
         let (kernel, channels, heads, dim) = spec.linear.map_or((0, 0, 0, 0), |l| {
             (
