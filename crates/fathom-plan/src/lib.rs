@@ -139,7 +139,10 @@ pub struct MemoryPlan {
     pub kv_block_tokens: u64,
     pub kv_detail: Vec<kv::KvGroup>,
     /// Linear-attention layers' per-sequence state (hybrid models; 0 and
-    /// no detail otherwise).
+    /// no detail otherwise). Absent from the JSON when 0, so the plans of
+    /// other models (and the recorded grids that re-derive them) read as
+    /// before.
+    #[serde(skip_serializing_if = "is_zero")]
     pub recurrent_bytes: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub recurrent_detail: Option<recurrent::RecurrentPlan>,
@@ -623,6 +626,10 @@ impl MemoryPlan {
             placement: None,
         })
     }
+}
+
+fn is_zero(bytes: &u64) -> bool {
+    *bytes == 0
 }
 
 /// The engine reads matrices in place but copies every 1-D tensor, and a
