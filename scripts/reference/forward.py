@@ -20,6 +20,19 @@ Supported architectures (general.architecture):
           every layer except each 6th, queries scaled by
           query_pre_attn_scalar^-0.5 (= head_dim^-0.5, except 27B: (hidden/heads)^-0.5),
           linear rope scaling on the global layers only
+  qwen35  Qwen3.5 hybrid: every full_attention_interval-th layer gated full
+          attention (the q projection holds a query and an output gate per
+          head; out = attn * sigmoid(gate)), per-head q/k norms, NeoX rope on
+          the first rope.dimension_count values of a head; the other layers
+          a gated delta rule: a causal conv of ssm.conv_kernel taps over
+          q|k|v then SiLU, q and k scaled to unit length, per value head
+          S <- exp(g) S; S <- S + beta (v - S k) k^T; o = S q / sqrt(d) with
+          g = ssm_a * softplus(alpha + ssm_dt.bias) and beta = sigmoid(b),
+          then RMSNorm(o) * silu(z) per head; the pre-FFN norm is stored as
+          post_attention_norm; multi-token-prediction layers are skipped
+  qwen35moe  qwen35 layers + qwen3moe's routed experts (top-k renormalised)
+          plus a shared expert whose output is scaled by
+          sigmoid(ffn_gate_inp_shexp . x)
 Validation: validate_forward.py (SmolLM2 Q4_1 vs llama.cpp greedy) and
 synth_arch_check.py (every architecture on tiny random F32 GGUFs vs llama.cpp).
 
@@ -84,9 +97,17 @@ class Config:
     n_expert_used: int = 0
     n_ff_expert: int = 0
     norm_topk_prob: bool = True
+    # qwen35 (gated delta rule)
+    full_attention_interval: int = 0
+    ssm_conv_kernel: int = 0
+    ssm_state: int = 0
+    ssm_groups: int = 0
+    ssm_value_heads: int = 0
 
 
-NEOX_ARCHS = {"qwen2", "qwen3", "qwen3moe", "gemma3"}
+NEOX_ARCHS = {"qwen2", "qwen3", "qwen3moe", "gemma3", "qwen35", "qwen35moe"}
+HYBRID_ARCHS = {"qwen35", "qwen35moe"}
+MOE_ARCHS = {"qwen3moe", "qwen35moe"}
 
 
 def read_config(reader: gguf.GGUFReader) -> Config:
@@ -127,14 +148,21 @@ def read_config(reader: gguf.GGUFReader) -> Config:
     )
     if arch == "gemma3":
         cfg.sliding_window = int(a("attention.sliding_window", 0))
-    if arch == "qwen3moe":
+    if arch in MOE_ARCHS:
         cfg.n_expert = int(a("expert_count"))
         cfg.n_expert_used = int(a("expert_used_count"))
         cfg.n_ff_expert = int(a("expert_feed_forward_length", 0))
         # llama.cpp's qwen3moe graph always renormalises the top-k weights
         # (HF norm_topk_prob=True for the released models).
         cfg.norm_topk_prob = True
-    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3"):
+    if arch in HYBRID_ARCHS:
+        cfg.n_layer -= int(a("nextn_predict_layers", 0))
+        cfg.full_attention_interval = int(a("full_attention_interval"))
+        cfg.ssm_conv_kernel = int(a("ssm.conv_kernel"))
+        cfg.ssm_state = int(a("ssm.state_size"))
+        cfg.ssm_groups = int(a("ssm.group_count"))
+        cfg.ssm_value_heads = int(a("ssm.time_step_rank"))
+    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "qwen35", "qwen35moe"):
         sys.exit(f"architecture {arch!r} not supported by the reference")
     return cfg
 
@@ -197,6 +225,14 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    return np.where(x > 20.0, x, np.log1p(np.exp(np.minimum(x, 20.0))))
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
 
 
 def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -319,11 +355,14 @@ class Model:
         # KV cache: per layer, (positions, heads_kv, head_dim) arrays
         self.k_cache: list[np.ndarray | None] = [None] * self.cfg.n_layer
         self.v_cache: list[np.ndarray | None] = [None] * self.cfg.n_layer
+        # qwen35 linear layers: per layer (conv state, delta-rule states)
+        self.recurrent: list[tuple[np.ndarray, np.ndarray] | None] = [None] * self.cfg.n_layer
         self.n_past = 0
 
     def reset(self):
         self.k_cache = [None] * self.cfg.n_layer
         self.v_cache = [None] * self.cfg.n_layer
+        self.recurrent = [None] * self.cfg.n_layer
         self.n_past = 0
 
     def linear(self, x: np.ndarray, name: str, bias_name: str | None = None) -> np.ndarray:
@@ -342,6 +381,10 @@ class Model:
         return linear(round_activations(x, qtype), self.w.get(name), b)
 
     # ---- per layer properties ------------------------------------------
+    def is_linear_layer(self, il: int) -> bool:
+        c = self.cfg
+        return c.arch in HYBRID_ARCHS and (il + 1) % c.full_attention_interval != 0
+
     def is_local_layer(self, il: int) -> bool:
         # gemma3: 5 sliding-window layers, then 1 global layer
         return self.cfg.arch == "gemma3" and (il + 1) % 6 != 0
@@ -354,6 +397,10 @@ class Model:
         q = self.linear(x, p + "attn_q.weight", p + "attn_q.bias")
         k = self.linear(x, p + "attn_k.weight", p + "attn_k.bias")
         v = self.linear(x, p + "attn_v.weight", p + "attn_v.bias")
+        gate = None
+        if c.arch in HYBRID_ARCHS:  # per head: the query, then its output gate
+            qg = q.reshape(seq, c.n_head, 2 * c.head_dim)
+            q, gate = qg[..., : c.head_dim], qg[..., c.head_dim:].reshape(seq, -1)
         q = q.reshape(seq, c.n_head, c.head_dim)
         k = k.reshape(seq, c.n_head_kv, c.head_dim)
         v = v.reshape(seq, c.n_head_kv, c.head_dim)
@@ -404,13 +451,53 @@ class Model:
                 probs = f16(probs)  # kq meets the f16 V cache as f16
             out[:, h, :] = probs @ V[:, hk, :]
         out = out.reshape(seq, c.n_head * c.head_dim)
+        if gate is not None:
+            out = out * sigmoid(gate)
         return self.linear(out, p + "attn_output.weight", p + "attn_output.bias")
+
+    # ---- qwen35 linear attention (gated delta rule) ----------------------------
+    def linear_attention(self, il: int, x: np.ndarray) -> np.ndarray:
+        c, w = self.cfg, self.w
+        p = f"blk.{il}."
+        seq = x.shape[0]
+        d, kh, vh, taps = c.ssm_state, c.ssm_groups, c.ssm_value_heads, c.ssm_conv_kernel
+        qkv = self.linear(x, p + "attn_qkv.weight")          # (seq, channels)
+        z = self.linear(x, p + "attn_gate.weight")           # (seq, vh * d)
+        beta = sigmoid(self.linear(x, p + "ssm_beta.weight"))  # (seq, vh)
+        alpha = self.linear(x, p + "ssm_alpha.weight")
+        g = w.get(p + "ssm_a") * softplus(alpha + w.get(p + "ssm_dt.bias"))
+        conv_w = w.get(p + "ssm_conv1d.weight")              # (channels, taps)
+        if self.recurrent[il] is None:
+            self.recurrent[il] = (np.zeros((taps - 1, qkv.shape[1]), np.float32),
+                                  np.zeros((vh, d, d), np.float64))
+        conv_state, S = self.recurrent[il]
+        window = np.concatenate([conv_state, qkv], axis=0)   # (taps - 1 + seq, channels)
+        conv = np.stack([(window[t:t + taps] * conv_w.T).sum(axis=0) for t in range(seq)])
+        conv = silu(conv)
+        conv_state = window[window.shape[0] - (taps - 1):]
+        q = conv[:, : kh * d].reshape(seq, kh, d).astype(np.float64)
+        k = conv[:, kh * d: 2 * kh * d].reshape(seq, kh, d).astype(np.float64)
+        v = conv[:, 2 * kh * d:].reshape(seq, vh, d).astype(np.float64)
+        q = q / np.sqrt((q * q).sum(axis=-1, keepdims=True) + c.norm_eps)
+        k = k / np.sqrt((k * k).sum(axis=-1, keepdims=True) + c.norm_eps)
+        out = np.empty((seq, vh, d), np.float64)
+        for t in range(seq):
+            for h in range(vh):
+                src = h % kh  # llama.cpp repeats the key heads over the value heads
+                S[h] *= math.exp(g[t, h])
+                delta = (v[t, h] - S[h] @ k[t, src]) * beta[t, h]
+                S[h] += np.outer(delta, k[t, src])
+                out[t, h] = S[h] @ q[t, src] / math.sqrt(d)
+        self.recurrent[il] = (conv_state, S)
+        o = rms_norm(out.astype(np.float32), w.get(p + "ssm_norm.weight"), c.norm_eps)
+        o = (o * silu(z.reshape(seq, vh, d))).reshape(seq, vh * d)
+        return self.linear(o, p + "ssm_out.weight")
 
     # ---- feed forward -----------------------------------------------------
     def ffn(self, il: int, x: np.ndarray) -> np.ndarray:
         c, w = self.cfg, self.w
         p = f"blk.{il}."
-        if c.arch == "qwen3moe":
+        if c.arch in MOE_ARCHS:
             return self.moe(il, x)
         gate = self.linear(x, p + "ffn_gate.weight")
         up = self.linear(x, p + "ffn_up.weight")
@@ -438,6 +525,11 @@ class Model:
             for e, g in zip(top, weights):
                 h = silu(gate_e[e] @ x[t]) * (up_e[e] @ x[t])
                 out[t] += g * (down_e[e] @ h)
+        if w.has(p + "ffn_gate_inp_shexp.weight"):  # qwen35moe's shared expert
+            shared = self.linear(silu(self.linear(x, p + "ffn_gate_shexp.weight"))
+                                 * self.linear(x, p + "ffn_up_shexp.weight"), p + "ffn_down_shexp.weight")
+            gate = sigmoid(x @ w.get(p + "ffn_gate_inp_shexp.weight"))  # (seq,)
+            out = out + gate[:, None] * shared
         return out
 
     # ---- full step ------------------------------------------------------------
@@ -451,6 +543,12 @@ class Model:
         for il in range(c.n_layer):
             p = f"blk.{il}."
             h = rms_norm(x, w.get(p + "attn_norm.weight"), c.norm_eps)
+            if c.arch in HYBRID_ARCHS:
+                h = self.linear_attention(il, h) if self.is_linear_layer(il) else self.attention(il, h, positions)
+                x = x + h
+                h = rms_norm(x, w.get(p + "post_attention_norm.weight"), c.norm_eps)
+                x = x + self.ffn(il, h)
+                continue
             h = self.attention(il, h, positions)
             if w.has(p + "post_attention_norm.weight"):
                 h = rms_norm(h, w.get(p + "post_attention_norm.weight"), c.norm_eps)

@@ -26,6 +26,7 @@ mod shard;
 
 use fathom_plan::kv::KvGroup;
 pub use fathom_plan::placement::Place;
+use fathom_plan::recurrent::RecurrentPlan;
 use fathom_plan::KvDtype;
 
 pub use error::BackendError;
@@ -200,6 +201,56 @@ pub struct RopeParams {
     pub neox: bool,
     /// Per-pair frequency divisors (Llama 3), `head_dim / 2` values.
     pub freqs: Option<VectorId>,
+    /// Leading values of each head that rotate (NeoX pairs within them,
+    /// frequencies over them), the rest passing through (Qwen3.5 rotates a
+    /// quarter); `None` rotates the whole head. Only backends that
+    /// [`Backend::runs_hybrid`] honour it.
+    pub rotated: Option<usize>,
+}
+
+/// A linear-attention layer (the gated delta rule of Qwen3.5): `key_heads`
+/// query/key heads and `value_heads` value heads of `head_dim` values, a
+/// causal convolution of `conv_kernel` taps over q, k and v side by side.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LinearShape {
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub head_dim: usize,
+    pub conv_kernel: usize,
+    /// Added to the sum of squares when q and k are scaled to unit length.
+    pub eps: f32,
+}
+
+impl LinearShape {
+    /// Channels of the convolution: q, k, then v.
+    pub fn channels(&self) -> usize {
+        (2 * self.key_heads + self.value_heads) * self.head_dim
+    }
+}
+
+/// A linear-attention layer's small weights, as f32 vectors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearWeights {
+    /// The convolution's taps, `conv_kernel` a channel (oldest first).
+    pub conv: VectorId,
+    /// Added to each value head's decay input before the softplus.
+    pub dt_bias: VectorId,
+    /// Each value head's decay rate (−exp(A_log), negative).
+    pub decay: VectorId,
+}
+
+/// The buffers of [`Backend::gated_delta_rule`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearIo {
+    /// Rows of q, k and v before the convolution ([`LinearShape::channels`]
+    /// wide); overwritten with the convolution's output.
+    pub qkv: Buf,
+    /// Each value head's decay input (`value_heads` a row).
+    pub alpha: Buf,
+    /// Each value head's update-rate input, before its sigmoid.
+    pub beta: Buf,
+    /// The recurrence's output, `value_heads × head_dim` a row.
+    pub out: Buf,
 }
 
 /// One layer's attention shape.
@@ -225,13 +276,15 @@ pub struct AttentionIo {
 }
 
 /// Where each model layer's KV lives: the plan's groups, the KV dtype, and
-/// each layer's group (`None` for a layer without attention), as
-/// `fathom_plan::kv::layer_groups` forms them.
+/// each layer's group (`None` for a layer without KV), as
+/// `fathom_plan::kv::layer_groups` forms them; and a hybrid model's
+/// recurrent-state slots, as the plan sized them.
 #[derive(Debug, Clone)]
 pub struct KvLayout {
     pub groups: Vec<KvGroup>,
     pub dtype: KvDtype,
     pub layer_groups: Vec<Option<usize>>,
+    pub recurrent: Option<RecurrentPlan>,
 }
 
 impl KvLayout {
@@ -473,6 +526,62 @@ pub trait Backend: Send {
 
     /// Sets `rows × width` values of `x` to zero.
     fn zero(&mut self, x: Buf, rows: usize, width: usize);
+
+    /// Whether the backend runs hybrid models (Qwen3.5): the three ops
+    /// below and partial rope ([`RopeParams::rotated`]). The engine refuses
+    /// such a model on a backend that does not, so the defaults below are
+    /// never reached.
+    fn runs_hybrid(&self) -> bool {
+        false
+    }
+
+    /// A linear-attention layer's recurrence for every row of the step,
+    /// each sequence from its state slot (`states[i]` for `step.seqs[i]`;
+    /// a sequence at position 0 starts from zero states): the causal
+    /// convolution of `io.qkv` (rewritten with its SiLU'd output), q and k
+    /// scaled to unit length, then per value head and token the gated
+    /// delta rule — `S ← exp(g)·S`, `S ← S + β·(v − S·k)·kᵀ`,
+    /// `out = S·q/√head_dim` with `g = decay·softplus(alpha + dt_bias)`
+    /// and `β = sigmoid(beta)` — into `io.out`. Value head h reads key
+    /// head `h mod key_heads`, as llama.cpp repeats them.
+    fn gated_delta_rule(
+        &mut self,
+        _linear_layer: usize,
+        _shape: &LinearShape,
+        _weights: &LinearWeights,
+        _step: &Step,
+        _states: &[usize],
+        _io: LinearIo,
+    ) {
+        unreachable!("{} does not run hybrid models", self.name())
+    }
+
+    /// Splits each of `rows × heads` pieces of `x` (`2 × head_dim` values:
+    /// a query, then its output gate) into `a` and `b`, `heads × head_dim`
+    /// a row each.
+    fn split_heads(
+        &mut self,
+        _x: Buf,
+        _rows: usize,
+        _heads: usize,
+        _head_dim: usize,
+        _a: Buf,
+        _b: Buf,
+    ) {
+        unreachable!("{} does not run hybrid models", self.name())
+    }
+
+    /// `dst[r] += sigmoid(gate[r]) × src[r]`, `width` values a row of `dst`
+    /// and `src` and one of `gate` (Qwen3.5 MoE's shared expert).
+    fn add_gated_rows(&mut self, _dst: Buf, _src: Buf, _gate: Buf, _rows: usize, _width: usize) {
+        unreachable!("{} does not run hybrid models", self.name())
+    }
+
+    /// `gate[r] = sigmoid(gate[r]) × x[r]`, `width` values a row (gated
+    /// attention's output).
+    fn sigmoid_gate(&mut self, _gate: Buf, _x: Buf, _rows: usize, _width: usize) {
+        unreachable!("{} does not run hybrid models", self.name())
+    }
 
     /// The first `rows × width` values of [`Buf::Logits`], on the host (a
     /// GPU copies them back into planned host memory), for the sampler to

@@ -62,7 +62,8 @@ pub enum BenchCommand {
 
 #[derive(Args)]
 pub struct FixtureArgs {
-    /// The shape: smollm2-135m, llama-3.1-8b, qwen3-30b-a3b or gemma3-1b.
+    /// The shape: smollm2-135m, llama-3.1-8b, qwen3-30b-a3b, gemma3-1b,
+    /// qwen3.5-4b or qwen3.5-35b-a3b.
     #[arg(long)]
     pub like: String,
     /// Weight type of the matrices (F32, F16, BF16, Q4_0 ... Q8_0, Q2_K ... Q6_K).
@@ -74,6 +75,12 @@ pub struct FixtureArgs {
     /// Seed of the random weights.
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Take the tokenizer (every `tokenizer.*` key) from this GGUF, e.g.
+    /// llama.cpp's `models/ggml-vocab-qwen35.gguf`, padding its token list
+    /// to the model's vocabulary with unused tokens; without it the
+    /// vocabulary is `t0`, `t1`, ... with no merges.
+    #[arg(long)]
+    pub vocab: Option<std::path::PathBuf>,
     /// Where to write the .gguf.
     pub out: std::path::PathBuf,
 }
@@ -85,6 +92,8 @@ fn write_fixture(args: &FixtureArgs) -> Result<ExitCode> {
         ("llama-3.1-8b", fx::llama_3_1_8b),
         ("qwen3-30b-a3b", fx::qwen3_30b_a3b),
         ("gemma3-1b", fx::gemma3_1b),
+        ("qwen3.5-4b", fx::qwen3_5_4b),
+        ("qwen3.5-35b-a3b", fx::qwen3_5_35b_a3b),
     ];
     let Some((_, shape)) = shapes.iter().find(|(n, _)| *n == args.like) else {
         anyhow::bail!(
@@ -107,9 +116,22 @@ fn write_fixture(args: &FixtureArgs) -> Result<ExitCode> {
     if let Some(layers) = args.layers {
         model = fx::reshaped(&model, serde_json::json!({ "num_hidden_layers": layers }));
     }
-    let bytes =
-        fx::write_runnable_gguf(&model, ty, &args.out, fx::Data::Random { seed: args.seed })
-            .with_context(|| format!("writing {}", args.out.display()))?;
+    let data = fx::Data::Random { seed: args.seed };
+    let bytes = match &args.vocab {
+        None => fx::write_runnable_gguf(&model, ty, &args.out, data),
+        Some(vocab) => {
+            let kvs = vocab_kvs(vocab, model.text_config()["vocab_size"].as_u64())?;
+            let writer = fx::gguf_writer(&model, ty)
+                .with_context(|| format!("describing {}", args.out.display()))?;
+            kvs.into_iter()
+                .fold(
+                    writer.retain_kvs(|k| !k.starts_with("tokenizer.")),
+                    |w, (k, v)| w.kv(k, v),
+                )
+                .write(&args.out, data)
+        }
+    }
+    .with_context(|| format!("writing {}", args.out.display()))?;
     eprintln!(
         "wrote {} ({} like {}, {} bytes)",
         args.out.display(),
@@ -118,6 +140,71 @@ fn write_fixture(args: &FixtureArgs) -> Result<ExitCode> {
         bytes
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The `tokenizer.*` keys of the GGUF at `path`, its token list (and the
+/// per-token arrays beside it) padded with unused tokens to `vocab`.
+fn vocab_kvs(
+    path: &std::path::Path,
+    vocab: Option<u64>,
+) -> Result<Vec<(String, fathom_fixtures::GgufValue)>> {
+    use fathom_checkpoint::{GgufFile, MetaValue};
+    use fathom_fixtures::GgufValue;
+    let file = GgufFile::open(path).with_context(|| format!("--vocab {}", path.display()))?;
+    let tokens = file
+        .get("tokenizer.ggml.tokens")
+        .and_then(MetaValue::as_array)
+        .map_or(0, |t| t.len() as u64);
+    let vocab = vocab.unwrap_or(tokens);
+    if tokens == 0 || tokens > vocab {
+        anyhow::bail!(
+            "--vocab {}: {tokens} tokens in tokenizer.ggml.tokens; expected 1 to the model's {vocab}",
+            path.display()
+        );
+    }
+    fn convert(v: &MetaValue) -> Option<GgufValue> {
+        Some(match v {
+            MetaValue::U8(x) => GgufValue::U8(*x),
+            MetaValue::I8(x) => GgufValue::I8(*x),
+            MetaValue::U16(x) => GgufValue::U16(*x),
+            MetaValue::I16(x) => GgufValue::I16(*x),
+            MetaValue::U32(x) => GgufValue::U32(*x),
+            MetaValue::I32(x) => GgufValue::I32(*x),
+            MetaValue::U64(x) => GgufValue::U64(*x),
+            MetaValue::I64(x) => GgufValue::I64(*x),
+            MetaValue::F32(x) => GgufValue::F32(*x),
+            MetaValue::F64(x) => GgufValue::F64(*x),
+            MetaValue::Bool(x) => GgufValue::Bool(*x),
+            MetaValue::Str(x) => GgufValue::String(x.clone()),
+            MetaValue::Array(ty, items) => {
+                GgufValue::Array(*ty, items.iter().map(convert).collect::<Option<_>>()?)
+            }
+        })
+    }
+    // llama.cpp's token type of a padding entry: unused.
+    const UNUSED: i32 = 5;
+    let mut out = Vec::new();
+    for (key, value) in file
+        .metadata
+        .iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+    {
+        let mut value = convert(value)
+            .ok_or_else(|| anyhow::anyhow!("--vocab {}: {key} is unreadable", path.display()))?;
+        if let GgufValue::Array(_, items) = &mut value {
+            let pad = (tokens..vocab).map(|i| match key.as_str() {
+                "tokenizer.ggml.tokens" => Some(GgufValue::String(format!("[PAD{i}]"))),
+                "tokenizer.ggml.token_type" => Some(GgufValue::I32(UNUSED)),
+                "tokenizer.ggml.scores" => Some(GgufValue::F32(0.0)),
+                _ => None,
+            });
+            if items.len() as u64 == tokens {
+                items.extend(pad.flatten());
+            }
+        }
+        out.push((key.clone(), value));
+    }
+    Ok(out)
 }
 
 pub fn run(args: &BenchArgs) -> Result<ExitCode> {

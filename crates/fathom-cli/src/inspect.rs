@@ -80,9 +80,14 @@ pub fn run(args: &InspectArgs) -> Result<ExitCode> {
         bail!("--recommend-quant weighs whole-model weights against one device's memory: drop it, or --tensor-parallel {n}");
     }
     let plan = args.placement.plan(&args.plan, &spec, inputs)?;
-    let advice = args
-        .recommend_quant
-        .then(|| quant::advise(&spec, plan.kv_bytes, plan.available_bytes));
+    let advice = args.recommend_quant.then(|| {
+        quant::advise(
+            &spec,
+            plan.kv_bytes,
+            plan.recurrent_bytes,
+            plan.available_bytes,
+        )
+    });
 
     if args.json {
         let doc = InspectJson {

@@ -25,6 +25,7 @@ fn term_label(name: &str) -> &'static str {
         "weights" => "Weights",
         "converted" => "Converted at load",
         "kv" => "KV cache",
+        "recurrent_state" => "Recurrent state",
         "activations" => "Activations",
         "runtime" => "Runtime overhead",
         "backend" => "Backend",

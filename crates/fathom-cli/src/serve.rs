@@ -328,7 +328,12 @@ fn serve_plan_text(model: &Path, served: &ServePlan) -> String {
         );
     }
     row(&mut out, "KV pool", plan.kv_bytes, &pool);
-    let cache = if served.prompt_cache_bytes == 0 {
+    if let Some(t) = term("recurrent_state") {
+        row(&mut out, "Recurrent state", t.bytes, &t.derivation);
+    }
+    let cache = if served.prompt_cache_bytes == 0 && plan.recurrent_detail.is_some() {
+        "off: a linear-attention layer's state is not in the KV blocks, so a cached prefix cannot be resumed".to_string()
+    } else if served.prompt_cache_bytes == 0 {
         "off".to_string()
     } else {
         format!(

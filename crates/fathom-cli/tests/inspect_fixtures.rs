@@ -181,6 +181,38 @@ fn mlx_quantized_counts_packed_parameters() {
     );
 }
 
+/// Qwen3.5-4B: KV for its 8 full-attention layers only, and per sequence
+/// the 24 linear-attention layers' state: (3 taps x 8192 channels +
+/// 32 heads x 128 x 128) f32.
+#[test]
+fn qwen3_5_4b_plans_a_recurrent_state_per_sequence() {
+    let dir = TempDir::new("qwen35");
+    let gguf = dir.0.join("qwen3.5-4b-q4_k.gguf");
+    fx::write_gguf(&fx::qwen3_5_4b(), &gguf, GgufTensorType::Q4_K, Data::Sparse).unwrap();
+    let args = ["--memory", "64G", "-c", "8192", "--batch", "2", "-t", "2"];
+    let v = inspect_json(&gguf, &args, &[]);
+    assert_eq!(v["family"], "qwen35");
+    let per_sequence = 24 * (3 * 8192 + 32 * 128 * 128) * 4;
+    assert_eq!(u(&v, "recurrent_bytes"), 2 * per_sequence);
+    assert_eq!(
+        u(&v["recurrent_detail"], "bytes_per_sequence"),
+        per_sequence
+    );
+    assert_eq!(u(&v, "kv_bytes_per_token"), 8 * kv_f16(4, 256));
+    assert_eq!(u(&v, "kv_bytes"), 8 * kv_f16(4, 256) * 8192 * 2);
+    // The state's term follows the KV's.
+    assert_eq!(v["terms"][2]["name"], "kv");
+    assert_eq!(v["terms"][3]["name"], "recurrent_state");
+    let mut text_args = vec!["inspect", gguf.to_str().unwrap()];
+    text_args.extend(args);
+    let out = fathom(&text_args, &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Recurrent state") && text.contains("24 linear-attention layers"),
+        "{text}"
+    );
+}
+
 #[test]
 fn unknown_family_gets_weights_and_a_note() {
     let dir = TempDir::new("unknown");

@@ -201,6 +201,7 @@ impl Engine {
                 groups: plan.kv_detail.clone(),
                 dtype: plan.inputs.kv_dtype,
                 layer_groups: fathom_plan::kv::layer_groups(spec),
+                recurrent: plan.recurrent_detail.clone(),
             },
         }
     }
@@ -240,7 +241,10 @@ impl Engine {
             None => plan.kv_detail.clone(),
         };
         Ok(Engine {
-            kv: KvBlocks::new(&kv_groups),
+            kv: KvBlocks::new(
+                &kv_groups,
+                plan.recurrent_detail.as_ref().map(|r| r.sequences),
+            ),
             candidates: vec![(0, 0.0); rows(Buf::Sampler)],
             histories: (0..i.batch)
                 .map(|_| Vec::with_capacity(i.context as usize))
@@ -672,5 +676,6 @@ fn side_kv_layout(
         groups: fathom_plan::kv::plan(&side_spec, i.context, i.batch, i.kv_dtype).groups,
         dtype: i.kv_dtype,
         layer_groups: fathom_plan::kv::layer_groups(&side_spec),
+        recurrent: plan.recurrent_detail.clone(),
     }
 }

@@ -53,6 +53,10 @@ pub struct KvBlocks {
     groups: Vec<GroupBlocks>,
     /// The prefix cache, when enabled (one full-attention group only).
     prefix: Option<PrefixIndex>,
+    /// A hybrid model's free recurrent-state slots (the plan's
+    /// `recurrent_state` sequences); `None` for a model without
+    /// linear-attention layers.
+    free_states: Option<Vec<u32>>,
 }
 
 /// One sequence's page tables (one per group, block ids in position
@@ -64,6 +68,9 @@ pub struct SeqKv {
     /// Leading full blocks named in the prefix index, and the last's name.
     named: usize,
     chain: u64,
+    /// The recurrent-state slot (hybrid models), taken by the first
+    /// [`KvBlocks::reserve`] and given back with the blocks.
+    state: Option<u32>,
 }
 
 impl SeqKv {
@@ -71,22 +78,36 @@ impl SeqKv {
     pub fn tables(&self) -> &[Vec<u32>] {
         &self.tables
     }
+
+    /// The recurrent-state slot the backend keeps this sequence's
+    /// linear-attention state in (0 for a model without one).
+    pub fn state_slot(&self) -> usize {
+        self.state.map_or(0, |s| s as usize)
+    }
 }
 
 impl KvBlocks {
-    pub fn new(plan_groups: &[KvGroup]) -> Self {
+    /// The pool for the plan's KV groups and, for a hybrid model, its
+    /// `recurrent_slots` state slots.
+    pub fn new(plan_groups: &[KvGroup], recurrent_slots: Option<u64>) -> Self {
         KvBlocks {
             groups: plan_groups.iter().map(GroupBlocks::new).collect(),
             prefix: None,
+            free_states: recurrent_slots.map(|n| (0..n as u32).rev().collect()),
         }
     }
 
     /// Keeps finished sequences' full blocks for reuse by later sequences
     /// with the same prefix, up to `capacity` blocks no sequence holds.
     /// Only a pool of one full-attention group can share blocks (a
-    /// sliding window's ring overwrites its blocks); returns whether the
-    /// cache is on.
+    /// sliding window's ring overwrites its blocks), and only a model
+    /// whose whole state after a prefix is in those blocks: a hybrid
+    /// model's recurrent state is not, and restoring its blocks alone
+    /// would run on from a wrong state. Returns whether the cache is on.
     pub fn enable_prefix_cache(&mut self, capacity: usize) -> bool {
+        if self.free_states.is_some() {
+            return false;
+        }
         match self.groups.as_slice() {
             [g] if !g.sliding && capacity > 0 => {
                 self.prefix = Some(PrefixIndex::new(g.refs.len(), capacity));
@@ -123,6 +144,7 @@ impl KvBlocks {
             len: 0,
             named: 0,
             chain: ROOT,
+            state: None,
         };
         let Some(prefix) = self.prefix.as_mut() else {
             return seq;
@@ -177,15 +199,25 @@ impl KvBlocks {
                 }
             }
         }
+        if let (Some(free), Some(state)) = (self.free_states.as_mut(), seq.state.take()) {
+            free.push(state);
+        }
         seq.len = 0;
         seq.named = 0;
         seq.chain = ROOT;
     }
 
-    /// Makes sure `seq` has blocks for positions up to `end` (exclusive).
-    /// Returns false when the pool has no free block (the caller preempts
-    /// or refuses).
+    /// Makes sure `seq` has blocks for positions up to `end` (exclusive),
+    /// and a recurrent-state slot for a hybrid model. Returns false when
+    /// the pool has no free block or slot (the caller preempts or
+    /// refuses).
     pub fn reserve(&mut self, seq: &mut SeqKv, end: usize) -> bool {
+        if let (Some(free), None) = (self.free_states.as_mut(), seq.state) {
+            match free.pop() {
+                Some(slot) => seq.state = Some(slot),
+                None => return false,
+            }
+        }
         for (g, table) in self.groups.iter_mut().zip(&mut seq.tables) {
             let needed = end.div_ceil(BLOCK).min(g.blocks_per_sequence);
             while table.len() < needed {
@@ -204,5 +236,48 @@ impl KvBlocks {
             }
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One full-attention group of 8 blocks (2 layers of 64-byte tokens).
+    fn group() -> KvGroup {
+        KvGroup {
+            attention: "full",
+            window: None,
+            layers: 2,
+            n_kv_heads: 1,
+            key_dim: 16,
+            value_dim: 16,
+            bytes_per_token_per_layer: 64,
+            tokens: 64,
+            blocks_per_sequence: 4,
+            bytes: 8 * 2 * KV_BLOCK_TOKENS * 64,
+        }
+    }
+
+    /// A hybrid model's sequences each take a state slot with their first
+    /// blocks, wait when none is free, give it back when released, and
+    /// never share a prefix.
+    #[test]
+    fn state_slots_are_taken_with_blocks_and_prefixes_are_not_cached() {
+        let mut kv = KvBlocks::new(&[group()], Some(2));
+        assert!(
+            !kv.enable_prefix_cache(8),
+            "a hybrid model has no prefix cache"
+        );
+        let (mut a, mut b, mut c) = (kv.open(&[]), kv.open(&[]), kv.open(&[]));
+        assert!(kv.reserve(&mut a, 16) && kv.reserve(&mut b, 16));
+        assert_ne!(a.state_slot(), b.state_slot());
+        assert!(!kv.reserve(&mut c, 16), "both slots are held");
+        kv.release(&mut c);
+        kv.release(&mut a);
+        assert!(kv.reserve(&mut c, 16));
+        assert_ne!(c.state_slot(), b.state_slot());
+        // A model without linear layers keeps its prefix cache.
+        assert!(KvBlocks::new(&[group()], None).enable_prefix_cache(8));
     }
 }

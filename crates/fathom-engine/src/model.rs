@@ -11,8 +11,8 @@
 //! output, FFN down) are summed over the devices before the residual add.
 
 use fathom_backend::{
-    AttentionIo, AttentionShape, Backend, Buf, Glu, HostMatrix, MatrixId, RopeParams, RoutedFfn,
-    Split, Step, StepSeq, VectorId,
+    AttentionIo, AttentionShape, Backend, Buf, Glu, HostMatrix, LinearIo, LinearShape,
+    LinearWeights, MatrixId, RopeParams, RoutedFfn, Split, Step, StepSeq, VectorId,
 };
 use fathom_checkpoint::Checkpoint;
 use fathom_plan::placement::{Place, Placement};
@@ -42,7 +42,53 @@ enum Ffn {
     Moe {
         router: MatrixId,
         experts: Vec<[MatrixId; 3]>,
+        shared: Option<SharedExpert>,
     },
+}
+
+/// Qwen3.5 MoE's shared expert: a gated FFN every row goes through, its
+/// output weighted by sigmoid(gate · x) and added to the routed experts'.
+struct SharedExpert {
+    ffn: [MatrixId; 3],
+    /// One row: the gate's weights.
+    gate: MatrixId,
+}
+
+/// A layer's attention over the cache.
+struct Attend {
+    shape: AttentionShape,
+    rope: RopeParams,
+    wq: MatrixId,
+    wk: MatrixId,
+    wv: MatrixId,
+    wo: MatrixId,
+    bias: Option<[VectorId; 3]>,
+    qk_norm: Option<[VectorId; 2]>,
+    /// The q projection carries a sigmoid output gate per head (Qwen3.5).
+    gated: bool,
+}
+
+/// A hybrid model's linear-attention layer (Qwen3.5's gated delta rule).
+struct Linear {
+    /// Which of the model's linear layers: its state's place in a slot.
+    index: usize,
+    shape: LinearShape,
+    weights: LinearWeights,
+    /// Projections of the layer input: q/k/v, the output gate, the decay
+    /// and update-rate inputs.
+    wqkv: MatrixId,
+    wgate: MatrixId,
+    walpha: MatrixId,
+    wbeta: MatrixId,
+    /// The per-head norm of the recurrence's output.
+    norm: VectorId,
+    wout: MatrixId,
+}
+
+/// How a layer mixes positions.
+enum Mixer {
+    Attention(Attend),
+    Linear(Linear),
 }
 
 struct Layer {
@@ -50,15 +96,8 @@ struct Layer {
     /// its routed experts do, under a placement between GPU and host.
     place: Place,
     experts_place: Place,
-    shape: AttentionShape,
-    rope: RopeParams,
     attn_norm: VectorId,
-    wq: MatrixId,
-    wk: MatrixId,
-    wv: MatrixId,
-    wo: MatrixId,
-    bias: Option<[VectorId; 3]>,
-    qk_norm: Option<[VectorId; 2]>,
+    mixer: Mixer,
     post_attn_norm: Option<VectorId>,
     ffn_norm: VectorId,
     post_ffn_norm: Option<VectorId>,
@@ -213,7 +252,25 @@ impl Model {
                 architecture: spec.architecture.clone(),
             });
         }
+        let unsupported = |what: &str| EngineError::UnsupportedOnBackend {
+            family: spec.family.name().to_string(),
+            backend: backend.name().to_string(),
+            what: what.to_string(),
+        };
+        let hybrid = spec.linear.is_some() || spec.rope.as_ref().is_some_and(|r| r.dims.is_some());
+        if hybrid && !backend.runs_hybrid() {
+            return Err(unsupported(
+                "linear-attention layers, gated attention and partial rope",
+            ));
+        }
         if let Some(p) = placement {
+            if hybrid {
+                return Err(EngineError::Placement(
+                    "a hybrid linear-attention model cannot be split between the GPU and the \
+                     host yet (its layers run on the CPU only)"
+                        .into(),
+                ));
+            }
             if !p.apart.is_empty() {
                 return Err(EngineError::Placement(format!(
                     "--override-tensor put {} apart from the rest of its group ({}); a run \
@@ -276,6 +333,7 @@ impl Model {
             theta: 10_000.0,
             local_theta: None,
             neox: false,
+            dims: None,
             scaling: None,
             scaling_factor: None,
             llama3: None,
@@ -308,10 +366,11 @@ impl Model {
             local_theta: rope.local_theta.unwrap_or(rope.theta) as f32,
             neox: style.rope_neox,
             freqs,
+            rotated: rope.dims.map(|d| d as usize),
         };
         let mut layers = Vec::with_capacity(spec.layers.len());
         for (i, l) in spec.layers.iter().enumerate() {
-            let n = naming.layer(style.post_norms, i);
+            let n = naming.layer(&style, i);
             let shapes = (l, &local.layers[i]);
             let at = (places.layer(i), places.experts(i));
             layers.push(load_layer(
@@ -325,7 +384,10 @@ impl Model {
             )?);
         }
         for l in &layers {
-            let s = &l.shape;
+            let Mixer::Attention(a) = &l.mixer else {
+                continue;
+            };
+            let s = &a.shape;
             if s.key_dim > MAX_HEAD_DIM || s.value_dim > MAX_HEAD_DIM || s.n_kv_heads == 0 {
                 return Err(EngineError::BadShape {
                     tensor: "attention heads".into(),
@@ -443,6 +505,8 @@ impl Model {
             seqs: &seqs,
             rows: tokens.len(),
         };
+        // Each sequence's recurrent-state slot (hybrid models).
+        let states: Vec<usize> = segments.iter().map(|s| s.seq.state_slot()).collect();
         backend.switch_to(self.embed_place, &[], 0);
         backend.embed(self.embed, tokens, self.embed_scale, Buf::Residual);
         // Under a split the residual crosses where the side changes: only
@@ -467,7 +531,16 @@ impl Model {
                     Buf::Norm,
                 );
             }
-            self.attention_block(backend, &step, li, layer);
+            match &layer.mixer {
+                Mixer::Attention(a) => self.attention_block(backend, &step, li, a),
+                Mixer::Linear(l) => self.linear_block(backend, &step, &states, l),
+            }
+            self.add_branch(
+                backend,
+                layer.post_attn_norm,
+                step.rows,
+                Some(layer.ffn_norm),
+            );
             match &layer.ffn {
                 Ffn::Dense { gate, up, down } => self.ffn(
                     backend,
@@ -476,8 +549,15 @@ impl Model {
                     step.rows,
                     Buf::BranchOut,
                 ),
-                Ffn::Moe { router, experts } => {
-                    self.moe_ffn(backend, layer, *router, experts, step.rows)
+                Ffn::Moe {
+                    router,
+                    experts,
+                    shared,
+                } => {
+                    self.moe_ffn(backend, layer, *router, experts, step.rows);
+                    if let Some(shared) = shared {
+                        self.shared_expert(backend, shared, step.rows);
+                    }
                 }
             }
             backend.all_reduce(Buf::BranchOut, step.rows, d);
@@ -495,9 +575,11 @@ impl Model {
 
     /// One layer's attention for every row of the step (its input already
     /// normed into `Norm`): projections, rope, attention over the cache and
-    /// the step's rows, the cache write, the output projection added to the
-    /// residual, and the FFN's input norm.
-    fn attention_block(&self, backend: &mut dyn Backend, step: &Step, li: usize, layer: &Layer) {
+    /// the step's rows, the cache write, and the output projection into
+    /// `BranchOut` (summed over the devices). A gated layer's q projection
+    /// lands in `FfnGate` and splits into q and its gate (`FfnUp`), which
+    /// then takes sigmoid(gate) × the attention's output.
+    fn attention_block(&self, backend: &mut dyn Backend, step: &Step, li: usize, layer: &Attend) {
         let t_n = step.rows;
         let s = &layer.shape;
         let (qw, kw, vw) = (
@@ -505,12 +587,16 @@ impl Model {
             s.n_kv_heads * s.key_dim,
             s.n_kv_heads * s.value_dim,
         );
+        let q_out = if layer.gated { Buf::FfnGate } else { Buf::Q };
         backend.matmul_many(
             &[layer.wq, layer.wk, layer.wv],
             Buf::Norm,
             t_n,
-            &[Buf::Q, Buf::K, Buf::V],
+            &[q_out, Buf::K, Buf::V],
         );
+        if layer.gated {
+            backend.split_heads(Buf::FfnGate, t_n, s.n_heads, s.key_dim, Buf::Q, Buf::FfnUp);
+        }
         if let Some([bq, bk, bv]) = layer.bias {
             backend.add_bias(Buf::Q, bq, t_n, qw);
             backend.add_bias(Buf::K, bk, t_n, kw);
@@ -527,9 +613,42 @@ impl Model {
             out: Buf::AttnOut,
         };
         backend.attend(li, s, step, io, &layer.rope);
-        backend.matmul(layer.wo, Buf::AttnOut, t_n, Buf::BranchOut);
+        let attn_out = if layer.gated {
+            backend.sigmoid_gate(Buf::FfnUp, Buf::AttnOut, t_n, s.n_heads * s.value_dim);
+            Buf::FfnUp
+        } else {
+            Buf::AttnOut
+        };
+        backend.matmul(layer.wo, attn_out, t_n, Buf::BranchOut);
         backend.all_reduce(Buf::BranchOut, t_n, self.spec.hidden as usize);
-        self.add_branch(backend, layer.post_attn_norm, t_n, Some(layer.ffn_norm));
+    }
+
+    /// A linear-attention layer for every row of the step (input normed
+    /// into `Norm`): the projections (q/k/v into `Q`, the output gate z
+    /// into `FfnUp`, decay and update inputs into `K` and `V`), the
+    /// convolution and delta rule from each sequence's state slot into
+    /// `AttnOut`, its per-head norm times silu(z), and the output
+    /// projection into `BranchOut`.
+    fn linear_block(&self, backend: &mut dyn Backend, step: &Step, states: &[usize], l: &Linear) {
+        let t_n = step.rows;
+        let s = &l.shape;
+        let inner = s.value_heads * s.head_dim;
+        backend.matmul_many(
+            &[l.wqkv, l.wgate, l.walpha, l.wbeta],
+            Buf::Norm,
+            t_n,
+            &[Buf::Q, Buf::FfnUp, Buf::K, Buf::V],
+        );
+        let io = LinearIo {
+            qkv: Buf::Q,
+            alpha: Buf::K,
+            beta: Buf::V,
+            out: Buf::AttnOut,
+        };
+        backend.gated_delta_rule(l.index, s, &l.weights, step, states, io);
+        backend.head_norm(Buf::AttnOut, l.norm, self.eps, t_n, inner, s.head_dim);
+        backend.glu(Buf::FfnUp, Buf::AttnOut, t_n, inner, Glu::Silu);
+        backend.matmul(l.wout, Buf::FfnUp, t_n, Buf::BranchOut);
     }
 
     /// residual += (optionally normed) branch_out; then, when a block
@@ -572,6 +691,20 @@ impl Model {
 
     /// Routed experts: each row's top-k experts by router softmax, their
     /// outputs weighted into `branch_out` ([`Backend::routed_experts`]).
+    /// The shared expert over every row of `Norm`, its output (in
+    /// `MoeOut`) weighted by its gate (in `RouterLogits`) and added to
+    /// `BranchOut`.
+    fn shared_expert(&self, backend: &mut dyn Backend, shared: &SharedExpert, rows: usize) {
+        let width = self.spec.shared_expert_ffn as usize;
+        let [gate, up, down] = shared.ffn;
+        let glu_out = [Buf::FfnGate, Buf::FfnUp];
+        backend.matmul_glu([gate, up], Buf::Norm, rows, self.glu, glu_out, width);
+        backend.matmul(down, Buf::FfnGate, rows, Buf::MoeOut);
+        backend.matmul(shared.gate, Buf::Norm, rows, Buf::RouterLogits);
+        let d = self.spec.hidden as usize;
+        backend.add_gated_rows(Buf::BranchOut, Buf::MoeOut, Buf::RouterLogits, rows, d);
+    }
+
     /// Where the layer and its experts sit apart (a placement), the
     /// normed rows and router logits cross to the experts and their sum
     /// crosses back.
@@ -619,6 +752,51 @@ struct LayerGlobals {
     neox: bool,
     /// The rope factors as each side holds them (indexed by `Place`).
     freqs: [Option<VectorId>; 2],
+    /// Leading values of a head that rotate, when not all.
+    rotated: Option<usize>,
+}
+
+/// Layer `i`'s linear attention: its projections, convolution taps,
+/// decay parameters and output norm.
+fn load_linear(
+    loader: &mut Loader,
+    spec: &ModelSpec,
+    i: usize,
+    shape: fathom_spec::LinearAttention,
+    n: &crate::names::LinearNames,
+) -> Result<Linear, EngineError> {
+    let d = spec.hidden as usize;
+    let shape = LinearShape {
+        key_heads: shape.key_heads as usize,
+        value_heads: shape.value_heads as usize,
+        head_dim: shape.head_dim as usize,
+        conv_kernel: shape.conv_kernel as usize,
+        eps: spec.rms_norm_eps as f32,
+    };
+    let (channels, heads) = (shape.channels(), shape.value_heads);
+    let inner = heads * shape.head_dim;
+    let taps = loader.files.flat(&n.conv, channels, shape.conv_kernel)?;
+    loader.converted += taps.len() * 4;
+    let conv = loader.backend.load_vector(&taps)?;
+    let index = spec.layers[..i]
+        .iter()
+        .filter(|l| l.attention == Attention::Linear)
+        .count();
+    Ok(Linear {
+        index,
+        weights: LinearWeights {
+            conv,
+            dt_bias: loader.vector(&n.dt_bias, heads, false)?,
+            decay: loader.vector(&n.decay, heads, false)?,
+        },
+        wqkv: loader.named_matrix(&n.qkv, channels, d, Split::Whole)?,
+        wgate: loader.named_matrix(&n.gate, inner, d, Split::Whole)?,
+        walpha: loader.named_matrix(&n.alpha, heads, d, Split::Whole)?,
+        wbeta: loader.named_matrix(&n.beta, heads, d, Split::Whole)?,
+        norm: loader.vector(&n.norm, shape.head_dim, true)?,
+        wout: loader.named_matrix(&n.out, d, inner, Split::Whole)?,
+        shape,
+    })
 }
 
 fn load_layer(
@@ -707,9 +885,24 @@ fn load_layer(
             ]);
         }
         loader.at(place);
+        let shared = match spec.shared_expert_ffn as usize {
+            0 => None,
+            f => Some(SharedExpert {
+                ffn: [
+                    loader.named_matrix(&n.shared_gate, f, d, Split::Whole)?,
+                    loader.named_matrix(&n.shared_up, f, d, Split::Whole)?,
+                    loader.named_matrix(&n.shared_down, d, f, Split::Whole)?,
+                ],
+                gate: {
+                    let m = loader.files.row_matrix(&n.shared_router, d)?;
+                    loader.matrix(m, Split::Whole)?
+                },
+            }),
+        };
         Ffn::Moe {
             router: loader.named_matrix(&n.router, e_n, d, router_split)?,
             experts,
+            shared,
         }
     } else {
         let f = spec.ffn as usize;
@@ -723,33 +916,51 @@ fn load_layer(
         Attention::Sliding { window } => Some(window as usize),
         _ => None,
     };
+    let mixer = match (l.attention, spec.linear) {
+        (Attention::Linear, Some(shape)) => {
+            Mixer::Linear(load_linear(loader, spec, i, shape, &n.linear)?)
+        }
+        _ => {
+            let gated = spec.block.gated_attention;
+            let q_rows = if gated {
+                2 * n_heads * dk
+            } else {
+                n_heads * dk
+            };
+            Mixer::Attention(Attend {
+                shape: AttentionShape {
+                    n_heads: n_heads / devices,
+                    n_kv_heads: local.n_kv_heads as usize,
+                    key_dim: dk,
+                    value_dim: dv,
+                    window,
+                    scale: globals.attn_scale,
+                },
+                rope: RopeParams {
+                    theta: if window.is_some() {
+                        globals.local_theta
+                    } else {
+                        globals.theta
+                    },
+                    neox: globals.neox,
+                    freqs: globals.freqs[place as usize],
+                    rotated: globals.rotated,
+                },
+                wq: loader.named_matrix(&n.q, q_rows, d, q_split)?,
+                wk: loader.named_matrix(&n.k, kvh * dk, d, kv_split)?,
+                wv: loader.named_matrix(&n.v, kvh * dv, d, kv_split)?,
+                wo: loader.named_matrix(&n.o, d, n_heads * dv, o_split)?,
+                bias,
+                qk_norm,
+                gated,
+            })
+        }
+    };
     Ok(Layer {
         place,
         experts_place,
-        shape: AttentionShape {
-            n_heads: n_heads / devices,
-            n_kv_heads: local.n_kv_heads as usize,
-            key_dim: dk,
-            value_dim: dv,
-            window,
-            scale: globals.attn_scale,
-        },
-        rope: RopeParams {
-            theta: if window.is_some() {
-                globals.local_theta
-            } else {
-                globals.theta
-            },
-            neox: globals.neox,
-            freqs: globals.freqs[place as usize],
-        },
         attn_norm: loader.vector(&n.attn_norm, d, true)?,
-        wq: loader.named_matrix(&n.q, n_heads * dk, d, q_split)?,
-        wk: loader.named_matrix(&n.k, kvh * dk, d, kv_split)?,
-        wv: loader.named_matrix(&n.v, kvh * dv, d, kv_split)?,
-        wo: loader.named_matrix(&n.o, d, n_heads * dv, o_split)?,
-        bias,
-        qk_norm,
+        mixer,
         post_attn_norm,
         ffn_norm: loader.vector(&n.ffn_norm, d, true)?,
         post_ffn_norm,

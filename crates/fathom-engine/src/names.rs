@@ -21,6 +21,28 @@ pub struct LayerNames {
     pub up: String,
     pub down: String,
     pub router: String,
+    /// Qwen3.5 MoE's shared expert and its one-row gate (GGUF names).
+    pub shared_gate: String,
+    pub shared_up: String,
+    pub shared_down: String,
+    pub shared_router: String,
+    /// A linear-attention layer's tensors (llama.cpp's GGUF names).
+    pub linear: LinearNames,
+}
+
+/// A Qwen3.5 linear-attention layer's tensors.
+pub struct LinearNames {
+    /// q, k and v before the convolution.
+    pub qkv: String,
+    /// The output gate (z).
+    pub gate: String,
+    pub alpha: String,
+    pub beta: String,
+    pub conv: String,
+    pub dt_bias: String,
+    pub decay: String,
+    pub norm: String,
+    pub out: String,
 }
 
 /// How a format names the model-wide tensors, and each layer's.
@@ -57,31 +79,51 @@ impl Naming {
     }
 
     /// Layer `i`'s names; `post_norms` models (Gemma 3) name their
-    /// pre-FFN norm apart from the post-attention one.
-    pub fn layer(&self, post_norms: bool, i: usize) -> LayerNames {
+    /// pre-FFN norm apart from the post-attention one, and Qwen3.5's GGUF
+    /// (`gated_attention`) names it `post_attention_norm`.
+    pub fn layer(&self, style: &fathom_spec::BlockStyle, i: usize) -> LayerNames {
+        let post_norms = style.post_norms;
+        let b = |s: &str| format!("blk.{i}.{s}");
+        let linear = LinearNames {
+            qkv: b("attn_qkv.weight"),
+            gate: b("attn_gate.weight"),
+            alpha: b("ssm_alpha.weight"),
+            beta: b("ssm_beta.weight"),
+            conv: b("ssm_conv1d.weight"),
+            dt_bias: b("ssm_dt.bias"),
+            decay: b("ssm_a"),
+            norm: b("ssm_norm.weight"),
+            out: b("ssm_out.weight"),
+        };
         match self {
-            Naming::Gguf => {
-                let b = |s: &str| format!("blk.{i}.{s}");
-                LayerNames {
-                    attn_norm: b("attn_norm.weight"),
-                    q: b("attn_q.weight"),
-                    k: b("attn_k.weight"),
-                    v: b("attn_v.weight"),
-                    o: b("attn_output.weight"),
-                    q_bias: b("attn_q.bias"),
-                    k_bias: b("attn_k.bias"),
-                    v_bias: b("attn_v.bias"),
-                    q_norm: b("attn_q_norm.weight"),
-                    k_norm: b("attn_k_norm.weight"),
-                    post_attn_norm: b("post_attention_norm.weight"),
-                    ffn_norm: b("ffn_norm.weight"),
-                    post_ffn_norm: b("post_ffw_norm.weight"),
-                    gate: b("ffn_gate.weight"),
-                    up: b("ffn_up.weight"),
-                    down: b("ffn_down.weight"),
-                    router: b("ffn_gate_inp.weight"),
-                }
-            }
+            Naming::Gguf => LayerNames {
+                attn_norm: b("attn_norm.weight"),
+                q: b("attn_q.weight"),
+                k: b("attn_k.weight"),
+                v: b("attn_v.weight"),
+                o: b("attn_output.weight"),
+                q_bias: b("attn_q.bias"),
+                k_bias: b("attn_k.bias"),
+                v_bias: b("attn_v.bias"),
+                q_norm: b("attn_q_norm.weight"),
+                k_norm: b("attn_k_norm.weight"),
+                post_attn_norm: b("post_attention_norm.weight"),
+                ffn_norm: if style.gated_attention {
+                    b("post_attention_norm.weight")
+                } else {
+                    b("ffn_norm.weight")
+                },
+                post_ffn_norm: b("post_ffw_norm.weight"),
+                gate: b("ffn_gate.weight"),
+                up: b("ffn_up.weight"),
+                down: b("ffn_down.weight"),
+                router: b("ffn_gate_inp.weight"),
+                shared_gate: b("ffn_gate_shexp.weight"),
+                shared_up: b("ffn_up_shexp.weight"),
+                shared_down: b("ffn_down_shexp.weight"),
+                shared_router: b("ffn_gate_inp_shexp.weight"),
+                linear,
+            },
             Naming::Hf { prefix } => {
                 let b = |s: &str| format!("{prefix}layers.{i}.{s}");
                 LayerNames {
@@ -109,6 +151,11 @@ impl Naming {
                     up: b("mlp.up_proj.weight"),
                     down: b("mlp.down_proj.weight"),
                     router: b("mlp.gate.weight"),
+                    shared_gate: b("mlp.shared_expert.gate_proj.weight"),
+                    shared_up: b("mlp.shared_expert.up_proj.weight"),
+                    shared_down: b("mlp.shared_expert.down_proj.weight"),
+                    shared_router: b("mlp.shared_expert_gate.weight"),
+                    linear,
                 }
             }
         }

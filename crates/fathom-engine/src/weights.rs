@@ -234,6 +234,34 @@ impl WeightFiles {
         Ok(out)
     }
 
+    /// The 1-D tensor `name` of `cols` values read in place as a matrix of
+    /// one row (Qwen3.5 MoE's shared-expert gate, a dot product a row).
+    pub fn row_matrix(&self, name: &str, cols: usize) -> Result<HostMatrix, EngineError> {
+        let t = self.tensor(name)?;
+        let ty = t.checked(&[cols as u64])?;
+        Ok(HostMatrix {
+            data: self.host(t.loc)?,
+            storage: MatrixStorage::Blocks(ty),
+            rows: 1,
+            cols,
+        })
+    }
+
+    /// The `[rows, cols]` tensor `name` flattened to f32 row by row: a
+    /// small 2-D weight the engine converts at load like a 1-D one
+    /// (a linear-attention layer's convolution taps).
+    pub fn flat(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, EngineError> {
+        let t = self.tensor(name)?;
+        let ty = t.checked(&[rows as u64, cols as u64])?;
+        let bytes = self.bytes(t.loc);
+        let row_bytes = ty.row_bytes(cols);
+        let mut out = vec![0f32; rows * cols];
+        for (r, dst) in out.chunks_exact_mut(cols).enumerate() {
+            fathom_kernels::dequantize_row(ty, &bytes[r * row_bytes..(r + 1) * row_bytes], dst);
+        }
+        Ok(out)
+    }
+
     /// Reads one byte of every page of `matrices`, so the weights the
     /// model uses are resident before the first token instead of faulting
     /// in during it (and nothing else of the files is touched);

@@ -9,7 +9,7 @@ mod common;
 use common::families::{family, Family, Format};
 use common::{compare, engine, inputs, numpy_logits, smollm2};
 use fathom_checkpoint::Checkpoint;
-use fathom_fixtures::GgufTensorType;
+use fathom_fixtures::{self as fx, GgufTensorType, ModelDef};
 use fathom_plan::KvDtype;
 
 /// F32 weights leave the engine's f32 math against numpy's: the differences
@@ -21,11 +21,15 @@ const TOLERANCE: f32 = 1e-3;
 
 /// `family` with its real model's attention shape, in F32.
 fn check(family: &Family) {
-    let name = family.name;
+    check_model(family.name, family.real, &family.real_shaped());
+}
+
+/// `model` against numpy: the last position's logits after 40 tokens.
+fn check_model(name: &str, real: &str, model: &ModelDef) {
     let dir = std::env::temp_dir().join(format!("fathom-families-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{name}.gguf"));
-    Format::Gguf(GgufTensorType::F32).write(&family.real_shaped(), &path, 7);
+    Format::Gguf(GgufTensorType::F32).write(model, &path, 7);
     // The fixture's vocabulary has no merges; the ids are fed directly, so
     // any tokenizer serves to build the engine.
     let tokenizer = fathom_engine::load_tokenizer(&Checkpoint::open(&smollm2()).unwrap()).unwrap();
@@ -35,7 +39,7 @@ fn check(family: &Family) {
     let ours = engine.logits(&tokens).unwrap().to_vec();
     let reference = numpy_logits(&path, &tokens, false);
     let a = compare(&ours, &reference);
-    println!("{name} ({} attention): {a:?}", family.real);
+    println!("{name} ({real} attention): {a:?}");
     let _ = std::fs::remove_dir_all(&dir);
     assert!(a.max_rel < TOLERANCE && a.same_argmax, "{name}: {a:?}");
 }
@@ -63,4 +67,76 @@ fn qwen3_moe_with_routed_experts_and_qk_norm() {
 #[test]
 fn gemma3_with_sliding_window_layers() {
     check(family("gemma3"));
+}
+
+/// Qwen3.5: three gated-delta-rule layers (the causal convolution and the
+/// recurrence carried across the 40 tokens) and one gated full attention
+/// with a quarter-head rope, in Qwen3.5-4B's head shapes (16 heads over 4
+/// KV heads of 256; 16 key and 32 value heads of 128 in the linear
+/// layers) at hidden 512.
+#[test]
+fn qwen3_5_hybrid_linear_and_gated_attention() {
+    check_model("qwen35", "Qwen3.5-4B", &qwen3_5_shaped());
+}
+
+fn qwen3_5_shaped() -> ModelDef {
+    fx::reshaped(
+        &fx::tiny_qwen3_5(),
+        serde_json::json!({
+            "hidden_size": 512,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 32,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "mrope_section": [11, 11, 10],
+        }),
+    )
+}
+
+/// Qwen3.5 MoE: the hybrid layers with routed experts (top-2 of 4,
+/// renormalized) and the sigmoid-gated shared expert.
+#[test]
+fn qwen3_5_moe_with_shared_expert() {
+    check_model("qwen35moe", "Qwen3.5-35B-A3B", &fx::tiny_qwen3_5_moe());
+}
+
+/// Each sequence keeps its recurrent state in its own slot, and the state
+/// carries across prefill chunks: three prompts decoded together in steps
+/// of 7 tokens (so prompts split and share steps) give, token for token,
+/// what each gives alone, and the slots are reused by the next runs.
+#[test]
+fn qwen3_5_state_slots_hold_across_chunks_and_batches() {
+    let dir =
+        std::env::temp_dir().join(format!("fathom-families-q35-batch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("qwen35.gguf");
+    Format::Gguf(GgufTensorType::F32).write(&fx::tiny_qwen3_5(), &path, 7);
+    let tokenizer = fathom_engine::load_tokenizer(&Checkpoint::open(&smollm2()).unwrap()).unwrap();
+    let mut plan = inputs(96, KvDtype::F16);
+    plan.batch = 3;
+    plan.max_tokens_per_step = 7;
+    let mut engine = engine(&path, plan, Some(tokenizer));
+    let prompts: Vec<Vec<u32>> = [5u32, 19, 33]
+        .iter()
+        .enumerate()
+        .map(|(i, &seed)| {
+            (0..12 + 9 * i as u32)
+                .map(|j| (j * seed + 3) % 1000)
+                .collect()
+        })
+        .collect();
+    let refs: Vec<&[u32]> = prompts.iter().map(Vec::as_slice).collect();
+    let mut samplers: Vec<_> = (0..3).map(|_| common::greedy_sampler()).collect();
+    engine
+        .generate_batch(&refs, 16, &mut samplers, &[], &mut |_, _| true)
+        .unwrap();
+    let batched: Vec<Vec<u32>> = (0..3).map(|i| engine.tokens_of(i).to_vec()).collect();
+    for (i, prompt) in prompts.iter().enumerate() {
+        let alone = common::generated(&mut engine, prompt, 16);
+        assert_eq!(batched[i][prompt.len()..], alone[..], "prompt {i}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -6,7 +6,9 @@ use std::fs::File;
 use std::io::{self, BufWriter, Seek, SeekFrom, Write};
 use std::path::Path;
 
-use crate::random::{write_blocks, write_elements, Block, Fill, Rng};
+use std::ops::Range;
+
+use crate::random::{write_blocks, write_elements, Block, Fill, Rng, WEIGHTS};
 use crate::Data;
 
 /// A metadata value; the variants are GGUF's value types.
@@ -128,6 +130,8 @@ pub struct GgufWriter {
     /// Each with whether [`GgufWriter::tensor_at`] fixed its offset; the
     /// others are placed at layout time, once the alignment is known.
     tensors: Vec<(GgufTensorInfo, bool)>,
+    /// Float tensors whose random values fall in a range of their own.
+    ranges: Vec<(String, Range<f32>)>,
 }
 
 impl Default for GgufWriter {
@@ -136,6 +140,7 @@ impl Default for GgufWriter {
             version: 3,
             kvs: Vec::new(),
             tensors: Vec::new(),
+            ranges: Vec::new(),
         }
     }
 }
@@ -153,6 +158,21 @@ impl GgufWriter {
     /// A `general.alignment` U32 also sets the padding this writer uses.
     pub fn kv(mut self, key: impl Into<String>, value: GgufValue) -> Self {
         self.kvs.push((key.into(), value));
+        self
+    }
+
+    /// Drops the metadata keys `keep` refuses (to replace a group of them,
+    /// e.g. the tokenizer's).
+    pub fn retain_kvs(mut self, keep: impl Fn(&str) -> bool) -> Self {
+        self.kvs.retain(|(key, _)| keep(key));
+        self
+    }
+
+    /// Random data gives the float tensor `name` values uniform in
+    /// `range` instead of [-0.1, 0.1) (a decay that must stay negative, a
+    /// norm near one).
+    pub fn value_range(mut self, name: impl Into<String>, range: Range<f32>) -> Self {
+        self.ranges.push((name.into(), range));
         self
     }
 
@@ -271,7 +291,12 @@ impl GgufWriter {
                     (header.len() as u64).saturating_add(info.offset),
                 ))?;
                 let mut rng = Rng::for_tensor(seed, &info.name);
-                fill_tensor(&mut out, info, &mut rng)?;
+                let range = self
+                    .ranges
+                    .iter()
+                    .find(|(name, _)| *name == info.name)
+                    .map_or(WEIGHTS, |(_, r)| r.clone());
+                fill_tensor(&mut out, info, &mut rng, range)?;
             }
         }
         let file = out.into_inner().map_err(io::IntoInnerError::into_error)?;
@@ -286,7 +311,12 @@ fn align_up(offset: u64, align: u64) -> u64 {
     offset.checked_next_multiple_of(align).unwrap_or(u64::MAX)
 }
 
-fn fill_tensor(out: &mut impl Write, info: &GgufTensorInfo, rng: &mut Rng) -> io::Result<()> {
+fn fill_tensor(
+    out: &mut impl Write,
+    info: &GgufTensorInfo,
+    rng: &mut Rng,
+    range: Range<f32>,
+) -> io::Result<()> {
     let (fill, size) = match GgufTensorType::from_ggml_id(info.type_id) {
         Some(GgufTensorType::F32) => (Fill::F32, 4),
         Some(GgufTensorType::F16) => (Fill::F16, 2),
@@ -309,5 +339,5 @@ fn fill_tensor(out: &mut impl Write, info: &GgufTensorInfo, rng: &mut Rng) -> io
             return write_blocks(out, info.len, &bytes, rng);
         }
     };
-    write_elements(out, fill, info.len / size, rng)
+    write_elements(out, fill, info.len / size, rng, range)
 }

@@ -48,12 +48,39 @@ pub fn gguf_writer(model: &ModelDef, ggml_type: GgufTensorType) -> io::Result<Gg
             "tokenizer.ggml.tokens",
             GgufValue::strings((0..vocab).map(|i| format!("t{i}"))),
         );
+    let hybrid = config.get("linear_num_value_heads").is_some();
     for (name, dims) in tensors(model)? {
         let stored = stored_type(&name, &dims, ggml_type);
         let len = stored.ggml().padded_row_bytes(dims.iter().product());
+        if let Some(range) = hybrid.then(|| hybrid_range(&name)).flatten() {
+            writer = writer.value_range(name.clone(), range);
+        }
         writer = writer.tensor(name, &dims, stored.ggml_id(), len);
     }
     Ok(writer)
+}
+
+/// Where a Qwen3.5 fixture's random values fall when [-0.1, 0.1) would
+/// not make a working model: the decay rate `ssm_a` (llama.cpp stores
+/// −exp(A_log)) must be negative or the recurrent state grows without
+/// bound; norms near one let every layer's branch count; and a final norm
+/// of about 3.5 spreads the logits (their spread is about 3.5 × 0.058 ×
+/// √hidden, about 10 at Qwen3.5-4B's width) so next-token distributions
+/// are peaked, as a trained model's are (with a norm near 2 the best two
+/// tokens were about a nat apart), and a top-token comparison is not
+/// decided by near-ties.
+fn hybrid_range(name: &str) -> Option<std::ops::Range<f32>> {
+    if name == "output_norm.weight" {
+        Some(3.0..4.0)
+    } else if name.ends_with(".ssm_a") {
+        Some(-1.0..-0.05)
+    } else if name.ends_with("norm.weight") {
+        Some(0.8..1.2)
+    } else if name.ends_with("ssm_conv1d.weight") {
+        Some(-0.5..0.5)
+    } else {
+        None
+    }
 }
 
 fn invalid(message: String) -> io::Error {
@@ -97,7 +124,6 @@ fn hyperparameters(model: &ModelDef) -> io::Result<Vec<(&'static str, GgufValue)
         ("context_length", u32_of(c, "max_position_embeddings")?),
         ("embedding_length", u32_of(c, "hidden_size")?),
         ("block_count", u32_of(c, "num_hidden_layers")?),
-        ("feed_forward_length", u32_of(c, "intermediate_size")?),
         ("attention.head_count", u32_of(c, "num_attention_heads")?),
         ("attention.head_count_kv", u32_of(c, "num_key_value_heads")?),
         ("attention.key_length", GgufValue::U32(head_dim)),
@@ -106,9 +132,16 @@ fn hyperparameters(model: &ModelDef) -> io::Result<Vec<(&'static str, GgufValue)
             "attention.layer_norm_rms_epsilon",
             f32_of(c, "rms_norm_eps")?,
         ),
-        ("rope.dimension_count", GgufValue::U32(head_dim)),
         ("rope.freq_base", f32_of(c, "rope_theta")?),
     ];
+    if c["intermediate_size"].is_u64() {
+        kvs.push(("feed_forward_length", u32_of(c, "intermediate_size")?));
+    }
+    let rotated = match c["partial_rotary_factor"].as_f64() {
+        Some(f) => (f64::from(head_dim) * f) as u32,
+        None => head_dim,
+    };
+    kvs.push(("rope.dimension_count", GgufValue::U32(rotated)));
     let scaling = &c["rope_scaling"];
     if scaling["rope_type"] == "linear" {
         kvs.push(("rope.scaling.type", GgufValue::string("linear")));
@@ -125,6 +158,49 @@ fn hyperparameters(model: &ModelDef) -> io::Result<Vec<(&'static str, GgufValue)
     if model.gguf_arch == "gemma3" {
         kvs.push(("attention.sliding_window", u32_of(c, "sliding_window")?));
     }
+    if c.get("linear_num_value_heads").is_some() {
+        kvs.extend(hybrid_hyperparameters(c)?);
+    }
+    Ok(kvs)
+}
+
+/// Qwen3.5's keys as llama.cpp's converter writes them: the gated delta
+/// rule's `ssm.*` dimensions, the layer pattern, the multimodal rope's
+/// sections and the shared expert's width.
+fn hybrid_hyperparameters(c: &Value) -> io::Result<Vec<(&'static str, GgufValue)>> {
+    let value_heads = int(c, "linear_num_value_heads")?;
+    let inner = value_heads * int(c, "linear_value_head_dim")?;
+    let u32_value = |v: u64| {
+        u32::try_from(v)
+            .map(GgufValue::U32)
+            .map_err(|_| invalid(format!("{v} does not fit a GGUF u32")))
+    };
+    let mut sections: Vec<GgufValue> = c["mrope_section"]
+        .as_array()
+        .ok_or_else(|| invalid("config has no mrope_section array".into()))?
+        .iter()
+        .map(|v| v.as_i64().map(|x| GgufValue::I32(x as i32)))
+        .collect::<Option<_>>()
+        .ok_or_else(|| invalid("mrope_section holds a non-integer".into()))?;
+    sections.resize(4, GgufValue::I32(0));
+    let mut kvs = vec![
+        ("ssm.conv_kernel", u32_of(c, "linear_conv_kernel_dim")?),
+        ("ssm.state_size", u32_of(c, "linear_key_head_dim")?),
+        ("ssm.group_count", u32_of(c, "linear_num_key_heads")?),
+        ("ssm.time_step_rank", u32_value(value_heads)?),
+        ("ssm.inner_size", u32_value(inner)?),
+        (
+            "full_attention_interval",
+            u32_of(c, "full_attention_interval")?,
+        ),
+        ("rope.dimension_sections", GgufValue::Array(5, sections)),
+    ];
+    if c.get("shared_expert_intermediate_size").is_some() {
+        kvs.push((
+            "expert_shared_feed_forward_length",
+            u32_of(c, "shared_expert_intermediate_size")?,
+        ));
+    }
     Ok(kvs)
 }
 
@@ -138,6 +214,7 @@ fn tensors(model: &ModelDef) -> io::Result<Vec<(String, Vec<u64>)>> {
         out.push(("rope_freqs.weight".into(), vec![head_dim(config)? / 2]));
     }
     let gemma = model.gguf_arch == "gemma3";
+    let hybrid = config.get("linear_num_value_heads").is_some();
     let mut merged: HashMap<String, usize> = HashMap::new();
     for tensor in &model.tensors {
         if tensor.dtype == DType::U32 {
@@ -146,7 +223,7 @@ fn tensors(model: &ModelDef) -> io::Result<Vec<(String, Vec<u64>)>> {
                 tensor.name
             )));
         }
-        let Some((name, expert)) = gguf_name(&tensor.name, gemma)? else {
+        let Some((name, expert)) = gguf_name(&tensor.name, gemma, hybrid)? else {
             continue;
         };
         let dims: Vec<u64> = tensor.shape.iter().rev().copied().collect();
@@ -164,7 +241,7 @@ fn tensors(model: &ModelDef) -> io::Result<Vec<(String, Vec<u64>)>> {
 
 /// llama.cpp's name for a Hugging Face tensor, and whether it is one expert
 /// of a merged tensor; `None` for tensors outside the language model.
-fn gguf_name(hf: &str, gemma: bool) -> io::Result<Option<(String, bool)>> {
+fn gguf_name(hf: &str, gemma: bool, hybrid: bool) -> io::Result<Option<(String, bool)>> {
     if hf.starts_with("vision_tower.") || hf.starts_with("multi_modal_projector.") {
         return Ok(None);
     }
@@ -181,6 +258,15 @@ fn gguf_name(hf: &str, gemma: bool) -> io::Result<Option<(String, bool)>> {
     }
     let rest = name.strip_prefix("model.layers.").ok_or_else(unknown)?;
     let (layer, suffix) = rest.split_once('.').ok_or_else(unknown)?;
+    // Qwen3.5's decay parameters are not `module.kind` names.
+    let whole = match suffix {
+        "linear_attn.dt_bias" => Some("ssm_dt.bias"),
+        "linear_attn.A_log" => Some("ssm_a"),
+        _ => None,
+    };
+    if let Some(whole) = whole {
+        return Ok(Some((format!("blk.{layer}.{whole}"), false)));
+    }
     if let Some(expert) = suffix.strip_prefix("mlp.experts.") {
         let merged = match expert.split_once('.').map(|(_, proj)| proj) {
             Some("gate_proj.weight") => "ffn_gate_exps",
@@ -193,7 +279,7 @@ fn gguf_name(hf: &str, gemma: bool) -> io::Result<Option<(String, bool)>> {
     let (module, kind) = suffix.rsplit_once('.').ok_or_else(unknown)?;
     let gguf = match module {
         "input_layernorm" => "attn_norm",
-        "post_attention_layernorm" if gemma => "post_attention_norm",
+        "post_attention_layernorm" if gemma || hybrid => "post_attention_norm",
         "post_attention_layernorm" | "pre_feedforward_layernorm" => "ffn_norm",
         "post_feedforward_layernorm" => "post_ffw_norm",
         "self_attn.q_proj" => "attn_q",
@@ -206,13 +292,28 @@ fn gguf_name(hf: &str, gemma: bool) -> io::Result<Option<(String, bool)>> {
         "mlp.up_proj" => "ffn_up",
         "mlp.down_proj" => "ffn_down",
         "mlp.gate" => "ffn_gate_inp",
+        "mlp.shared_expert.gate_proj" => "ffn_gate_shexp",
+        "mlp.shared_expert.up_proj" => "ffn_up_shexp",
+        "mlp.shared_expert.down_proj" => "ffn_down_shexp",
+        "mlp.shared_expert_gate" => "ffn_gate_inp_shexp",
+        "linear_attn.in_proj_qkv" => "attn_qkv",
+        "linear_attn.in_proj_z" => "attn_gate",
+        "linear_attn.in_proj_b" => "ssm_beta",
+        "linear_attn.in_proj_a" => "ssm_alpha",
+        "linear_attn.conv1d" => "ssm_conv1d",
+        "linear_attn.norm" => "ssm_norm",
+        "linear_attn.out_proj" => "ssm_out",
         _ => return Err(unknown()),
     };
     Ok(Some((format!("blk.{layer}.{gguf}.{kind}"), false)))
 }
 
 fn stored_type(name: &str, dims: &[u64], wanted: GgufTensorType) -> GgufTensorType {
-    if dims.len() <= 1 || name.ends_with("ffn_gate_inp.weight") {
+    // llama.cpp keeps the convolution taps in f32 as well.
+    if dims.len() <= 1
+        || name.ends_with("ffn_gate_inp.weight")
+        || name.ends_with("ssm_conv1d.weight")
+    {
         GgufTensorType::F32
     } else if dims[0].is_multiple_of(wanted.ggml().block_elems()) {
         wanted

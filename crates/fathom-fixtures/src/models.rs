@@ -14,9 +14,21 @@ enum Family {
     Qwen3,
     Qwen3Moe,
     Gemma3,
+    Qwen35,
+    Qwen35Moe,
 }
 
 impl Family {
+    const ALL: [Family; 7] = [
+        Family::Llama,
+        Family::Qwen2,
+        Family::Qwen3,
+        Family::Qwen3Moe,
+        Family::Gemma3,
+        Family::Qwen35,
+        Family::Qwen35Moe,
+    ];
+
     fn gguf_arch(self) -> &'static str {
         match self {
             Family::Llama => "llama",
@@ -24,7 +36,17 @@ impl Family {
             Family::Qwen3 => "qwen3",
             Family::Qwen3Moe => "qwen3moe",
             Family::Gemma3 => "gemma3",
+            Family::Qwen35 => "qwen35",
+            Family::Qwen35Moe => "qwen35moe",
         }
+    }
+
+    fn hybrid(self) -> bool {
+        matches!(self, Family::Qwen35 | Family::Qwen35Moe)
+    }
+
+    fn moe(self) -> bool {
+        matches!(self, Family::Qwen3Moe | Family::Qwen35Moe)
     }
 }
 
@@ -49,6 +71,24 @@ pub fn qwen2_5_7b() -> ModelDef {
 /// about 61 GB in BF16.
 pub fn qwen3_30b_a3b() -> ModelDef {
     decoder_model("Qwen3-30B-A3B", Family::Qwen3Moe, qwen3_30b_a3b_config())
+}
+
+/// Qwen3.5-4B's language model: 32 layers of 2560, three gated-delta-rule
+/// layers to each gated full-attention one, tied embeddings, BF16. The
+/// published checkpoint's one multi-token-prediction layer is left out.
+pub fn qwen3_5_4b() -> ModelDef {
+    decoder_model("Qwen3.5-4B", Family::Qwen35, qwen3_5_4b_config())
+}
+
+/// Qwen3.5-35B-A3B's language model: 40 hybrid layers of 2048, 256
+/// experts of which 8 are used plus a gated shared expert in every layer,
+/// untied, BF16 (about 69 GB). No multi-token-prediction layer.
+pub fn qwen3_5_35b_a3b() -> ModelDef {
+    decoder_model(
+        "Qwen3.5-35B-A3B",
+        Family::Qwen35Moe,
+        qwen3_5_35b_a3b_config(),
+    )
 }
 
 /// Text-only Gemma 3: tied embeddings, five sliding-window layers per full
@@ -159,6 +199,44 @@ pub fn tiny_qwen3_moe() -> ModelDef {
         Family::Qwen3Moe,
         with(config, tiny_dims()),
     )
+}
+
+/// Qwen3.5-4B's config shrunk like [`tiny_llama`] to four layers (three
+/// linear-attention, one gated full attention), with 2 key and 4 value
+/// heads of 32 in the linear layers and a 16-value rope.
+pub fn tiny_qwen3_5() -> ModelDef {
+    let config = with(qwen3_5_4b_config(), tiny_dims());
+    let config = with(
+        config,
+        json!({
+            "num_hidden_layers": 4,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 32,
+            "linear_value_head_dim": 32,
+            "mrope_section": [3, 3, 2],
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        }),
+    );
+    decoder_model("tiny-qwen3.5", Family::Qwen35, config)
+}
+
+/// [`tiny_qwen3_5`] with Qwen3.5-35B-A3B's FFN: 4 experts of 256, 2
+/// used, and a gated shared expert of 256.
+pub fn tiny_qwen3_5_moe() -> ModelDef {
+    let config = with(
+        tiny_qwen3_5().config,
+        json!({
+            "architectures": ["Qwen3_5MoeForCausalLM"],
+            "intermediate_size": null,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 256,
+            "shared_expert_intermediate_size": 256,
+        }),
+    );
+    decoder_model("tiny-qwen3.5-moe", Family::Qwen35Moe, config)
 }
 
 /// Gemma-3-1B config shrunk like [`tiny_llama`] (one KV head, as the real
@@ -392,6 +470,57 @@ fn gemma3_4b_config() -> Value {
     })
 }
 
+/// The language model's settings of Qwen3.5-4B's `text_config`.
+fn qwen3_5_4b_config() -> Value {
+    json!({
+        "architectures": ["Qwen3_5ForCausalLM"],
+        "model_type": "qwen3_5_text",
+        "hidden_size": 2560,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "full_attention_interval": 4,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [11, 11, 10],
+        "rope_theta": 10_000_000.0,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": 248_320,
+        "max_position_embeddings": 262_144,
+        "tie_word_embeddings": true,
+        "bos_token_id": 248_044,
+        "eos_token_id": 248_044,
+        "torch_dtype": "bfloat16",
+    })
+}
+
+/// Qwen3.5-35B-A3B's `text_config`, language model only: the 4B's
+/// linear-attention heads and rope, at another width, with experts.
+fn qwen3_5_35b_a3b_config() -> Value {
+    with(
+        qwen3_5_4b_config(),
+        json!({
+            "architectures": ["Qwen3_5MoeForCausalLM"],
+            "model_type": "qwen3_5_moe_text",
+            "hidden_size": 2048,
+            "intermediate_size": null,
+            "num_hidden_layers": 40,
+            "num_key_value_heads": 2,
+            "num_experts": 256,
+            "num_experts_per_tok": 8,
+            "moe_intermediate_size": 512,
+            "shared_expert_intermediate_size": 512,
+            "tie_word_embeddings": false,
+        }),
+    )
+}
+
 fn smollm2_135m_config() -> Value {
     json!({
         "architectures": ["LlamaForCausalLM"],
@@ -444,16 +573,10 @@ fn gemma3_layer_types(layers: usize, pattern: usize) -> Value {
 /// `reshaped(&tiny_qwen2(), json!({"num_attention_heads": 14, ...}))`.
 /// Panics for models that are not a plain decoder of a known family.
 pub fn reshaped(model: &ModelDef, overrides: Value) -> ModelDef {
-    let family = [
-        Family::Llama,
-        Family::Qwen2,
-        Family::Qwen3,
-        Family::Qwen3Moe,
-        Family::Gemma3,
-    ]
-    .into_iter()
-    .find(|f| f.gguf_arch() == model.gguf_arch && model.config.get("text_config").is_none())
-    .expect("a plain decoder of a known family");
+    let family = Family::ALL
+        .into_iter()
+        .find(|f| f.gguf_arch() == model.gguf_arch && model.config.get("text_config").is_none())
+        .expect("a plain decoder of a known family");
     decoder_model(model.name, family, with(model.config.clone(), overrides))
 }
 
@@ -497,7 +620,7 @@ fn decoder(family: Family, config: &Value, outer: &str, dtype: DType) -> Vec<Ten
     let heads = num(config, "num_attention_heads");
     let kv_heads = num(config, "num_key_value_heads");
     let head_dim = config["head_dim"].as_u64().unwrap_or(hidden / heads);
-    let ffn = num(config, "intermediate_size");
+    let ffn = config["intermediate_size"].as_u64().unwrap_or(0);
     let vocab = num(config, "vocab_size");
     let tied = config["tie_word_embeddings"]
         .as_bool()
@@ -511,17 +634,29 @@ fn decoder(family: Family, config: &Value, outer: &str, dtype: DType) -> Vec<Ten
         format!("{outer}model.embed_tokens.weight"),
         &[vocab, hidden],
     );
+    let interval = config["full_attention_interval"].as_u64().unwrap_or(1);
     for layer in 0..num(config, "num_hidden_layers") {
         let p = format!("{outer}model.layers.{layer}.");
         add(format!("{p}input_layernorm.weight"), &[hidden]);
+        if family.hybrid() && !(layer + 1).is_multiple_of(interval) {
+            gated_delta_rule(config, &p, hidden, &mut add);
+            add(format!("{p}post_attention_layernorm.weight"), &[hidden]);
+            mlp(family, config, &p, hidden, ffn, &mut add);
+            continue;
+        }
+        // Qwen3.5's q projection carries an output gate per head.
+        let q_out = if family.hybrid() { 2 * q_out } else { q_out };
         for (proj, out) in [("q", q_out), ("k", kv_out), ("v", kv_out)] {
             add(format!("{p}self_attn.{proj}_proj.weight"), &[out, hidden]);
             if family == Family::Qwen2 {
                 add(format!("{p}self_attn.{proj}_proj.bias"), &[out]);
             }
         }
-        add(format!("{p}self_attn.o_proj.weight"), &[hidden, q_out]);
-        if matches!(family, Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3) {
+        add(
+            format!("{p}self_attn.o_proj.weight"),
+            &[hidden, heads * head_dim],
+        );
+        if family != Family::Llama && family != Family::Qwen2 {
             add(format!("{p}self_attn.q_norm.weight"), &[head_dim]);
             add(format!("{p}self_attn.k_norm.weight"), &[head_dim]);
         }
@@ -530,27 +665,70 @@ fn decoder(family: Family, config: &Value, outer: &str, dtype: DType) -> Vec<Ten
             add(format!("{p}pre_feedforward_layernorm.weight"), &[hidden]);
             add(format!("{p}post_feedforward_layernorm.weight"), &[hidden]);
         }
-        if family == Family::Qwen3Moe {
-            let experts = num(config, "num_experts");
-            let expert_ffn = num(config, "moe_intermediate_size");
-            add(format!("{p}mlp.gate.weight"), &[experts, hidden]);
-            for e in 0..experts {
-                let x = format!("{p}mlp.experts.{e}.");
-                add(format!("{x}gate_proj.weight"), &[expert_ffn, hidden]);
-                add(format!("{x}up_proj.weight"), &[expert_ffn, hidden]);
-                add(format!("{x}down_proj.weight"), &[hidden, expert_ffn]);
-            }
-        } else {
-            add(format!("{p}mlp.gate_proj.weight"), &[ffn, hidden]);
-            add(format!("{p}mlp.up_proj.weight"), &[ffn, hidden]);
-            add(format!("{p}mlp.down_proj.weight"), &[hidden, ffn]);
-        }
+        mlp(family, config, &p, hidden, ffn, &mut add);
     }
     add(format!("{outer}model.norm.weight"), &[hidden]);
     if !tied {
         add(format!("{outer}lm_head.weight"), &[vocab, hidden]);
     }
     tensors
+}
+
+/// A layer's FFN: routed experts (with Qwen3.5's gated shared expert), or
+/// one gated FFN.
+fn mlp(
+    family: Family,
+    config: &Value,
+    p: &str,
+    hidden: u64,
+    ffn: u64,
+    add: &mut impl FnMut(String, &[u64]),
+) {
+    let gated = |add: &mut dyn FnMut(String, &[u64]), x: &str, width: u64| {
+        add(format!("{x}gate_proj.weight"), &[width, hidden]);
+        add(format!("{x}up_proj.weight"), &[width, hidden]);
+        add(format!("{x}down_proj.weight"), &[hidden, width]);
+    };
+    if !family.moe() {
+        return gated(add, &format!("{p}mlp."), ffn);
+    }
+    let experts = num(config, "num_experts");
+    let expert_ffn = num(config, "moe_intermediate_size");
+    add(format!("{p}mlp.gate.weight"), &[experts, hidden]);
+    for e in 0..experts {
+        gated(add, &format!("{p}mlp.experts.{e}."), expert_ffn);
+    }
+    if let Some(shared) = config["shared_expert_intermediate_size"].as_u64() {
+        gated(add, &format!("{p}mlp.shared_expert."), shared);
+        // One sigmoid gate value per token: stored squeezed, as
+        // llama.cpp's converter writes it.
+        add(format!("{p}mlp.shared_expert_gate.weight"), &[hidden]);
+    }
+}
+
+/// A Qwen3.5 linear-attention layer: the q/k/v and output-gate input
+/// projections, the per-head decay (alpha) and update (beta) projections,
+/// the causal convolution (stored squeezed to `[channels, taps]`), the
+/// decay's bias and log-rate, the per-head output norm and the output
+/// projection.
+fn gated_delta_rule(config: &Value, p: &str, hidden: u64, add: &mut impl FnMut(String, &[u64])) {
+    let head = num(config, "linear_key_head_dim");
+    let value_heads = num(config, "linear_num_value_heads");
+    let inner = value_heads * num(config, "linear_value_head_dim");
+    let channels = 2 * num(config, "linear_num_key_heads") * head + inner;
+    let a = format!("{p}linear_attn.");
+    add(format!("{a}in_proj_qkv.weight"), &[channels, hidden]);
+    add(format!("{a}in_proj_z.weight"), &[inner, hidden]);
+    add(format!("{a}in_proj_b.weight"), &[value_heads, hidden]);
+    add(format!("{a}in_proj_a.weight"), &[value_heads, hidden]);
+    add(
+        format!("{a}conv1d.weight"),
+        &[channels, num(config, "linear_conv_kernel_dim")],
+    );
+    add(format!("{a}dt_bias"), &[value_heads]);
+    add(format!("{a}A_log"), &[value_heads]);
+    add(format!("{a}norm.weight"), &[head]);
+    add(format!("{a}out_proj.weight"), &[hidden, inner]);
 }
 
 /// Gemma 3's SigLIP vision tower and the projector into the language model.

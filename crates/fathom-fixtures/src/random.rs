@@ -103,10 +103,6 @@ impl Rng {
         (self.next_u64() % n.max(1) as u64) as usize
     }
 
-    pub(crate) fn weight(&mut self) -> f32 {
-        self.unit() * 0.2 - 0.1
-    }
-
     /// A positive quantization scale in [max / 10, max).
     fn scale(&mut self, max: f32) -> f32 {
         max * (0.1 + 0.9 * self.unit())
@@ -135,18 +131,24 @@ pub(crate) enum Fill {
 
 const CHUNK: usize = 1 << 16;
 
+/// Where random float weights fall unless a tensor asks for another range.
+pub(crate) const WEIGHTS: Range<f32> = -0.1..0.1;
+
+/// `count` elements uniform in `range` (float fills; `Bits32` ignores it).
 pub(crate) fn write_elements(
     out: &mut impl Write,
     fill: Fill,
     count: u64,
     rng: &mut Rng,
+    range: Range<f32>,
 ) -> io::Result<()> {
     let mut buf = Vec::with_capacity(CHUNK + 8);
     for _ in 0..count {
+        let mut x = || rng.f32_in(range.clone());
         match fill {
-            Fill::F32 => buf.extend_from_slice(&rng.weight().to_le_bytes()),
-            Fill::F16 => buf.extend_from_slice(&f32_to_f16(rng.weight()).to_le_bytes()),
-            Fill::BF16 => buf.extend_from_slice(&f32_to_bf16(rng.weight()).to_le_bytes()),
+            Fill::F32 => buf.extend_from_slice(&x().to_le_bytes()),
+            Fill::F16 => buf.extend_from_slice(&f32_to_f16(x()).to_le_bytes()),
+            Fill::BF16 => buf.extend_from_slice(&f32_to_bf16(x()).to_le_bytes()),
             Fill::Bits32 => buf.extend_from_slice(&(rng.next_u64() as u32).to_le_bytes()),
         }
         if buf.len() >= CHUNK {
@@ -203,9 +205,9 @@ mod tests {
         let mut a = Rng::for_tensor(7, "w");
         let mut b = Rng::for_tensor(7, "w");
         for _ in 0..10_000 {
-            let x = a.weight();
-            assert!((-0.1..0.1).contains(&x));
-            assert_eq!(x, b.weight());
+            let x = a.f32_in(WEIGHTS);
+            assert!(WEIGHTS.contains(&x));
+            assert_eq!(x, b.f32_in(WEIGHTS));
         }
         assert_ne!(
             Rng::for_tensor(7, "w").next_u64(),

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use serde_json::{json, Map, Value};
 
-use crate::random::{write_elements, Fill, Rng};
+use crate::random::{write_elements, Fill, Rng, WEIGHTS};
 use crate::{DType, Data, TensorDef};
 
 /// Writes a safetensors file with the tensors' data laid out in the order
@@ -30,7 +30,7 @@ pub fn write_safetensors(
                 DType::U32 => Fill::Bits32,
             };
             let mut rng = Rng::for_tensor(seed, &tensor.name);
-            write_elements(&mut out, fill, tensor.numel(), &mut rng)?;
+            write_elements(&mut out, fill, tensor.numel(), &mut rng, WEIGHTS)?;
         }
     }
     let file = out.into_inner().map_err(io::IntoInnerError::into_error)?;

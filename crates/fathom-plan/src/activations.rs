@@ -160,16 +160,37 @@ pub fn plan(
     let kv_heads = spec.n_kv_heads;
     let q_width = spec.n_heads.saturating_mul(key_dim);
     let attn_width = spec.n_heads.saturating_mul(value_dim);
-    let ffn = spec.ffn.max(spec.expert_ffn);
-    let widest_input = d.max(ffn).max(attn_width);
+    let mut ffn = spec.ffn.max(spec.expert_ffn).max(spec.shared_expert_ffn);
+    let (mut q, mut k, mut v, mut out) = (
+        q_width,
+        kv_heads.saturating_mul(key_dim),
+        kv_heads.saturating_mul(value_dim),
+        attn_width,
+    );
+    if spec.block.gated_attention {
+        // The q projection with its gate lands in `ffn_gate` and is split
+        // into `q` and `ffn_up`, which then holds the gated output.
+        ffn = ffn.max(q_width.saturating_mul(2)).max(attn_width);
+    }
+    if let Some(l) = spec.linear {
+        // A linear-attention layer: q, k and v for the convolution in `q`,
+        // the decay and update inputs in `k` and `v`, the recurrence's
+        // output in `attn_out`, its output gate in `ffn_up`.
+        q = q.max(l.conv_channels());
+        k = k.max(l.value_heads);
+        v = v.max(l.value_heads);
+        out = out.max(l.inner());
+        ffn = ffn.max(l.inner());
+    }
+    let widest_input = d.max(ffn).max(out);
 
     let mut list: Vec<(Buf, u64, u64, u64)> = vec![
         (Buf::Residual, t, d, F32),
         (Buf::Norm, t, d, F32),
-        (Buf::Q, t, q_width, F32),
-        (Buf::K, t, kv_heads.saturating_mul(key_dim), F32),
-        (Buf::V, t, kv_heads.saturating_mul(value_dim), F32),
-        (Buf::AttnOut, t, attn_width, F32),
+        (Buf::Q, t, q, F32),
+        (Buf::K, t, k, F32),
+        (Buf::V, t, v, F32),
+        (Buf::AttnOut, t, out, F32),
         (Buf::BranchOut, t, d, F32),
         (Buf::FfnGate, t, ffn, F32),
         (Buf::FfnUp, t, ffn, F32),

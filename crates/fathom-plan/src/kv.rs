@@ -109,7 +109,8 @@ pub struct KvPlan {
 }
 
 /// Each layer's group index (in order of first appearance), or `None`
-/// for a layer without attention. Layers share a group when their
+/// for a layer without KV (no attention, or linear attention, whose state
+/// is the recurrent term). Layers share a group when their
 /// attention kind and KV shape match; the engine lays out its pool by the
 /// same grouping, so this is the one place that decides it. A layer whose
 /// KV is held on the other side of a placement (`kv_elsewhere`) numbers its
@@ -129,7 +130,7 @@ fn numbered_groups(spec: &ModelSpec) -> Vec<Option<usize>> {
     spec.layers
         .iter()
         .map(|l| {
-            if l.attention == Attention::None {
+            if matches!(l.attention, Attention::None | Attention::Linear) {
                 return None;
             }
             let key = (l.attention, l.n_kv_heads, l.key_dim, l.value_dim);
@@ -193,7 +194,8 @@ impl KvPlan {
     /// `30 layers x 3 kv heads x (64 + 64) dims x f16, 8192 tokens (512 blocks of 16) x 1 seq`.
     pub fn derivation(&self, dtype: KvDtype, batch: u64) -> String {
         if self.groups.is_empty() {
-            return "no attention layers known: no KV planned".into();
+            return "no layer holds KV (none known, or linear attention only): no KV planned"
+                .into();
         }
         let parts: Vec<String> = self
             .groups

@@ -15,6 +15,7 @@ pub mod env;
 pub mod kv;
 pub mod placement;
 pub mod quant;
+pub mod recurrent;
 pub mod rocm;
 pub mod serve;
 pub mod size;
@@ -137,6 +138,14 @@ pub struct MemoryPlan {
     pub kv_bytes: u64,
     pub kv_block_tokens: u64,
     pub kv_detail: Vec<kv::KvGroup>,
+    /// Linear-attention layers' per-sequence state (hybrid models; 0 and
+    /// no detail otherwise). Absent from the JSON when 0, so the plans of
+    /// other models (and the recorded grids that re-derive them) read as
+    /// before.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub recurrent_bytes: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recurrent_detail: Option<recurrent::RecurrentPlan>,
     pub activation_bytes: u64,
     pub activation_detail: Vec<activations::ArenaBuffer>,
     pub runtime_overhead_bytes: u64,
@@ -195,6 +204,7 @@ pub struct HostPlan {
 struct Sized {
     converted: u64,
     kv: KvPlan,
+    recurrent: Option<recurrent::RecurrentPlan>,
     activations: ActivationPlan,
     /// The activations on the plan's device.
     activation_bytes: u64,
@@ -209,6 +219,7 @@ struct Sized {
 /// `spec` is then the sharded one.
 fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64, nccl: u64) -> Sized {
     let kv = kv::plan(spec, max_tokens, inputs.batch, inputs.kv_dtype);
+    let recurrent = recurrent::plan(spec, inputs.batch);
     let activations = activations::plan(
         spec,
         max_tokens,
@@ -244,6 +255,7 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64, nccl: u64)
         .clamp(i128::from(i64::MIN), i128::from(i64::MAX)) as i64;
     let total = [
         scaled,
+        recurrent.as_ref().map_or(0, |r| r.bytes),
         converted,
         activation_bytes,
         runtime.0,
@@ -256,6 +268,7 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64, nccl: u64)
     Sized {
         converted,
         kv,
+        recurrent,
         activations,
         activation_bytes,
         runtime,
@@ -539,13 +552,27 @@ impl MemoryPlan {
                 derivation: s.backend.fixed_derivation.clone(),
             },
         ];
+        if let Some(r) = &s.recurrent {
+            terms.insert(
+                2,
+                Term {
+                    name: "recurrent_state",
+                    bytes: r.bytes,
+                    derivation: r.derivation(spec),
+                },
+            );
+        }
         if s.converted > 0 {
             terms.insert(
                 1,
                 Term {
                     name: "converted",
                     bytes: s.converted,
-                    derivation: "1-D tensors (norms, biases) copied to f32 at load".into(),
+                    derivation: if spec.linear.is_some() {
+                        "1-D tensors (norms, biases, decay parameters) and convolution taps copied to f32 at load".into()
+                    } else {
+                        "1-D tensors (norms, biases) copied to f32 at load".into()
+                    },
                 },
             );
         }
@@ -602,6 +629,8 @@ impl MemoryPlan {
             kv_bytes: s.kv.bytes,
             kv_block_tokens: s.kv.block_tokens,
             kv_detail: s.kv.groups,
+            recurrent_bytes: s.recurrent.as_ref().map_or(0, |r| r.bytes),
+            recurrent_detail: s.recurrent,
             activation_bytes: s.activation_bytes,
             activation_detail: s.activations.buffers,
             runtime_overhead_bytes: s.runtime.0,
@@ -625,11 +654,21 @@ impl MemoryPlan {
     }
 }
 
-/// The engine reads matrices in place but copies every 1-D tensor to f32.
+fn is_zero(bytes: &u64) -> bool {
+    *bytes == 0
+}
+
+/// The engine reads matrices in place but copies every 1-D tensor, and a
+/// linear-attention layer's convolution taps (`ssm_conv1d`, a few values
+/// per channel), to f32; a shared expert's gate is 1-D but read in place
+/// as a matrix of one row.
 fn converted_vector_bytes(spec: &ModelSpec) -> u64 {
     spec.tensors
         .iter()
-        .filter(|t| t.shape.len() == 1)
+        .filter(|t| {
+            (t.shape.len() == 1 && !t.name.ends_with("ffn_gate_inp_shexp.weight"))
+                || t.name.ends_with("ssm_conv1d.weight")
+        })
         .fold(0u64, |sum, t| {
             sum.saturating_add(t.params.saturating_mul(4))
         })

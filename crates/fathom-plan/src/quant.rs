@@ -34,7 +34,9 @@ pub struct QuantOption {
     pub quant: &'static str,
     pub weights_bytes: u64,
     pub kv_bytes: u64,
-    /// weights + kv.
+    /// A hybrid model's recurrent state (0 otherwise).
+    pub recurrent_bytes: u64,
+    /// weights + kv + recurrent state.
     pub total_bytes: u64,
     pub fits: bool,
 }
@@ -53,7 +55,8 @@ pub struct QuantAdvice {
 /// blocks takes the fallback type (Q6_K -> Q8_0 -> F16, ...).
 fn weights_bytes(spec: &ModelSpec, q: GgmlType) -> u64 {
     spec.tensors.iter().fold(0u64, |sum, t| {
-        let bytes = if t.shape.len() < 2 {
+        // llama-quantize keeps 1-D tensors and convolution taps in f32.
+        let bytes = if t.shape.len() < 2 || t.name.ends_with("ssm_conv1d.weight") {
             t.params.saturating_mul(4)
         } else {
             matrix_bytes(t.params, t.row_len, q)
@@ -73,16 +76,26 @@ fn matrix_bytes(params: u64, row_len: u64, q: GgmlType) -> u64 {
     }
 }
 
-pub fn advise(spec: &ModelSpec, kv_bytes: u64, available_bytes: u64) -> QuantAdvice {
+/// `state_bytes` is what the sequences hold besides KV (a hybrid model's
+/// recurrent state), which no weight type changes.
+pub fn advise(
+    spec: &ModelSpec,
+    kv_bytes: u64,
+    state_bytes: u64,
+    available_bytes: u64,
+) -> QuantAdvice {
     let options: Vec<QuantOption> = CANDIDATES
         .into_iter()
         .map(|q| {
             let weights_bytes = weights_bytes(spec, q);
-            let total_bytes = weights_bytes.saturating_add(kv_bytes);
+            let total_bytes = weights_bytes
+                .saturating_add(kv_bytes)
+                .saturating_add(state_bytes);
             QuantOption {
                 quant: q.name(),
                 weights_bytes,
                 kv_bytes,
+                recurrent_bytes: state_bytes,
                 total_bytes,
                 fits: total_bytes <= available_bytes,
             }

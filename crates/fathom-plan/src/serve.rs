@@ -301,6 +301,10 @@ impl ServePlan {
             .map_or(0, |g| g.blocks_per_sequence);
         let entry = batch1.kv_bytes;
         let prompt_cache_bytes = match prompt_cache {
+            // A linear-attention layer's state after a prefix is not in
+            // the KV blocks a prompt cache keeps, so a hybrid model cannot
+            // resume from them: no cache rather than a wrong state.
+            _ if spec.linear.is_some() => 0,
             PromptCache::Off => 0,
             PromptCache::Bytes(b) => b.max(DEFAULT_PROMPT_CACHE_BYTES),
             PromptCache::Auto => auto_prompt_cache_bytes(entry, batch1.slack_bytes),

@@ -287,6 +287,15 @@ fn check_dimensions(spec: &ModelSpec, size: u64) -> Result<(), PlanError> {
             ),
         ));
     }
+    if spec.linear.is_some() && size > 1 {
+        return Err(invalid(
+            size,
+            format!(
+                "tensor parallelism does not split {}'s linear-attention layers yet; expected 1",
+                spec.family.name()
+            ),
+        ));
+    }
     if !spec.n_heads.is_multiple_of(size) {
         return Err(invalid(
             size,

@@ -1,6 +1,12 @@
 //! The plan's arithmetic on hand-built model specs: every rule of
-//! docs/memory-plan.md, saturation, and the largest-context search.
+//! docs/memory-plan.md, saturation, and the largest-context search; and
+//! the recurrent-state term of a hybrid model from the headers of a
+//! Qwen3.5-4B-shaped GGUF (sparse: no weight is written), checked against
+//! a derivation by hand.
 
+use fathom_checkpoint::Checkpoint;
+use fathom_fixtures::{self as fx, Data, GgufTensorType};
+use fathom_plan::serve::{KvBudget, PromptCache, ServePlan};
 use fathom_plan::{Available, Device, KvDtype, MemoryPlan, PlanInputs};
 use fathom_spec::{Attention, Family, Layer, ModelSpec, TensorEntry};
 
@@ -34,6 +40,9 @@ fn spec(layers: Vec<Attention>, context_length: u64) -> ModelSpec {
         rms_norm_eps: 1e-5,
         attn_scale: None,
         norm_topk_prob: false,
+        shared_expert_ffn: 0,
+        linear: None,
+        mtp_layers: 0,
         tied_embeddings: true,
         tensors: vec![TensorEntry {
             name: "w".into(),
@@ -505,6 +514,136 @@ mod serve {
         assert!(
             err.contains("0 blocks") && err.contains("--ctx-size"),
             "{err}"
+        );
+    }
+}
+
+fn qwen3_5_4b(tag: &str) -> ModelSpec {
+    let dir = std::env::temp_dir().join(format!(
+        "fathom-plan-recurrent-{tag}-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("qwen3.5-4b.gguf");
+    fx::write_gguf(&fx::qwen3_5_4b(), &path, GgufTensorType::Q4_K, Data::Sparse).unwrap();
+    let spec = ModelSpec::from_checkpoint(&Checkpoint::open(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    spec
+}
+
+const GIB: u64 = 1 << 30;
+
+/// Qwen3.5-4B: 32 layers, every 4th full attention. The 24 linear layers
+/// each hold, per sequence, a convolution state of (4 − 1) taps × (2 × 16
+/// key heads × 128 + 32 value heads × 128) = 3 × 8192 values and 32 delta
+/// states of 128 × 128, in f32: (24,576 + 524,288) × 4 = 2,195,456 bytes a
+/// layer, 52,690,944 (50.25 MiB) a sequence. Only the 8 full layers hold
+/// KV: 4 KV heads × (256 + 256) × 2 bytes = 4096 bytes a token a layer.
+#[test]
+fn qwen3_5_4b_recurrent_state_by_hand() {
+    let spec = qwen3_5_4b("hand");
+    let per_layer = (3 * 8192 + 32 * 128 * 128) * 4;
+    assert_eq!(per_layer, 2_195_456);
+    let per_sequence = 24 * per_layer;
+    assert_eq!(per_sequence, 52_690_944);
+
+    let plan = MemoryPlan::new(&spec, inputs(4096, 4, 64 * GIB)).unwrap();
+    let r = plan
+        .recurrent_detail
+        .as_ref()
+        .expect("a hybrid model's term");
+    assert_eq!((r.layers, r.dtype), (24, "f32"));
+    assert_eq!(r.conv_values_per_layer, 3 * 8192);
+    assert_eq!(r.delta_values_per_layer, 32 * 128 * 128);
+    assert_eq!(r.bytes_per_sequence, per_sequence);
+    assert_eq!(plan.recurrent_bytes, 4 * per_sequence);
+    let term = plan
+        .terms
+        .iter()
+        .find(|t| t.name == "recurrent_state")
+        .unwrap();
+    assert_eq!(term.bytes, 4 * per_sequence);
+    assert!(
+        term.derivation.contains("24 linear-attention layers"),
+        "{}",
+        term.derivation
+    );
+
+    // KV: the 8 full-attention layers only, 4096 tokens, 4 sequences.
+    assert_eq!(plan.kv_bytes_per_token, 8 * 4096);
+    assert_eq!(plan.kv_bytes, 8 * 4096 * 4096 * 4);
+    assert_eq!(plan.kv_detail.len(), 1);
+    assert_eq!(plan.kv_detail[0].layers, 8);
+
+    // The total carries the term: the same plan without it is that much less.
+    let sum: u64 = plan.terms.iter().map(|t| t.bytes).sum();
+    assert_eq!(plan.total_bytes, sum);
+}
+
+/// The term does not grow with the context, so the largest context that
+/// fits with it is the largest that fits without it in a budget smaller by
+/// exactly the state (and by the wider arena the linear layers' buffers
+/// take); and a budget short of the state fits no context.
+#[test]
+fn largest_context_and_admission_read_the_state() {
+    let spec = qwen3_5_4b("context");
+    let stateless = ModelSpec {
+        linear: None,
+        ..spec.clone()
+    };
+    let state = 16 * 52_690_944;
+    for budget in [4 * GIB, 5 * GIB, 8 * GIB] {
+        let with = MemoryPlan::new(&spec, inputs(4096, 16, budget)).unwrap();
+        let arena = MemoryPlan::new(&stateless, inputs(4096, 16, budget)).unwrap();
+        let wider = with.activation_bytes - arena.activation_bytes;
+        let without =
+            MemoryPlan::new(&stateless, inputs(4096, 16, budget - state - wider)).unwrap();
+        assert_eq!(with.recurrent_bytes, state);
+        assert_eq!(without.recurrent_bytes, 0);
+        assert_eq!(with.max_context_that_fits, without.max_context_that_fits);
+        assert!(with.max_context_that_fits > 0);
+    }
+    let roomy = MemoryPlan::new(&spec, inputs(1, 16, 64 * GIB)).unwrap();
+    let short = roomy.total_bytes - 1;
+    let plan = MemoryPlan::new(&spec, inputs(4096, 16, short)).unwrap();
+    assert_eq!(plan.max_context_that_fits, 0);
+    let stateless_plan = MemoryPlan::new(&stateless, inputs(4096, 16, short)).unwrap();
+    assert!(
+        stateless_plan.max_context_that_fits > 0,
+        "only the state is short"
+    );
+
+    // The server's auto KV pool gets what is left after the states too,
+    // and a hybrid model has no prompt cache.
+    let serve = |available| {
+        ServePlan::new(
+            &spec,
+            inputs(4096, 16, available),
+            KvBudget::Auto,
+            PromptCache::Auto,
+        )
+        .unwrap()
+    };
+    let served = serve(64 * GIB);
+    assert_eq!(served.prompt_cache_bytes, 0);
+    assert_eq!(served.plan.recurrent_bytes, 16 * 52_690_944);
+    let blocks = served.kv_blocks;
+    assert_eq!(blocks, 16 * 4096 / 16, "the workload's blocks, no cache");
+    let tight = serve(served.plan.total_bytes - 10 * served.kv_block_bytes);
+    assert_eq!(tight.kv_blocks, blocks - 10);
+}
+
+/// `--recommend-quant` counts the state beside weights and KV.
+#[test]
+fn quant_advice_counts_the_state() {
+    let spec = qwen3_5_4b("quant");
+    let plan = MemoryPlan::new(&spec, inputs(4096, 2, 64 * GIB)).unwrap();
+    let advice = fathom_plan::quant::advise(&spec, plan.kv_bytes, plan.recurrent_bytes, 64 * GIB);
+    for o in &advice.options {
+        assert_eq!(o.recurrent_bytes, 2 * 52_690_944);
+        assert_eq!(
+            o.total_bytes,
+            o.weights_bytes + o.kv_bytes + o.recurrent_bytes
         );
     }
 }

@@ -192,6 +192,12 @@ impl Metrics {
                 "KV blocks held only by the prefix cache",
                 get(&s.kv_blocks_cached),
             );
+            gauge(
+                &mut out,
+                "fathom_prefix_cache_enabled",
+                "1 when prompts' KV blocks are kept for reuse; 0 when off or impossible (hybrid models: a linear-attention layer's state is not in the blocks)",
+                get(&s.prefix_cache_enabled),
+            );
             counter(
                 &mut out,
                 "fathom_prefix_cache_hits_total",

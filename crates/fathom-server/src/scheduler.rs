@@ -54,7 +54,8 @@ impl Scheduler {
         let (sender, receiver) = mpsc::channel::<Job>();
         let waiting = Arc::new(AtomicUsize::new(0));
         let stats = Arc::new(SchedulerStats::default());
-        engine.enable_prefix_cache(config.prompt_cache_blocks);
+        let cached = engine.enable_prefix_cache(config.prompt_cache_blocks);
+        SchedulerStats::set(&stats.prefix_cache_enabled, u64::from(cached));
         // The pool's size is known now: /metrics shows it before the first step.
         SchedulerStats::set(&stats.kv_blocks_total, engine.block_counts().total as u64);
         let (capacity, parallel) = (config.queue_capacity, config.parallel);

@@ -15,6 +15,10 @@ pub struct SchedulerStats {
     pub kv_blocks_used: AtomicU64,
     /// Blocks held only by the prefix cache (free to evict).
     pub kv_blocks_cached: AtomicU64,
+    /// 1 when finished prompts' blocks are kept for reuse; 0 when the
+    /// cache is off, or impossible (a hybrid model's recurrent state is
+    /// not in the blocks).
+    pub prefix_cache_enabled: AtomicU64,
     /// Jobs that reused at least one cached prefix block.
     pub prefix_cache_hits: AtomicU64,
     /// Prompt tokens whose KV came from the prefix cache.

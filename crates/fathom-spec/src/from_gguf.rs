@@ -3,8 +3,8 @@
 use fathom_checkpoint::{GgufFile, MetaValue};
 
 use crate::{
-    gemma_layer_is_sliding, limits, positive, Attention, Family, Layer, ModelSpec, Rope, SpecError,
-    TensorEntry, POSITIVE,
+    gemma_layer_is_sliding, limits, positive, Attention, Family, Layer, LinearAttention, ModelSpec,
+    Rope, SpecError, TensorEntry, POSITIVE,
 };
 
 /// llama.cpp hard-codes Gemma 3's layer pattern and local rope base rather
@@ -24,6 +24,8 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
         "qwen3" => Family::Qwen3,
         "qwen3moe" => Family::Qwen3Moe,
         "gemma3" => Family::Gemma3,
+        "qwen35" => Family::Qwen35,
+        "qwen35moe" => Family::Qwen35Moe,
         other => Family::Unknown(other.to_string()),
     };
     let tensors: Vec<TensorEntry> = file
@@ -68,6 +70,18 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
         return Ok(ModelSpec { source, ..spec });
     };
     let n_layers = limits::layers(&meta.file.path, &key("block_count"), n_layers)?;
+    // llama.cpp's block count includes the multi-token-prediction layers
+    // stored after the decoder's; they are not run.
+    let mtp_layers = meta.u64(&key("nextn_predict_layers"))?.unwrap_or(0);
+    if mtp_layers >= n_layers {
+        return Err(SpecError::InvalidField {
+            path: meta.file.path.clone(),
+            field: key("nextn_predict_layers"),
+            value: mtp_layers.to_string(),
+            expected: format!("fewer than the {n_layers} layers of {}", key("block_count")),
+        });
+    }
+    let n_layers = n_layers - mtp_layers;
     let hidden = limits::dim(&meta.file.path, &key("embedding_length"), hidden)?;
     let n_heads = limits::nonzero_dim(&meta.file.path, &key("attention.head_count"), n_heads)?;
 
@@ -127,16 +141,30 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
             (_, Some(_)) => true,
         }
     };
+    let (linear, recurrent) = if family.is_qwen35() {
+        let linear = linear_attention(&meta, &key)?;
+        (Some(linear), recurrent_layers(&meta, &key, n_layers)?)
+    } else {
+        (None, vec![false; n_layers as usize])
+    };
     let layers = (0..n_layers)
-        .map(|i| Layer {
-            attention: match window {
+        .map(|i| {
+            let attention = match window {
+                _ if recurrent[i as usize] => Attention::Linear,
                 Some(window) if sliding(i) => Attention::Sliding { window },
                 _ => Attention::Full,
-            },
-            n_kv_heads: kv_heads[i as usize],
-            key_dim,
-            value_dim,
-            kv_elsewhere: false,
+            };
+            Layer {
+                attention,
+                n_kv_heads: if attention == Attention::Linear {
+                    0
+                } else {
+                    kv_heads[i as usize]
+                },
+                key_dim,
+                value_dim,
+                kv_elsewhere: false,
+            }
         })
         .collect();
 
@@ -146,6 +174,11 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
             .unwrap_or(10_000.0),
         local_theta: (family == Family::Gemma3).then_some(GEMMA3_LOCAL_ROPE_THETA),
         neox: family.rope_neox(),
+        dims: if family.is_qwen35() {
+            rotary_dims(&meta, &key, key_dim)?
+        } else {
+            None
+        },
         scaling: meta
             .str(&key("rope.scaling.type"))?
             .filter(|s| *s != "none")
@@ -167,8 +200,23 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
             crate::EPSILON,
         )?
         .unwrap_or(1e-5);
-    // llama.cpp's qwen3moe graph always renormalizes the top-k weights.
-    let norm_topk_prob = family == Family::Qwen3Moe;
+    // llama.cpp's qwen3moe and qwen35moe graphs always renormalize the
+    // top-k weights.
+    let norm_topk_prob = matches!(family, Family::Qwen3Moe | Family::Qwen35Moe);
+    let shared_expert_ffn = match meta.u64(&key("expert_shared_feed_forward_length"))? {
+        Some(w) => limits::dim(
+            &meta.file.path,
+            &key("expert_shared_feed_forward_length"),
+            w,
+        )?,
+        None => 0,
+    };
+    if mtp_layers > 0 {
+        notes.push(format!(
+            "{mtp_layers} multi-token-prediction layer(s) after the decoder's: their weights are \
+             counted, but fathom does not run them (no speculative decoding)"
+        ));
+    }
     Ok(ModelSpec {
         architecture,
         block: family.block_style(false),
@@ -190,11 +238,150 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
         // llama.cpp scales by 1/√key_dim for every family it converts here.
         attn_scale: None,
         norm_topk_prob,
+        shared_expert_ffn,
+        linear,
+        mtp_layers,
         tied_embeddings,
         tensors,
         source,
         notes,
     })
+}
+
+/// The gated delta rule's dimensions from the `ssm.*` keys, each required.
+fn linear_attention(
+    meta: &Meta,
+    key: &dyn Fn(&str) -> String,
+) -> Result<LinearAttention, SpecError> {
+    let path = &meta.file.path;
+    let read = |suffix: &str| -> Result<u64, SpecError> {
+        let field = key(suffix);
+        let value = meta
+            .u64(&field)?
+            .ok_or_else(|| meta.missing(&field, "qwen35"))?;
+        limits::nonzero_dim(path, &field, value)
+    };
+    let linear = LinearAttention {
+        conv_kernel: read("ssm.conv_kernel")?,
+        key_heads: read("ssm.group_count")?,
+        value_heads: read("ssm.time_step_rank")?,
+        head_dim: read("ssm.state_size")?,
+    };
+    let inner = read("ssm.inner_size")?;
+    if inner != linear.inner() {
+        return Err(SpecError::InvalidField {
+            path: path.clone(),
+            field: key("ssm.inner_size"),
+            value: inner.to_string(),
+            expected: format!(
+                "{} ({} value heads of ssm.state_size {}): value and key heads of one width",
+                linear.inner(),
+                linear.value_heads,
+                linear.head_dim
+            ),
+        });
+    }
+    if !linear.value_heads.is_multiple_of(linear.key_heads) {
+        return Err(SpecError::InvalidField {
+            path: path.clone(),
+            field: key("ssm.time_step_rank"),
+            value: linear.value_heads.to_string(),
+            expected: format!(
+                "a multiple of {} = {}: each key head serves whole value heads",
+                key("ssm.group_count"),
+                linear.key_heads
+            ),
+        });
+    }
+    Ok(linear)
+}
+
+/// Which layers are linear attention: `attention.recurrent_layers` (one
+/// flag per layer) when the file has it, else every layer but each
+/// `full_attention_interval`-th, as llama.cpp reads them. A file with
+/// neither is refused rather than given a guessed pattern.
+fn recurrent_layers(
+    meta: &Meta,
+    key: &dyn Fn(&str) -> String,
+    n_layers: u64,
+) -> Result<Vec<bool>, SpecError> {
+    let flags_key = key("attention.recurrent_layers");
+    if let Some(value) = meta.file.get(&flags_key) {
+        let expected = format!("an array of at least {n_layers} booleans");
+        let items = value
+            .as_array()
+            .filter(|items| items.len() as u64 >= n_layers)
+            .ok_or_else(|| meta.invalid(&flags_key, value, &expected))?;
+        return items[..n_layers as usize]
+            .iter()
+            .map(|v| {
+                v.as_bool()
+                    .or_else(|| v.as_u64().filter(|&x| x <= 1).map(|x| x == 1))
+                    .ok_or_else(|| meta.invalid(&flags_key, value, &expected))
+            })
+            .collect();
+    }
+    let interval_key = key("full_attention_interval");
+    let interval = meta
+        .u64(&interval_key)?
+        .ok_or_else(|| meta.missing(&interval_key, "qwen35"))?;
+    if interval == 0 {
+        return Err(SpecError::InvalidField {
+            path: meta.file.path.clone(),
+            field: interval_key,
+            value: "0".into(),
+            expected: "at least 1 (every interval-th layer is full attention)".into(),
+        });
+    }
+    Ok((0..n_layers)
+        .map(|i| !(i + 1).is_multiple_of(interval))
+        .collect())
+}
+
+/// The rotated part of a head (`rope.dimension_count`) when it is less
+/// than the head. Qwen3.5's multimodal rope gives each rotated pair a
+/// position from one of `rope.dimension_sections` (interleaved: pair i,
+/// taken modulo the sections' sum, belongs to section i mod 3 while that
+/// section lasts, else to the fourth); a
+/// text token has the same position in the first three and 0 in the
+/// fourth, so text runs as plain NeoX rope exactly when no rotated pair
+/// falls to the fourth section.
+fn rotary_dims(
+    meta: &Meta,
+    key: &dyn Fn(&str) -> String,
+    head_dim: u64,
+) -> Result<Option<u64>, SpecError> {
+    let dims_key = key("rope.dimension_count");
+    let Some(dims) = meta.u64(&dims_key)? else {
+        return Ok(None);
+    };
+    if dims == 0 || dims > head_dim || !dims.is_multiple_of(2) {
+        return Err(SpecError::InvalidField {
+            path: meta.file.path.clone(),
+            field: dims_key,
+            value: dims.to_string(),
+            expected: format!("an even number from 2 to the head's {head_dim} values"),
+        });
+    }
+    let sections_key = key("rope.dimension_sections");
+    if let Some(value) = meta.file.get(&sections_key) {
+        let expected =
+            "an array of 4 non-negative integers whose first three cover every rotated pair";
+        let sections: Vec<u64> = value
+            .as_array()
+            .filter(|items| items.len() == 4)
+            .and_then(|items| items.iter().map(MetaValue::as_u64).collect())
+            .ok_or_else(|| meta.invalid(&sections_key, value, expected))?;
+        let total = sections.iter().fold(0u64, |s, &x| s.saturating_add(x));
+        let text_position = |pair: u64| {
+            let sector = pair % total.max(1);
+            total > 0 && sector < sections[(sector % 3) as usize].saturating_mul(3)
+        };
+        if !(0..dims / 2).all(text_position) {
+            return Err(meta.invalid(&sections_key, value, expected));
+        }
+    }
+    Ok((dims < head_dim).then_some(dims))
 }
 
 /// Typed reads of GGUF metadata, where a value of the wrong type is an

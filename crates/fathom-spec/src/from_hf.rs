@@ -133,6 +133,7 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
             .unwrap_or(10_000.0),
         local_theta: cfg.f64_where("rope_local_base_freq", positive, POSITIVE)?,
         neox: family.rope_neox(),
+        dims: None,
         scaling: scaling
             .and_then(|s| s.get("rope_type").or_else(|| s.get("type")))
             .and_then(Value::as_str)
@@ -175,6 +176,9 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
             .unwrap_or(1e-6),
         attn_scale: cfg.f64("query_pre_attn_scalar")?.map(|s| 1.0 / s.sqrt()),
         norm_topk_prob: cfg.value.get("norm_topk_prob").and_then(Value::as_bool) == Some(true),
+        shared_expert_ffn: 0,
+        linear: None,
+        mtp_layers: 0,
         tied_embeddings,
         tensors,
         source,

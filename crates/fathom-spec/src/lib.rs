@@ -44,6 +44,14 @@ pub enum Family {
     Qwen3Moe,
     /// Gemma 3: interleaved sliding-window and global layers.
     Gemma3,
+    /// Qwen3.5 (GGUF `qwen35`): hybrid layers, most a gated delta rule
+    /// (linear attention with a fixed recurrent state), every few a full
+    /// attention whose output is gated by a sigmoid of a second half of the
+    /// q projection; partial rope; dense FFN.
+    Qwen35,
+    /// Qwen3.5 mixture of experts (GGUF `qwen35moe`): the Qwen3.5 block
+    /// with routed experts plus a sigmoid-gated shared expert.
+    Qwen35Moe,
     /// Anything else: the architecture name as the checkpoint spells it.
     /// It gets weights bytes (and KV when the generic fields exist) but
     /// cannot be run.
@@ -58,6 +66,8 @@ impl Family {
             Family::Qwen3 => "qwen3",
             Family::Qwen3Moe => "qwen3_moe",
             Family::Gemma3 => "gemma3",
+            Family::Qwen35 => "qwen35",
+            Family::Qwen35Moe => "qwen35_moe",
             Family::Unknown(name) => name,
         }
     }
@@ -67,8 +77,18 @@ impl Family {
     pub fn rope_neox(&self) -> bool {
         matches!(
             self,
-            Family::Qwen2 | Family::Qwen3 | Family::Qwen3Moe | Family::Gemma3
+            Family::Qwen2
+                | Family::Qwen3
+                | Family::Qwen3Moe
+                | Family::Gemma3
+                | Family::Qwen35
+                | Family::Qwen35Moe
         )
+    }
+
+    /// Qwen3.5's hybrid block (linear-attention layers, gated attention).
+    pub fn is_qwen35(&self) -> bool {
+        matches!(self, Family::Qwen35 | Family::Qwen35Moe)
     }
 }
 
@@ -102,6 +122,11 @@ pub struct BlockStyle {
     /// pairs: the family's layout in GGUF; HF checkpoints rotate halves
     /// for every family (llama.cpp permutes llama's q/k rows).
     pub rope_neox: bool,
+    /// The q projection holds, per head, the query and then as many values
+    /// of an output gate: attention's output is multiplied by
+    /// sigmoid(gate) before the output projection (Qwen3.5). Such a GGUF
+    /// names the pre-FFN norm `post_attention_norm`.
+    pub gated_attention: bool,
 }
 
 impl Family {
@@ -119,6 +144,7 @@ impl Family {
                 Activation::Silu
             },
             rope_neox: self.rope_neox() || hf,
+            gated_attention: self.is_qwen35(),
         }
     }
 }
@@ -134,6 +160,53 @@ pub enum Attention {
     Sliding { window: u64 },
     /// No attention (and no KV) in this layer.
     None,
+    /// Linear attention (Qwen3.5's gated delta rule): no KV, a recurrent
+    /// state of fixed size per sequence ([`LinearAttention`]).
+    Linear,
+}
+
+/// The gated delta rule of a hybrid model's linear-attention layers, from
+/// llama.cpp's `ssm.*` keys. Each layer holds, per sequence, the last
+/// `conv_kernel - 1` inputs of its causal convolution and one
+/// `head_dim x head_dim` state per value head, whatever the context.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct LinearAttention {
+    /// Taps of the short causal convolution (`ssm.conv_kernel`).
+    pub conv_kernel: u64,
+    /// Query/key heads (`ssm.group_count`).
+    pub key_heads: u64,
+    /// Value heads, each with its own state (`ssm.time_step_rank`).
+    pub value_heads: u64,
+    /// Width of a key, query and value head (`ssm.state_size`; llama.cpp
+    /// requires the value heads of `ssm.inner_size / value_heads` to match).
+    pub head_dim: u64,
+}
+
+impl LinearAttention {
+    /// Values of all value heads (`ssm.inner_size`).
+    pub fn inner(&self) -> u64 {
+        self.value_heads.saturating_mul(self.head_dim)
+    }
+
+    /// Channels the convolution runs over: q, k and v side by side.
+    pub fn conv_channels(&self) -> u64 {
+        self.key_heads
+            .saturating_mul(self.head_dim)
+            .saturating_mul(2)
+            .saturating_add(self.inner())
+    }
+
+    /// f32 values of one layer's convolution state for one sequence.
+    pub fn conv_state_values(&self) -> u64 {
+        self.conv_kernel
+            .saturating_sub(1)
+            .saturating_mul(self.conv_channels())
+    }
+
+    /// f32 values of one layer's delta-rule state for one sequence.
+    pub fn delta_state_values(&self) -> u64 {
+        self.inner().saturating_mul(self.head_dim)
+    }
 }
 
 /// One transformer layer as far as memory is concerned.
@@ -159,6 +232,9 @@ pub struct Rope {
     /// Base frequency of sliding-window layers when it differs (Gemma 3).
     pub local_theta: Option<f64>,
     pub neox: bool,
+    /// Leading values of each head that rotate, when fewer than the head
+    /// (Qwen3.5 rotates a quarter); `None` rotates the whole head.
+    pub dims: Option<u64>,
     /// The scaling type (`linear`, `yarn`, `llama3`, ...) when the model
     /// uses one.
     pub scaling: Option<String>,
@@ -255,6 +331,15 @@ pub struct ModelSpec {
     pub attn_scale: Option<f64>,
     /// MoE: renormalize the top-k router weights to sum to one.
     pub norm_topk_prob: bool,
+    /// FFN width of a shared expert beside the routed ones (Qwen3.5 MoE;
+    /// 0 when there is none).
+    pub shared_expert_ffn: u64,
+    /// The gated delta rule of the [`Attention::Linear`] layers, when the
+    /// model has any.
+    pub linear: Option<LinearAttention>,
+    /// Multi-token-prediction layers stored after the decoder's
+    /// (`nextn_predict_layers`): counted in the weights, not run.
+    pub mtp_layers: u64,
     pub tied_embeddings: bool,
     pub tensors: Vec<TensorEntry>,
     /// Where the tensor table came from, for the plan's weights line
@@ -329,6 +414,9 @@ impl ModelSpec {
             rms_norm_eps: 0.0,
             attn_scale: None,
             norm_topk_prob: false,
+            shared_expert_ffn: 0,
+            linear: None,
+            mtp_layers: 0,
             tied_embeddings,
             source: String::new(),
             tensors,

@@ -444,3 +444,157 @@ fn degenerate_rope_base_and_norm_epsilon_are_refused_with_key_and_value() {
         );
     }
 }
+
+/// Qwen3.5's GGUF: the layer pattern from `full_attention_interval`, the
+/// gated delta rule's dimensions from `ssm.*`, the quarter-head rope.
+#[test]
+fn qwen3_5_hybrid_layers_from_gguf() {
+    let dir = TempDir::new("qwen35");
+    let path = dir.0.join("model.gguf");
+    fx::write_gguf(&fx::qwen3_5_4b(), &path, GgufTensorType::Q8_0, Data::Sparse).unwrap();
+    let spec = spec_of(&path).unwrap();
+    assert_eq!(spec.family, Family::Qwen35);
+    assert!(spec.block.gated_attention);
+    assert_eq!((spec.n_layers, spec.hidden, spec.n_heads), (32, 2560, 16));
+    let full: Vec<usize> = (0..32)
+        .filter(|&i| spec.layers[i].attention == Attention::Full)
+        .collect();
+    assert_eq!(full, [3, 7, 11, 15, 19, 23, 27, 31]);
+    assert!(spec
+        .layers
+        .iter()
+        .all(|l| (l.attention == Attention::Linear) == (l.n_kv_heads == 0)));
+    let linear = spec.linear.unwrap();
+    assert_eq!(
+        (
+            linear.conv_kernel,
+            linear.key_heads,
+            linear.value_heads,
+            linear.head_dim
+        ),
+        (4, 16, 32, 128)
+    );
+    // q, k and v side by side: 2 × 16 × 128 + 32 × 128.
+    assert_eq!(linear.conv_channels(), 8192);
+    assert_eq!(spec.rope.as_ref().unwrap().dims, Some(64));
+    assert!(spec.tied_embeddings);
+
+    let moe = dir.0.join("moe.gguf");
+    fx::write_gguf(
+        &fx::qwen3_5_35b_a3b(),
+        &moe,
+        GgufTensorType::Q8_0,
+        Data::Sparse,
+    )
+    .unwrap();
+    let spec = spec_of(&moe).unwrap();
+    assert_eq!(spec.family, Family::Qwen35Moe);
+    assert_eq!(
+        (spec.n_experts, spec.n_experts_active, spec.expert_ffn),
+        (256, 8, 512)
+    );
+    assert_eq!(spec.shared_expert_ffn, 512);
+    assert!(spec.norm_topk_prob);
+    assert_eq!(
+        spec.layers
+            .iter()
+            .filter(|l| l.attention == Attention::Full)
+            .count(),
+        10
+    );
+}
+
+/// Without a layer pattern, with `ssm.*` that disagree, with MTP layers
+/// counted: named errors, or the decoder's layers only.
+#[test]
+fn qwen3_5_metadata_is_checked() {
+    let dir = TempDir::new("qwen35-bad");
+    let base = || {
+        let mut kvs = vec![
+            ("general.architecture", GgufValue::string("qwen35")),
+            ("qwen35.block_count", GgufValue::U32(5)),
+            ("qwen35.embedding_length", GgufValue::U32(64)),
+            ("qwen35.attention.head_count", GgufValue::U32(2)),
+            ("qwen35.attention.head_count_kv", GgufValue::U32(1)),
+            ("qwen35.attention.key_length", GgufValue::U32(32)),
+            ("qwen35.ssm.conv_kernel", GgufValue::U32(4)),
+            ("qwen35.ssm.state_size", GgufValue::U32(16)),
+            ("qwen35.ssm.group_count", GgufValue::U32(2)),
+            ("qwen35.ssm.time_step_rank", GgufValue::U32(4)),
+            ("qwen35.ssm.inner_size", GgufValue::U32(64)),
+        ];
+        kvs.push(("qwen35.nextn_predict_layers", GgufValue::U32(1)));
+        kvs
+    };
+    let err = spec_of(&gguf_with(&dir, base())).unwrap_err().to_string();
+    assert!(err.contains("qwen35.full_attention_interval"), "{err}");
+
+    let mut kvs = base();
+    kvs.push(("qwen35.full_attention_interval", GgufValue::U32(2)));
+    let spec = spec_of(&gguf_with(&dir, kvs.clone())).unwrap();
+    assert_eq!(spec.n_layers, 4, "the MTP layer is not a decoder layer");
+    assert_eq!(spec.mtp_layers, 1);
+    let kinds: Vec<Attention> = spec.layers.iter().map(|l| l.attention).collect();
+    assert_eq!(
+        kinds,
+        [
+            Attention::Linear,
+            Attention::Full,
+            Attention::Linear,
+            Attention::Full
+        ]
+    );
+
+    // An explicit flag per layer wins over the interval.
+    let mut flags = kvs.clone();
+    flags.push((
+        "qwen35.attention.recurrent_layers",
+        GgufValue::Array(
+            7,
+            [true, true, true, false, false]
+                .map(GgufValue::Bool)
+                .to_vec(),
+        ),
+    ));
+    let spec = spec_of(&gguf_with(&dir, flags)).unwrap();
+    assert_eq!(spec.layers[2].attention, Attention::Linear);
+    assert_eq!(spec.layers[1].attention, Attention::Linear);
+
+    for (key, value, needle) in [
+        (
+            "qwen35.ssm.inner_size",
+            GgufValue::U32(60),
+            "qwen35.ssm.inner_size",
+        ),
+        ("qwen35.ssm.time_step_rank", GgufValue::U32(3), "qwen35.ssm"),
+        (
+            "qwen35.full_attention_interval",
+            GgufValue::U32(0),
+            "qwen35.full_attention_interval",
+        ),
+        (
+            "qwen35.nextn_predict_layers",
+            GgufValue::U32(5),
+            "qwen35.nextn_predict_layers",
+        ),
+        (
+            "qwen35.rope.dimension_count",
+            GgufValue::U32(7),
+            "qwen35.rope.dimension_count",
+        ),
+        (
+            "qwen35.rope.dimension_sections",
+            GgufValue::Array(5, [2, 2, 2, 2].map(GgufValue::I32).to_vec()),
+            "qwen35.rope.dimension_sections",
+        ),
+    ] {
+        let mut bad: Vec<(&str, GgufValue)> =
+            kvs.iter().filter(|(k, _)| *k != key).cloned().collect();
+        bad.push((key, value));
+        if key == "qwen35.rope.dimension_sections" {
+            bad.push(("qwen35.rope.dimension_count", GgufValue::U32(16)));
+        }
+        let err = spec_of(&gguf_with(&dir, bad)).unwrap_err().to_string();
+        assert!(err.contains(needle), "{key}: {err}");
+    }
+}

@@ -26,6 +26,8 @@ const LLAMA3_HF: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|
 /// llama.cpp holds it.
 const LLAMA3: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// Qwen3.5's: Qwen2's, with combining marks kept in a word's letters.
+const QWEN35: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const GPT4O: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const TEKKEN: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const BLOOM: &str = r" ?[^(\s|.,!?…。，、।۔،)]+";
@@ -89,6 +91,7 @@ pub(crate) fn named(pre: Option<&str>) -> Option<Named> {
             plain(&[GPT2])
         }
         "qwen2" | "deepseek-r1-qwen" | "megrez" | "stablelm2" => plain(&[QWEN2]),
+        "qwen35" => plain(&[QWEN35]),
         "poro-chat" | "bloom" | "gpt3-finnish" => plain(&[BLOOM]),
         "viking" => plain(&[BLOOM, r"\p{N}"]),
         "tekken" => Some(Named {
@@ -127,7 +130,7 @@ pub(crate) const NAMES: &str = "default, llama3, llama-v3, llama-bpe, falcon3, p
     smaug-bpe, deepseek-llm, deepseek-v3, deepseek-coder, falcon, starcoder, refact, command-r, \
     smollm, codeshell, exaone, minerva-7b, gpt-2, phi-2, jina-es, jina-de, gigachat, jina-v2-es, \
     jina-v2-de, jina-v1-en, jina-v2-code, roberta-bpe, mpt, olmo, jais, trillion, qwen2, \
-    deepseek-r1-qwen, megrez, stablelm2, poro-chat, bloom, gpt3-finnish, chatglm-bpe, glm4, \
+    deepseek-r1-qwen, qwen35, megrez, stablelm2, poro-chat, bloom, gpt3-finnish, chatglm-bpe, glm4, \
     viking, tekken, chameleon, gpt-4o, llama4, superbpe, bailingmoe, seed-coder";
 
 enum Rule {
@@ -449,6 +452,17 @@ mod tests {
         ] {
             assert_eq!(words(&pre, text), words(&re, text), "{text:?}");
         }
+    }
+
+    /// Qwen3.5 keeps a combining mark with its letters, where Qwen2 splits
+    /// it off as punctuation.
+    #[test]
+    fn qwen35_keeps_combining_marks_in_words() {
+        let text = "cafe\u{301} ok";
+        let qwen35 = PreTokenizer::new(named(Some("qwen35")).unwrap().patterns).unwrap();
+        assert_eq!(words(&qwen35, text), ["cafe\u{301}", " ok"]);
+        let qwen2 = PreTokenizer::new(named(Some("qwen2")).unwrap().patterns).unwrap();
+        assert_eq!(words(&qwen2, text), ["cafe", "\u{301}", " ok"]);
     }
 
     #[test]

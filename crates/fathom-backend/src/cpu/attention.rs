@@ -34,16 +34,18 @@ struct Span<'a> {
 
 /// A pointer the workers share to write disjoint slices of one buffer.
 #[derive(Clone, Copy)]
-struct SharedOut(*mut f32);
-// SAFETY: every work item writes only its own (token, kv-head) slice of the
-// output, so no two workers touch the same element.
+pub(super) struct SharedOut(pub(super) *mut f32);
+// SAFETY: every user gives each work item its own slices of the buffer
+// (attention: a (token, kv-head) slice of the output; the delta rule: a
+// (sequence, value-head) state and its output columns), so no two workers
+// touch the same element.
 unsafe impl Sync for SharedOut {}
 unsafe impl Send for SharedOut {}
 
 impl SharedOut {
     /// Through a method, so closures capture the whole (Sync) wrapper
     /// rather than its raw pointer field.
-    fn ptr(self) -> *mut f32 {
+    pub(super) fn ptr(self) -> *mut f32 {
         self.0
     }
 }

@@ -5,6 +5,7 @@
 mod arena;
 mod attention;
 mod kv;
+mod linear;
 
 use fathom_kernels::{ops, Pool};
 use fathom_plan::activations::ArenaBuffer;
@@ -14,11 +15,13 @@ use fathom_plan::KvDtype;
 pub use arena::Route;
 use arena::{routes, Arena};
 use kv::KvStore;
+use linear::RecurrentStore;
 
 use crate::parallel::Reduce;
 use crate::{
     AttentionIo, AttentionShape, Backend, BackendError, Buf, DeviceMemory, Glu, HostMatrix,
-    KvLayout, MatrixId, MatrixView, RopeParams, Step, VectorId,
+    KvLayout, LinearIo, LinearShape, LinearWeights, MatrixId, MatrixView, RopeParams, Step,
+    VectorId,
 };
 
 /// The kernel family the CPU backend runs ("portable", "avx2" or
@@ -38,6 +41,8 @@ pub struct CpuBackend {
     pool: Pool,
     arena: Arena,
     kv: KvStore,
+    /// A hybrid model's recurrent states (the plan's `recurrent_state`).
+    recurrent: Option<RecurrentStore>,
     matrices: Vec<HostMatrix>,
     vectors: Vec<Vec<f32>>,
 }
@@ -56,6 +61,7 @@ impl CpuBackend {
             pool: Pool::new(threads),
             arena: Arena::new(buffers),
             kv: KvStore::new(&layout),
+            recurrent: layout.recurrent.as_ref().map(RecurrentStore::new),
             matrices: Vec::new(),
             vectors: Vec::new(),
         })
@@ -70,6 +76,11 @@ impl CpuBackend {
     /// activations and its `kv` term.
     pub fn allocated(&self) -> (usize, usize) {
         (self.arena.bytes(), self.kv.bytes())
+    }
+
+    /// Bytes of the recurrent states: the plan's `recurrent_state` term.
+    pub fn recurrent_bytes(&self) -> usize {
+        self.recurrent.as_ref().map_or(0, RecurrentStore::bytes)
     }
 
     /// out = x · mᵀ for `n` rows of x, with the kernel for m's storage.
@@ -225,9 +236,26 @@ impl Backend for CpuBackend {
         let freqs = rope.freqs.map(|f| self.vectors[f.0 as usize].as_slice());
         let x = self.arena.f32(x);
         let width = n_heads * head_dim;
+        let rotated = rope.rotated.unwrap_or(head_dim);
         for (t, pos) in step.positions().enumerate() {
             let row = &mut x[t * width..(t + 1) * width];
-            ops::rope(row, n_heads, head_dim, pos, rope.theta, rope.neox, freqs);
+            if rotated == head_dim {
+                ops::rope(row, n_heads, head_dim, pos, rope.theta, rope.neox, freqs);
+                continue;
+            }
+            // Partial rope: the leading values of each head rotate among
+            // themselves, with frequencies over their own width.
+            for head in row.chunks_exact_mut(head_dim) {
+                ops::rope(
+                    &mut head[..rotated],
+                    1,
+                    rotated,
+                    pos,
+                    rope.theta,
+                    rope.neox,
+                    freqs,
+                );
+            }
         }
     }
 
@@ -370,6 +398,79 @@ impl Backend for CpuBackend {
 
     fn zero(&mut self, x: Buf, rows: usize, width: usize) {
         self.arena.f32(x)[..rows * width].fill(0.0);
+    }
+
+    fn runs_hybrid(&self) -> bool {
+        true
+    }
+
+    fn gated_delta_rule(
+        &mut self,
+        linear_layer: usize,
+        shape: &LinearShape,
+        weights: &LinearWeights,
+        step: &Step,
+        states: &[usize],
+        io: LinearIo,
+    ) {
+        let store = self
+            .recurrent
+            .as_mut()
+            .expect("a hybrid model's plan has a recurrent_state term");
+        let v = |id: VectorId| self.vectors[id.0 as usize].as_slice();
+        let w = linear::Weights {
+            conv: v(weights.conv),
+            dt_bias: v(weights.dt_bias),
+            decay: v(weights.decay),
+        };
+        let [qkv, alpha, beta, out] = self.arena.f32s([io.qkv, io.alpha, io.beta, io.out]);
+        let rows = linear::Rows {
+            qkv,
+            alpha,
+            beta,
+            out,
+        };
+        linear::run(
+            &self.pool,
+            store,
+            linear_layer,
+            shape,
+            &w,
+            step.seqs,
+            states,
+            rows,
+        );
+    }
+
+    fn split_heads(&mut self, x: Buf, rows: usize, heads: usize, head_dim: usize, a: Buf, b: Buf) {
+        let [x, a, b] = self.arena.f32s([x, a, b]);
+        let n = rows * heads;
+        let pairs = x[..n * 2 * head_dim].chunks_exact(2 * head_dim);
+        let outs = a[..n * head_dim]
+            .chunks_exact_mut(head_dim)
+            .zip(b[..n * head_dim].chunks_exact_mut(head_dim));
+        for (pair, (a, b)) in pairs.zip(outs) {
+            a.copy_from_slice(&pair[..head_dim]);
+            b.copy_from_slice(&pair[head_dim..]);
+        }
+    }
+
+    fn add_gated_rows(&mut self, dst: Buf, src: Buf, gate: Buf, rows: usize, width: usize) {
+        let [dst, src, gate] = self.arena.f32s([dst, src, gate]);
+        let n = rows * width;
+        let pairs = dst[..n]
+            .chunks_exact_mut(width)
+            .zip(src[..n].chunks_exact(width));
+        for ((d, s), &g) in pairs.zip(&gate[..rows]) {
+            ops::axpy(d, 1.0 / (1.0 + (-g).exp()), s);
+        }
+    }
+
+    fn sigmoid_gate(&mut self, gate: Buf, x: Buf, rows: usize, width: usize) {
+        let [gate, x] = self.arena.f32s([gate, x]);
+        for (g, &v) in gate[..rows * width].iter_mut().zip(&x[..rows * width]) {
+            *g = v / (1.0 + (-*g).exp());
+        }
     }
 
     fn logits(&mut self, rows: usize, width: usize) -> &mut [f32] {

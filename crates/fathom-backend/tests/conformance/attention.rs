@@ -231,6 +231,7 @@ pub(crate) fn attention_rope(label: &str) -> RopeParams {
         theta: 500_000.0,
         neox: label.starts_with("Llama"),
         freqs: None,
+        rotated: None,
     }
 }
 
@@ -260,6 +261,7 @@ pub(crate) fn attention_cases() -> Vec<(String, AttentionShape, KvLayout, [usize
                 groups: vec![group(dtype, 3, 64, 64, 2, None, 12)],
                 dtype,
                 layer_groups: vec![Some(0), Some(0)],
+                recurrent: None,
             },
             [0, 1],
         ));
@@ -272,6 +274,7 @@ pub(crate) fn attention_cases() -> Vec<(String, AttentionShape, KvLayout, [usize
                 groups: vec![group(dtype, 8, 128, 128, 2, None, 12)],
                 dtype,
                 layer_groups: vec![Some(0), Some(0)],
+                recurrent: None,
             },
             [0, 1],
         ));
@@ -291,6 +294,7 @@ pub(crate) fn attention_cases() -> Vec<(String, AttentionShape, KvLayout, [usize
                 ],
                 dtype,
                 layer_groups: vec![Some(0), Some(1), Some(1)],
+                recurrent: None,
             },
             [1, 2],
         ));

@@ -175,6 +175,7 @@ pub(crate) fn cuda_attention_speed() {
         groups: vec![g],
         dtype: KvDtype::F16,
         layer_groups: vec![Some(0)],
+        recurrent: None,
     };
     let Some(b) = cuda_backend(&arena, &kv) else {
         return;
@@ -429,6 +430,7 @@ pub(crate) fn cuda_kv_bytes() {
             groups: vec![group(dtype, 3, 64, 64, 2, None, 12)],
             dtype,
             layer_groups: vec![Some(0), Some(0)],
+            recurrent: None,
         };
         let Some(b) = cuda_backend(&arena, &kv) else {
             return;

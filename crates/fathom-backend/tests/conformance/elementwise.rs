@@ -200,7 +200,18 @@ pub(crate) fn test_rope(h: &mut Harness, rng: &mut Rng) {
         let width = heads * hd;
         let x = uniform(rng, step.rows * width);
         h.set(Buf::Q, &x, width);
-        h.b.rope(Buf::Q, &step, heads, hd, &RopeParams { theta, neox, freqs });
+        h.b.rope(
+            Buf::Q,
+            &step,
+            heads,
+            hd,
+            &RopeParams {
+                theta,
+                neox,
+                freqs,
+                rotated: None,
+            },
+        );
         let got = h.get(Buf::Q, step.rows, width);
         let f = freqs.map(|_| &factors[..]);
         let want: Vec<f64> = x

@@ -65,6 +65,7 @@ pub(crate) fn small_kv() -> KvLayout {
         groups: vec![group(KvDtype::F16, 1, 64, 64, 1, None, 2)],
         dtype: KvDtype::F16,
         layer_groups: vec![Some(0)],
+        recurrent: None,
     }
 }
 
