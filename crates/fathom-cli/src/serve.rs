@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use fathom_engine::ChatTemplate;
 use fathom_plan::serve::{
-    parse_kv_budget, parse_prompt_cache, RequestBuffers, ServePlan, PROCESSING_SLOTS,
+    parse_kv_budget, parse_prompt_cache, KvBudget, RequestBuffers, ServePlan, PROCESSING_SLOTS,
 };
 use fathom_plan::size::{format_binary, format_bytes, parse_size};
 use fathom_plan::Device;
@@ -134,11 +134,12 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
                 1,
             );
             // A model that leaves room for at least one full-context slot
-            // on the GPU keeps every layer there (the pool shrinks to
-            // what is left); otherwise the plan places it between the GPU
-            // and the host, sized for every slot.
+            // on the GPU (with the auto pool; a pool of a size given is the
+            // user's) keeps every layer there; otherwise the plan places it
+            // between the GPU and the host, sized for every slot.
+            let auto = kv_budget == KvBudget::Auto;
             match unsplit {
-                Ok(s) if request.is_default() && fits_one_slot(&s) => s,
+                Ok(s) if request.is_default() && fits_unsplit(&s, auto) => s,
                 _ => ServePlan::placed(&opened.spec, inputs, &request, requests)
                     .context("computing the serve plan")?,
             }
@@ -224,10 +225,10 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
 
 /// `(term, bytes)` for `/metrics`: the plan's terms, then the pool's
 /// block size, the prompt-cache capacity, the total and the budget.
-/// Whether an unsplit serve plan fits with a pool of at least one
+/// Whether an unsplit serve plan fits, with an `auto` pool of at least one
 /// full-context sequence.
-fn fits_one_slot(served: &ServePlan) -> bool {
-    served.plan.fits && served.kv_blocks >= served.kv_blocks_per_sequence
+fn fits_unsplit(served: &ServePlan, auto: bool) -> bool {
+    served.plan.fits && (!auto || served.kv_blocks >= served.kv_blocks_per_sequence)
 }
 
 fn plan_terms(served: &ServePlan) -> Vec<(String, u64)> {
