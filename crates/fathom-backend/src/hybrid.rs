@@ -84,6 +84,14 @@ impl<D: Backend> Hybrid<D> {
         inner
     }
 
+    /// `rope` with its factors as the current side holds them.
+    fn rope_here(&self, rope: &RopeParams) -> RopeParams {
+        RopeParams {
+            freqs: rope.freqs.map(|f| self.vector(f)),
+            ..*rope
+        }
+    }
+
     /// Copies the first `rows × width` values of `x` from the current side
     /// to the other.
     fn carry(&mut self, x: Buf, rows: usize, width: usize) {
@@ -247,10 +255,7 @@ impl<D: Backend> Backend for Hybrid<D> {
     }
 
     fn rope(&mut self, x: Buf, step: &Step, n_heads: usize, head_dim: usize, rope: &RopeParams) {
-        let rope = RopeParams {
-            freqs: rope.freqs.map(|f| self.vector(f)),
-            ..*rope
-        };
+        let rope = self.rope_here(rope);
         self.here().rope(x, step, n_heads, head_dim, &rope)
     }
 
@@ -274,10 +279,7 @@ impl<D: Backend> Backend for Hybrid<D> {
         io: AttentionIo,
         rope: &RopeParams,
     ) {
-        let rope = RopeParams {
-            freqs: rope.freqs.map(|f| self.vector(f)),
-            ..*rope
-        };
+        let rope = self.rope_here(rope);
         self.here().attend(layer, shape, step, io, &rope)
     }
 

@@ -192,20 +192,27 @@ fn every_recorded_cuda_plan_rederives_and_covers_its_device_peak_within_10_perce
         let (total, peak) = (n(&plan, "total_bytes"), n(cell, "peak_bytes"));
         assert_eq!(total, n(cell, "plan_bytes"), "{id}");
         assert!(peak > 0, "{id}: no device peak recorded");
-        assert!(
-            total >= peak,
-            "{id}: device plan {total} below the peak {peak}"
-        );
-        assert!(
-            total as f64 <= TIGHTNESS * peak as f64,
-            "{id}: device plan {total} looser than {TIGHTNESS} x the peak {peak}"
-        );
-        let (host, rss) = (n(&plan["host"], "total_bytes"), n(cell, "host_peak_bytes"));
-        assert!(
-            host >= rss,
-            "{id}: host plan {host} below the peak RSS {rss}"
-        );
+        covers_both_peaks(id, &plan, cell);
     }
+}
+
+/// A recorded CUDA cell's device plan covers its NVML peak within
+/// [`TIGHTNESS`], and its host plan covers the peak RSS.
+fn covers_both_peaks(id: &Value, plan: &Value, cell: &Value) {
+    let (total, peak) = (n(plan, "total_bytes"), n(cell, "peak_bytes"));
+    assert!(
+        total >= peak,
+        "{id}: device plan {total} below the peak {peak}"
+    );
+    assert!(
+        total as f64 <= TIGHTNESS * peak as f64,
+        "{id}: device plan {total} looser than {TIGHTNESS} x the peak {peak}"
+    );
+    let (host, rss) = (n(&plan["host"], "total_bytes"), n(cell, "host_peak_bytes"));
+    assert!(
+        host >= rss,
+        "{id}: host plan {host} below the peak RSS {rss}"
+    );
 }
 
 /// Without the activations term, or without the runtime term, some
@@ -318,23 +325,10 @@ fn every_recorded_split_plan_rederives_and_covers_both_peaks() {
                 || n(placement, "cpu_moe_layers") > 0,
             "{id}: not split: {placement}"
         );
-        let (total, peak) = (n(&plan, "total_bytes"), n(cell, "peak_bytes"));
         assert!(
             plan["fits"] == true,
             "{id}: the device plan does not fit its cap"
         );
-        assert!(
-            total >= peak,
-            "{id}: device plan {total} below the peak {peak}"
-        );
-        assert!(
-            total as f64 <= TIGHTNESS * peak as f64,
-            "{id}: device plan {total} looser than {TIGHTNESS} x the peak {peak}"
-        );
-        let (host, rss) = (n(&plan["host"], "total_bytes"), n(cell, "host_peak_bytes"));
-        assert!(
-            host >= rss,
-            "{id}: host plan {host} below the peak RSS {rss}"
-        );
+        covers_both_peaks(id, &plan, cell);
     }
 }

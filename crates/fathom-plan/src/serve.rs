@@ -216,6 +216,22 @@ pub struct ServePlan {
     pub requests: RequestBuffers,
 }
 
+/// Bytes of the sliding-window rings (one per slot).
+fn sliding_bytes(groups: &[KvGroup]) -> u64 {
+    groups
+        .iter()
+        .filter(|g| g.window.is_some())
+        .fold(0u64, |sum, g| sum.saturating_add(g.bytes))
+}
+
+/// Blocks one full-context sequence holds in the full-attention groups.
+fn full_blocks_per_sequence(groups: &[KvGroup]) -> u64 {
+    groups
+        .iter()
+        .find(|g| g.window.is_none())
+        .map_or(0, |g| g.blocks_per_sequence)
+}
+
 fn full_block_bytes(groups: &[KvGroup]) -> u64 {
     groups
         .iter()
@@ -289,16 +305,8 @@ impl ServePlan {
         let mut base = MemoryPlan::with_tensor_parallel(spec, inputs, devices)?;
         base.add_request_terms(&requests, spec.vocab);
         let block_bytes = full_block_bytes(&base.kv_detail);
-        let sliding_bytes = base
-            .kv_detail
-            .iter()
-            .filter(|g| g.window.is_some())
-            .fold(0u64, |sum, g| sum.saturating_add(g.bytes));
-        let per_sequence = base
-            .kv_detail
-            .iter()
-            .find(|g| g.window.is_none())
-            .map_or(0, |g| g.blocks_per_sequence);
+        let sliding_bytes = sliding_bytes(&base.kv_detail);
+        let per_sequence = full_blocks_per_sequence(&base.kv_detail);
         let entry = batch1.kv_bytes;
         let prompt_cache_bytes = match prompt_cache {
             // A linear-attention layer's state after a prefix is not in
@@ -397,21 +405,13 @@ impl ServePlan {
             plan.inputs.batch,
             plan.inputs.kv_dtype,
         );
-        let per_sequence = whole
-            .groups
-            .iter()
-            .find(|g| g.window.is_none())
-            .map_or(0, |g| g.blocks_per_sequence);
+        let per_sequence = full_blocks_per_sequence(&whole.groups);
         Ok(ServePlan {
             kv_budget: KvBudget::Workload,
             kv_block_bytes: full_block_bytes(&plan.kv_detail),
             kv_blocks: per_sequence.saturating_mul(plan.inputs.batch),
             kv_blocks_per_sequence: per_sequence,
-            sliding_bytes: plan
-                .kv_detail
-                .iter()
-                .filter(|g| g.window.is_some())
-                .fold(0u64, |sum, g| sum.saturating_add(g.bytes)),
+            sliding_bytes: sliding_bytes(&plan.kv_detail),
             prompt_cache_bytes: 0,
             prompt_cache_blocks: 0,
             prompt_cache_entry_bytes: 0,
