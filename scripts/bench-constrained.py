@@ -14,7 +14,12 @@ a tool call's text is held back until it is complete, so its time to first
 token is the whole answer's. Usage (from the repository root; builds the release binary):
 
     scripts/bench-constrained.py [--streams 1,16] [-n 128] [--rounds 5] [-t 2] [--json FILE]
-                                 [--model FILE --route completions] [-- SERVE_ARGS...]
+                                 [--temperature T] [--model FILE --route completions] [-- SERVE_ARGS...]
+
+`--temperature 0` makes every request greedy: a constrained greedy request
+checks the step's pick alone and computes a mask only when the constraint
+refuses it (see `masks_per_token`). Without it the server's sampling
+defaults apply and every constrained token takes a mask.
 
 `--route completions` (for checkpoints without a chat template, such as the
 random-weight fixtures `fathom bench fixture` writes for GPU runs) sends raw
@@ -89,7 +94,7 @@ def metrics(base):
     return out
 
 
-def one_round(base, mode, streams, n, seed):
+def one_round(base, mode, streams, n, seed, temperature):
     """Aggregate decode tok/s of `streams` concurrent requests, and their TTFTs."""
     results = [None] * streams
 
@@ -98,6 +103,8 @@ def one_round(base, mode, streams, n, seed):
                 "stream_options": {"include_usage": True}}
         body.update(prompt("List things to buy for a picnic, as JSON."))
         body.update(MODES[mode])
+        if temperature is not None:
+            body["temperature"] = temperature
         results[i] = post_stream(base, body)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(streams)]
@@ -136,6 +143,7 @@ def main():
     ap.add_argument("--fathom", default=os.path.join(ROOT, "target", "release", "fathom"))
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--json")
+    ap.add_argument("--temperature", type=float, help="every request's temperature (0: greedy)")
     ap.add_argument("--model", default=MODEL)
     ap.add_argument("--route", choices=["chat", "completions"], default="chat")
     ap.add_argument("serve_args", nargs="*", help="more `fathom serve` arguments, after --")
@@ -177,7 +185,8 @@ def main():
             for r in range(args.rounds):
                 for mode in MODES:
                     m0 = metrics(base)
-                    rate, t, prompt_tokens[mode] = one_round(base, mode, streams, args.n, 7 + 1000 * r)
+                    rate, t, prompt_tokens[mode] = one_round(base, mode, streams, args.n, 7 + 1000 * r,
+                                                               args.temperature)
                     m1 = metrics(base)
                     rates[mode].append(rate)
                     ttfts[mode].extend(t)
@@ -191,21 +200,25 @@ def main():
                 masks, mask_s, reqs, comp = spent[mode]
                 rate = median[mode]
                 ttft = sum(ttfts[mode]) / len(ttfts[mode])
+                tokens = streams * args.n * args.rounds
                 row = {"streams": streams, "mode": mode, "prompt_tokens": prompt_tokens[mode], "tok_s": round(rate, 1),
                        "rounds_tok_s": [round(r, 1) for r in rates[mode]],
                        "vs_plain": round(rate / baseline, 3), "ttft_ms": round(ttft * 1000, 1),
-                       "mask_ms_per_token": round(1000 * mask_s / masks, 3) if masks else None,
+                       "mask_ms_per_token": round(1000 * mask_s / tokens, 3) if reqs else None,
+                       "masks_per_token": round(masks / tokens, 3) if reqs else None,
                        "compile_ms_per_request": round(1000 * comp / reqs, 3) if reqs else None}
                 rows.append(row)
                 print(f"{streams:>3} streams  {mode:<12} prompt {prompt_tokens[mode]:4d}  {rate:8.1f} tok/s  "
                       f"{rate / baseline:6.3f} x plain  "
                       f"TTFT {ttft * 1000:7.1f} ms  mask {row['mask_ms_per_token'] or 0:.3f} ms/token  "
+                      f"({row['masks_per_token'] or 0:.2f} masks/token)  "
                       f"compile {row['compile_ms_per_request'] or 0:.3f} ms/request")
         print(f"time to first token (2-token request): plain {plain_ttft * 1000:.1f} ms, a new schema "
               f"{ttft_fresh * 1000:.1f} ms, the same schema again (cached) {ttft_cached * 1000:.1f} ms")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"command": " ".join(sys.argv), "cpu_flags": cpu_flags(), "threads": args.threads, "n": args.n,
+                           "temperature": args.temperature,
                            "rounds": args.rounds, "statistic": "median", "rows": rows,
                            "ttft_ms": {"plain": plain_ttft * 1000, "new_schema": ttft_fresh * 1000,
                                        "cached_schema": ttft_cached * 1000}}, f, indent=1)

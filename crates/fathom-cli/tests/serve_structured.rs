@@ -260,7 +260,7 @@ fn grammars_json_objects_completions_and_streams_are_constrained() {
         .find(|e| !e["choices"][0]["finish_reason"].is_null())
         .unwrap();
     assert_eq!(last["choices"][0]["finish_reason"], "stop", "{text}");
-    assert!(validate(&[(schema, text)]).is_empty());
+    assert!(validate(&[(schema.clone(), text)]).is_empty());
     // /metrics counts the constrained requests and their masks.
     assert!(server.metric("fathom_constrained_requests_total").unwrap() >= 7.0);
     let masks = server.metric("fathom_constraint_masks_total").unwrap();
@@ -269,6 +269,40 @@ fn grammars_json_objects_completions_and_streams_are_constrained() {
         .unwrap();
     assert!(masks > 7.0 && seconds > 0.0, "{masks} masks in {seconds} s");
     assert!(server.metric("fathom_constraint_cache_hits_total").unwrap() >= 3.0);
+    // Greedy: the step's pick, checked alone against the constraint, is
+    // the masked argmax; a zero logit bias takes the masked path (a mask
+    // every token) to the same answer.
+    let greedy = |bias: Value| {
+        let before = server.metric("fathom_constraint_masks_total").unwrap();
+        let v = chat(
+            &server,
+            json!({"messages": [{"role": "user", "content": "Weather in Oslo?"}], "max_tokens": 60,
+                   "temperature": 0, "logit_bias": bias,
+                   "response_format": {"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}}),
+        );
+        let masks = server.metric("fathom_constraint_masks_total").unwrap() - before;
+        let choice = &v["choices"][0];
+        (
+            choice["message"]["content"].as_str().unwrap().to_string(),
+            masks,
+            v["usage"]["completion_tokens"].as_f64().unwrap(),
+        )
+    };
+    let (checked, checked_masks, tokens) = greedy(json!({}));
+    let (masked, masked_masks, _) = greedy(json!({"0": 0}));
+    assert_eq!(checked, masked);
+    assert!(
+        validate(&[(schema.clone(), checked.clone())]).is_empty(),
+        "{checked}"
+    );
+    assert!(
+        masked_masks >= tokens - 1.0,
+        "{masked_masks} masks for {tokens} tokens"
+    );
+    assert!(
+        checked_masks < masked_masks,
+        "greedy: {checked_masks} masks, masked: {masked_masks}"
+    );
 }
 
 #[test]

@@ -432,13 +432,7 @@ impl Engine {
         history: &[u32],
         mask: Option<&TokenMask>,
     ) -> u32 {
-        if sampler.is_plain_greedy() {
-            let [plain, unbanned] = self.scratch.greedy[row];
-            let pick = if sampler.params.ignore_eos {
-                unbanned
-            } else {
-                plain
-            };
+        if let Some(pick) = self.greedy_pick(row, sampler) {
             if mask.is_none_or(|m| m.allows(pick)) {
                 return pick;
             }
@@ -451,6 +445,22 @@ impl Engine {
             &[]
         };
         sampler.sample_masked(logits, history, &mut self.candidates, banned, mask)
+    }
+
+    /// The token a plain greedy `sampler` picks from logits row `row` of
+    /// the last step when nothing constrains it (the step's greedy pick,
+    /// end-of-generation tokens left out under `ignore_eos`); `None` for
+    /// any other sampler.
+    pub fn greedy_pick(&self, row: usize, sampler: &Sampler) -> Option<u32> {
+        if !sampler.is_plain_greedy() {
+            return None;
+        }
+        let [plain, unbanned] = self.scratch.greedy[row];
+        Some(if sampler.params.ignore_eos {
+            unbanned
+        } else {
+            plain
+        })
     }
 
     /// `token`'s log-probability under logits row `row` of the last step

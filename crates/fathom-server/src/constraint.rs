@@ -61,6 +61,8 @@ pub struct Constraints {
     /// End-of-generation ids: all allowed where the grammar allows its end.
     eog: Arc<[u32]>,
     tok_eos: u32,
+    /// The tokenizer's tokens: ids past them are never allowed.
+    vocab: u32,
     /// Ids a mask ranges over: the model's logits (may exceed the tokenizer's vocabulary).
     mask_len: usize,
     cache: Mutex<VecDeque<(String, Matcher)>>,
@@ -155,6 +157,7 @@ impl Constraints {
             factory,
             eog: eog.into(),
             tok_eos,
+            vocab: n as u32,
             mask_len: logits_vocab,
             cache: Mutex::new(VecDeque::with_capacity(CACHE_ENTRIES)),
         })
@@ -226,6 +229,7 @@ impl Constraints {
             mask_len: self.mask_len,
             eog: self.eog.clone(),
             tok_eos: self.tok_eos,
+            vocab: self.vocab,
             compile_time: started.elapsed(),
             cache_hit: hit,
             mask_time: Duration::ZERO,
@@ -268,6 +272,7 @@ pub struct ConstraintState {
     mask_len: usize,
     eog: Arc<[u32]>,
     tok_eos: u32,
+    vocab: u32,
     /// Time compiling (or cloning from the cache) took.
     pub compile_time: Duration,
     /// Whether the compiled grammar came from the cache.
@@ -379,6 +384,32 @@ impl ConstraintState {
     /// The mask [`ConstraintState::compute_mask`] computed.
     pub fn mask(&self) -> &TokenMask {
         &self.mask
+    }
+
+    /// Whether the constraint allows `token` next, checked for that token
+    /// alone (far cheaper than a mask over the vocabulary): an
+    /// end-of-generation token where the grammar may end, another token
+    /// where the grammar takes it. The time counts as mask time.
+    pub fn allows(&mut self, token: u32) -> Result<bool, String> {
+        let started = Instant::now();
+        let allowed = if self.eog.contains(&token) {
+            // Where the grammar may end (what the mask's end bit says).
+            self.matcher.is_stopped() || self.validate(self.tok_eos)?
+        } else {
+            token < self.vocab && self.validate(token)?
+        };
+        self.mask_time += started.elapsed();
+        Ok(allowed)
+    }
+
+    fn validate(&mut self, token: u32) -> Result<bool, String> {
+        match self.matcher.validate_tokens(&[token]) {
+            Ok(n) => Ok(n == 1),
+            Err(e) => Err(format!(
+                "the answer's constraint failed: {}",
+                describe(&e.to_string())
+            )),
+        }
     }
 
     /// Takes a sampled token (not an end-of-generation one).

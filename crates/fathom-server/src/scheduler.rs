@@ -475,10 +475,14 @@ impl<'a> Loop<'a> {
         );
         // The constraints of the slots that sample after this step go to
         // the mask worker, which computes their masks while the step runs;
-        // each comes back just before its row is sampled.
+        // each comes back just before its row is sampled. A greedy row's
+        // goes only if the step's pick is refused (see below).
         self.masking.clear();
         for (i, (slot, &n)) in self.running.iter_mut().zip(&self.chunk).enumerate() {
-            let samples = n > 0 && n == slot.pending() && slot.generated < slot.job.max_tokens;
+            let samples = n > 0
+                && n == slot.pending()
+                && slot.generated < slot.job.max_tokens
+                && !slot.sampler.is_plain_greedy();
             let Some(c) = slot.job.constraint.take_if(|c| samples && !c.is_stopped()) else {
                 continue;
             };
@@ -591,6 +595,7 @@ impl<'a> Loop<'a> {
                 continue;
             }
             let mut mask = None;
+            let mut allowed_pick = None;
             if let Some(c) = slot.job.constraint.as_deref_mut() {
                 if c.is_stopped() {
                     // The answer is complete: nothing more may follow.
@@ -598,15 +603,31 @@ impl<'a> Loop<'a> {
                         .push((i, Outcome::Finished(FinishReason::Stop)));
                     continue;
                 }
-                if let Err(e) = c.mask_ready() {
-                    self.finished.push((i, Outcome::Failed(e)));
-                    continue;
+                // A greedy row checks the step's pick alone: when the
+                // constraint allows it, it is the argmax of the allowed
+                // tokens too, and no mask over the vocabulary is needed.
+                let pick = self.engine.greedy_pick(row - 1, &slot.sampler);
+                match pick.map(|t| c.allows(t)).transpose() {
+                    Ok(Some(true)) => allowed_pick = pick,
+                    Ok(_) => match c.mask_ready() {
+                        Ok(()) => mask = Some(c.mask()),
+                        Err(e) => {
+                            self.finished.push((i, Outcome::Failed(e)));
+                            continue;
+                        }
+                    },
+                    Err(e) => {
+                        self.finished.push((i, Outcome::Failed(e)));
+                        continue;
+                    }
                 }
-                mask = Some(c.mask());
             }
-            let token = self
-                .engine
-                .sample(row - 1, &mut slot.sampler, &slot.tokens, mask);
+            let token = match allowed_pick {
+                Some(token) => token,
+                None => self
+                    .engine
+                    .sample(row - 1, &mut slot.sampler, &slot.tokens, mask),
+            };
             let logprob = slot
                 .job
                 .logprobs
