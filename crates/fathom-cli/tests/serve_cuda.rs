@@ -3,7 +3,8 @@
 //! cuda --temp 0` for the same prompt; the printed plan and `/metrics` are
 //! the device's and the host's budgets, with the GPU's memory; and a pool
 //! too small for the slots preempts and still gives the outputs of an
-//! unpressured run. The model is a SmolLM2-135M-shaped Q4_1 GGUF with
+//! unpressured run; a model split between the GPU and the host serves the
+//! answers `fathom generate` gives with the same split. The model is a SmolLM2-135M-shaped Q4_1 GGUF with
 //! random weights, written here. Runs where a GPU is present; elsewhere it
 //! says so and passes, unless `FATHOM_REQUIRE_GPU=1` (then it fails).
 //! scripts/test-gpu.sh stages it for the GPU machine.
@@ -68,29 +69,7 @@ fn greedy_answers_from_the_gpu_server_equal_fathom_generate_on_the_gpu() {
     }
     let dir = TempDir::new("serve-cuda");
     let model = fixture(&dir.0);
-    let m = model.to_str().unwrap();
-    let out = fathom(
-        &[
-            "generate",
-            m,
-            "--device",
-            "cuda",
-            "--random-prompt",
-            "40",
-            "-n",
-            "32",
-            "--temp",
-            "0",
-            "--ignore-eos",
-            "-c",
-            "512",
-        ],
-        &[],
-    );
-    assert!(out.status.success(), "{}", stderr(&out));
-    let expected = stdout(&out);
-    let expected = expected.strip_suffix('\n').unwrap_or(&expected).to_string();
-    assert!(!expected.is_empty());
+    let expected = generate_on_the_gpu(&model, &[]);
 
     let server = Server::start_model(&model, &["--device", "cuda", "-np", "4"], &[]);
     let log = server.stderr.lock().unwrap().clone();
@@ -109,7 +88,39 @@ fn greedy_answers_from_the_gpu_server_equal_fathom_generate_on_the_gpu() {
     let prompt = fx::random_token_ids(40, vocab());
     assert_eq!(complete(&server, &prompt, 32, false), expected, "whole");
     assert_eq!(complete(&server, &prompt, 32, true), expected, "streamed");
+    device_and_host_within_their_plans(&server);
+}
 
+/// `fathom generate --device cuda` of the 40 token ids
+/// `fx::random_token_ids` gives, 32 greedy tokens, with `extra` arguments.
+fn generate_on_the_gpu(model: &Path, extra: &[&str]) -> String {
+    let mut args = vec![
+        "generate",
+        model.to_str().unwrap(),
+        "--device",
+        "cuda",
+        "--random-prompt",
+        "40",
+        "-n",
+        "32",
+        "--temp",
+        "0",
+        "--ignore-eos",
+        "-c",
+        "512",
+    ];
+    args.extend_from_slice(extra);
+    let out = fathom(&args, &[]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    let text = text.strip_suffix('\n').unwrap_or(&text).to_string();
+    assert!(!text.is_empty());
+    text
+}
+
+/// The server's device memory (NVML) within its device plan, and its
+/// resident memory now within its host plan.
+fn device_and_host_within_their_plans(server: &Server) {
     // The device's plan, the host's, and the GPU's memory now.
     let plan = server.metric("fathom_plan_bytes{term=\"total\"}").unwrap();
     let host = server
@@ -129,6 +140,36 @@ fn greedy_answers_from_the_gpu_server_equal_fathom_generate_on_the_gpu() {
         plan <= 1.10 * process,
         "plan {plan} looser than 1.10 x {process}"
     );
+    let resident = server.metric("fathom_resident_memory_bytes").unwrap();
+    println!("host: plan {host} bytes, the server holds {resident}");
+    assert!(
+        resident <= host,
+        "the server holds {resident} > host plan {host}"
+    );
+}
+
+#[test]
+fn a_model_split_between_the_gpu_and_the_host_serves_what_generate_gives() {
+    if !gpu("serve_cuda") {
+        return;
+    }
+    let dir = TempDir::new("serve-cuda-split");
+    let model = fixture(&dir.0);
+    let expected = generate_on_the_gpu(&model, &["--gpu-layers", "10"]);
+    let server = Server::start_model(
+        &model,
+        &["--device", "cuda", "-np", "4", "--gpu-layers", "10"],
+        &[],
+    );
+    let log = server.stderr.lock().unwrap().clone();
+    assert!(
+        log.contains("10 of 30 layers on the GPU") && log.contains("HOST FITS"),
+        "{log}"
+    );
+    let prompt = fx::random_token_ids(40, vocab());
+    assert_eq!(complete(&server, &prompt, 32, false), expected, "whole");
+    assert_eq!(complete(&server, &prompt, 32, true), expected, "streamed");
+    device_and_host_within_their_plans(&server);
 }
 
 #[test]
