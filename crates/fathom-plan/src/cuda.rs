@@ -87,6 +87,19 @@ pub const KERNELS_HOST_BYTES: u64 = 10 << 20;
 /// 270 MiB; docs/benchmark_results/memory-cuda-2026-12-01.md), rounded up.
 pub const HOST_LIBRARIES_BYTES: u64 = 288 << 20;
 
+/// Host memory the CUDA side takes while the device runs its first steps
+/// (cuBLAS kernels loaded as their shapes first appear, cuBLASLt's caches,
+/// the driver's launch resources). A run on the GPU alone has released the
+/// checkpoint's pages by then, so this stays under its load-time peak (where
+/// [`HOST_LIBRARIES_BYTES`] was measured); a split keeps the host's pages
+/// mapped for the whole run, and this comes on top of them. Measured on an
+/// H100 host (2026-12-06) as the peak RSS above the plan without it, with
+/// what a run on the host alone left spare: a dense 8B Q4_K at 16 and 8 of
+/// 32 layers 29–36 MB above (46 MB spare at 0 layers, the GPU running only
+/// the output head), the 16-layer Qwen3-30B-A3B shape with the experts of 8
+/// to 14 layers on the host 90–95 MB above; rounded up.
+pub const SPLIT_RUN_HOST_BYTES: u64 = 128 << 20;
+
 fn align(v: u64, a: u64) -> u64 {
     v.div_ceil(a).saturating_mul(a)
 }

@@ -491,6 +491,14 @@ impl MemoryPlan {
                 ),
             });
             placed.host_arena = cpu.buffers;
+            extra.push(Term {
+                name: "cuda_split_run",
+                bytes: cuda::SPLIT_RUN_HOST_BYTES,
+                derivation: format!(
+                    "the CUDA libraries' growth as the device runs its first steps, beside the host's pages that stay mapped ({}, measured on an H100 host)",
+                    size::format_binary(cuda::SPLIT_RUN_HOST_BYTES)
+                ),
+            });
         }
         self.host = Some(host.with_terms(extra, inputs));
     }
