@@ -107,6 +107,10 @@ pub struct GenerationRequest {
     /// (`tools`, `tool_choice`, `parallel_tool_calls`). `None` when there
     /// are none or `tool_choice` is `"none"`.
     pub tools: Option<ToolRequest>,
+    /// Chat only: whether a thinking model's reasoning goes to
+    /// `reasoning_content` (`reasoning_format` `auto`, the default, or
+    /// `deepseek`) or stays in `content` (`none`).
+    pub split_reasoning: bool,
 }
 
 /// What a constrained answer must be.
@@ -338,7 +342,24 @@ pub fn parse_bounded(
         echo,
         constraint,
         tools,
+        split_reasoning: route == Route::Chat && reasoning_format(&obj)?,
     })
+}
+
+/// llama-server's `reasoning_format`: whether to split the reasoning off.
+fn reasoning_format(obj: &Map<String, Value>) -> Result<bool, ApiError> {
+    match present(obj, "reasoning_format") {
+        None => Ok(true),
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" | "deepseek" => Ok(true),
+            "none" => Ok(false),
+            other => Err(ApiError::invalid(
+                "reasoning_format",
+                format!("reasoning_format {other:?} is not one of auto, deepseek, none"),
+            )),
+        },
+        Some(other) => Err(wrong_type("reasoning_format", "a string", other)),
+    }
 }
 
 /// `response_format`, or llama-server's `json_schema` or `grammar`: at

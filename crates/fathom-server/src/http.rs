@@ -29,6 +29,7 @@ use crate::api::{self, ApiError, GenerationRequest, OutputConstraint, Prompt, Ro
 use crate::constraint::{ConstraintState, Constraints, Grammar};
 use crate::logprobs::{self, LogprobsWriter};
 use crate::metrics::{self, Metrics, Snapshot};
+use crate::reasoning::{ReasoningFormat, ReasoningSplit};
 use crate::tools::{self, ToolFormat};
 use crate::{Event, FinishReason, Job, Logprobs, Scheduler, SubmitError};
 
@@ -712,6 +713,8 @@ struct Prepared {
     tools: Option<(ToolFormat, api::ToolRequest)>,
     /// The prompt as the response's text shows it, when echoed.
     echo: Option<String>,
+    /// A thinking model's markers, and whether the prompt opened the block.
+    reasoning: Option<(ReasoningFormat, bool)>,
 }
 
 async fn generate(
@@ -766,6 +769,7 @@ async fn generate(
         echo,
         constraint,
         tools,
+        reasoning,
     } = prepared;
     let (events, receiver) = unbounded_channel();
     let GenerationRequest {
@@ -814,6 +818,7 @@ async fn generate(
         include_usage,
         echo,
         tools,
+        reasoning,
     };
     let writer = logprobs.map(|_| LogprobsWriter::new(route, model.tokenizer.clone()));
     let timing = Timing {
@@ -840,11 +845,15 @@ async fn generate(
                 None,
             )));
         }
+        let split = format
+            .reasoning
+            .map(|(f, inside)| ReasoningSplit::new(f, inside));
         let mut resp = Response::new(Body::Sse(Box::new(SseBody {
             events: receiver,
             format,
             writer,
             pending,
+            split,
             held: String::new(),
             held_logprobs: Value::Null,
             done: false,
@@ -955,6 +964,14 @@ fn prepare(
         }
     };
     let tools = request.tools.clone().map(|t| (format, t));
+    let reasoning = ReasoningFormat::detect(model.tokenizer.chat_template())
+        .filter(|_| request.split_reasoning)
+        .map(|f| {
+            // The prompt's last tokens, markers included: does it leave
+            // the model inside a thinking block?
+            let tail = &prompt[prompt.len().saturating_sub(REASONING_TAIL_TOKENS)..];
+            (f, f.opened_by(&model.tokenizer.decode(tail, true)))
+        });
     Ok(Prepared {
         request,
         prompt,
@@ -962,8 +979,13 @@ fn prepare(
         echo,
         constraint,
         tools,
+        reasoning,
     })
 }
+
+/// Prompt tokens read to tell whether the template opened a thinking
+/// block for the model (its marker and a newline or two).
+const REASONING_TAIL_TOKENS: usize = 8;
 
 /// Compiles `grammar` for the request field `param` (a 400 naming it when
 /// the engine refuses it).
@@ -1150,6 +1172,9 @@ struct Format {
     /// The functions the answer may call: its text is held back and read
     /// as calls or content when it is complete.
     tools: Option<(ToolFormat, api::ToolRequest)>,
+    /// A thinking model's markers (chat, unless `reasoning_format` is
+    /// `none`), and whether the answer starts inside the block.
+    reasoning: Option<(ReasoningFormat, bool)>,
 }
 
 fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
@@ -1214,6 +1239,19 @@ impl Format {
         })
     }
 
+    /// A whole answer's reasoning (when the model thinks, and wrote some)
+    /// and the rest of its text.
+    fn split_reasoning(&self, text: String) -> (Option<String>, String) {
+        match self.reasoning {
+            None => (None, text),
+            Some((format, inside)) => {
+                let parts = ReasoningSplit::split(format, inside, &text);
+                let reasoning = (!parts.reasoning.is_empty()).then_some(parts.reasoning);
+                (reasoning, parts.content)
+            }
+        }
+    }
+
     /// The answer as content and calls, and the finish reason to report
     /// (`tool_calls` when it called functions).
     fn answer(&self, text: String, finish: FinishReason) -> (tools::Answer, &'static str) {
@@ -1247,8 +1285,12 @@ impl Format {
     fn whole(&self, text: String, logprobs: Value, finish: FinishReason, usage: Value) -> Value {
         let choice = match self.route {
             Route::Chat => {
+                let (reasoning, text) = self.split_reasoning(text);
                 let (answer, reason) = self.answer(text, finish);
                 let mut message = json!({"role": "assistant", "content": answer.content});
+                if let Some(reasoning) = reasoning {
+                    message["reasoning_content"] = json!(reasoning);
+                }
                 if !answer.calls.is_empty() {
                     message["tool_calls"] = Value::Array(
                         answer
@@ -1353,6 +1395,18 @@ async fn collect(
     }
 }
 
+/// A stream delta of a split's parts; `None` when both are empty.
+fn delta_of(parts: crate::reasoning::Parts) -> Option<Value> {
+    let mut delta = serde_json::Map::new();
+    if !parts.reasoning.is_empty() {
+        delta.insert("reasoning_content".into(), json!(parts.reasoning));
+    }
+    if !parts.content.is_empty() {
+        delta.insert("content".into(), json!(parts.content));
+    }
+    (!delta.is_empty()).then_some(Value::Object(delta))
+}
+
 fn sse(value: &Value) -> Bytes {
     Bytes::from(format!("data: {value}\n\n"))
 }
@@ -1366,7 +1420,10 @@ pub struct SseBody {
     /// Renders each chunk's logprobs, when asked for.
     writer: Option<LogprobsWriter>,
     pending: VecDeque<Bytes>,
-    /// With tools: the answer so far and its logprobs, held back.
+    /// Splits a thinking model's reasoning off as it streams.
+    split: Option<ReasoningSplit>,
+    /// With tools: the answer so far, held back; and the logprobs of text
+    /// held back (with tools, or a possible thinking marker).
     held: String,
     held_logprobs: Value,
     done: bool,
@@ -1407,18 +1464,26 @@ impl SseBody {
                         .writer
                         .as_mut()
                         .map_or(Value::Null, |w| w.generated(&logprobs));
+                    if self.held_logprobs.is_null() {
+                        self.held_logprobs = logprobs;
+                    } else {
+                        logprobs::join(&mut self.held_logprobs, logprobs);
+                    }
                     if f.tools.is_some() {
                         // Held back until the answer is complete.
                         self.held.push_str(&text);
-                        if self.held_logprobs.is_null() {
-                            self.held_logprobs = logprobs;
-                        } else {
-                            logprobs::join(&mut self.held_logprobs, logprobs);
-                        }
                         continue;
                     }
-                    let chunk = f.chunk(json!({"content": text}), logprobs, None);
-                    self.pending.push_back(sse(&chunk));
+                    let delta = match &mut self.split {
+                        None => Some(json!({"content": text})),
+                        Some(split) => delta_of(split.push(&text)),
+                    };
+                    // Text a thinking marker may still claim waits, with
+                    // its logprobs, for the next.
+                    if let Some(delta) = delta {
+                        let logprobs = std::mem::replace(&mut self.held_logprobs, Value::Null);
+                        self.pending.push_back(sse(&f.chunk(delta, logprobs, None)));
+                    }
                 }
                 Some(Event::Finished {
                     reason,
@@ -1432,10 +1497,20 @@ impl SseBody {
                         Route::Completion => json!({"content": ""}),
                     };
                     let mut finish = reason.as_str();
-                    if f.tools.is_some() {
-                        let (answer, r) = f.answer(std::mem::take(&mut self.held), reason);
-                        finish = r;
+                    if let Some(delta) = self.split.as_mut().and_then(|s| delta_of(s.finish())) {
                         let logprobs = std::mem::replace(&mut self.held_logprobs, Value::Null);
+                        self.pending.push_back(sse(&f.chunk(delta, logprobs, None)));
+                    }
+                    if f.tools.is_some() {
+                        let (reasoning, text) = f.split_reasoning(std::mem::take(&mut self.held));
+                        let (answer, r) = f.answer(text, reason);
+                        finish = r;
+                        let mut logprobs = std::mem::replace(&mut self.held_logprobs, Value::Null);
+                        if let Some(reasoning) = reasoning {
+                            let delta = json!({"reasoning_content": reasoning});
+                            let logprobs = std::mem::replace(&mut logprobs, Value::Null);
+                            self.pending.push_back(sse(&f.chunk(delta, logprobs, None)));
+                        }
                         if let Some(content) = answer.content.filter(|c| !c.is_empty()) {
                             let chunk = f.chunk(json!({"content": content}), logprobs, None);
                             self.pending.push_back(sse(&chunk));

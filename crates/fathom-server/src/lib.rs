@@ -9,6 +9,7 @@ pub mod job;
 pub mod logprobs;
 pub mod masks;
 pub mod metrics;
+pub mod reasoning;
 pub mod scheduler;
 pub mod stats;
 pub mod tools;
