@@ -219,7 +219,7 @@ pub(crate) fn test_routed_experts(h: &mut Harness, rng: &mut Rng) {
 /// shards, every weight kind.
 pub(crate) fn test_shards(h: &mut Harness, rng: &mut Rng) {
     let (rows, cols, n) = (512, 2048, 3);
-    for kind in all_kinds() {
+    for kind in all_kinds(h.b.name()) {
         let (m, values) = random_matrix(rng, kind, rows, cols);
         let x = uniform(rng, n * cols);
         let want = reference_matmul(&values, rows, cols, &x, n);
