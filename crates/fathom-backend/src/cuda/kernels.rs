@@ -29,6 +29,7 @@ pub(super) fn act_id(act: Glu) -> i32 {
     match act {
         Glu::Silu => GLU_SILU,
         Glu::GeluTanh => GLU_GELU_TANH,
+        Glu::SwigluOai => unreachable!("the engine runs gpt-oss's clamped SwiGLU on the CPU only"),
     }
 }
 

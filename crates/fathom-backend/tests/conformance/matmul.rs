@@ -155,6 +155,10 @@ pub(crate) fn glu_ref(g: f64, u: f64, act: Glu) -> f64 {
             0.5 * g
                 * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
         }
+        Glu::SwigluOai => {
+            let g = g.min(7.0);
+            return g / (1.0 + (-1.702 * g).exp()) * (u.clamp(-7.0, 7.0) + 1.0);
+        }
     };
     a * u
 }

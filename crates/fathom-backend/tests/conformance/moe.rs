@@ -161,6 +161,7 @@ pub(crate) fn route_and_run<B: Backend + ?Sized>(
         act: Glu::Silu,
         width: d,
         ffn_width: f,
+        biases: None,
     };
     h.b.routed_experts(&ffn, Buf::Norm, rows, out);
     (x, logits)
