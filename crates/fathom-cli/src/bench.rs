@@ -82,6 +82,10 @@ pub struct FixtureArgs {
     /// vocabulary is `t0`, `t1`, ... with no merges.
     #[arg(long)]
     pub vocab: Option<std::path::PathBuf>,
+    /// gpt-oss only: the experts' type (default MXFP4, as gpt-oss GGUFs
+    /// store them; another isolates the MXFP4 kernels in a comparison).
+    #[arg(long)]
+    pub experts_type: Option<String>,
     /// Where to write the .gguf.
     pub out: std::path::PathBuf,
 }
@@ -91,6 +95,10 @@ fn write_fixture(args: &FixtureArgs) -> Result<ExitCode> {
     if args.like.starts_with("gpt-oss") {
         return write_gpt_oss_fixture(args);
     }
+    anyhow::ensure!(
+        args.experts_type.is_none(),
+        "--experts-type: only the gpt-oss shapes take it"
+    );
     let shapes = [
         ("smollm2-135m", fx::smollm2_135m as fn() -> fx::ModelDef),
         ("llama-3.1-8b", fx::llama_3_1_8b),
@@ -171,6 +179,9 @@ fn write_gpt_oss_fixture(args: &FixtureArgs) -> Result<ExitCode> {
         other => anyhow::bail!("--like {other:?}: expected gpt-oss-20b or gpt-oss-120b"),
     };
     let ty = fixture_type(&args.weight_type)?;
+    if let Some(experts) = &args.experts_type {
+        shape.experts_type = fixture_type(experts)?;
+    }
     if let Some(layers) = args.layers {
         anyhow::ensure!(layers > 0, "--layers 0: a model needs a layer");
         shape.layers = layers;
