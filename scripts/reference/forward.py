@@ -33,6 +33,17 @@ Supported architectures (general.architecture):
   qwen35moe  qwen35 layers + qwen3moe's routed experts (top-k renormalised)
           plus a shared expert whose output is scaled by
           sigmoid(ffn_gate_inp_shexp . x)
+  gpt-oss  OpenAI's gpt-oss (llama.cpp's openai-moe.cpp): q/k/v/o biases, NeoX
+          rope with YaRN (freq_scale 1/factor, the blend between the pairs
+          that make beta_fast = 32 and beta_slow = 1 turns over the original
+          context, floored/ceiled as ggml does, cos/sin times
+          1 + 0.1 ln factor), a learned sink logit per head in each softmax's
+          denominator, a window of attention.sliding_window on even layers
+          (sliding_window_pattern 2), the pre-FFN norm stored as
+          post_attention_norm; experts: router logits + bias, the top k by
+          logit weighted by a softmax over those k, each expert's gate and up
+          (+ biases) through the clamped SwiGLU
+          min(g,7) * sigmoid(1.702 min(g,7)) * (clamp(u,-7,7) + 1), down + bias
 Validation: validate_forward.py (SmolLM2 Q4_1 vs llama.cpp greedy) and
 synth_arch_check.py (every architecture on tiny random F32 GGUFs vs llama.cpp).
 
@@ -103,11 +114,15 @@ class Config:
     ssm_state: int = 0
     ssm_groups: int = 0
     ssm_value_heads: int = 0
+    # gpt-oss: YaRN (factor 0 = none) and the sliding layers' period
+    yarn_factor: float = 0.0
+    yarn_orig_ctx: int = 0
+    swa_period: int = 0
 
 
-NEOX_ARCHS = {"qwen2", "qwen3", "qwen3moe", "gemma3", "qwen35", "qwen35moe"}
+NEOX_ARCHS = {"qwen2", "qwen3", "qwen3moe", "gemma3", "qwen35", "qwen35moe", "gpt-oss"}
 HYBRID_ARCHS = {"qwen35", "qwen35moe"}
-MOE_ARCHS = {"qwen3moe", "qwen35moe"}
+MOE_ARCHS = {"qwen3moe", "qwen35moe", "gpt-oss"}
 
 
 def read_config(reader: gguf.GGUFReader) -> Config:
@@ -122,6 +137,8 @@ def read_config(reader: gguf.GGUFReader) -> Config:
     rope_scale = 1.0
     if scaling_type == "linear":
         rope_scale = float(a("rope.scaling.factor", 1.0))
+    elif scaling_type == "yarn" and arch == "gpt-oss":
+        pass  # read below
     elif scaling_type not in ("none", None):
         # yarn etc. are not implemented; refuse instead of silently diverging.
         sys.exit(f"rope scaling type {scaling_type!r} not supported by the reference")
@@ -162,7 +179,14 @@ def read_config(reader: gguf.GGUFReader) -> Config:
         cfg.ssm_state = int(a("ssm.state_size"))
         cfg.ssm_groups = int(a("ssm.group_count"))
         cfg.ssm_value_heads = int(a("ssm.time_step_rank"))
-    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "qwen35", "qwen35moe"):
+    if arch == "gpt-oss":
+        cfg.sliding_window = int(a("attention.sliding_window"))
+        cfg.rope_base_local = cfg.rope_base
+        cfg.swa_period = int(a("attention.sliding_window_pattern", 2))
+        if scaling_type == "yarn":
+            cfg.yarn_factor = float(a("rope.scaling.factor"))
+            cfg.yarn_orig_ctx = int(a("rope.scaling.original_context_length", a("context_length")))
+    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "qwen35", "qwen35moe", "gpt-oss"):
         sys.exit(f"architecture {arch!r} not supported by the reference")
     return cfg
 
@@ -250,7 +274,7 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 # near-ties in greedy decoding. The flag reproduces only these roundings; the
 # default path is exact float32 math.
 
-LEGACY_Q8_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "IQ4_NL"}
+LEGACY_Q8_TYPES = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "IQ4_NL", "MXFP4"}
 K_Q8_TYPES = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ2_XXS", "IQ2_XS", "IQ2_S",
               "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M", "IQ4_XS"}
 
@@ -338,6 +362,41 @@ def rope(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float,
     return out
 
 
+def rope_yarn(x: np.ndarray, positions: np.ndarray, n_rot: int, base: float, factor: float,
+              orig_ctx: int, beta_fast: float = 32.0, beta_slow: float = 1.0) -> np.ndarray:
+    """NeoX rope with YaRN as llama.cpp applies it (ext_factor 1, attn_factor 1):
+    pair i's angle blends pos*f_i (extrapolated) and pos*f_i/factor
+    (interpolated) by a ramp that is 1 (all extrapolated) below the pair
+    `low` and 0 past `high`, where the pair that turns `beta` times over
+    the original context is n_rot*ln(orig/(2 pi beta))/(2 ln base); cos
+    and sin are scaled by 1 + 0.1 ln(factor)."""
+    half = n_rot // 2
+
+    def corr(beta: float) -> float:
+        return n_rot * math.log(orig_ctx / (beta * 2.0 * math.pi)) / (2.0 * math.log(base))
+
+    low = max(0.0, math.floor(corr(beta_fast)))
+    high = min(n_rot - 1.0, math.ceil(corr(beta_slow)))
+    i = np.arange(half, dtype=np.float64)
+    ramp = 1.0 - np.clip((i - low) / max(0.001, high - low), 0.0, 1.0)
+    inv_freq = base ** (-i * 2.0 / n_rot)
+    extrap = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+    angles = extrap / factor * (1.0 - ramp) + extrap * ramp
+    mscale = 1.0 + 0.1 * math.log(factor)
+    cos = (np.cos(angles) * mscale)[:, None, :].astype(np.float32)
+    sin = (np.sin(angles) * mscale)[:, None, :].astype(np.float32)
+    out = x.copy()
+    a, b = x[..., :half], x[..., half:n_rot]
+    out[..., :half] = a * cos - b * sin
+    out[..., half:n_rot] = a * sin + b * cos
+    return out
+
+
+def swiglu_oai(g: np.ndarray, u: np.ndarray, alpha: float = 1.702, limit: float = 7.0) -> np.ndarray:
+    g = np.minimum(g, limit)
+    return g / (1.0 + np.exp(-alpha * g)) * (np.clip(u, -limit, limit) + 1.0)
+
+
 # --------------------------------------------------------------------------
 # the model
 # --------------------------------------------------------------------------
@@ -386,8 +445,11 @@ class Model:
         return c.arch in HYBRID_ARCHS and (il + 1) % c.full_attention_interval != 0
 
     def is_local_layer(self, il: int) -> bool:
+        c = self.cfg
+        if c.arch == "gpt-oss":  # llama.cpp's swa pattern: il % n < n - 1
+            return c.swa_period == 0 or il % c.swa_period < c.swa_period - 1
         # gemma3: 5 sliding-window layers, then 1 global layer
-        return self.cfg.arch == "gemma3" and (il + 1) % 6 != 0
+        return c.arch == "gemma3" and (il + 1) % 6 != 0
 
     # ---- attention ------------------------------------------------------
     def attention(self, il: int, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
@@ -415,8 +477,12 @@ class Model:
         pos_scale = 1.0 / c.rope_scale
         if c.arch == "gemma3" and self.is_local_layer(il):
             pos_scale = 1.0  # linear scaling only applies to the global layers
-        q = rope(q, positions, c.n_rot, base, c.rope_neox, pos_scale, self.freq_factors)
-        k = rope(k, positions, c.n_rot, base, c.rope_neox, pos_scale, self.freq_factors)
+        if c.yarn_factor > 0:
+            q = rope_yarn(q, positions, c.n_rot, base, c.yarn_factor, c.yarn_orig_ctx)
+            k = rope_yarn(k, positions, c.n_rot, base, c.yarn_factor, c.yarn_orig_ctx)
+        else:
+            q = rope(q, positions, c.n_rot, base, c.rope_neox, pos_scale, self.freq_factors)
+            k = rope(k, positions, c.n_rot, base, c.rope_neox, pos_scale, self.freq_factors)
 
         if self.emulate_kv_f16:  # llama.cpp's default KV cache type is f16; q meets K as f16
             k, v, q = f16(k), f16(v), f16(q)
@@ -442,11 +508,16 @@ class Model:
             # llama.cpp keys this on the layer count too
             scale = 1.0 / math.sqrt(c.n_embd / c.n_head)
         group = c.n_head // c.n_head_kv
+        sinks = w.opt(p + "attn_sinks.weight")
         out = np.empty((seq, c.n_head, c.head_dim), dtype=np.float32)
         for h in range(c.n_head):
             hk = h // group  # GQA: query head h reads kv head h // group
             scores = (q[:, h, :] @ K[:, hk, :].T) * scale + mask  # (seq, n_kv)
-            probs = softmax(scores)
+            if sinks is not None:  # one more logit in the denominator, weighting no value
+                with_sink = np.concatenate([scores, np.full((seq, 1), sinks[h], np.float32)], axis=1)
+                probs = softmax(with_sink)[:, :-1]
+            else:
+                probs = softmax(scores)
             if self.emulate_kv_f16:
                 probs = f16(probs)  # kq meets the f16 V cache as f16
             out[:, h, :] = probs @ V[:, hk, :]
@@ -510,7 +581,9 @@ class Model:
     def moe(self, il: int, x: np.ndarray) -> np.ndarray:
         c, w = self.cfg, self.w
         p = f"blk.{il}."
-        router_logits = self.linear(x, p + "ffn_gate_inp.weight")  # (seq, n_expert)
+        router_logits = self.linear(x, p + "ffn_gate_inp.weight", p + "ffn_gate_inp.bias")
+        if c.arch == "gpt-oss":
+            return self.moe_gpt_oss(il, x, router_logits)
         probs = softmax(router_logits)
         # expert tensors are stacked: (n_expert, out, in)
         gate_e = w.get(p + "ffn_gate_exps.weight")
@@ -532,6 +605,24 @@ class Model:
             out = out + gate[:, None] * shared
         return out
 
+    def moe_gpt_oss(self, il: int, x: np.ndarray, logits: np.ndarray) -> np.ndarray:
+        c, w = self.cfg, self.w
+        p = f"blk.{il}."
+        gate_e, up_e, down_e = (w.get(p + f"ffn_{n}_exps.weight") for n in ("gate", "up", "down"))
+        gate_b, up_b, down_b = (w.get(p + f"ffn_{n}_exps.bias") for n in ("gate", "up", "down"))
+        out = np.zeros_like(x)
+        for t in range(x.shape[0]):
+            top = np.argsort(-logits[t], kind="stable")[: c.n_expert_used]
+            weights = softmax(logits[t, top].astype(np.float64))
+            # --emulate-ggml: the experts' inputs rounded as their weight type pairs
+            xt = round_activations(x[t], w.qtype(p + "ffn_up_exps.weight")) if self.emulate_ggml else x[t]
+            for e, g in zip(top, weights):
+                h = swiglu_oai(gate_e[e] @ xt + gate_b[e], up_e[e] @ xt + up_b[e])
+                if self.emulate_ggml:
+                    h = round_activations(h, w.qtype(p + "ffn_down_exps.weight"))
+                out[t] += np.float32(g) * (down_e[e] @ h + down_b[e])
+        return out
+
     # ---- full step ------------------------------------------------------------
     def forward(self, tokens: list[int], all_positions: bool = False) -> np.ndarray:
         """Runs `tokens` after the cached prefix; returns logits (last or all positions)."""
@@ -543,6 +634,11 @@ class Model:
         for il in range(c.n_layer):
             p = f"blk.{il}."
             h = rms_norm(x, w.get(p + "attn_norm.weight"), c.norm_eps)
+            if c.arch == "gpt-oss":  # the pre-FFN norm is stored as post_attention_norm
+                x = x + self.attention(il, h, positions)
+                h = rms_norm(x, w.get(p + "post_attention_norm.weight"), c.norm_eps)
+                x = x + self.ffn(il, h)
+                continue
             if c.arch in HYBRID_ARCHS:
                 h = self.linear_attention(il, h) if self.is_linear_layer(il) else self.attention(il, h, positions)
                 x = x + h

@@ -30,6 +30,7 @@ use fathom_plan::recurrent::RecurrentPlan;
 use fathom_plan::KvDtype;
 
 pub use error::BackendError;
+pub use fathom_kernels::ops::Yarn;
 pub use fathom_kernels::WeightType;
 pub use fathom_plan::activations::Buf;
 pub use host::{HostBytes, HostMatrix, MatrixStorage, MatrixView};
@@ -72,6 +73,10 @@ pub struct RoutedFfn<'a> {
     pub width: usize,
     /// Each expert's FFN width.
     pub ffn_width: usize,
+    /// Per expert the biases of its gate, up and down projections
+    /// (gpt-oss), added before the activation and to the output; only
+    /// backends that [`Backend::runs_gpt_oss`] take them.
+    pub biases: Option<&'a [[VectorId; 3]]>,
 }
 
 /// [`Backend::routed_experts`] an expert at a time: its rows gathered into
@@ -91,9 +96,22 @@ pub fn experts_by_gather<B: Backend + ?Sized>(
         if n == 0 {
             continue;
         }
-        let glu_out = [Buf::FfnGate, Buf::FfnUp];
-        b.matmul_glu([gate, up], Buf::MoeIn, n, ffn.act, glu_out, ffn.ffn_width);
-        b.matmul(down, Buf::FfnGate, n, Buf::MoeOut);
+        let f = ffn.ffn_width;
+        match ffn.biases.map(|all| all[e]) {
+            None => {
+                let glu_out = [Buf::FfnGate, Buf::FfnUp];
+                b.matmul_glu([gate, up], Buf::MoeIn, n, ffn.act, glu_out, f);
+                b.matmul(down, Buf::FfnGate, n, Buf::MoeOut);
+            }
+            Some([bg, bu, bd]) => {
+                b.matmul_many(&[gate, up], Buf::MoeIn, n, &[Buf::FfnGate, Buf::FfnUp]);
+                b.add_bias(Buf::FfnGate, bg, n, f);
+                b.add_bias(Buf::FfnUp, bu, n, f);
+                b.glu(Buf::FfnGate, Buf::FfnUp, n, f, ffn.act);
+                b.matmul(down, Buf::FfnGate, n, Buf::MoeOut);
+                b.add_bias(Buf::MoeOut, bd, n, width);
+            }
+        }
         b.scatter_expert_rows(e, rows, k, Buf::MoeOut, width, out);
     }
 }
@@ -166,6 +184,9 @@ pub enum Glu {
     Silu,
     /// gelu_tanh(gate) × up (GeGLU).
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU ([`fathom_kernels::ops::swiglu_oai_mul`]);
+    /// only backends that [`Backend::runs_gpt_oss`] run it.
+    SwigluOai,
 }
 
 /// One sequence's part of a step: `tokens` rows at positions
@@ -206,6 +227,9 @@ pub struct RopeParams {
     /// quarter); `None` rotates the whole head. Only backends that
     /// [`Backend::runs_hybrid`] honour it.
     pub rotated: Option<usize>,
+    /// YaRN scaling (gpt-oss); only backends that
+    /// [`Backend::runs_gpt_oss`] honour it.
+    pub yarn: Option<Yarn>,
 }
 
 /// A linear-attention layer (the gated delta rule of Qwen3.5): `key_heads`
@@ -264,6 +288,10 @@ pub struct AttentionShape {
     pub window: Option<usize>,
     /// Logit scale (1/√key_dim unless the model says otherwise).
     pub scale: f32,
+    /// One learned logit per query head that joins each softmax's
+    /// denominator and weights no value (gpt-oss's attention sinks); only
+    /// backends that [`Backend::runs_gpt_oss`] honour it.
+    pub sinks: Option<VectorId>,
 }
 
 /// The buffers of one attention op.
@@ -526,6 +554,14 @@ pub trait Backend: Send {
 
     /// Sets `rows × width` values of `x` to zero.
     fn zero(&mut self, x: Buf, rows: usize, width: usize);
+
+    /// Whether the backend runs gpt-oss: attention sinks
+    /// ([`AttentionShape::sinks`]), YaRN rope ([`RopeParams::yarn`]),
+    /// [`Glu::SwigluOai`] and per-expert biases ([`RoutedFfn::biases`]).
+    /// The engine refuses such a model on a backend that does not.
+    fn runs_gpt_oss(&self) -> bool {
+        false
+    }
 
     /// Whether the backend runs hybrid models (Qwen3.5): the three ops
     /// below and partial rope ([`RopeParams::rotated`]). The engine refuses

@@ -63,7 +63,8 @@ pub enum BenchCommand {
 #[derive(Args)]
 pub struct FixtureArgs {
     /// The shape: smollm2-135m, llama-3.1-8b, qwen3-30b-a3b, gemma3-1b,
-    /// qwen3.5-4b or qwen3.5-35b-a3b.
+    /// qwen3.5-4b, qwen3.5-35b-a3b, gpt-oss-20b or gpt-oss-120b (whose
+    /// experts are MXFP4 whatever --type says).
     #[arg(long)]
     pub like: String,
     /// Weight type of the matrices (F32, F16, BF16, Q4_0 ... Q8_0, Q2_K ... Q6_K).
@@ -81,12 +82,23 @@ pub struct FixtureArgs {
     /// vocabulary is `t0`, `t1`, ... with no merges.
     #[arg(long)]
     pub vocab: Option<std::path::PathBuf>,
+    /// gpt-oss only: the experts' type (default MXFP4, as gpt-oss GGUFs
+    /// store them; another isolates the MXFP4 kernels in a comparison).
+    #[arg(long)]
+    pub experts_type: Option<String>,
     /// Where to write the .gguf.
     pub out: std::path::PathBuf,
 }
 
 fn write_fixture(args: &FixtureArgs) -> Result<ExitCode> {
     use fathom_fixtures as fx;
+    if args.like.starts_with("gpt-oss") {
+        return write_gpt_oss_fixture(args);
+    }
+    anyhow::ensure!(
+        args.experts_type.is_none(),
+        "--experts-type: only the gpt-oss shapes take it"
+    );
     let shapes = [
         ("smollm2-135m", fx::smollm2_135m as fn() -> fx::ModelDef),
         ("llama-3.1-8b", fx::llama_3_1_8b),
@@ -134,6 +146,64 @@ fn write_fixture(args: &FixtureArgs) -> Result<ExitCode> {
     .with_context(|| format!("writing {}", args.out.display()))?;
     eprintln!(
         "wrote {} ({} like {}, {} bytes)",
+        args.out.display(),
+        ty.name(),
+        args.like,
+        bytes
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The --type argument as a weight type.
+fn fixture_type(name: &str) -> Result<fathom_fixtures::GgufTensorType> {
+    use fathom_fixtures::GgufTensorType;
+    GgufTensorType::ALL
+        .into_iter()
+        .find(|t| t.name().eq_ignore_ascii_case(name))
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "--type {name:?}: expected one of {}",
+                GgufTensorType::ALL.map(|t| t.name()).join(", ")
+            )
+        })
+}
+
+/// `--like gpt-oss-20b|gpt-oss-120b`: written as GGUF directly
+/// (`fathom_fixtures::gpt_oss_writer`), experts in MXFP4, the other
+/// matrices in --type.
+fn write_gpt_oss_fixture(args: &FixtureArgs) -> Result<ExitCode> {
+    use fathom_fixtures as fx;
+    let mut shape = match args.like.as_str() {
+        "gpt-oss-20b" => fx::gpt_oss_20b(),
+        "gpt-oss-120b" => fx::gpt_oss_120b(),
+        other => anyhow::bail!("--like {other:?}: expected gpt-oss-20b or gpt-oss-120b"),
+    };
+    let ty = fixture_type(&args.weight_type)?;
+    if let Some(experts) = &args.experts_type {
+        shape.experts_type = fixture_type(experts)?;
+    }
+    if let Some(layers) = args.layers {
+        anyhow::ensure!(layers > 0, "--layers 0: a model needs a layer");
+        shape.layers = layers;
+    }
+    let data = fx::Data::Random { seed: args.seed };
+    let describe = || format!("writing {}", args.out.display());
+    let bytes = match &args.vocab {
+        None => fx::write_gpt_oss_gguf(&shape, ty, &args.out, data),
+        Some(vocab) => {
+            let kvs = vocab_kvs(vocab, Some(shape.vocab))?;
+            let writer = fx::gpt_oss_writer(&shape, ty).with_context(describe)?;
+            kvs.into_iter()
+                .fold(
+                    writer.retain_kvs(|k| !k.starts_with("tokenizer.")),
+                    |w, (k, v)| w.kv(k, v),
+                )
+                .write(&args.out, data)
+        }
+    }
+    .with_context(describe)?;
+    eprintln!(
+        "wrote {} (MXFP4 experts, {} matrices, like {}, {} bytes)",
         args.out.display(),
         ty.name(),
         args.like,

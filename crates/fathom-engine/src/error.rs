@@ -19,7 +19,7 @@ pub enum EngineError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{architecture:?} models cannot be run yet: fathom runs llama, qwen2, qwen3, qwen3_moe, gemma3, qwen35 and qwen35_moe")]
+    #[error("{architecture:?} models cannot be run yet: fathom runs llama, qwen2, qwen3, qwen3_moe, gemma3, qwen35, qwen35_moe and gpt_oss")]
     UnsupportedFamily { architecture: String },
     #[error("{family} models cannot run on the {backend} backend yet: {what}; run them with --device cpu")]
     UnsupportedOnBackend {
@@ -27,7 +27,7 @@ pub enum EngineError {
         backend: String,
         what: String,
     },
-    #[error("tensor {tensor}: {dtype} weights are not supported; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K")]
+    #[error("tensor {tensor}: {dtype} weights are not supported; supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, MXFP4")]
     UnsupportedDtype { tensor: String, dtype: String },
     #[error("tensor {tensor} is missing from the checkpoint")]
     MissingTensor { tensor: String },

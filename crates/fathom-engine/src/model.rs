@@ -43,7 +43,16 @@ enum Ffn {
         router: MatrixId,
         experts: Vec<[MatrixId; 3]>,
         shared: Option<SharedExpert>,
+        /// gpt-oss: the router's bias and each expert's gate, up and down
+        /// biases.
+        biases: Option<MoeBiases>,
     },
+}
+
+/// A gpt-oss MoE layer's biases.
+struct MoeBiases {
+    router: VectorId,
+    experts: Vec<[VectorId; 3]>,
 }
 
 /// Qwen3.5 MoE's shared expert: a gated FFN every row goes through, its
@@ -66,6 +75,8 @@ struct Attend {
     qk_norm: Option<[VectorId; 2]>,
     /// The q projection carries a sigmoid output gate per head (Qwen3.5).
     gated: bool,
+    /// The output projection's bias (gpt-oss).
+    o_bias: Option<VectorId>,
 }
 
 /// A hybrid model's linear-attention layer (Qwen3.5's gated delta rule).
@@ -263,7 +274,21 @@ impl Model {
                 "linear-attention layers, gated attention and partial rope",
             ));
         }
+        let gpt_oss = spec.family == fathom_spec::Family::GptOss;
+        if gpt_oss && !backend.runs_gpt_oss() {
+            return Err(unsupported(
+                "attention sinks, YaRN rope, MXFP4 experts with biases and the clamped SwiGLU \
+                 (run it with --device cpu)",
+            ));
+        }
         if let Some(p) = placement {
+            if gpt_oss {
+                return Err(EngineError::Placement(
+                    "a gpt-oss model cannot be split between the GPU and the host yet (it runs \
+                     on the CPU only)"
+                        .into(),
+                ));
+            }
             if hybrid {
                 return Err(EngineError::Placement(
                     "a hybrid linear-attention model cannot be split between the GPU and the \
@@ -337,6 +362,7 @@ impl Model {
             scaling: None,
             scaling_factor: None,
             llama3: None,
+            yarn: None,
         });
         let head_dim = spec.head_dim as usize;
         // The rope factors, on each side that runs layers.
@@ -367,6 +393,14 @@ impl Model {
             neox: style.rope_neox,
             freqs,
             rotated: rope.dims.map(|d| d as usize),
+            yarn: rope.yarn.as_ref().map(|y| {
+                let [low, high] = y.corr_dims(spec.head_dim, rope.theta);
+                fathom_backend::Yarn {
+                    freq_scale: (1.0 / y.factor) as f32,
+                    corr: [low as f32, high as f32],
+                    mscale: (y.attn_factor * (1.0 + 0.1 * y.factor.ln())) as f32,
+                }
+            }),
         };
         let mut layers = Vec::with_capacity(spec.layers.len());
         for (i, l) in spec.layers.iter().enumerate() {
@@ -414,6 +448,7 @@ impl Model {
             glu: match style.activation {
                 Activation::Silu => Glu::Silu,
                 Activation::GeluTanh => Glu::GeluTanh,
+                Activation::SwigluOai => Glu::SwigluOai,
             },
             ffn_width: if spec.n_experts > 0 {
                 local.expert_ffn
@@ -553,8 +588,9 @@ impl Model {
                     router,
                     experts,
                     shared,
+                    biases,
                 } => {
-                    self.moe_ffn(backend, layer, *router, experts, step.rows);
+                    self.moe_ffn(backend, layer, *router, experts, biases, step.rows);
                     if let Some(shared) = shared {
                         self.shared_expert(backend, shared, step.rows);
                     }
@@ -620,6 +656,9 @@ impl Model {
             Buf::AttnOut
         };
         backend.matmul(layer.wo, attn_out, t_n, Buf::BranchOut);
+        if let Some(b) = layer.o_bias {
+            backend.add_bias(Buf::BranchOut, b, t_n, self.spec.hidden as usize);
+        }
         backend.all_reduce(Buf::BranchOut, t_n, self.spec.hidden as usize);
     }
 
@@ -714,11 +753,15 @@ impl Model {
         layer: &Layer,
         router: MatrixId,
         experts: &[[MatrixId; 3]],
+        biases: &Option<MoeBiases>,
         rows: usize,
     ) {
         let d = self.spec.hidden as usize;
         let k = self.spec.n_experts_active as usize;
         backend.matmul(router, Buf::Norm, rows, Buf::RouterLogits);
+        if let Some(b) = biases {
+            backend.add_bias(Buf::RouterLogits, b.router, rows, experts.len());
+        }
         backend.switch_to(
             layer.experts_place,
             &[(Buf::Norm, d), (Buf::RouterLogits, experts.len())],
@@ -737,6 +780,7 @@ impl Model {
             act: self.glu,
             width: d,
             ffn_width: self.ffn_width,
+            biases: biases.as_ref().map(|b| b.experts.as_slice()),
         };
         backend.routed_experts(&ffn, Buf::Norm, rows, Buf::BranchOut);
         backend.switch_to(layer.place, &[(Buf::BranchOut, d)], rows);
@@ -754,6 +798,8 @@ struct LayerGlobals {
     freqs: [Option<VectorId>; 2],
     /// Leading values of a head that rotate, when not all.
     rotated: Option<usize>,
+    /// YaRN scaling of every layer's rope (gpt-oss).
+    yarn: Option<fathom_backend::Yarn>,
 }
 
 /// Layer `i`'s linear attention: its projections, convolution taps,
@@ -797,6 +843,32 @@ fn load_linear(
         wout: loader.named_matrix(&n.out, d, inner, Split::Whole)?,
         shape,
     })
+}
+
+/// A gpt-oss layer's router bias and per-expert biases (the merged
+/// `[n_expert, width]` tensors, a row an expert), converted to f32.
+fn load_moe_biases(
+    loader: &mut Loader,
+    n: &crate::names::GptOssNames,
+    experts: usize,
+    ffn: usize,
+    d: usize,
+) -> Result<MoeBiases, EngineError> {
+    let router = loader.vector(&n.router_bias, experts, false)?;
+    let mut rows = Vec::with_capacity(3);
+    for (name, width) in [(&n.gate_bias, ffn), (&n.up_bias, ffn), (&n.down_bias, d)] {
+        let all = loader.files.flat(name, experts, width)?;
+        loader.converted += all.len() * 4;
+        let ids = all
+            .chunks_exact(width)
+            .map(|row| loader.backend.load_vector(row))
+            .collect::<Result<Vec<_>, _>>()?;
+        rows.push(ids);
+    }
+    let experts = (0..experts)
+        .map(|e| [rows[0][e], rows[1][e], rows[2][e]])
+        .collect();
+    Ok(MoeBiases { router, experts })
 }
 
 fn load_layer(
@@ -899,10 +971,16 @@ fn load_layer(
                 },
             }),
         };
+        let biases = if loader.files.has(&n.gpt_oss.router_bias) {
+            Some(load_moe_biases(loader, &n.gpt_oss, e_n, f, d)?)
+        } else {
+            None
+        };
         Ffn::Moe {
             router: loader.named_matrix(&n.router, e_n, d, router_split)?,
             experts,
             shared,
+            biases,
         }
     } else {
         let f = spec.ffn as usize;
@@ -935,6 +1013,7 @@ fn load_layer(
                     value_dim: dv,
                     window,
                     scale: globals.attn_scale,
+                    sinks: loader.optional_vector(&n.gpt_oss.sinks, n_heads, false)?,
                 },
                 rope: RopeParams {
                     theta: if window.is_some() {
@@ -945,6 +1024,7 @@ fn load_layer(
                     neox: globals.neox,
                     freqs: globals.freqs[place as usize],
                     rotated: globals.rotated,
+                    yarn: globals.yarn,
                 },
                 wq: loader.named_matrix(&n.q, q_rows, d, q_split)?,
                 wk: loader.named_matrix(&n.k, kvh * dk, d, kv_split)?,
@@ -953,6 +1033,7 @@ fn load_layer(
                 bias,
                 qk_norm,
                 gated,
+                o_bias: loader.optional_vector(&n.gpt_oss.o_bias, d, false)?,
             })
         }
     };

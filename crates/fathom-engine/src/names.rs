@@ -28,6 +28,19 @@ pub struct LayerNames {
     pub shared_router: String,
     /// A linear-attention layer's tensors (llama.cpp's GGUF names).
     pub linear: LinearNames,
+    /// gpt-oss's sinks and biases (llama.cpp's GGUF names).
+    pub gpt_oss: GptOssNames,
+}
+
+/// A gpt-oss layer's attention sinks and the biases other families lack.
+pub struct GptOssNames {
+    pub sinks: String,
+    pub o_bias: String,
+    pub router_bias: String,
+    /// The merged experts' biases, `[n_expert, width]`.
+    pub gate_bias: String,
+    pub up_bias: String,
+    pub down_bias: String,
 }
 
 /// A Qwen3.5 linear-attention layer's tensors.
@@ -95,6 +108,14 @@ impl Naming {
             norm: b("ssm_norm.weight"),
             out: b("ssm_out.weight"),
         };
+        let gpt_oss = GptOssNames {
+            sinks: b("attn_sinks.weight"),
+            o_bias: b("attn_output.bias"),
+            router_bias: b("ffn_gate_inp.bias"),
+            gate_bias: b("ffn_gate_exps.bias"),
+            up_bias: b("ffn_up_exps.bias"),
+            down_bias: b("ffn_down_exps.bias"),
+        };
         match self {
             Naming::Gguf => LayerNames {
                 attn_norm: b("attn_norm.weight"),
@@ -108,7 +129,7 @@ impl Naming {
                 q_norm: b("attn_q_norm.weight"),
                 k_norm: b("attn_k_norm.weight"),
                 post_attn_norm: b("post_attention_norm.weight"),
-                ffn_norm: if style.gated_attention {
+                ffn_norm: if style.ffn_norm_post_attention {
                     b("post_attention_norm.weight")
                 } else {
                     b("ffn_norm.weight")
@@ -123,6 +144,7 @@ impl Naming {
                 shared_down: b("ffn_down_shexp.weight"),
                 shared_router: b("ffn_gate_inp_shexp.weight"),
                 linear,
+                gpt_oss,
             },
             Naming::Hf { prefix } => {
                 let b = |s: &str| format!("{prefix}layers.{i}.{s}");
@@ -156,6 +178,7 @@ impl Naming {
                     shared_down: b("mlp.shared_expert.down_proj.weight"),
                     shared_router: b("mlp.shared_expert_gate.weight"),
                     linear,
+                    gpt_oss,
                 }
             }
         }

@@ -108,6 +108,7 @@ fn scale_span(ty: GgufTensorType) -> f32 {
         GgufTensorType::Q4_K => 945.0,
         GgufTensorType::Q5_K => 1953.0,
         GgufTensorType::Q6_K => 4064.0,
+        GgufTensorType::MXFP4 => 12.0,
     }
 }
 
@@ -321,6 +322,9 @@ fn fill_tensor(
         Some(GgufTensorType::F32) => (Fill::F32, 4),
         Some(GgufTensorType::F16) => (Fill::F16, 2),
         Some(GgufTensorType::BF16) => (Fill::BF16, 2),
+        Some(GgufTensorType::MXFP4) => {
+            return crate::random::write_mxfp4_blocks(out, info.len, rng)
+        }
         Some(t) => {
             let block = Block {
                 bytes: t.block_bytes(),

@@ -14,6 +14,7 @@
 
 mod gguf;
 mod gguf_model;
+mod gpt_oss;
 mod grid;
 mod hf;
 mod mlx;
@@ -23,6 +24,9 @@ mod safetensors;
 
 pub use gguf::{GgufTensorInfo, GgufTensorType, GgufValue, GgufWriter};
 pub use gguf_model::{gguf_writer, write_gguf};
+pub use gpt_oss::{
+    gpt_oss_120b, gpt_oss_20b, gpt_oss_tiny, gpt_oss_writer, write_gpt_oss_gguf, GptOssShape,
+};
 pub use grid::{
     cuda_memory_grid_models, memory_grid_models, write_grid_model, write_runnable_gguf, GridModel,
     GRID_SEED,

@@ -196,6 +196,34 @@ pub(crate) fn write_blocks(
     Ok(())
 }
 
+/// MXFP4 blocks (17 bytes: an e8m0 scale, 16 bytes of e2m1 nibbles):
+/// random nibbles under a scale of 2^-8 or 2^-7, so values reach 0.047
+/// or 0.094 (12 × the scale), about the [-0.1, 0.1) of the other random
+/// weights. A trailing partial block gets random bytes.
+pub(crate) fn write_mxfp4_blocks(out: &mut impl Write, len: u64, rng: &mut Rng) -> io::Result<()> {
+    const BYTES: u64 = 17;
+    let mut buf = Vec::with_capacity(CHUNK + BYTES as usize);
+    let mut left = len;
+    while left > 0 {
+        let n = BYTES.min(left);
+        let mut block = [0u8; BYTES as usize];
+        for chunk in block.chunks_mut(8) {
+            let bytes = rng.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+        if n == BYTES {
+            block[0] = 120 + (block[0] & 1);
+        }
+        buf.extend_from_slice(&block[..n as usize]);
+        if buf.len() >= CHUNK {
+            out.write_all(&buf)?;
+            buf.clear();
+        }
+        left -= n;
+    }
+    out.write_all(&buf)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -476,7 +476,11 @@ fn gguf_round_trips_for_every_family_and_type() {
                 }
                 let len = stored.ggml().padded_row_bytes(dims.iter().product());
                 end = offset + len;
-                if stored.block_elems() > 1 {
+                if stored == GgufTensorType::MXFP4 {
+                    // The first block's e8m0 scale is 2^-8 or 2^-7.
+                    let e = bytes[(g.data_start + offset) as usize];
+                    assert!(e == 120 || e == 121, "{name}: scale {e}");
+                } else if stored.block_elems() > 1 {
                     // The first block's f16 scale is a small finite number.
                     let at = (g.data_start + offset) as usize;
                     let scale_at = match stored {

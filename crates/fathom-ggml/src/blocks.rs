@@ -62,6 +62,33 @@ pub struct BlockQ8_0 {
 }
 const _: () = assert!(size_of::<BlockQ8_0>() == 34);
 
+/// `block_mxfp4`: x = kvalues_mxfp4[q] * 2^(e - 128), where the table
+/// holds twice the e2m1 values ([`MXFP4_VALUES`]) and so the scale is half
+/// of e8m0's 2^(e - 127) ([`e8m0_half`]). The nibbles are laid out as
+/// Q4_0's: element j in the low nibble of byte j, j + 16 in its high one.
+#[repr(C)]
+pub struct BlockMxfp4 {
+    pub e: u8,
+    pub qs: [u8; QK / 2],
+}
+const _: () = assert!(size_of::<BlockMxfp4>() == 17);
+
+/// ggml's `kvalues_mxfp4`: the e2m1 values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and
+/// their negatives, doubled to integers.
+pub const MXFP4_VALUES: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// An MXFP4 block's scale for [`MXFP4_VALUES`]: 2^(e - 128), exactly as
+/// ggml's `GGML_E8M0_TO_FP32_HALF` (subnormal for e < 2).
+#[inline]
+pub const fn e8m0_half(e: u8) -> f32 {
+    let bits = if e < 2 {
+        0x0020_0000u32 << e
+    } else {
+        (e as u32 - 1) << 23
+    };
+    f32::from_bits(bits)
+}
+
 /// `block_q2_K`: 16 groups of 16, each with a 4-bit scale and min.
 #[repr(C)]
 pub struct BlockQ2_K {
@@ -151,6 +178,7 @@ const _: () = {
     assert!(table_is(GgmlType::Q5_K, QK_K, size_of::<BlockQ5_K>()));
     assert!(table_is(GgmlType::Q6_K, QK_K, size_of::<BlockQ6_K>()));
     assert!(table_is(GgmlType::Q8_K, QK_K, size_of::<BlockQ8_K>()));
+    assert!(table_is(GgmlType::MXFP4, QK, size_of::<BlockMxfp4>()));
     assert!(ActFormat::Q8S.block_elems() == QK);
     assert!(ActFormat::Q8S.block_bytes() == size_of::<BlockQ8S>());
     assert!(ActFormat::Q8K.block_elems() == QK_K);
@@ -194,5 +222,17 @@ mod tests {
         assert_eq!(Q2_K_SCALES, [80, 82]);
         assert_eq!(Q3_K_SCALES, [108]);
         assert_eq!(Q6_K_SCALES, [208]);
+        assert_eq!(offset_of!(BlockMxfp4, qs), 1);
+    }
+
+    #[test]
+    fn e8m0_half_is_two_to_the_e_minus_128() {
+        assert_eq!(e8m0_half(128), 1.0);
+        assert_eq!(e8m0_half(127), 0.5);
+        assert_eq!(e8m0_half(121), 1.0 / 128.0);
+        assert_eq!(e8m0_half(255), 2f32.powi(127));
+        assert_eq!(e8m0_half(2), 2f32.powi(-126));
+        assert_eq!(e8m0_half(1), 2f32.powi(-127));
+        assert_eq!(e8m0_half(0), 2f32.powi(-128));
     }
 }

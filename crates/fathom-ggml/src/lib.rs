@@ -3,7 +3,7 @@
 //! Everything that reads or writes ggml blocks asks this crate: the
 //! checkpoint reader (ids, names, row bytes of all 34 types GGUF files
 //! carry), the memory plan (KV rows, quantized activation rows, quant
-//! advice), the CPU kernels (the 13 types they run, the activation format
+//! advice), the CPU kernels (the 14 types they run, the activation format
 //! each pairs with, block sizes) and the fixtures (which bytes of a block
 //! are f16 scales). It depends on nothing.
 //!

@@ -24,6 +24,9 @@ pub enum WeightType {
     Q4_K,
     Q5_K,
     Q6_K,
+    /// OCP microscaling FP4 (gpt-oss's experts): 32 e2m1 values and one
+    /// shared e8m0 scale, no f16 field.
+    MXFP4,
 }
 
 /// How a matmul against a weight type wants its activations.
@@ -42,7 +45,7 @@ pub enum ActFormat {
 }
 
 impl WeightType {
-    pub const ALL: [WeightType; 13] = [
+    pub const ALL: [WeightType; 14] = [
         WeightType::F32,
         WeightType::F16,
         WeightType::BF16,
@@ -56,6 +59,7 @@ impl WeightType {
         WeightType::Q4_K,
         WeightType::Q5_K,
         WeightType::Q6_K,
+        WeightType::MXFP4,
     ];
 
     /// This type's row of the ggml table, the activation format its matmul
@@ -76,6 +80,8 @@ impl WeightType {
             WeightType::Q4_K => (GgmlType::Q4_K, Q8K, blocks::Q4_K_SCALES),
             WeightType::Q5_K => (GgmlType::Q5_K, Q8K, blocks::Q5_K_SCALES),
             WeightType::Q6_K => (GgmlType::Q6_K, Q8K, blocks::Q6_K_SCALES),
+            // Its scale is one e8m0 byte ([`blocks::BlockMxfp4`]).
+            WeightType::MXFP4 => (GgmlType::MXFP4, Q8S, &[]),
         }
     }
 
@@ -128,7 +134,8 @@ impl WeightType {
     }
 
     /// Byte offsets in a block of its f16 scale fields (`d`, then `m` or
-    /// `dmin` where the type has one); empty for the float types.
+    /// `dmin` where the type has one); empty for the float types and for
+    /// MXFP4, whose scale is an e8m0 byte.
     #[inline]
     pub const fn f16_scales(self) -> &'static [usize] {
         self.row().2

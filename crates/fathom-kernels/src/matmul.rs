@@ -439,6 +439,10 @@ impl Unpacked {
                 quants(&mut u.q[..32], &|j| wb[2 + j] as i8);
                 u.d = f16_at(wb, 0);
             }
+            WeightType::MXFP4 => {
+                quants(&mut u.q[..32], &|j| quant::mxfp4_quant(wb, j));
+                u.d = fathom_ggml::blocks::e8m0_half(wb[0]);
+            }
             WeightType::Q2_K => {
                 quants(&mut u.q, &|i| quant::q2k_quant(wb, i) as i8);
                 for (g, &s) in wb[..16].iter().enumerate() {
@@ -572,6 +576,8 @@ pub(crate) mod tests {
                 WeightType::BF16 => {
                     block.copy_from_slice(&((unit(rng).to_bits() >> 16) as u16).to_le_bytes())
                 }
+                // Scales 2^-8 .. 2^-5: values up to about 1/3.
+                WeightType::MXFP4 => block[0] = 120 + (rng.next_u64() % 4) as u8,
                 _ => {
                     for &at in ty.f16_scales() {
                         let s = unit(rng) / 32.0;

@@ -160,6 +160,80 @@ pub(crate) fn silu_mul_with(isa: Isa, gate: &mut [f32], up: &[f32]) {
     })
 }
 
+/// gpt-oss's clamped SwiGLU, as llama.cpp's `swiglu_oai` (alpha 1.702,
+/// limit 7): with g = min(gate, 7) and u = clamp(up, -7, 7),
+/// `gate = g / (1 + e^(-1.702 g)) * (u + 1)`. Scalar: a sliver of a MoE
+/// layer's time beside its matmuls.
+pub fn swiglu_oai_mul(gate: &mut [f32], up: &[f32]) {
+    const ALPHA: f32 = 1.702;
+    const LIMIT: f32 = 7.0;
+    assert_eq!(
+        gate.len(),
+        up.len(),
+        "swiglu_oai_mul: gate and up differ in length"
+    );
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(LIMIT);
+        let y = u.clamp(-LIMIT, LIMIT);
+        *g = x / (1.0 + (-ALPHA * x).exp()) * (y + 1.0);
+    }
+}
+
+/// YaRN rope scaling for [`rope_yarn`], as llama.cpp's `rope_yarn` with
+/// `ext_factor` 1: the rotary pairs below `corr[0]` keep their frequency,
+/// those past `corr[1]` are divided by the factor (`freq_scale` = 1 /
+/// factor), the ones between blended linearly; cos and sin are scaled by
+/// `mscale` (attn_factor × (1 + 0.1 ln factor)).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Yarn {
+    pub freq_scale: f32,
+    pub corr: [f32; 2],
+    pub mscale: f32,
+}
+
+/// [`rope`] (every pair of each head, NeoX or interleaved) with YaRN's
+/// frequencies and magnitude.
+pub fn rope_yarn(
+    x: &mut [f32],
+    n_heads: usize,
+    head_dim: usize,
+    pos: usize,
+    theta: f32,
+    neox: bool,
+    yarn: &Yarn,
+) {
+    assert!(
+        head_dim.is_multiple_of(2) && x.len() >= n_heads * head_dim,
+        "rope_yarn: {} values for {n_heads} heads of {head_dim}",
+        x.len()
+    );
+    let half = head_dim / 2;
+    let step = (theta as f64).powf(-2.0 / head_dim as f64);
+    let (low, high) = (yarn.corr[0] as f64, yarn.corr[1] as f64);
+    let mut base = 1.0f64;
+    for i in 0..half {
+        let extrap = pos as f64 * base;
+        base *= step;
+        let interp = yarn.freq_scale as f64 * extrap;
+        let y = (i as f64 - low) / (high - low).max(0.001);
+        let mix = 1.0 - y.clamp(0.0, 1.0);
+        let angle = interp * (1.0 - mix) + extrap * mix;
+        let (sin, cos) = angle.sin_cos();
+        let m = yarn.mscale as f64;
+        let (sin, cos) = ((sin * m) as f32, (cos * m) as f32);
+        for head in x[..n_heads * head_dim].chunks_exact_mut(head_dim) {
+            let (a, b) = if neox {
+                (i, i + half)
+            } else {
+                (2 * i, 2 * i + 1)
+            };
+            let (x0, x1) = (head[a], head[b]);
+            head[a] = x0 * cos - x1 * sin;
+            head[b] = x0 * sin + x1 * cos;
+        }
+    }
+}
+
 /// GeGLU with the tanh approximation of GELU, as Gemma uses:
 /// `gate = 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) * up`.
 pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {

@@ -14,7 +14,7 @@
 
 use crate::ops::f16_to_f32;
 use crate::WeightType;
-use fathom_ggml::blocks::{BlockQ8S, BlockQ8_0, BlockQ8_K};
+use fathom_ggml::blocks::{e8m0_half, BlockQ8S, BlockQ8_0, BlockQ8_K, MXFP4_VALUES};
 use std::mem::size_of;
 
 pub(crate) const Q8S_BYTES: usize = size_of::<BlockQ8S>();
@@ -207,7 +207,20 @@ fn dequantize_block(ty: WeightType, b: &[u8], out: &mut [f32]) {
                 *o = d * sc as f32 * q6k_quant(b, i) as f32;
             }
         }
+        WeightType::MXFP4 => {
+            let d = e8m0_half(b[0]);
+            for (j, o) in out.iter_mut().enumerate() {
+                *o = d * mxfp4_quant(b, j) as f32;
+            }
+        }
     }
+}
+
+/// Element `j` (0..32) of an MXFP4 block as the integer of
+/// [`MXFP4_VALUES`] (twice its e2m1 value).
+#[inline(always)]
+pub(crate) fn mxfp4_quant(b: &[u8], j: usize) -> i8 {
+    MXFP4_VALUES[q4_quant(b, 1, j) as usize]
 }
 
 /// The scale and reciprocal for quantizing values of largest magnitude

@@ -666,9 +666,10 @@ fn is_zero(bytes: &u64) -> bool {
     *bytes == 0
 }
 
-/// The engine reads matrices in place but copies every 1-D tensor, and a
+/// The engine reads matrices in place but copies every 1-D tensor, a
 /// linear-attention layer's convolution taps (`ssm_conv1d`, a few values
-/// per channel), to f32; a shared expert's gate is 1-D but read in place
+/// per channel) and gpt-oss's merged expert biases (`ffn_*_exps.bias`, a
+/// row an expert) to f32; a shared expert's gate is 1-D but read in place
 /// as a matrix of one row.
 fn converted_vector_bytes(spec: &ModelSpec) -> u64 {
     spec.tensors
@@ -676,6 +677,7 @@ fn converted_vector_bytes(spec: &ModelSpec) -> u64 {
         .filter(|t| {
             (t.shape.len() == 1 && !t.name.ends_with("ffn_gate_inp_shexp.weight"))
                 || t.name.ends_with("ssm_conv1d.weight")
+                || t.name.ends_with("_exps.bias")
         })
         .fold(0u64, |sum, t| {
             sum.saturating_add(t.params.saturating_mul(4))

@@ -26,6 +26,7 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
         "gemma3" => Family::Gemma3,
         "qwen35" => Family::Qwen35,
         "qwen35moe" => Family::Qwen35Moe,
+        "gpt-oss" => Family::GptOss,
         other => Family::Unknown(other.to_string()),
     };
     let tensors: Vec<TensorEntry> = file
@@ -133,10 +134,17 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
     let window = meta
         .u64(&key("attention.sliding_window"))?
         .filter(|&w| w > 0);
+    let gpt_oss_sliding = if family == Family::GptOss {
+        window.ok_or_else(|| meta.missing(&key("attention.sliding_window"), family.name()))?;
+        sliding_pattern(&meta, &key, n_layers, GPT_OSS_PATTERN)?
+    } else {
+        Vec::new()
+    };
     let sliding = |layer: u64| -> bool {
         match (&family, window) {
             (_, None) => false,
             (Family::Gemma3, Some(_)) => gemma_layer_is_sliding(layer, GEMMA3_PATTERN),
+            (Family::GptOss, Some(_)) => gpt_oss_sliding[layer as usize],
             // Other families that store a window use it in every layer.
             (_, Some(_)) => true,
         }
@@ -186,6 +194,16 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
         scaling_factor: meta.f64_where(&key("rope.scaling.factor"), positive, POSITIVE)?,
         // GGUF carries llama3 scaling as the `rope_freqs.weight` tensor.
         llama3: None,
+        yarn: None,
+    };
+    // Only gpt-oss runs YaRN so far; other families keep their rope as
+    // before (the scaling type is still reported).
+    let rope = match family {
+        Family::GptOss => Rope {
+            yarn: yarn_rope(&meta, &key, &rope, context_length)?,
+            ..rope
+        },
+        _ => rope,
     };
     if let Family::Unknown(name) = &family {
         notes.push(format!(
@@ -202,7 +220,12 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
         .unwrap_or(1e-5);
     // llama.cpp's qwen3moe and qwen35moe graphs always renormalize the
     // top-k weights.
-    let norm_topk_prob = matches!(family, Family::Qwen3Moe | Family::Qwen35Moe);
+    // gpt-oss weights its chosen experts by a softmax over their logits:
+    // the full softmax renormalized over the top k.
+    let norm_topk_prob = matches!(
+        family,
+        Family::Qwen3Moe | Family::Qwen35Moe | Family::GptOss
+    );
     let shared_expert_ffn = match meta.u64(&key("expert_shared_feed_forward_length"))? {
         Some(w) => limits::dim(
             &meta.file.path,
@@ -246,6 +269,83 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
         source,
         notes,
     })
+}
+
+/// llama.cpp's default sliding-window pattern for gpt-oss: every second
+/// layer is full attention, starting with the second.
+const GPT_OSS_PATTERN: u64 = 2;
+
+/// Which layers use the sliding window, as llama.cpp's
+/// `load_swa_pattern` reads them: `attention.sliding_window_pattern` as
+/// one flag per layer, or as a period n (layer i slides unless i mod n
+/// is n - 1; 0 makes every layer slide), else `default` as the period.
+fn sliding_pattern(
+    meta: &Meta,
+    key: &dyn Fn(&str) -> String,
+    n_layers: u64,
+    default: u64,
+) -> Result<Vec<bool>, SpecError> {
+    let field = key("attention.sliding_window_pattern");
+    let period = match meta.file.get(&field) {
+        None => default,
+        Some(value) => match value.as_u64() {
+            Some(n) => n,
+            None => {
+                let expected = format!("an integer or an array of at least {n_layers} booleans");
+                let items = value
+                    .as_array()
+                    .filter(|items| items.len() as u64 >= n_layers)
+                    .ok_or_else(|| meta.invalid(&field, value, &expected))?;
+                return items[..n_layers as usize]
+                    .iter()
+                    .map(|v| {
+                        v.as_bool()
+                            .or_else(|| v.as_u64().filter(|&x| x <= 1).map(|x| x == 1))
+                            .ok_or_else(|| meta.invalid(&field, value, &expected))
+                    })
+                    .collect();
+            }
+        },
+    };
+    Ok((0..n_layers)
+        .map(|i| period == 0 || i % period < period - 1)
+        .collect())
+}
+
+/// YaRN scaling when `rope.scaling.type` is `yarn`: the factor
+/// (`rope.scaling.factor`, required), the original context
+/// (`rope.scaling.original_context_length`, else the trained context),
+/// `rope.scaling.attn_factor` (else 1), and llama.cpp's defaults for the
+/// band, 32 and 1 rotations, which its gpt-oss loader does not read from
+/// the file.
+fn yarn_rope(
+    meta: &Meta,
+    key: &dyn Fn(&str) -> String,
+    rope: &Rope,
+    context_length: u64,
+) -> Result<Option<crate::YarnRope>, SpecError> {
+    if rope.scaling.as_deref() != Some("yarn") {
+        return Ok(None);
+    }
+    let factor_key = key("rope.scaling.factor");
+    let factor = rope
+        .scaling_factor
+        .ok_or_else(|| meta.missing(&factor_key, "yarn rope scaling"))?;
+    let orig_key = key("rope.scaling.original_context_length");
+    let original_context = meta.u64(&orig_key)?.unwrap_or(context_length);
+    if original_context == 0 {
+        return Err(meta.missing(&orig_key, "yarn rope scaling"));
+    }
+    let attn_factor = meta
+        .f64_where(&key("rope.scaling.attn_factor"), positive, POSITIVE)?
+        .unwrap_or(1.0);
+    Ok(Some(crate::YarnRope {
+        factor,
+        original_context,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attn_factor,
+    }))
 }
 
 /// The gated delta rule's dimensions from the `ssm.*` keys, each required.

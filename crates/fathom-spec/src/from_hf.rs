@@ -147,6 +147,7 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
             None => None,
         },
         llama3: scaling.and_then(llama3_rope),
+        yarn: None,
     };
     if let Family::Unknown(name) = &family {
         notes.push(format!(

@@ -52,6 +52,11 @@ pub enum Family {
     /// Qwen3.5 mixture of experts (GGUF `qwen35moe`): the Qwen3.5 block
     /// with routed experts plus a sigmoid-gated shared expert.
     Qwen35Moe,
+    /// OpenAI's gpt-oss (GGUF `gpt-oss`, llama.cpp's `LLM_ARCH_OPENAI_MOE`):
+    /// routed experts with biases, a clamped SwiGLU and softmax over the
+    /// chosen experts' logits; attention sinks, q/k/v/o biases, sliding
+    /// windows on alternate layers, YaRN rope.
+    GptOss,
     /// Anything else: the architecture name as the checkpoint spells it.
     /// It gets weights bytes (and KV when the generic fields exist) but
     /// cannot be run.
@@ -68,6 +73,7 @@ impl Family {
             Family::Gemma3 => "gemma3",
             Family::Qwen35 => "qwen35",
             Family::Qwen35Moe => "qwen35_moe",
+            Family::GptOss => "gpt_oss",
             Family::Unknown(name) => name,
         }
     }
@@ -83,6 +89,7 @@ impl Family {
                 | Family::Gemma3
                 | Family::Qwen35
                 | Family::Qwen35Moe
+                | Family::GptOss
         )
     }
 
@@ -101,6 +108,9 @@ pub enum Activation {
     Silu,
     /// GeGLU with the tanh approximation of GELU.
     GeluTanh,
+    /// gpt-oss's clamped SwiGLU: with g = min(gate, 7) and u = clamp(up,
+    /// -7, 7), g × sigmoid(1.702 g) × (u + 1) (llama.cpp's `swiglu_oai`).
+    SwigluOai,
 }
 
 /// How a family's decoder block differs from the plain Llama block, and
@@ -127,6 +137,12 @@ pub struct BlockStyle {
     /// sigmoid(gate) before the output projection (Qwen3.5). Such a GGUF
     /// names the pre-FFN norm `post_attention_norm`.
     pub gated_attention: bool,
+    /// Each attention head has a learned sink logit in its softmax's
+    /// denominator (gpt-oss, `attn_sinks.weight`).
+    pub attention_sinks: bool,
+    /// The GGUF names the pre-FFN norm `post_attention_norm` (Qwen3.5,
+    /// gpt-oss), though it is not a post norm.
+    pub ffn_norm_post_attention: bool,
 }
 
 impl Family {
@@ -134,17 +150,22 @@ impl Family {
     /// Hugging Face checkpoint.
     pub fn block_style(&self, hf: bool) -> BlockStyle {
         let gemma = *self == Family::Gemma3;
+        let gpt_oss = *self == Family::GptOss;
         BlockStyle {
             norm_adds_one: gemma && hf,
             embed_scaled: gemma,
             post_norms: gemma,
             activation: if gemma {
                 Activation::GeluTanh
+            } else if gpt_oss {
+                Activation::SwigluOai
             } else {
                 Activation::Silu
             },
             rope_neox: self.rope_neox() || hf,
             gated_attention: self.is_qwen35(),
+            attention_sinks: gpt_oss,
+            ffn_norm_post_attention: self.is_qwen35() || gpt_oss,
         }
     }
 }
@@ -242,6 +263,42 @@ pub struct Rope {
     /// Llama 3's frequency-dependent scaling, when a config describes it
     /// (GGUF files store the resulting factors as `rope_freqs.weight`).
     pub llama3: Option<Llama3Rope>,
+    /// YaRN scaling, as llama.cpp applies it (gpt-oss).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub yarn: Option<YarnRope>,
+}
+
+/// YaRN (Peng et al.): each rotary pair's frequency is interpolated
+/// (divided by `factor`) below the band of pairs `beta_slow ..
+/// beta_fast` rotations over the original context, kept above it and
+/// blended between, and cos and sin are scaled by `attn_factor` × (1 +
+/// 0.1 ln factor): llama.cpp's `rope_yarn` with `ext_factor` 1.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct YarnRope {
+    pub factor: f64,
+    /// The context the model was trained at before scaling
+    /// (`rope.scaling.original_context_length`).
+    pub original_context: u64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    /// `rope.scaling.attn_factor` (1 when absent).
+    pub attn_factor: f64,
+}
+
+impl YarnRope {
+    /// The first and last rotary pair of the blend, for `dims` rotated
+    /// values at base `theta`: llama.cpp's `ggml_rope_yarn_corr_dims`
+    /// (floor of the fast end, ceiling of the slow end, within the head).
+    pub fn corr_dims(&self, dims: u64, theta: f64) -> [f64; 2] {
+        let n = dims as f64;
+        let dim = |rotations: f64| {
+            n * (self.original_context as f64 / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                / (2.0 * theta.ln())
+        };
+        let start = dim(self.beta_fast).floor().max(0.0);
+        let end = dim(self.beta_slow).ceil().min(n - 1.0);
+        [start, end]
+    }
 }
 
 /// Llama 3.1's rope scaling: low frequencies are divided by `factor`, high

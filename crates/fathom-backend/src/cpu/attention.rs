@@ -67,6 +67,9 @@ pub struct Buffers<'a> {
     pub v: &'a [f32],
     pub out: &'a mut [f32],
     pub scratch: &'a mut [f32],
+    /// Each query head's sink logit (gpt-oss), in the softmax's
+    /// denominator only.
+    pub sinks: Option<&'a [f32]>,
 }
 
 pub fn attend(
@@ -83,7 +86,11 @@ pub fn attend(
         v,
         out,
         scratch,
+        sinks,
     } = bufs;
+    if let Some(sinks) = sinks {
+        assert!(sinks.len() >= shape.n_heads, "{} sinks", sinks.len());
+    }
     let scratch_per_worker = scratch_per_worker(shape.key_dim, shape.value_dim);
     let s = shape;
     let group = s.n_heads / s.n_kv_heads;
@@ -149,7 +156,17 @@ pub fn attend(
                 g,
                 group,
             };
-            attend_tile(s, &span, &tile, &mut acc[..t1 - t0], kbuf, vbuf, scores);
+            let sinks = sinks.map(|all| &all[g * group..(g + 1) * group]);
+            attend_tile(
+                s,
+                &span,
+                &tile,
+                &mut acc[..t1 - t0],
+                kbuf,
+                vbuf,
+                scores,
+                sinks,
+            );
         }
     });
 }
@@ -173,6 +190,8 @@ struct QueryTile<'a> {
     group: usize,
 }
 
+/// `sinks`: the sink logits of the tile's `group` query heads.
+#[allow(clippy::too_many_arguments)]
 fn attend_tile(
     s: &AttentionShape,
     span: &Span,
@@ -181,6 +200,7 @@ fn attend_tile(
     kbuf: &mut [f32],
     vbuf: &mut [f32],
     scores: &mut [f32],
+    sinks: Option<&[f32]>,
 ) {
     let QueryTile {
         q,
@@ -280,8 +300,21 @@ fn attend_tile(
     }
     for t in t0..t1 {
         for h in 0..group {
-            let sum = state[(t - t0) * group + h].sum;
-            ops::scale(&mut acc[t - t0][h * dv..(h + 1) * dv], 1.0 / sum);
+            let st = state[(t - t0) * group + h];
+            let a = &mut acc[t - t0][h * dv..(h + 1) * dv];
+            // A sink joins the denominator as one more score, as
+            // llama.cpp's softmax does: when it passes the maximum, what
+            // came before is rescaled to it.
+            let sum = match sinks.map(|sk| sk[h]) {
+                Some(sink) if sink > st.max => {
+                    let rescale = (st.max - sink).exp();
+                    ops::scale(a, rescale);
+                    st.sum * rescale + 1.0
+                }
+                Some(sink) => st.sum + (sink - st.max).exp(),
+                None => st.sum,
+            };
+            ops::scale(a, 1.0 / sum);
         }
     }
 }

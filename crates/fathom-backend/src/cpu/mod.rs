@@ -239,6 +239,14 @@ impl Backend for CpuBackend {
         let rotated = rope.rotated.unwrap_or(head_dim);
         for (t, pos) in step.positions().enumerate() {
             let row = &mut x[t * width..(t + 1) * width];
+            if let Some(yarn) = &rope.yarn {
+                assert!(
+                    rotated == head_dim && freqs.is_none(),
+                    "YaRN rotates whole heads"
+                );
+                ops::rope_yarn(row, n_heads, head_dim, pos, rope.theta, rope.neox, yarn);
+                continue;
+            }
             if rotated == head_dim {
                 ops::rope(row, n_heads, head_dim, pos, rope.theta, rope.neox, freqs);
                 continue;
@@ -265,6 +273,7 @@ impl Backend for CpuBackend {
         match act {
             Glu::Silu => ops::silu_mul(gate, up),
             Glu::GeluTanh => ops::gelu_tanh_mul(gate, up),
+            Glu::SwigluOai => ops::swiglu_oai_mul(gate, up),
         }
     }
 
@@ -277,6 +286,7 @@ impl Backend for CpuBackend {
             s.n_kv_heads * s.value_dim,
         );
         let dtype = self.kv.dtype();
+        let sinks = s.sinks.map(|id| self.vectors[id.0 as usize].as_slice());
         let [q, k, v, out, scratch] = self
             .arena
             .f32s([io.q, io.k, io.v, io.out, Buf::AttnScratch]);
@@ -298,6 +308,7 @@ impl Backend for CpuBackend {
                 v: &v[..t_n * vw],
                 out: &mut out[..t_n * s.n_heads * s.value_dim],
                 scratch,
+                sinks,
             },
         );
     }
@@ -401,6 +412,10 @@ impl Backend for CpuBackend {
     }
 
     fn runs_hybrid(&self) -> bool {
+        true
+    }
+
+    fn runs_gpt_oss(&self) -> bool {
         true
     }
 

@@ -29,14 +29,26 @@ pub(super) fn act_id(act: Glu) -> i32 {
     match act {
         Glu::Silu => GLU_SILU,
         Glu::GeluTanh => GLU_GELU_TANH,
+        Glu::SwigluOai => unreachable!("the engine runs gpt-oss's clamped SwiGLU on the CPU only"),
     }
 }
 
+/// The ggml types the CUDA kernels run: the first 13 of `WeightType::ALL`
+/// (MXFP4, the 14th, has no CUDA kernels; `load_matrix` refuses it).
+pub(super) const GGML_KINDS: usize = 13;
+
 pub(super) fn kind_of_type(ty: WeightType) -> usize {
-    WeightType::ALL
+    let kind = WeightType::ALL
         .iter()
         .position(|t| *t == ty)
-        .expect("every weight type is in ALL")
+        .expect("every weight type is in ALL");
+    assert!(kind < GGML_KINDS, "no CUDA kernels for {}", ty.name());
+    kind
+}
+
+/// The ggml type of a kind, `None` for the MLX affine kinds.
+pub(super) fn type_of_kind(kind: usize) -> Option<WeightType> {
+    WeightType::ALL[..GGML_KINDS].get(kind).copied()
 }
 
 pub(super) struct Kernels {

@@ -8,6 +8,7 @@ use fathom_plan::cuda::WEIGHT_STAGING as W16_STAGING;
 
 use super::abi::{Segments, MV_BALANCED_ROWS, MV_MAX_TOKENS, MV_SEGMENTS, MV_WARPS};
 use super::kernels::act_id;
+use super::kernels::type_of_kind;
 use super::{blas, kind_of_type, CudaBackend, DevMatrix};
 use crate::{Buf, Glu, MatrixId, WeightType};
 
@@ -96,7 +97,7 @@ impl CudaBackend {
         sms: usize,
     ) -> Option<usize> {
         use WeightType::{BF16, F16, F32};
-        let float = matches!(WeightType::ALL.get(kind), Some(F32 | F16 | BF16));
+        let float = matches!(type_of_kind(kind), Some(F32 | F16 | BF16));
         let (wave, chunks) = (8 * sms, cols / 8);
         if !float || blocks <= wave || !cols.is_multiple_of(8) || !chunks.is_multiple_of(128) {
             return None;
@@ -159,7 +160,7 @@ impl CudaBackend {
     /// correctness.
     pub(super) fn matvec_chunk(kind: usize, rows: usize) -> usize {
         use WeightType::{Q4_0, Q4_K, Q5_K, Q6_K, Q8_0};
-        match WeightType::ALL.get(kind) {
+        match type_of_kind(kind) {
             Some(Q4_K | Q6_K) if rows == 1 => 64,
             Some(Q5_K | Q8_0 | Q4_0) if rows == 1 => 32,
             _ => 8,

@@ -42,7 +42,7 @@ mod crossing;
 mod device;
 mod elementwise;
 mod greedy;
-mod kernels;
+pub(super) mod kernels;
 mod launch;
 mod matvec;
 mod moe;

@@ -87,7 +87,11 @@ impl CudaBackend {
             act,
             width,
             ffn_width,
+            biases,
         } = *ffn;
+        if biases.is_some() {
+            return false;
+        }
         let (Some((g, gs)), Some((u, us)), Some((d, ds))) = (
             self.evenly_placed(experts, 0),
             self.evenly_placed(experts, 1),

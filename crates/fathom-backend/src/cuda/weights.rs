@@ -8,7 +8,7 @@ use fathom_plan::cuda::WEIGHT_ALIGN;
 
 use super::abi::WeightsArg;
 use super::{align, device_err, kind_of_type, CudaBackend};
-use crate::{BackendError, Buf, HostMatrix, MatrixId, MatrixStorage, VectorId};
+use crate::{BackendError, Buf, HostMatrix, MatrixId, MatrixStorage, VectorId, WeightType};
 
 /// A matrix the backend holds.
 #[derive(Debug, Clone, Copy)]
@@ -60,6 +60,13 @@ impl CudaBackend {
         let rows = i32::try_from(m.rows).map_err(|_| unsupported(format!("{} rows", m.rows)))?;
         let cols = i32::try_from(m.cols).map_err(|_| unsupported(format!("{} cols", m.cols)))?;
         let dev = match &m.storage {
+            MatrixStorage::Blocks(WeightType::MXFP4) => {
+                return Err(unsupported(format!(
+                    "a {}x{} MXFP4 matrix: the CUDA kernels do not run MXFP4 yet (run it \
+                     with --device cpu)",
+                    m.rows, m.cols
+                )));
+            }
             MatrixStorage::Blocks(ty) => {
                 let row_bytes = ty.row_bytes(m.cols);
                 let need = row_bytes * m.rows;

@@ -232,6 +232,7 @@ pub(crate) fn attention_rope(label: &str) -> RopeParams {
         neox: label.starts_with("Llama"),
         freqs: None,
         rotated: None,
+        yarn: None,
     }
 }
 
@@ -243,6 +244,7 @@ pub(crate) fn attention_cases() -> Vec<(String, AttentionShape, KvLayout, [usize
         value_dim: 64,
         window: None,
         scale: 0.125,
+        sinks: None,
     };
     let llama = AttentionShape {
         n_heads: 32,
@@ -251,6 +253,7 @@ pub(crate) fn attention_cases() -> Vec<(String, AttentionShape, KvLayout, [usize
         value_dim: 128,
         window: None,
         scale: 1.0 / 128f32.sqrt(),
+        sinks: None,
     };
     let mut out = Vec::new();
     for dtype in KvDtype::ALL {

@@ -188,6 +188,7 @@ pub(crate) fn cuda_attention_speed() {
         value_dim: 128,
         window: None,
         scale: 1.0 / 128f32.sqrt(),
+        sinks: None,
     };
     let tables = vec![(0..blocks as u32).collect::<Vec<u32>>()];
     let mut rng = Rng::xorshift64_star(11);
@@ -382,6 +383,7 @@ pub(crate) fn cuda_startup_memory() {
         value_dim: 64,
         window: None,
         scale: 0.125,
+        sinks: None,
     };
     h.b.attention(0, &shape, &step, IO);
     h.b.kv_write(0, &step, Buf::K, Buf::V, &shape);
@@ -442,6 +444,7 @@ pub(crate) fn cuda_kv_bytes() {
             value_dim: 64,
             window: None,
             scale: 0.125,
+            sinks: None,
         };
         let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
         let mut rng = Rng::xorshift64_star(99);

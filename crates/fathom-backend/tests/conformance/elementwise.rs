@@ -210,6 +210,7 @@ pub(crate) fn test_rope(h: &mut Harness, rng: &mut Rng) {
                 neox,
                 freqs,
                 rotated: None,
+                yarn: None,
             },
         );
         let got = h.get(Buf::Q, step.rows, width);

@@ -161,6 +161,7 @@ pub(crate) fn route_and_run<B: Backend + ?Sized>(
         act: Glu::Silu,
         width: d,
         ffn_width: f,
+        biases: None,
     };
     h.b.routed_experts(&ffn, Buf::Norm, rows, out);
     (x, logits)
@@ -219,7 +220,7 @@ pub(crate) fn test_routed_experts(h: &mut Harness, rng: &mut Rng) {
 /// shards, every weight kind.
 pub(crate) fn test_shards(h: &mut Harness, rng: &mut Rng) {
     let (rows, cols, n) = (512, 2048, 3);
-    for kind in all_kinds() {
+    for kind in all_kinds(h.b.name()) {
         let (m, values) = random_matrix(rng, kind, rows, cols);
         let x = uniform(rng, n * cols);
         let want = reference_matmul(&values, rows, cols, &x, n);

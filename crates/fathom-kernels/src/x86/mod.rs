@@ -47,6 +47,7 @@ entries! {"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni":
     q5_0_vnni = q32::decode::<q32::Q5_0, Vnni>;
     q5_1_vnni = q32::decode::<q32::Q5_1, Vnni>;
     q8_0_vnni = q32::decode::<q32::Q8_0, Vnni>;
+    mxfp4_vnni = q32::decode::<q32::Mxfp4, Vnni>;
     q4_k_vnni = drive::<kquant::K45<Vnni, false>, 4, 2>;
     q5_k_vnni = drive::<kquant::K45<Vnni, true>, 4, 2>;
     q2_k_vnni = drive::<kquant::K16<kquant::Q2K, Vnni>, 4, 2>;
@@ -60,6 +61,7 @@ entries! {"avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni":
     q5_0_vnni_batch = q32::batch::<q32::Q5_0, Vnni>;
     q5_1_vnni_batch = q32::batch::<q32::Q5_1, Vnni>;
     q8_0_vnni_batch = q32::batch::<q32::Q8_0, Vnni>;
+    mxfp4_vnni_batch = q32::batch::<q32::Mxfp4, Vnni>;
     q4_k_vnni_batch = batch::batch::<kquant::K45<Vnni, false>>;
     q5_k_vnni_batch = batch::batch::<kquant::K45<Vnni, true>>;
     q2_k_vnni_batch = batch::batch::<kquant::K16<kquant::Q2K, Vnni>>;
@@ -73,6 +75,7 @@ entries! {"avx2,fma,f16c":
     q5_0_avx2 = q32::decode::<q32::Q5_0, Avx2>;
     q5_1_avx2 = q32::decode::<q32::Q5_1, Avx2>;
     q8_0_avx2 = drive::<q32::Q32<q32::Q8_0, Avx2>, 4, 1>;
+    mxfp4_avx2 = q32::decode::<q32::Mxfp4, Avx2>;
     q4_k_avx2 = drive::<kquant::K45<Avx2, false>, 2, 2>;
     q5_k_avx2 = drive::<kquant::K45<Avx2, true>, 2, 2>;
     q2_k_avx2 = drive::<kquant::K16<kquant::Q2K, Avx2>, 2, 2>;
@@ -86,6 +89,7 @@ entries! {"avx2,fma,f16c":
     q5_0_avx2_batch = q32::batch::<q32::Q5_0, Avx2>;
     q5_1_avx2_batch = q32::batch::<q32::Q5_1, Avx2>;
     q8_0_avx2_batch = q32::batch::<q32::Q8_0, Avx2>;
+    mxfp4_avx2_batch = q32::batch::<q32::Mxfp4, Avx2>;
     q4_k_avx2_batch = batch::batch::<kquant::K45<Avx2, false>>;
     q5_k_avx2_batch = batch::batch::<kquant::K45<Avx2, true>>;
     q2_k_avx2_batch = batch::batch::<kquant::K16<kquant::Q2K, Avx2>>;
@@ -110,6 +114,7 @@ pub(crate) fn batch_kernel(isa: Isa, ty: WeightType, n_tokens: usize) -> Option<
         (Isa::Avx512, W::Q5_0) => q5_0_vnni_batch,
         (Isa::Avx512, W::Q5_1) => q5_1_vnni_batch,
         (Isa::Avx512, W::Q8_0) => q8_0_vnni_batch,
+        (Isa::Avx512, W::MXFP4) => mxfp4_vnni_batch,
         (Isa::Avx512, W::Q4_K) => q4_k_vnni_batch,
         (Isa::Avx512, W::Q5_K) => q5_k_vnni_batch,
         (Isa::Avx512, W::Q2_K) => q2_k_vnni_batch,
@@ -120,6 +125,7 @@ pub(crate) fn batch_kernel(isa: Isa, ty: WeightType, n_tokens: usize) -> Option<
         (Isa::Avx2, W::Q5_0) => q5_0_avx2_batch,
         (Isa::Avx2, W::Q5_1) => q5_1_avx2_batch,
         (Isa::Avx2, W::Q8_0) => q8_0_avx2_batch,
+        (Isa::Avx2, W::MXFP4) => mxfp4_avx2_batch,
         (Isa::Avx2, W::Q4_K) => q4_k_avx2_batch,
         (Isa::Avx2, W::Q5_K) => q5_k_avx2_batch,
         (Isa::Avx2, W::Q2_K) => q2_k_avx2_batch,
@@ -140,6 +146,7 @@ pub(crate) fn kernel(isa: Isa, ty: WeightType) -> Option<KernelFn> {
         (Isa::Avx512, W::Q5_0) => q5_0_vnni,
         (Isa::Avx512, W::Q5_1) => q5_1_vnni,
         (Isa::Avx512, W::Q8_0) => q8_0_vnni,
+        (Isa::Avx512, W::MXFP4) => mxfp4_vnni,
         (Isa::Avx512, W::Q4_K) => q4_k_vnni,
         (Isa::Avx512, W::Q5_K) => q5_k_vnni,
         (Isa::Avx512, W::Q2_K) => q2_k_vnni,
@@ -153,6 +160,7 @@ pub(crate) fn kernel(isa: Isa, ty: WeightType) -> Option<KernelFn> {
         (Isa::Avx2, W::Q5_0) => q5_0_avx2,
         (Isa::Avx2, W::Q5_1) => q5_1_avx2,
         (Isa::Avx2, W::Q8_0) => q8_0_avx2,
+        (Isa::Avx2, W::MXFP4) => mxfp4_avx2,
         (Isa::Avx2, W::Q4_K) => q4_k_avx2,
         (Isa::Avx2, W::Q5_K) => q5_k_avx2,
         (Isa::Avx2, W::Q2_K) => q2_k_avx2,

@@ -49,6 +49,8 @@ pub(crate) enum Offset {
 pub(crate) trait Block32 {
     const BYTES: usize;
     const OFFSET: Offset;
+    /// The scale is an e8m0 byte at the block's start (MXFP4), not an f16.
+    const E8M0: bool = false;
     /// The largest unsigned operand the batch pass multiplies: the quant
     /// itself, or for Q8_0 on AVX2 its magnitude (up to 128).
     const MAX_U: i32;
@@ -114,6 +116,7 @@ unsafe fn fifth_bit_pair<D: Dot>(
 }
 
 pub(crate) struct Q4_0;
+pub(crate) struct Mxfp4;
 pub(crate) struct Q4_1;
 pub(crate) struct Q5_0;
 pub(crate) struct Q5_1;
@@ -134,6 +137,38 @@ impl Block32 for Q4_0 {
     #[inline(always)]
     unsafe fn unpack_pair(loaded: (__m256i, __m256i)) -> (__m256i, __m256i) {
         split_nibbles(loaded.0)
+    }
+}
+
+/// The 16 signed values of MXFP4's nibbles in both lanes, for
+/// `vpshufb`.
+#[inline(always)]
+unsafe fn mxfp4_table() -> __m256i {
+    let v = fathom_ggml::blocks::MXFP4_VALUES;
+    _mm256_broadcastsi128_si256(_mm_loadu_si128(v.as_ptr() as *const __m128i))
+}
+
+/// MXFP4 is Q4_0's nibble layout after a one-byte scale, each nibble
+/// looked up as a signed value (|q| <= 12), so it meets the activations
+/// as Q8_0's signed quants do.
+impl Block32 for Mxfp4 {
+    const BYTES: usize = 17;
+    const OFFSET: Offset = Offset::None;
+    const E8M0: bool = true;
+    const MAX_U: i32 = 12;
+    #[inline(always)]
+    unsafe fn pair<D: Dot>(p0: *const u8, p1: *const u8) -> (__m256i, __m256i) {
+        Self::unpack_pair(Self::load_pair::<D>(p0, p1))
+    }
+    #[inline(always)]
+    unsafe fn load_pair<D: Dot>(p0: *const u8, p1: *const u8) -> (__m256i, __m256i) {
+        (load_nibbles(p0.add(1), p1.add(1)), _mm256_setzero_si256())
+    }
+    #[inline(always)]
+    unsafe fn unpack_pair(loaded: (__m256i, __m256i)) -> (__m256i, __m256i) {
+        let (lo, hi) = split_nibbles(loaded.0);
+        let t = mxfp4_table();
+        (_mm256_shuffle_epi8(t, lo), _mm256_shuffle_epi8(t, hi))
     }
 }
 
@@ -246,13 +281,29 @@ unsafe fn scales<B: Block32>(p: &[*const u8; GROUP]) -> (__m256, __m256) {
 /// [`scales`] from the blocks' first dwords.
 #[inline(always)]
 unsafe fn scales_of<B: Block32>(bits: __m256i) -> (__m256, __m256) {
-    let (d, m) = f16_halves(bits);
+    let (d, m) = if B::E8M0 {
+        (e8m0_half(bits), _mm256_setzero_ps())
+    } else {
+        f16_halves(bits)
+    };
     let c = match B::OFFSET {
         Offset::None => _mm256_mul_ps(d, _mm256_set1_ps(-128.0)),
         Offset::Scaled(k) => _mm256_mul_ps(d, _mm256_set1_ps(k)),
         Offset::Min => m,
     };
     (d, c)
+}
+
+/// 2^(e - 128) of the low byte e of each lane, as
+/// [`fathom_ggml::blocks::e8m0_half`]: the exponent field e - 1, or for e
+/// below 2 the subnormals 2^-128 and 2^-127.
+#[inline(always)]
+unsafe fn e8m0_half(bits: __m256i) -> __m256 {
+    let e = _mm256_and_si256(bits, _mm256_set1_epi32(0xff));
+    let normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+    let tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x0020_0000), e);
+    let is_tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+    _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, is_tiny))
 }
 
 /// One block's term added to the row accumulators `acc`, the same float

@@ -33,6 +33,8 @@ LAYOUTS = {
     T.Q4_K: (256, 144, [0, 2]),
     T.Q5_K: (256, 176, [0, 2]),
     T.Q6_K: (256, 210, [208]),
+    # The e8m0 scale byte is set below, not as an f16.
+    T.MXFP4: (32, 17, []),
 }
 
 
@@ -50,6 +52,11 @@ def blocks(rng: np.random.Generator, qtype: T) -> np.ndarray:
         return (v >> 16).astype(np.uint16).view(np.uint8)
     n = 8 if per == 32 else 4
     data = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
+    if qtype == T.MXFP4:
+        # Scales around real weights' (2^-8 .. 2^-4), and the subnormal,
+        # smallest normal and largest exponents.
+        data[:, 0] = rng.integers(120, 125, size=n, dtype=np.uint8)
+        data[:4, 0] = [0, 1, 2, 254]
     for at in scales:
         s = (rng.uniform(-1.0, 1.0, size=n) / 64.0).astype(np.float16)
         data[:, at:at + 2] = s.view(np.uint8).reshape(n, 2)
