@@ -8,7 +8,9 @@
 //! `json_object`, the completions route, streaming; schemas the engine
 //! cannot enforce (`tests/data/refused_schemas.json`, real-API-style ones
 //! among them) get a 400 naming the keyword, and hostile ones are refused
-//! or bounded.
+//! or bounded. A grammar also makes the model think in a thinking
+//! template's `<think>` block, whose text must come back as
+//! `reasoning_content`.
 
 mod common;
 
@@ -741,4 +743,95 @@ fn the_official_openai_clients_call_tools_and_parse_structured_answers() {
     let script = modules.join("fathom_openai_client.mjs");
     std::fs::copy(data.join("openai_client.mjs"), &script).unwrap();
     run_client("openai (JS)", Command::new("node").arg(&script).arg(&base));
+}
+
+/// A Qwen3-style thinking template on the SmolLM2 weights (gguf-py's
+/// `gguf_new_metadata` copies the file with the new template).
+const THINKING_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}";
+
+#[test]
+fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() {
+    let dir = common::TempDir::new("serve-thinking");
+    let model = dir.0.join("smollm2-thinking.gguf");
+    let out = Command::new("python3")
+        .args(["-m", "gguf.scripts.gguf_new_metadata"])
+        .arg(common::smollm2())
+        .arg(&model)
+        .args(["--chat-template", THINKING_TEMPLATE])
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "gguf_new_metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let server = Server::start_model(&model, &[], &[]);
+    // The grammar makes the model think, then answer.
+    let grammar = r#"root ::= "<think>" [a-z]{2,8} " " [a-z]{2,8} "</think>" "\n\nDone.""#;
+    let body = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "Think, then say done."}],
+                           "grammar": grammar, "temperature": 0, "max_tokens": 40});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let v = chat(&server, body(json!({})));
+    let message = &v["choices"][0]["message"];
+    assert_eq!(message["content"], "Done.", "{v}");
+    let reasoning = message["reasoning_content"]
+        .as_str()
+        .expect("reasoning_content");
+    let words: Vec<&str> = reasoning.split(' ').collect();
+    assert!(
+        words.len() == 2
+            && words
+                .iter()
+                .all(|w| w.bytes().all(|b| b.is_ascii_lowercase())),
+        "{reasoning:?}"
+    );
+    // Streamed: the reasoning's deltas first, then the answer's; joined, the same.
+    let r = server.post(
+        "/v1/chat/completions",
+        &body(json!({"stream": true})).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (events, done) = sse_events(&r.body);
+    assert!(done);
+    let delta = |key: &str| -> String {
+        events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
+            .collect()
+    };
+    assert_eq!(delta("reasoning_content"), reasoning);
+    assert_eq!(delta("content"), "Done.");
+    let first_content = events
+        .iter()
+        .position(|e| {
+            e["choices"][0]["delta"]["content"]
+                .as_str()
+                .is_some_and(|c| !c.is_empty())
+        })
+        .unwrap();
+    assert!(events[first_content..]
+        .iter()
+        .all(|e| e["choices"][0]["delta"]["reasoning_content"].is_null()));
+    // reasoning_format none: the text as written.
+    let v = chat(&server, body(json!({"reasoning_format": "none"})));
+    let message = &v["choices"][0]["message"];
+    assert_eq!(
+        message["content"],
+        format!("<think>{reasoning}</think>\n\nDone."),
+        "{v}"
+    );
+    assert!(message.get("reasoning_content").is_none(), "{v}");
+    let r = server.post(
+        "/v1/chat/completions",
+        &body(json!({"reasoning_format": "hidden"})).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("reasoning_format"), "{}", r.body);
 }
