@@ -93,16 +93,15 @@ pub fn rope(
         base *= step;
         let (sin, cos) = (pos as f64 * freq).sin_cos();
         let (sin, cos) = (sin as f32, cos as f32);
-        for head in x[..n_heads * head_dim].chunks_exact_mut(head_dim) {
-            let (a, b) = if neox {
-                (i, i + half)
-            } else {
-                (2 * i, 2 * i + 1)
-            };
-            let (x0, x1) = (head[a], head[b]);
-            head[a] = x0 * cos - x1 * sin;
-            head[b] = x0 * sin + x1 * cos;
-        }
+        rotate_pair(
+            &mut x[..n_heads * head_dim],
+            head_dim,
+            i,
+            half,
+            neox,
+            sin,
+            cos,
+        );
     }
 }
 
@@ -221,16 +220,39 @@ pub fn rope_yarn(
         let (sin, cos) = angle.sin_cos();
         let m = yarn.mscale as f64;
         let (sin, cos) = ((sin * m) as f32, (cos * m) as f32);
-        for head in x[..n_heads * head_dim].chunks_exact_mut(head_dim) {
-            let (a, b) = if neox {
-                (i, i + half)
-            } else {
-                (2 * i, 2 * i + 1)
-            };
-            let (x0, x1) = (head[a], head[b]);
-            head[a] = x0 * cos - x1 * sin;
-            head[b] = x0 * sin + x1 * cos;
-        }
+        rotate_pair(
+            &mut x[..n_heads * head_dim],
+            head_dim,
+            i,
+            half,
+            neox,
+            sin,
+            cos,
+        );
+    }
+}
+
+/// Rotates pair `i` of every head of `x` (`head_dim` values a head) by
+/// the angle whose sine and cosine are given: the pair is `(i, i + half)`
+/// in NeoX layout, `(2i, 2i + 1)` otherwise.
+fn rotate_pair(
+    x: &mut [f32],
+    head_dim: usize,
+    i: usize,
+    half: usize,
+    neox: bool,
+    sin: f32,
+    cos: f32,
+) {
+    let (a, b) = if neox {
+        (i, i + half)
+    } else {
+        (2 * i, 2 * i + 1)
+    };
+    for head in x.chunks_exact_mut(head_dim) {
+        let (x0, x1) = (head[a], head[b]);
+        head[a] = x0 * cos - x1 * sin;
+        head[b] = x0 * sin + x1 * cos;
     }
 }
 
