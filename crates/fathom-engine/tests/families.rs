@@ -1,4 +1,4 @@
-//! qwen2, qwen3_moe, gemma3 and llama forward passes on synthetic GGUF
+//! qwen2, qwen3_moe, gemma3, gemma4, qwen35 and llama forward passes on synthetic GGUF
 //! checkpoints (random F32 weights, the families' real tensor layouts and
 //! real attention shapes — head counts, GQA ratios, head dims — with few
 //! layers and a narrow FFN to stay small), checked against the
@@ -139,4 +139,29 @@ fn qwen3_5_state_slots_hold_across_chunks_and_batches() {
         assert_eq!(batched[i][prompt.len()..], alone[..], "prompt {i}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Gemma 4: sliding and global layers alternating, in gemma-4-31B's head
+/// shapes (32 heads; sliding over 16 KV heads of 256 with a 16-token
+/// window, global over 4 KV heads of 512 whose values are the keys'
+/// projection) at hidden 512: unscaled scores, values normed without a
+/// weight, rope factors on the global layers only, the layer output scale
+/// and the logit softcap.
+#[test]
+fn gemma4_with_global_heads_of_their_own() {
+    check_model("gemma4", "gemma-4-31B", &gemma4_shaped());
+}
+
+fn gemma4_shaped() -> ModelDef {
+    fx::reshaped(
+        &fx::tiny_gemma4(),
+        serde_json::json!({
+            "hidden_size": 512,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 16,
+            "head_dim": 256,
+            "global_head_dim": 512,
+            "num_global_key_value_heads": 4,
+        }),
+    )
 }

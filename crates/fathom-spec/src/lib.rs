@@ -44,6 +44,12 @@ pub enum Family {
     Qwen3Moe,
     /// Gemma 3: interleaved sliding-window and global layers.
     Gemma3,
+    /// Gemma 4 (GGUF `gemma4`): Gemma 3's block with wider heads and fewer
+    /// KV heads in the global layers, an RMS-normed value, attention
+    /// unscaled (q and k are normed), rope through part of a global head
+    /// (`rope_freqs`), a learned scalar on each layer's output and a
+    /// softcap on the logits.
+    Gemma4,
     /// Qwen3.5 (GGUF `qwen35`): hybrid layers, most a gated delta rule
     /// (linear attention with a fixed recurrent state), every few a full
     /// attention whose output is gated by a sigmoid of a second half of the
@@ -66,6 +72,7 @@ impl Family {
             Family::Qwen3 => "qwen3",
             Family::Qwen3Moe => "qwen3_moe",
             Family::Gemma3 => "gemma3",
+            Family::Gemma4 => "gemma4",
             Family::Qwen35 => "qwen35",
             Family::Qwen35Moe => "qwen35_moe",
             Family::Unknown(name) => name,
@@ -81,6 +88,7 @@ impl Family {
                 | Family::Qwen3
                 | Family::Qwen3Moe
                 | Family::Gemma3
+                | Family::Gemma4
                 | Family::Qwen35
                 | Family::Qwen35Moe
         )
@@ -127,13 +135,16 @@ pub struct BlockStyle {
     /// sigmoid(gate) before the output projection (Qwen3.5). Such a GGUF
     /// names the pre-FFN norm `post_attention_norm`.
     pub gated_attention: bool,
+    /// Each value head is RMS-normed without a weight, and a layer without
+    /// a v projection takes its values from the k projection (Gemma 4).
+    pub value_norm: bool,
 }
 
 impl Family {
     /// The block of this family as stored in a GGUF (`hf` false) or a
     /// Hugging Face checkpoint.
     pub fn block_style(&self, hf: bool) -> BlockStyle {
-        let gemma = *self == Family::Gemma3;
+        let gemma = matches!(self, Family::Gemma3 | Family::Gemma4);
         BlockStyle {
             norm_adds_one: gemma && hf,
             embed_scaled: gemma,
@@ -145,6 +156,7 @@ impl Family {
             },
             rope_neox: self.rope_neox() || hf,
             gated_attention: self.is_qwen35(),
+            value_norm: *self == Family::Gemma4,
         }
     }
 }
@@ -231,6 +243,12 @@ pub struct Rope {
     pub theta: f64,
     /// Base frequency of sliding-window layers when it differs (Gemma 3).
     pub local_theta: Option<f64>,
+    /// The file's rope factors (`rope_freqs.weight`) belong to the global
+    /// layers only; sliding layers rotate every pair at its own frequency
+    /// (Gemma 4, whose factors of 1e30 stop three quarters of a global
+    /// head from rotating).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub factors_global_only: bool,
     pub neox: bool,
     /// Leading values of each head that rotate, when fewer than the head
     /// (Qwen3.5 rotates a quarter); `None` rotates the whole head.
@@ -329,6 +347,10 @@ pub struct ModelSpec {
     /// Attention logit scale when it is not 1/√key_dim (Gemma 3's
     /// `query_pre_attn_scalar`).
     pub attn_scale: Option<f64>,
+    /// Logits become `cap × tanh(logits / cap)` (Gemma 4's
+    /// `final_logit_softcapping`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub final_logit_softcap: Option<f64>,
     /// MoE: renormalize the top-k router weights to sum to one.
     pub norm_topk_prob: bool,
     /// FFN width of a shared expert beside the routed ones (Qwen3.5 MoE;
@@ -413,6 +435,7 @@ impl ModelSpec {
             rope: None,
             rms_norm_eps: 0.0,
             attn_scale: None,
+            final_logit_softcap: None,
             norm_topk_prob: false,
             shared_expert_ffn: 0,
             linear: None,
