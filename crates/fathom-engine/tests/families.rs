@@ -165,3 +165,51 @@ fn gemma4_shaped() -> ModelDef {
         }),
     )
 }
+
+/// The Gemma 4 variants the forward pass does not run are refused by name
+/// at load (their plans still stand): layers sharing KV (E2B/E4B),
+/// per-layer token embeddings (E2B/E4B) and the mixture of experts
+/// (26B-A4B).
+#[test]
+fn gemma4_variants_not_run_are_refused_by_name() {
+    use fathom_fixtures::GgufValue;
+    use fathom_plan::MemoryPlan;
+    use fathom_spec::ModelSpec;
+    let dir = std::env::temp_dir().join(format!("fathom-gemma4-variants-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokenizer =
+        || fathom_engine::load_tokenizer(&Checkpoint::open(&smollm2()).unwrap()).unwrap();
+    let base = || fx::gguf_writer(&fx::tiny_gemma4(), GgufTensorType::F32).unwrap();
+    let shared = "gemma4.attention.shared_kv_layers";
+    let variants = [
+        (
+            base()
+                .retain_kvs(|k| k != shared)
+                .kv(shared, GgufValue::U32(1)),
+            "KV shared across layers",
+        ),
+        (
+            base().tensor("per_layer_token_embd.weight", &[64, 1024], 0, 64 * 1024 * 4),
+            "per-layer token embeddings",
+        ),
+        (
+            base()
+                .kv("gemma4.expert_count", GgufValue::U32(4))
+                .kv("gemma4.expert_used_count", GgufValue::U32(2)),
+            "a mixture of experts",
+        ),
+    ];
+    for (i, (writer, needle)) in variants.into_iter().enumerate() {
+        let path = dir.join(format!("variant{i}.gguf"));
+        writer.write(&path, fx::Data::Random { seed: 7 }).unwrap();
+        let checkpoint = Checkpoint::open(&path).unwrap();
+        let spec = ModelSpec::from_checkpoint(&checkpoint).unwrap();
+        let plan = MemoryPlan::new(&spec, inputs(64, KvDtype::F16)).unwrap();
+        let err = fathom_engine::Engine::load(&checkpoint, spec, plan, tokenizer())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("gemma4") && err.contains(needle), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
