@@ -44,6 +44,7 @@ fn spec(layers: Vec<Attention>, context_length: u64) -> ModelSpec {
         shared_expert_ffn: 0,
         linear: None,
         mtp_layers: 0,
+        tokenizer_merges: 0,
         tied_embeddings: true,
         tensors: vec![TensorEntry {
             name: "w".into(),
@@ -94,6 +95,34 @@ fn kv_counts_full_sliding_and_attention_free_layers() {
     let want = 3 * (2 * 63 * 16 * per_layer_token + 7 * 16 * per_layer_token);
     assert_eq!(plan.kv_bytes, want);
     assert_eq!(plan.kv_detail.len(), 2);
+}
+
+/// The runtime's tokenizer tables: 192 bytes a vocabulary entry, and as
+/// much for each BPE merge beyond one per entry (Gemma 4 has two merges a
+/// token); up to one merge per entry changes nothing, derivation included.
+#[test]
+fn runtime_counts_merges_beyond_one_per_vocab_entry() {
+    let runtime = |merges| {
+        let s = ModelSpec {
+            tokenizer_merges: merges,
+            ..spec(vec![Attention::Full; 2], 4096)
+        };
+        let plan = MemoryPlan::new(&s, inputs(1024, 1, 1 << 30)).unwrap();
+        let term = plan.terms.iter().find(|t| t.name == "runtime").unwrap();
+        (plan.runtime_overhead_bytes, term.derivation.clone())
+    };
+    let (none, derivation) = runtime(0);
+    assert_eq!(
+        runtime(1000),
+        (none, derivation.clone()),
+        "one merge per entry"
+    );
+    let (more, with_merges) = runtime(2500);
+    assert_eq!(more - none, 1500 * 192);
+    assert!(
+        with_merges.contains("1500 merges beyond one per entry x 192 B"),
+        "{with_merges}"
+    );
 }
 
 #[test]

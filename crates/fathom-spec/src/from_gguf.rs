@@ -269,6 +269,10 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
         shared_expert_ffn,
         linear,
         mtp_layers,
+        tokenizer_merges: file
+            .get("tokenizer.ggml.merges")
+            .and_then(MetaValue::as_array)
+            .map_or(0, |m| m.len() as u64),
         tied_embeddings,
         tensors,
         source,

@@ -181,6 +181,7 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
         shared_expert_ffn: 0,
         linear: None,
         mtp_layers: 0,
+        tokenizer_merges: 0,
         tied_embeddings,
         tensors,
         source,

@@ -362,6 +362,11 @@ pub struct ModelSpec {
     /// Multi-token-prediction layers stored after the decoder's
     /// (`nextn_predict_layers`): counted in the weights, not run.
     pub mtp_layers: u64,
+    /// BPE merges of the tokenizer the checkpoint embeds (GGUF
+    /// `tokenizer.ggml.merges`; 0 when it has none or they are not read):
+    /// the runtime's tokenizer tables grow with them as with the tokens.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub tokenizer_merges: u64,
     pub tied_embeddings: bool,
     pub tensors: Vec<TensorEntry>,
     /// Where the tensor table came from, for the plan's weights line
@@ -399,6 +404,10 @@ impl ModelSpec {
     pub fn is_known_family(&self) -> bool {
         !matches!(self.family, Family::Unknown(_))
     }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Gemma 3 makes every `pattern`-th layer global and the rest sliding.
@@ -440,6 +449,7 @@ impl ModelSpec {
             shared_expert_ffn: 0,
             linear: None,
             mtp_layers: 0,
+            tokenizer_merges: 0,
             tied_embeddings,
             source: String::new(),
             tensors,

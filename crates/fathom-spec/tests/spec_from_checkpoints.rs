@@ -690,7 +690,14 @@ fn gemma4_gguf(dir: &TempDir, kvs: &[(&str, GgufValue)], factors: bool) -> PathB
 #[test]
 fn gemma4_metadata_is_checked() {
     let dir = TempDir::new("gemma4-bad");
-    let spec = spec_of(&gemma4_gguf(&dir, &[], true)).unwrap();
+    let merges = GgufValue::strings(["a b", "ab c", "d e"]);
+    let spec = spec_of(&gemma4_gguf(
+        &dir,
+        &[("tokenizer.ggml.merges", merges)],
+        true,
+    ))
+    .unwrap();
+    assert_eq!(spec.tokenizer_merges, 3, "the runtime term counts them");
     let dims: Vec<(u64, u64)> = spec
         .layers
         .iter()
