@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh
+# llama.cpp's Gemma 4 test vocabulary and its tokenizer cases (fathom-tokenizer's gemma4_vocab test).
+scripts/fetch-vocab.sh
 # nvcc for the CUDA kernels build.rs compiles (pinned PyPI wheels; fast when present).
 scripts/install-cuda-toolchain.sh
 # The independent numpy reference the engine's logits are checked against.

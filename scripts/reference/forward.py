@@ -44,6 +44,15 @@ Supported architectures (general.architecture):
           logit weighted by a softmax over those k, each expert's gate and up
           (+ biases) through the clamped SwiGLU
           min(g,7) * sigmoid(1.702 min(g,7)) * (clamp(u,-7,7) + 1), down + bias
+  gemma4  gemma3's block with the layer pattern from
+          attention.sliding_window_pattern, per-kind head widths
+          (key_length / key_length_swa) and KV heads (a head_count_kv list),
+          scores unscaled (scale 1), values RMS-normed per head without a
+          weight and, where attn_v is absent, taken from the k projection
+          (before its norm), rope over the whole head with rope_freqs on the
+          global layers only (base rope.freq_base_swa on sliding ones), the
+          residual multiplied by layer_output_scale after each layer, and
+          logits = cap * tanh(logits / cap) (final_logit_softcapping)
 Validation: validate_forward.py (SmolLM2 Q4_1 vs llama.cpp greedy) and
 synth_arch_check.py (every architecture on tiny random F32 GGUFs vs llama.cpp).
 
@@ -118,9 +127,14 @@ class Config:
     yarn_factor: float = 0.0
     yarn_orig_ctx: int = 0
     swa_period: int = 0
+    # gemma4: per-layer sliding flags, KV heads and head widths
+    sliding: list | None = None
+    n_head_kv_layers: list | None = None
+    head_dim_swa: int = 0
+    softcap: float = 0.0
 
 
-NEOX_ARCHS = {"qwen2", "qwen3", "qwen3moe", "gemma3", "qwen35", "qwen35moe", "gpt-oss"}
+NEOX_ARCHS = {"qwen2", "qwen3", "qwen3moe", "gemma3", "gemma4", "qwen35", "qwen35moe", "gpt-oss"}
 HYBRID_ARCHS = {"qwen35", "qwen35moe"}
 MOE_ARCHS = {"qwen3moe", "qwen35moe", "gpt-oss"}
 
@@ -130,7 +144,9 @@ def read_config(reader: gguf.GGUFReader) -> Config:
     a = lambda key, default=None: field_value(reader, f"{arch}.{key}", default)  # noqa: E731
     n_embd = int(a("embedding_length"))
     n_head = int(a("attention.head_count"))
-    n_head_kv = int(a("attention.head_count_kv", n_head))
+    n_head_kv = a("attention.head_count_kv", n_head)
+    n_head_kv_layers = [int(h) for h in n_head_kv] if isinstance(n_head_kv, list) else None
+    n_head_kv = max(n_head_kv_layers) if n_head_kv_layers else int(n_head_kv)
     head_dim = int(a("attention.key_length", n_embd // n_head))
     n_rot = int(a("rope.dimension_count", head_dim))
     scaling_type = a("rope.scaling.type", "none")
@@ -165,6 +181,13 @@ def read_config(reader: gguf.GGUFReader) -> Config:
     )
     if arch == "gemma3":
         cfg.sliding_window = int(a("attention.sliding_window", 0))
+    if arch == "gemma4":
+        cfg.sliding_window = int(a("attention.sliding_window"))
+        cfg.sliding = [bool(f) for f in a("attention.sliding_window_pattern")][: cfg.n_layer]
+        cfg.n_head_kv_layers = n_head_kv_layers or [n_head_kv] * cfg.n_layer
+        cfg.head_dim_swa = int(a("attention.key_length_swa"))
+        cfg.rope_base_local = float(a("rope.freq_base_swa", 10000.0))
+        cfg.softcap = float(a("final_logit_softcapping", 0.0))
     if arch in MOE_ARCHS:
         cfg.n_expert = int(a("expert_count"))
         cfg.n_expert_used = int(a("expert_used_count"))
@@ -186,7 +209,7 @@ def read_config(reader: gguf.GGUFReader) -> Config:
         if scaling_type == "yarn":
             cfg.yarn_factor = float(a("rope.scaling.factor"))
             cfg.yarn_orig_ctx = int(a("rope.scaling.original_context_length", a("context_length")))
-    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "qwen35", "qwen35moe", "gpt-oss"):
+    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3", "gemma4", "qwen35", "qwen35moe", "gpt-oss"):
         sys.exit(f"architecture {arch!r} not supported by the reference")
     return cfg
 
@@ -448,28 +471,44 @@ class Model:
         c = self.cfg
         if c.arch == "gpt-oss":  # llama.cpp's swa pattern: il % n < n - 1
             return c.swa_period == 0 or il % c.swa_period < c.swa_period - 1
-        # gemma3: 5 sliding-window layers, then 1 global layer
+        # gemma3: 5 sliding-window layers, then 1 global layer; gemma4: as the file says
+        if c.arch == "gemma4":
+            return c.sliding[il]
         return c.arch == "gemma3" and (il + 1) % 6 != 0
+
+    def head_shape(self, il: int) -> tuple[int, int]:
+        """(head_dim, kv heads) of layer il: gemma4's two kinds differ."""
+        c = self.cfg
+        if c.arch != "gemma4":
+            return c.head_dim, c.n_head_kv
+        hd = c.head_dim_swa if self.is_local_layer(il) else c.head_dim
+        return hd, c.n_head_kv_layers[il]
 
     # ---- attention ------------------------------------------------------
     def attention(self, il: int, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
         c, w = self.cfg, self.w
         p = f"blk.{il}."
         seq = x.shape[0]
+        hd, n_kv_heads = self.head_shape(il)
         q = self.linear(x, p + "attn_q.weight", p + "attn_q.bias")
         k = self.linear(x, p + "attn_k.weight", p + "attn_k.bias")
-        v = self.linear(x, p + "attn_v.weight", p + "attn_v.bias")
+        if w.has(p + "attn_v.weight"):
+            v = self.linear(x, p + "attn_v.weight", p + "attn_v.bias")
+        else:  # gemma4's global layers: the values are the k projection
+            v = k.copy()
         gate = None
         if c.arch in HYBRID_ARCHS:  # per head: the query, then its output gate
-            qg = q.reshape(seq, c.n_head, 2 * c.head_dim)
-            q, gate = qg[..., : c.head_dim], qg[..., c.head_dim:].reshape(seq, -1)
-        q = q.reshape(seq, c.n_head, c.head_dim)
-        k = k.reshape(seq, c.n_head_kv, c.head_dim)
-        v = v.reshape(seq, c.n_head_kv, c.head_dim)
+            qg = q.reshape(seq, c.n_head, 2 * hd)
+            q, gate = qg[..., :hd], qg[..., hd:].reshape(seq, -1)
+        q = q.reshape(seq, c.n_head, hd)
+        k = k.reshape(seq, n_kv_heads, hd)
+        v = v.reshape(seq, n_kv_heads, hd)
 
         if w.has(p + "attn_q_norm.weight"):  # qwen3 / gemma3: per-head RMSNorm
             q = rms_norm(q, w.get(p + "attn_q_norm.weight"), c.norm_eps)
             k = rms_norm(k, w.get(p + "attn_k_norm.weight"), c.norm_eps)
+        if c.arch == "gemma4":  # values normed per head, without a weight
+            v = rms_norm(v, np.float32(1.0), c.norm_eps)
 
         base = c.rope_base
         if self.is_local_layer(il):
@@ -477,12 +516,16 @@ class Model:
         pos_scale = 1.0 / c.rope_scale
         if c.arch == "gemma3" and self.is_local_layer(il):
             pos_scale = 1.0  # linear scaling only applies to the global layers
+        n_rot, factors = c.n_rot, self.freq_factors
+        if c.arch == "gemma4":  # whole heads; the factors belong to the global layers
+            n_rot = hd
+            factors = None if self.is_local_layer(il) else self.freq_factors
         if c.yarn_factor > 0:
-            q = rope_yarn(q, positions, c.n_rot, base, c.yarn_factor, c.yarn_orig_ctx)
-            k = rope_yarn(k, positions, c.n_rot, base, c.yarn_factor, c.yarn_orig_ctx)
+            q = rope_yarn(q, positions, n_rot, base, c.yarn_factor, c.yarn_orig_ctx)
+            k = rope_yarn(k, positions, n_rot, base, c.yarn_factor, c.yarn_orig_ctx)
         else:
-            q = rope(q, positions, c.n_rot, base, c.rope_neox, pos_scale, self.freq_factors)
-            k = rope(k, positions, c.n_rot, base, c.rope_neox, pos_scale, self.freq_factors)
+            q = rope(q, positions, n_rot, base, c.rope_neox, pos_scale, factors)
+            k = rope(k, positions, n_rot, base, c.rope_neox, pos_scale, factors)
 
         if self.emulate_kv_f16:  # llama.cpp's default KV cache type is f16; q meets K as f16
             k, v, q = f16(k), f16(v), f16(q)
@@ -503,13 +546,15 @@ class Model:
         mask = np.where(allowed, 0.0, -np.inf).astype(np.float32)  # (seq, n_kv)
 
         scale = 1.0 / math.sqrt(c.head_dim)
+        if c.arch == "gemma4":
+            scale = 1.0  # q and k are normed; Gemma 4 does not scale the scores
         if c.arch == "gemma3" and c.n_layer == 62:
             # Gemma 3 27B: query_pre_attn_scalar = hidden / heads (168), not head_dim (128);
             # llama.cpp keys this on the layer count too
             scale = 1.0 / math.sqrt(c.n_embd / c.n_head)
-        group = c.n_head // c.n_head_kv
+        group = c.n_head // n_kv_heads
         sinks = w.opt(p + "attn_sinks.weight")
-        out = np.empty((seq, c.n_head, c.head_dim), dtype=np.float32)
+        out = np.empty((seq, c.n_head, hd), dtype=np.float32)
         for h in range(c.n_head):
             hk = h // group  # GQA: query head h reads kv head h // group
             scores = (q[:, h, :] @ K[:, hk, :].T) * scale + mask  # (seq, n_kv)
@@ -521,7 +566,7 @@ class Model:
             if self.emulate_kv_f16:
                 probs = f16(probs)  # kq meets the f16 V cache as f16
             out[:, h, :] = probs @ V[:, hk, :]
-        out = out.reshape(seq, c.n_head * c.head_dim)
+        out = out.reshape(seq, c.n_head * hd)
         if gate is not None:
             out = out * sigmoid(gate)
         return self.linear(out, p + "attn_output.weight", p + "attn_output.bias")
@@ -572,7 +617,7 @@ class Model:
             return self.moe(il, x)
         gate = self.linear(x, p + "ffn_gate.weight")
         up = self.linear(x, p + "ffn_up.weight")
-        if c.arch == "gemma3":
+        if c.arch in ("gemma3", "gemma4"):
             act = gelu_tanh_f16_table(gate) if self.emulate_gelu_f16 else gelu_tanh(gate)
         else:
             act = silu(gate)
@@ -629,7 +674,7 @@ class Model:
         c, w = self.cfg, self.w
         positions = np.arange(self.n_past, self.n_past + len(tokens))
         x = w.get("token_embd.weight")[np.asarray(tokens)]
-        if c.arch == "gemma3":
+        if c.arch in ("gemma3", "gemma4"):
             x = x * np.float32(math.sqrt(c.n_embd))
         for il in range(c.n_layer):
             p = f"blk.{il}."
@@ -654,12 +699,16 @@ class Model:
             if w.has(p + "post_ffw_norm.weight"):
                 h = rms_norm(h, w.get(p + "post_ffw_norm.weight"), c.norm_eps)
             x = x + h
+            if w.has(p + "layer_output_scale.weight"):  # gemma4
+                x = x * w.get(p + "layer_output_scale.weight")
         self.n_past += len(tokens)
         if not all_positions:
             x = x[-1:]
         x = rms_norm(x, w.get("output_norm.weight"), c.norm_eps)
         out_name = "output.weight" if w.has("output.weight") else "token_embd.weight"
         logits = self.linear(x, out_name)
+        if c.softcap:
+            logits = c.softcap * np.tanh(logits / c.softcap)
         return logits.astype(np.float32)
 
 

@@ -619,6 +619,37 @@ pub trait Backend: Send {
         unreachable!("{} does not run hybrid models", self.name())
     }
 
+    /// Whether the backend runs the three ops below (Gemma 4's block:
+    /// values normed without a weight, a scalar on each layer's output, a
+    /// softcap on the logits). The engine refuses a model that needs them
+    /// on a backend that does not, so the defaults are never reached.
+    fn runs_scaled_rows(&self) -> bool {
+        false
+    }
+
+    /// RMS norm of every `head_dim` values of `rows × width` in place,
+    /// without a weight.
+    fn head_norm_unweighted(
+        &mut self,
+        _x: Buf,
+        _eps: f32,
+        _rows: usize,
+        _width: usize,
+        _head_dim: usize,
+    ) {
+        unreachable!("{} does not run unweighted head norms", self.name())
+    }
+
+    /// `x[r] *= factor`, `width` values a row.
+    fn scale(&mut self, _x: Buf, _factor: f32, _rows: usize, _width: usize) {
+        unreachable!("{} does not scale rows", self.name())
+    }
+
+    /// `x[r] = cap × tanh(x[r] / cap)`, `width` values a row.
+    fn softcap(&mut self, _x: Buf, _cap: f32, _rows: usize, _width: usize) {
+        unreachable!("{} does not softcap rows", self.name())
+    }
+
     /// The first `rows × width` values of [`Buf::Logits`], on the host (a
     /// GPU copies them back into planned host memory), for the sampler to
     /// read and modify.

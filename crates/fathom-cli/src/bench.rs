@@ -63,8 +63,8 @@ pub enum BenchCommand {
 #[derive(Args)]
 pub struct FixtureArgs {
     /// The shape: smollm2-135m, llama-3.1-8b, qwen3-30b-a3b, gemma3-1b,
-    /// qwen3.5-4b, qwen3.5-35b-a3b, gpt-oss-20b or gpt-oss-120b (whose
-    /// experts are MXFP4 whatever --type says).
+    /// gemma-4-31b, qwen3.5-4b, qwen3.5-35b-a3b, gpt-oss-20b or
+    /// gpt-oss-120b (whose experts are MXFP4 whatever --type says).
     #[arg(long)]
     pub like: String,
     /// Weight type of the matrices (F32, F16, BF16, Q4_0 ... Q8_0, Q2_K ... Q6_K).
@@ -77,7 +77,8 @@ pub struct FixtureArgs {
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
     /// Take the tokenizer (every `tokenizer.*` key) from this GGUF, e.g.
-    /// llama.cpp's `models/ggml-vocab-qwen35.gguf`, padding its token list
+    /// llama.cpp's `models/ggml-vocab-qwen35.gguf` or
+    /// `ggml-vocab-gemma-4.gguf`, padding its token list
     /// to the model's vocabulary with unused tokens; without it the
     /// vocabulary is `t0`, `t1`, ... with no merges.
     #[arg(long)]
@@ -104,6 +105,7 @@ fn write_fixture(args: &FixtureArgs) -> Result<ExitCode> {
         ("llama-3.1-8b", fx::llama_3_1_8b),
         ("qwen3-30b-a3b", fx::qwen3_30b_a3b),
         ("gemma3-1b", fx::gemma3_1b),
+        ("gemma-4-31b", fx::gemma_4_31b),
         ("qwen3.5-4b", fx::qwen3_5_4b),
         ("qwen3.5-35b-a3b", fx::qwen3_5_35b_a3b),
     ];

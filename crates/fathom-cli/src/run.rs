@@ -27,6 +27,11 @@ pub struct RunArgs {
     /// A system message.
     #[arg(long)]
     pub system: Option<String>,
+    /// Turn the chat template's thinking switch (`enable_thinking`) on or
+    /// off: Gemma 4 and Qwen3 think before answering when it is on; without
+    /// the flag the template's default holds.
+    #[arg(long, value_name = "on|off", value_parser = parse_switch)]
+    pub think: Option<bool>,
     /// Most tokens per answer.
     #[arg(long, short = 'n', visible_alias = "n-predict", default_value_t = 512)]
     pub tokens: usize,
@@ -41,6 +46,14 @@ pub struct RunArgs {
     pub placement: PlacementArgs,
     #[command(flatten)]
     pub preflight: PreflightArgs,
+}
+
+fn parse_switch(text: &str) -> Result<bool, String> {
+    match text {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        other => Err(format!("{other:?}: expected on or off")),
+    }
 }
 
 pub fn run(args: &RunArgs) -> Result<ExitCode> {
@@ -62,11 +75,14 @@ pub fn run(args: &RunArgs) -> Result<ExitCode> {
         id.map(|id| String::from_utf8_lossy(opened.tokenizer.token_bytes(id)).into_owned())
             .unwrap_or_default()
     };
-    let template = ChatTemplate::new(
+    let mut template = ChatTemplate::new(
         &source,
         &piece(opened.tokenizer.bos()),
         &piece(opened.tokenizer.eos()),
     )?;
+    if let Some(on) = args.think {
+        template.set_thinking(on);
+    }
     let context = args
         .max_tokens
         .unwrap_or_else(|| planning::default_context(&opened.spec));

@@ -19,8 +19,12 @@ pub enum EngineError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{architecture:?} models cannot be run yet: fathom runs llama, qwen2, qwen3, qwen3_moe, gemma3, qwen35, qwen35_moe and gpt_oss")]
+    #[error("{architecture:?} models cannot be run yet: fathom runs llama, qwen2, qwen3, qwen3_moe, gemma3, gemma4, qwen35, qwen35_moe and gpt_oss")]
     UnsupportedFamily { architecture: String },
+    #[error(
+        "{family} models with {what} cannot be run yet; fathom runs the {family} models without it"
+    )]
+    UnsupportedVariant { family: String, what: String },
     #[error("{family} models cannot run on the {backend} backend yet: {what}; run them with --device cpu")]
     UnsupportedOnBackend {
         family: String,

@@ -77,6 +77,8 @@ struct Attend {
     gated: bool,
     /// The output projection's bias (gpt-oss).
     o_bias: Option<VectorId>,
+    /// Each value head is RMS-normed without a weight (Gemma 4).
+    value_norm: bool,
 }
 
 /// A hybrid model's linear-attention layer (Qwen3.5's gated delta rule).
@@ -113,6 +115,8 @@ struct Layer {
     ffn_norm: VectorId,
     post_ffn_norm: Option<VectorId>,
     ffn: Ffn,
+    /// Multiplies the residual after the layer (Gemma 4's layer scalar).
+    out_scale: Option<f32>,
 }
 
 /// A loaded model: its spec and the backend's handles of its weights.
@@ -135,6 +139,8 @@ pub struct Model {
     glu: Glu,
     /// FFN columns (each expert's in a MoE) one device computes.
     ffn_width: usize,
+    /// Logits become `cap × tanh(logits / cap)` (Gemma 4).
+    softcap: Option<f32>,
     /// Bytes of 1-D tensors converted to f32 at load.
     pub converted_bytes: usize,
 }
@@ -234,6 +240,13 @@ impl Loader<'_> {
         }
     }
 
+    /// A one-value tensor (a layer's output scale), read as f32.
+    fn scalar(&mut self, name: &str) -> Result<f32, EngineError> {
+        let v = self.files.vector(name, 1)?;
+        self.converted += 4;
+        Ok(v[0])
+    }
+
     fn optional_vector(
         &mut self,
         name: &str,
@@ -311,8 +324,17 @@ impl Model {
                 )));
             }
         }
+        let scaled_rows = spec.block.value_norm || spec.final_logit_softcap.is_some();
+        if scaled_rows && !backend.runs_scaled_rows() {
+            return Err(unsupported(
+                "values normed without a weight, layer output scales and a logit softcap",
+            ));
+        }
         let places = Places(placement);
         let files = WeightFiles::open(checkpoint)?;
+        if spec.family == fathom_spec::Family::Gemma4 {
+            gemma4_runs(&spec, &files)?;
+        }
         let naming = match checkpoint {
             Checkpoint::Gguf(_) => Naming::Gguf,
             Checkpoint::Hf(_) => {
@@ -357,6 +379,7 @@ impl Model {
         let rope = spec.rope.clone().unwrap_or(fathom_spec::Rope {
             theta: 10_000.0,
             local_theta: None,
+            factors_global_only: false,
             neox: false,
             dims: None,
             scaling: None,
@@ -392,6 +415,7 @@ impl Model {
             local_theta: rope.local_theta.unwrap_or(rope.theta) as f32,
             neox: style.rope_neox,
             freqs,
+            factors_global_only: rope.factors_global_only,
             rotated: rope.dims.map(|d| d as usize),
             yarn: rope.yarn.as_ref().map(|y| {
                 let [low, high] = y.corr_dims(spec.head_dim, rope.theta);
@@ -455,6 +479,7 @@ impl Model {
             } else {
                 local.ffn
             } as usize,
+            softcap: spec.final_logit_softcap.map(|c| c as f32),
             converted_bytes: converted,
             spec,
         })
@@ -505,6 +530,9 @@ impl Model {
         };
         backend.rms_norm(input, self.out_norm, self.eps, n, d, Buf::Norm);
         backend.matmul(self.output, Buf::Norm, n, Buf::Logits);
+        if let Some(cap) = self.softcap {
+            backend.softcap(Buf::Logits, cap, n, self.spec.vocab as usize);
+        }
     }
 
     /// Runs every segment's tokens at the next positions of its sequence,
@@ -600,9 +628,12 @@ impl Model {
             let next = self
                 .layers
                 .get(li + 1)
-                .filter(|l| l.place == side)
+                .filter(|l| l.place == side && layer.out_scale.is_none())
                 .map(|l| l.attn_norm);
             self.add_branch(backend, layer.post_ffn_norm, step.rows, next);
+            if let Some(scale) = layer.out_scale {
+                backend.scale(Buf::Residual, scale, step.rows, d);
+            }
             normed = next.is_some();
         }
         backend.switch_to(self.output_place, &residual, step.rows);
@@ -641,6 +672,9 @@ impl Model {
         if let Some([qn, kn]) = layer.qk_norm {
             backend.head_norm(Buf::Q, qn, self.eps, t_n, qw, s.key_dim);
             backend.head_norm(Buf::K, kn, self.eps, t_n, kw, s.key_dim);
+        }
+        if layer.value_norm {
+            backend.head_norm_unweighted(Buf::V, self.eps, t_n, vw, s.value_dim);
         }
         let io = AttentionIo {
             q: Buf::Q,
@@ -796,6 +830,8 @@ struct LayerGlobals {
     neox: bool,
     /// The rope factors as each side holds them (indexed by `Place`).
     freqs: [Option<VectorId>; 2],
+    /// The factors apply to the global layers only (Gemma 4).
+    factors_global_only: bool,
     /// Leading values of a head that rotate, when not all.
     rotated: Option<usize>,
     /// YaRN scaling of every layer's rope (gpt-oss).
@@ -1000,6 +1036,21 @@ fn load_layer(
         }
         _ => {
             let gated = spec.block.gated_attention;
+            let wk = loader.named_matrix(&n.k, kvh * dk, d, kv_split)?;
+            // Gemma 4's global layers may have no v projection: the values
+            // are the keys' projection, normed apart.
+            let wv = if spec.block.value_norm && !loader.files.has(&n.v) {
+                if dv != dk {
+                    return Err(EngineError::BadShape {
+                        tensor: n.k.clone(),
+                        shape: vec![d as u64, (kvh * dk) as u64],
+                        expected: vec![d as u64, (kvh * dv) as u64],
+                    });
+                }
+                wk
+            } else {
+                loader.named_matrix(&n.v, kvh * dv, d, kv_split)?
+            };
             let q_rows = if gated {
                 2 * n_heads * dk
             } else {
@@ -1022,18 +1073,20 @@ fn load_layer(
                         globals.theta
                     },
                     neox: globals.neox,
-                    freqs: globals.freqs[place as usize],
+                    freqs: globals.freqs[place as usize]
+                        .filter(|_| window.is_none() || !globals.factors_global_only),
                     rotated: globals.rotated,
                     yarn: globals.yarn,
                 },
                 wq: loader.named_matrix(&n.q, q_rows, d, q_split)?,
-                wk: loader.named_matrix(&n.k, kvh * dk, d, kv_split)?,
-                wv: loader.named_matrix(&n.v, kvh * dv, d, kv_split)?,
+                wk,
+                wv,
                 wo: loader.named_matrix(&n.o, d, n_heads * dv, o_split)?,
                 bias,
                 qk_norm,
                 gated,
                 o_bias: loader.optional_vector(&n.gpt_oss.o_bias, d, false)?,
+                value_norm: spec.block.value_norm,
             })
         }
     };
@@ -1046,5 +1099,32 @@ fn load_layer(
         ffn_norm: loader.vector(&n.ffn_norm, d, true)?,
         post_ffn_norm,
         ffn,
+        out_scale: if loader.files.has(&n.out_scale) {
+            Some(loader.scalar(&n.out_scale)?)
+        } else {
+            None
+        },
     })
+}
+
+/// Refuses the Gemma 4 variants whose extra pieces the forward pass does not
+/// run: per-layer token embeddings and KV shared across layers (E2B, E4B)
+/// and the mixture of experts (26B-A4B), each with its own error.
+fn gemma4_runs(spec: &ModelSpec, files: &WeightFiles) -> Result<(), EngineError> {
+    let refuse = |what: &str| EngineError::UnsupportedVariant {
+        family: spec.family.name().to_string(),
+        what: what.to_string(),
+    };
+    if files.has("per_layer_token_embd.weight") {
+        return Err(refuse("per-layer token embeddings (E2B/E4B)"));
+    }
+    if spec.layers.iter().any(|l| l.attention == Attention::None) {
+        return Err(refuse(
+            "KV shared across layers (shared_kv_layers, E2B/E4B)",
+        ));
+    }
+    if spec.n_experts > 0 {
+        return Err(refuse("a mixture of experts (26B-A4B)"));
+    }
+    Ok(())
 }

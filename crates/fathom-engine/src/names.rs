@@ -17,6 +17,8 @@ pub struct LayerNames {
     pub ffn_norm: String,
     /// Gemma 3's norm on the FFN output.
     pub post_ffn_norm: String,
+    /// Gemma 4's scalar on the layer's output.
+    pub out_scale: String,
     pub gate: String,
     pub up: String,
     pub down: String,
@@ -135,6 +137,7 @@ impl Naming {
                     b("ffn_norm.weight")
                 },
                 post_ffn_norm: b("post_ffw_norm.weight"),
+                out_scale: b("layer_output_scale.weight"),
                 gate: b("ffn_gate.weight"),
                 up: b("ffn_up.weight"),
                 down: b("ffn_down.weight"),
@@ -169,6 +172,7 @@ impl Naming {
                         b("post_attention_layernorm.weight")
                     },
                     post_ffn_norm: b("post_feedforward_layernorm.weight"),
+                    out_scale: b("layer_scalar"),
                     gate: b("mlp.gate_proj.weight"),
                     up: b("mlp.up_proj.weight"),
                     down: b("mlp.down_proj.weight"),

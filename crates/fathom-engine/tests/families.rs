@@ -1,4 +1,4 @@
-//! qwen2, qwen3_moe, gemma3 and llama forward passes on synthetic GGUF
+//! qwen2, qwen3_moe, gemma3, gemma4, qwen35 and llama forward passes on synthetic GGUF
 //! checkpoints (random F32 weights, the families' real tensor layouts and
 //! real attention shapes — head counts, GQA ratios, head dims — with few
 //! layers and a narrow FFN to stay small), checked against the
@@ -179,6 +179,79 @@ fn gpt_oss_sinks_yarn_biases_and_experts() {
             "gpt-oss {}: {a:?}",
             experts.name()
         );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Gemma 4: sliding and global layers alternating, in gemma-4-31B's head
+/// shapes (32 heads; sliding over 16 KV heads of 256 with a 16-token
+/// window, global over 4 KV heads of 512 whose values are the keys'
+/// projection) at hidden 512: unscaled scores, values normed without a
+/// weight, rope factors on the global layers only, the layer output scale
+/// and the logit softcap.
+#[test]
+fn gemma4_with_global_heads_of_their_own() {
+    check_model("gemma4", "gemma-4-31B", &gemma4_shaped());
+}
+
+fn gemma4_shaped() -> ModelDef {
+    fx::reshaped(
+        &fx::tiny_gemma4(),
+        serde_json::json!({
+            "hidden_size": 512,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 16,
+            "head_dim": 256,
+            "global_head_dim": 512,
+            "num_global_key_value_heads": 4,
+        }),
+    )
+}
+
+/// The Gemma 4 variants the forward pass does not run are refused by name
+/// at load (their plans still stand): layers sharing KV (E2B/E4B),
+/// per-layer token embeddings (E2B/E4B) and the mixture of experts
+/// (26B-A4B).
+#[test]
+fn gemma4_variants_not_run_are_refused_by_name() {
+    use fathom_fixtures::GgufValue;
+    use fathom_plan::MemoryPlan;
+    use fathom_spec::ModelSpec;
+    let dir = std::env::temp_dir().join(format!("fathom-gemma4-variants-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let tokenizer =
+        || fathom_engine::load_tokenizer(&Checkpoint::open(&smollm2()).unwrap()).unwrap();
+    let base = || fx::gguf_writer(&fx::tiny_gemma4(), GgufTensorType::F32).unwrap();
+    let shared = "gemma4.attention.shared_kv_layers";
+    let variants = [
+        (
+            base()
+                .retain_kvs(|k| k != shared)
+                .kv(shared, GgufValue::U32(1)),
+            "KV shared across layers",
+        ),
+        (
+            base().tensor("per_layer_token_embd.weight", &[64, 1024], 0, 64 * 1024 * 4),
+            "per-layer token embeddings",
+        ),
+        (
+            base()
+                .kv("gemma4.expert_count", GgufValue::U32(4))
+                .kv("gemma4.expert_used_count", GgufValue::U32(2)),
+            "a mixture of experts",
+        ),
+    ];
+    for (i, (writer, needle)) in variants.into_iter().enumerate() {
+        let path = dir.join(format!("variant{i}.gguf"));
+        writer.write(&path, fx::Data::Random { seed: 7 }).unwrap();
+        let checkpoint = Checkpoint::open(&path).unwrap();
+        let spec = ModelSpec::from_checkpoint(&checkpoint).unwrap();
+        let plan = MemoryPlan::new(&spec, inputs(64, KvDtype::F16)).unwrap();
+        let err = fathom_engine::Engine::load(&checkpoint, spec, plan, tokenizer())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(err.contains("gemma4") && err.contains(needle), "{err}");
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

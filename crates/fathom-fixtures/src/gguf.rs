@@ -133,6 +133,8 @@ pub struct GgufWriter {
     tensors: Vec<(GgufTensorInfo, bool)>,
     /// Float tensors whose random values fall in a range of their own.
     ranges: Vec<(String, Range<f32>)>,
+    /// F32 tensors whose values are given rather than drawn.
+    values: Vec<(String, Vec<f32>)>,
 }
 
 impl Default for GgufWriter {
@@ -142,6 +144,7 @@ impl Default for GgufWriter {
             kvs: Vec::new(),
             tensors: Vec::new(),
             ranges: Vec::new(),
+            values: Vec::new(),
         }
     }
 }
@@ -174,6 +177,13 @@ impl GgufWriter {
     /// norm near one).
     pub fn value_range(mut self, name: impl Into<String>, range: Range<f32>) -> Self {
         self.ranges.push((name.into(), range));
+        self
+    }
+
+    /// Random data writes `values` as the F32 tensor `name` instead of
+    /// drawing them (rope factors, which a converter computes).
+    pub fn f32_values(mut self, name: impl Into<String>, values: Vec<f32>) -> Self {
+        self.values.push((name.into(), values));
         self
     }
 
@@ -291,6 +301,12 @@ impl GgufWriter {
                 out.seek(SeekFrom::Start(
                     (header.len() as u64).saturating_add(info.offset),
                 ))?;
+                if let Some((_, values)) = self.values.iter().find(|(name, _)| *name == info.name) {
+                    for v in values {
+                        out.write_all(&v.to_le_bytes())?;
+                    }
+                    continue;
+                }
                 let mut rng = Rng::for_tensor(seed, &info.name);
                 let range = self
                     .ranges

@@ -49,15 +49,133 @@ pub fn gguf_writer(model: &ModelDef, ggml_type: GgufTensorType) -> io::Result<Gg
             GgufValue::strings((0..vocab).map(|i| format!("t{i}"))),
         );
     let hybrid = config.get("linear_num_value_heads").is_some();
+    let gemma4 = arch == "gemma4";
+    if gemma4 {
+        writer = writer.f32_values("rope_freqs.weight", gemma4_rope_factors(config)?);
+    }
     for (name, dims) in tensors(model)? {
         let stored = stored_type(&name, &dims, ggml_type);
         let len = stored.ggml().padded_row_bytes(dims.iter().product());
-        if let Some(range) = hybrid.then(|| hybrid_range(&name)).flatten() {
+        let range = match (hybrid, gemma4) {
+            (true, _) => hybrid_range(&name),
+            (_, true) => gemma4_range(&name),
+            _ => None,
+        };
+        if let Some(range) = range {
             writer = writer.value_range(name.clone(), range);
         }
         writer = writer.tensor(name, &dims, stored.ggml_id(), len);
     }
     Ok(writer)
+}
+
+/// Where a Gemma 4 fixture's random values fall when [-0.1, 0.1) would
+/// not make a working model. Its norms multiply by the stored weight (no
+/// `1 + w`), so they are drawn near one; but the embeddings, scaled by
+/// √hidden and tied to the output head, would then dominate the residual,
+/// and every position's most likely next token would be its own (the output
+/// head's dot product of a row with itself), which makes a top-token
+/// comparison trivial. Post-attention and post-FFN norms of 20 to 30 let
+/// the layers' outputs outweigh the embedding instead, and a final norm of
+/// 2 to 3 spreads the logits about as far as the softcap of 30 leaves room
+/// for (with a 262,144-token vocabulary of random rows the best two tokens
+/// are then about 0.4 nats apart). Attention is not scaled by
+/// 1/√head_dim, q and k being normed: q and k norms near 0.25 keep a
+/// head's scores about unit-sized, so attention does not collapse onto one
+/// position. Layer output scales near one.
+fn gemma4_range(name: &str) -> Option<std::ops::Range<f32>> {
+    if name == "output_norm.weight" {
+        Some(2.0..3.0)
+    } else if name.ends_with("post_attention_norm.weight") || name.ends_with("post_ffw_norm.weight")
+    {
+        Some(20.0..30.0)
+    } else if name.ends_with("attn_q_norm.weight") || name.ends_with("attn_k_norm.weight") {
+        Some(0.15..0.35)
+    } else if name.ends_with("norm.weight") || name.ends_with("layer_output_scale.weight") {
+        Some(0.8..1.2)
+    } else {
+        None
+    }
+}
+
+/// llama.cpp's converter turns Gemma 4's "proportional" rope (the first
+/// `partial_rotary_factor` of a global head's pairs rotate at frequencies
+/// over the whole head, the rest not at all) into NeoX rope over the whole
+/// head with factors 1 for the rotating pairs and 1e30 for the others.
+fn gemma4_rope_factors(c: &Value) -> io::Result<Vec<f32>> {
+    let head = int(c, "global_head_dim")?;
+    let full = &c["rope_parameters"]["full_attention"];
+    let factor = full["partial_rotary_factor"].as_f64().unwrap_or(1.0);
+    let (pairs, rotating) = (head / 2, (head as f64 * factor / 2.0) as u64);
+    Ok((0..pairs)
+        .map(|i| if i < rotating { 1.0 } else { 1e30 })
+        .collect())
+}
+
+/// Gemma 4's keys as llama.cpp's converter writes them: two head shapes,
+/// per-layer KV heads and the sliding-window pattern, each attention kind's
+/// rope base, the logit softcap, and none of the E2B/E4B extras.
+fn gemma4_hyperparameters(c: &Value) -> io::Result<Vec<(&'static str, GgufValue)>> {
+    let layers = int(c, "num_hidden_layers")? as usize;
+    let sliding: Vec<bool> = (0..layers as u64)
+        .map(|i| crate::models::gemma4_sliding(c, i))
+        .collect();
+    let (kv_swa, kv_full) = (
+        int(c, "num_key_value_heads")?,
+        int(c, "num_global_key_value_heads")?,
+    );
+    let kv_heads = sliding
+        .iter()
+        .map(|&s| GgufValue::U32(if s { kv_swa } else { kv_full } as u32))
+        .collect();
+    let rope = &c["rope_parameters"];
+    let mut kvs = model_keys(c)?;
+    kvs.extend([
+        ("feed_forward_length", u32_of(c, "intermediate_size")?),
+        ("attention.head_count_kv", GgufValue::Array(4, kv_heads)),
+        ("attention.key_length", u32_of(c, "global_head_dim")?),
+        ("attention.value_length", u32_of(c, "global_head_dim")?),
+        ("attention.key_length_swa", u32_of(c, "head_dim")?),
+        ("attention.value_length_swa", u32_of(c, "head_dim")?),
+        (
+            "attention.layer_norm_rms_epsilon",
+            f32_of(c, "rms_norm_eps")?,
+        ),
+        ("attention.sliding_window", u32_of(c, "sliding_window")?),
+        (
+            "attention.sliding_window_pattern",
+            GgufValue::Array(7, sliding.into_iter().map(GgufValue::Bool).collect()),
+        ),
+        ("attention.shared_kv_layers", GgufValue::U32(0)),
+        ("embedding_length_per_layer_input", GgufValue::U32(0)),
+        (
+            "rope.freq_base",
+            f32_of(&rope["full_attention"], "rope_theta")?,
+        ),
+        (
+            "rope.freq_base_swa",
+            f32_of(&rope["sliding_attention"], "rope_theta")?,
+        ),
+        ("rope.dimension_count", u32_of(c, "global_head_dim")?),
+        ("rope.dimension_count_swa", u32_of(c, "head_dim")?),
+        (
+            "final_logit_softcapping",
+            f32_of(c, "final_logit_softcapping")?,
+        ),
+    ]);
+    Ok(kvs)
+}
+
+/// The keys every architecture writes alike: sizes of the vocabulary, the
+/// context, the hidden state, the layer stack and the query heads.
+fn model_keys(c: &Value) -> io::Result<Vec<(&'static str, GgufValue)>> {
+    Ok(vec![
+        ("vocab_size", u32_of(c, "vocab_size")?),
+        ("context_length", u32_of(c, "max_position_embeddings")?),
+        ("embedding_length", u32_of(c, "hidden_size")?),
+        ("block_count", u32_of(c, "num_hidden_layers")?),
+        ("attention.head_count", u32_of(c, "num_attention_heads")?),
+    ])
 }
 
 /// Where a Qwen3.5 fixture's random values fall when [-0.1, 0.1) would
@@ -117,14 +235,13 @@ fn head_dim(config: &Value) -> io::Result<u64> {
 /// `{arch}.*` keys, without the prefix.
 fn hyperparameters(model: &ModelDef) -> io::Result<Vec<(&'static str, GgufValue)>> {
     let c = model.text_config();
+    if model.gguf_arch == "gemma4" {
+        return gemma4_hyperparameters(c);
+    }
     let head_dim = u32::try_from(head_dim(c)?)
         .map_err(|_| invalid("head_dim does not fit a GGUF u32".into()))?;
-    let mut kvs = vec![
-        ("vocab_size", u32_of(c, "vocab_size")?),
-        ("context_length", u32_of(c, "max_position_embeddings")?),
-        ("embedding_length", u32_of(c, "hidden_size")?),
-        ("block_count", u32_of(c, "num_hidden_layers")?),
-        ("attention.head_count", u32_of(c, "num_attention_heads")?),
+    let mut kvs = model_keys(c)?;
+    kvs.extend([
         ("attention.head_count_kv", u32_of(c, "num_key_value_heads")?),
         ("attention.key_length", GgufValue::U32(head_dim)),
         ("attention.value_length", GgufValue::U32(head_dim)),
@@ -133,7 +250,7 @@ fn hyperparameters(model: &ModelDef) -> io::Result<Vec<(&'static str, GgufValue)
             f32_of(c, "rms_norm_eps")?,
         ),
         ("rope.freq_base", f32_of(c, "rope_theta")?),
-    ];
+    ]);
     if c["intermediate_size"].is_u64() {
         kvs.push(("feed_forward_length", u32_of(c, "intermediate_size")?));
     }
@@ -213,7 +330,13 @@ fn tensors(model: &ModelDef) -> io::Result<Vec<(String, Vec<u64>)>> {
     if config["rope_scaling"]["rope_type"] == "llama3" {
         out.push(("rope_freqs.weight".into(), vec![head_dim(config)? / 2]));
     }
-    let gemma = model.gguf_arch == "gemma3";
+    if model.gguf_arch == "gemma4" {
+        out.push((
+            "rope_freqs.weight".into(),
+            vec![int(config, "global_head_dim")? / 2],
+        ));
+    }
+    let gemma = matches!(model.gguf_arch, "gemma3" | "gemma4");
     let hybrid = config.get("linear_num_value_heads").is_some();
     let mut merged: HashMap<String, usize> = HashMap::new();
     for tensor in &model.tensors {
@@ -262,6 +385,7 @@ fn gguf_name(hf: &str, gemma: bool, hybrid: bool) -> io::Result<Option<(String, 
     let whole = match suffix {
         "linear_attn.dt_bias" => Some("ssm_dt.bias"),
         "linear_attn.A_log" => Some("ssm_a"),
+        "layer_scalar" => Some("layer_output_scale.weight"),
         _ => None,
     };
     if let Some(whole) = whole {

@@ -34,9 +34,9 @@ pub use grid::{
 pub use hf::write_hf_dir;
 pub use mlx::mlx_quantize;
 pub use models::{
-    gemma3_1b, gemma3_4b_multimodal_text, llama_3_1_70b, llama_3_1_8b, qwen2_5_7b, qwen3_30b_a3b,
-    qwen3_5_35b_a3b, qwen3_5_4b, reshaped, smollm2_135m, tiny_gemma3, tiny_llama, tiny_qwen2,
-    tiny_qwen3, tiny_qwen3_5, tiny_qwen3_5_moe, tiny_qwen3_moe,
+    gemma3_1b, gemma3_4b_multimodal_text, gemma_4_31b, llama_3_1_70b, llama_3_1_8b, qwen2_5_7b,
+    qwen3_30b_a3b, qwen3_5_35b_a3b, qwen3_5_4b, reshaped, smollm2_135m, tiny_gemma3, tiny_gemma4,
+    tiny_llama, tiny_qwen2, tiny_qwen3, tiny_qwen3_5, tiny_qwen3_5_moe, tiny_qwen3_moe,
 };
 pub use random::{random_token_ids, Rng};
 pub use safetensors::write_safetensors;

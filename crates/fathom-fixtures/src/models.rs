@@ -14,17 +14,19 @@ enum Family {
     Qwen3,
     Qwen3Moe,
     Gemma3,
+    Gemma4,
     Qwen35,
     Qwen35Moe,
 }
 
 impl Family {
-    const ALL: [Family; 7] = [
+    const ALL: [Family; 8] = [
         Family::Llama,
         Family::Qwen2,
         Family::Qwen3,
         Family::Qwen3Moe,
         Family::Gemma3,
+        Family::Gemma4,
         Family::Qwen35,
         Family::Qwen35Moe,
     ];
@@ -36,6 +38,7 @@ impl Family {
             Family::Qwen3 => "qwen3",
             Family::Qwen3Moe => "qwen3moe",
             Family::Gemma3 => "gemma3",
+            Family::Gemma4 => "gemma4",
             Family::Qwen35 => "qwen35",
             Family::Qwen35Moe => "qwen35moe",
         }
@@ -95,6 +98,14 @@ pub fn qwen3_5_35b_a3b() -> ModelDef {
 /// one.
 pub fn gemma3_1b() -> ModelDef {
     decoder_model("gemma-3-1b-it", Family::Gemma3, gemma3_1b_config())
+}
+
+/// Gemma 4 31B's language model: 60 layers of 5376, five sliding-window
+/// layers (32 heads of 256 over 16 KV heads, window 1024) to each global
+/// one (32 heads of 512 over 4 KV heads whose values are the keys'
+/// projection), tied embeddings, BF16 (about 61 GB).
+pub fn gemma_4_31b() -> ModelDef {
+    decoder_model("gemma-4-31B-it", Family::Gemma4, gemma_4_31b_config())
 }
 
 /// The multimodal Gemma 3 checkpoint: the language model's settings under
@@ -254,6 +265,25 @@ pub fn tiny_gemma3() -> ModelDef {
         }),
     );
     decoder_model("tiny-gemma3", Family::Gemma3, config)
+}
+
+/// Gemma 4 31B's config shrunk like [`tiny_llama`] to four layers
+/// (sliding, global, sliding, global) with a 16-token window: sliding heads
+/// of 64 over 2 KV heads, global heads of 128 over one KV head whose
+/// values are the keys' projection.
+pub fn tiny_gemma4() -> ModelDef {
+    let config = with(gemma_4_31b_config(), tiny_dims());
+    let config = with(
+        config,
+        json!({
+            "num_hidden_layers": 4,
+            "global_head_dim": 128,
+            "num_global_key_value_heads": 1,
+            "sliding_window": 16,
+            "layer_types": gemma3_layer_types(4, 2),
+        }),
+    );
+    decoder_model("tiny-gemma4", Family::Gemma4, config)
 }
 
 fn tiny_dims() -> Value {
@@ -554,6 +584,47 @@ fn smollm2_135m_config() -> Value {
     })
 }
 
+fn gemma_4_31b_config() -> Value {
+    json!({
+        "architectures": ["Gemma4ForCausalLM"],
+        "attention_bias": false,
+        "attention_k_eq_v": true,
+        "bos_token_id": 2,
+        "enable_moe_block": false,
+        "eos_token_id": [1, 106],
+        "final_logit_softcapping": 30.0,
+        "global_head_dim": 512,
+        "head_dim": 256,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "hidden_size": 5376,
+        "hidden_size_per_layer_input": 0,
+        "intermediate_size": 21504,
+        "layer_types": gemma3_layer_types(60, 6),
+        "max_position_embeddings": 262144,
+        "model_type": "gemma4_text",
+        "num_attention_heads": 32,
+        "num_global_key_value_heads": 4,
+        "num_hidden_layers": 60,
+        "num_key_value_heads": 16,
+        "num_kv_shared_layers": 0,
+        "pad_token_id": 0,
+        "rms_norm_eps": 1e-06,
+        "rope_parameters": {
+            "full_attention": {
+                "partial_rotary_factor": 0.25,
+                "rope_theta": 1000000.0,
+                "rope_type": "proportional"
+            },
+            "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"}
+        },
+        "sliding_window": 1024,
+        "tie_word_embeddings": true,
+        "torch_dtype": "bfloat16",
+        "use_double_wide_mlp": false,
+        "vocab_size": 262144
+    })
+}
+
 /// Transformers' rule: every `pattern`-th layer attends to everything, the
 /// rest to a sliding window.
 fn gemma3_layer_types(layers: usize, pattern: usize) -> Value {
@@ -624,7 +695,7 @@ fn decoder(family: Family, config: &Value, outer: &str, dtype: DType) -> Vec<Ten
     let vocab = num(config, "vocab_size");
     let tied = config["tie_word_embeddings"]
         .as_bool()
-        .unwrap_or(family == Family::Gemma3);
+        .unwrap_or(matches!(family, Family::Gemma3 | Family::Gemma4));
     let q_out = heads * head_dim;
     let kv_out = kv_heads * head_dim;
 
@@ -644,34 +715,73 @@ fn decoder(family: Family, config: &Value, outer: &str, dtype: DType) -> Vec<Ten
             mlp(family, config, &p, hidden, ffn, &mut add);
             continue;
         }
-        // Qwen3.5's q projection carries an output gate per head.
-        let q_out = if family.hybrid() { 2 * q_out } else { q_out };
-        for (proj, out) in [("q", q_out), ("k", kv_out), ("v", kv_out)] {
-            add(format!("{p}self_attn.{proj}_proj.weight"), &[out, hidden]);
-            if family == Family::Qwen2 {
-                add(format!("{p}self_attn.{proj}_proj.bias"), &[out]);
+        if family == Family::Gemma4 {
+            gemma4_attention(config, &p, layer, &mut add);
+        } else {
+            // Qwen3.5's q projection carries an output gate per head.
+            let q_out = if family.hybrid() { 2 * q_out } else { q_out };
+            for (proj, out) in [("q", q_out), ("k", kv_out), ("v", kv_out)] {
+                add(format!("{p}self_attn.{proj}_proj.weight"), &[out, hidden]);
+                if family == Family::Qwen2 {
+                    add(format!("{p}self_attn.{proj}_proj.bias"), &[out]);
+                }
+            }
+            add(
+                format!("{p}self_attn.o_proj.weight"),
+                &[hidden, heads * head_dim],
+            );
+            if family != Family::Llama && family != Family::Qwen2 {
+                add(format!("{p}self_attn.q_norm.weight"), &[head_dim]);
+                add(format!("{p}self_attn.k_norm.weight"), &[head_dim]);
             }
         }
-        add(
-            format!("{p}self_attn.o_proj.weight"),
-            &[hidden, heads * head_dim],
-        );
-        if family != Family::Llama && family != Family::Qwen2 {
-            add(format!("{p}self_attn.q_norm.weight"), &[head_dim]);
-            add(format!("{p}self_attn.k_norm.weight"), &[head_dim]);
-        }
         add(format!("{p}post_attention_layernorm.weight"), &[hidden]);
-        if family == Family::Gemma3 {
+        if matches!(family, Family::Gemma3 | Family::Gemma4) {
             add(format!("{p}pre_feedforward_layernorm.weight"), &[hidden]);
             add(format!("{p}post_feedforward_layernorm.weight"), &[hidden]);
         }
         mlp(family, config, &p, hidden, ffn, &mut add);
+        if family == Family::Gemma4 {
+            add(format!("{p}layer_scalar"), &[1]);
+        }
     }
     add(format!("{outer}model.norm.weight"), &[hidden]);
     if !tied {
         add(format!("{outer}lm_head.weight"), &[vocab, hidden]);
     }
     tensors
+}
+
+/// Whether Gemma 4 layer `layer` is a sliding-window one (`layer_types`).
+pub(crate) fn gemma4_sliding(config: &Value, layer: u64) -> bool {
+    config["layer_types"][layer as usize] == "sliding_attention"
+}
+
+/// A Gemma 4 layer's attention: sliding layers have `head_dim` heads over
+/// `num_key_value_heads`; global ones `global_head_dim` heads over
+/// `num_global_key_value_heads`, and no v projection when
+/// `attention_k_eq_v` (the values are the keys' projection).
+fn gemma4_attention(config: &Value, p: &str, layer: u64, add: &mut impl FnMut(String, &[u64])) {
+    let hidden = num(config, "hidden_size");
+    let heads = num(config, "num_attention_heads");
+    let sliding = gemma4_sliding(config, layer);
+    let (head, kv_heads) = if sliding {
+        (num(config, "head_dim"), num(config, "num_key_value_heads"))
+    } else {
+        (
+            num(config, "global_head_dim"),
+            num(config, "num_global_key_value_heads"),
+        )
+    };
+    let a = format!("{p}self_attn.");
+    add(format!("{a}q_proj.weight"), &[heads * head, hidden]);
+    add(format!("{a}k_proj.weight"), &[kv_heads * head, hidden]);
+    if sliding || config["attention_k_eq_v"] != true {
+        add(format!("{a}v_proj.weight"), &[kv_heads * head, hidden]);
+    }
+    add(format!("{a}o_proj.weight"), &[hidden, heads * head]);
+    add(format!("{a}q_norm.weight"), &[head]);
+    add(format!("{a}k_norm.weight"), &[head]);
 }
 
 /// A layer's FFN: routed experts (with Qwen3.5's gated shared expert), or

@@ -157,14 +157,23 @@ pub fn plan(
     let d = spec.hidden;
     let key_dim = spec.layers.iter().map(|l| l.key_dim).max().unwrap_or(0);
     let value_dim = spec.layers.iter().map(|l| l.value_dim).max().unwrap_or(0);
-    let kv_heads = spec.n_kv_heads;
+    // The widest layer's k and v rows: where layers differ (Gemma 4's
+    // global layers have wider heads but fewer of them), the widest head
+    // times the most heads would overstate both.
+    let widest = |dim: fn(&fathom_spec::Layer) -> u64| {
+        spec.layers
+            .iter()
+            .map(|l| l.n_kv_heads.saturating_mul(dim(l)))
+            .max()
+            .unwrap_or(0)
+    };
     let q_width = spec.n_heads.saturating_mul(key_dim);
     let attn_width = spec.n_heads.saturating_mul(value_dim);
     let mut ffn = spec.ffn.max(spec.expert_ffn).max(spec.shared_expert_ffn);
     let (mut q, mut k, mut v, mut out) = (
         q_width,
-        kv_heads.saturating_mul(key_dim),
-        kv_heads.saturating_mul(value_dim),
+        widest(|l| l.key_dim),
+        widest(|l| l.value_dim),
         attn_width,
     );
     if spec.block.gated_attention {

@@ -227,7 +227,12 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64, nccl: u64)
         inputs.max_tokens_per_step,
         inputs.threads,
     );
-    let runtime = device::runtime(inputs.device, spec.vocab, inputs.threads);
+    let runtime = device::runtime(
+        inputs.device,
+        spec.vocab,
+        spec.tokenizer_merges,
+        inputs.threads,
+    );
     let converted = converted_vector_bytes(spec);
     let resident_weights = spec.weights_bytes().saturating_add(converted);
     let layout = (inputs.device == Device::Cuda)

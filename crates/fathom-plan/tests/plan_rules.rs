@@ -39,10 +39,12 @@ fn spec(layers: Vec<Attention>, context_length: u64) -> ModelSpec {
         rope: None,
         rms_norm_eps: 1e-5,
         attn_scale: None,
+        final_logit_softcap: None,
         norm_topk_prob: false,
         shared_expert_ffn: 0,
         linear: None,
         mtp_layers: 0,
+        tokenizer_merges: 0,
         tied_embeddings: true,
         tensors: vec![TensorEntry {
             name: "w".into(),
@@ -93,6 +95,34 @@ fn kv_counts_full_sliding_and_attention_free_layers() {
     let want = 3 * (2 * 63 * 16 * per_layer_token + 7 * 16 * per_layer_token);
     assert_eq!(plan.kv_bytes, want);
     assert_eq!(plan.kv_detail.len(), 2);
+}
+
+/// The runtime's tokenizer tables: 192 bytes a vocabulary entry, and as
+/// much for each BPE merge beyond one per entry (Gemma 4 has two merges a
+/// token); up to one merge per entry changes nothing, derivation included.
+#[test]
+fn runtime_counts_merges_beyond_one_per_vocab_entry() {
+    let runtime = |merges| {
+        let s = ModelSpec {
+            tokenizer_merges: merges,
+            ..spec(vec![Attention::Full; 2], 4096)
+        };
+        let plan = MemoryPlan::new(&s, inputs(1024, 1, 1 << 30)).unwrap();
+        let term = plan.terms.iter().find(|t| t.name == "runtime").unwrap();
+        (plan.runtime_overhead_bytes, term.derivation.clone())
+    };
+    let (none, derivation) = runtime(0);
+    assert_eq!(
+        runtime(1000),
+        (none, derivation.clone()),
+        "one merge per entry"
+    );
+    let (more, with_merges) = runtime(2500);
+    assert_eq!(more - none, 1500 * 192);
+    assert!(
+        with_merges.contains("1500 merges beyond one per entry x 192 B"),
+        "{with_merges}"
+    );
 }
 
 #[test]
@@ -646,4 +676,48 @@ fn quant_advice_counts_the_state() {
             o.weights_bytes + o.kv_bytes + o.recurrent_bytes
         );
     }
+}
+
+/// Gemma 4 31B at 8192 tokens of context: the 50 sliding layers hold their
+/// window of 1024 tokens of 16 KV heads × (256 + 256) values, the 10
+/// global layers every token of 4 KV heads × (512 + 512), in f16. The
+/// arena's k and v rows are the widest layer's (16 × 256), not the most KV
+/// heads times the widest head (16 × 512); q takes the global layers' 32 ×
+/// 512.
+#[test]
+fn gemma4_31b_kv_by_hand() {
+    let dir = std::env::temp_dir().join(format!("fathom-plan-gemma4-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("gemma-4-31b.gguf");
+    fx::write_gguf(
+        &fx::gemma_4_31b(),
+        &path,
+        GgufTensorType::Q4_K,
+        Data::Sparse,
+    )
+    .unwrap();
+    let spec = ModelSpec::from_checkpoint(&Checkpoint::open(&path).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let (sliding, global) = (16 * (256 + 256) * 2, 4 * (512 + 512) * 2);
+    assert_eq!((sliding, global), (16_384, 8_192));
+    let plan = MemoryPlan::new(&spec, inputs(8192, 1, 64 * GIB)).unwrap();
+    assert_eq!(plan.kv_bytes_per_token, 50 * sliding + 10 * global);
+    assert_eq!(plan.kv_bytes, 50 * 1024 * sliding + 10 * 8192 * global);
+    assert_eq!(plan.kv_bytes, 1_509_949_440);
+    let groups: Vec<(u64, u64)> = plan
+        .kv_detail
+        .iter()
+        .map(|g| (g.layers, g.tokens))
+        .collect();
+    assert_eq!(groups, [(50, 1024), (10, 8192)]);
+    let width = |name: &str| {
+        plan.activation_detail
+            .iter()
+            .find(|b| b.name == name)
+            .map(|b| b.width)
+    };
+    assert_eq!(width("q"), Some(32 * 512));
+    assert_eq!((width("k"), width("v")), (Some(16 * 256), Some(16 * 256)));
+    assert_eq!(width("attn_out"), Some(32 * 512));
 }

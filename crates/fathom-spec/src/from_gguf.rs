@@ -1,5 +1,7 @@
 //! ModelSpec from GGUF metadata (`{arch}.*` keys as llama.cpp writes them).
 
+mod gemma4;
+
 use fathom_checkpoint::{GgufFile, MetaValue};
 
 use crate::{
@@ -24,6 +26,7 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
         "qwen3" => Family::Qwen3,
         "qwen3moe" => Family::Qwen3Moe,
         "gemma3" => Family::Gemma3,
+        "gemma4" => Family::Gemma4,
         "qwen35" => Family::Qwen35,
         "qwen35moe" => Family::Qwen35Moe,
         "gpt-oss" => Family::GptOss,
@@ -140,11 +143,21 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
     } else {
         Vec::new()
     };
+    let gemma4 = match family {
+        Family::Gemma4 => {
+            if window.is_none() {
+                return Err(meta.missing(&key("attention.sliding_window"), "gemma4"));
+            }
+            Some(gemma4::read(&meta, &key, n_layers, key_dim)?)
+        }
+        _ => None,
+    };
     let sliding = |layer: u64| -> bool {
         match (&family, window) {
             (_, None) => false,
             (Family::Gemma3, Some(_)) => gemma_layer_is_sliding(layer, GEMMA3_PATTERN),
             (Family::GptOss, Some(_)) => gpt_oss_sliding[layer as usize],
+            (Family::Gemma4, Some(_)) => gemma4.as_ref().is_some_and(|g| g.sliding[layer as usize]),
             // Other families that store a window use it in every layer.
             (_, Some(_)) => true,
         }
@@ -159,8 +172,14 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
         .map(|i| {
             let attention = match window {
                 _ if recurrent[i as usize] => Attention::Linear,
+                _ if gemma4.as_ref().is_some_and(|g| !g.holds_kv(i, n_layers)) => Attention::None,
                 Some(window) if sliding(i) => Attention::Sliding { window },
                 _ => Attention::Full,
+            };
+            // Gemma 4's sliding layers have heads of their own width.
+            let (key_dim, value_dim) = match &gemma4 {
+                Some(g) if sliding(i) => (g.key_dim_swa, g.value_dim_swa),
+                _ => (key_dim, value_dim),
             };
             Layer {
                 attention,
@@ -180,7 +199,11 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
         theta: meta
             .f64_where(&key("rope.freq_base"), positive, POSITIVE)?
             .unwrap_or(10_000.0),
-        local_theta: (family == Family::Gemma3).then_some(GEMMA3_LOCAL_ROPE_THETA),
+        local_theta: match &gemma4 {
+            Some(g) => Some(g.theta_swa),
+            None => (family == Family::Gemma3).then_some(GEMMA3_LOCAL_ROPE_THETA),
+        },
+        factors_global_only: gemma4.is_some(),
         neox: family.rope_neox(),
         dims: if family.is_qwen35() {
             rotary_dims(&meta, &key, key_dim)?
@@ -234,6 +257,9 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
         )?,
         None => 0,
     };
+    if let Some(g) = &gemma4 {
+        notes.extend(g.notes(n_layers, n_experts));
+    }
     if mtp_layers > 0 {
         notes.push(format!(
             "{mtp_layers} multi-token-prediction layer(s) after the decoder's: their weights are \
@@ -258,12 +284,18 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
         layers,
         rope: Some(rope),
         rms_norm_eps,
-        // llama.cpp scales by 1/√key_dim for every family it converts here.
-        attn_scale: None,
+        // llama.cpp scales by 1/√key_dim for every family it converts
+        // here but Gemma 4, whose normed q and k go unscaled.
+        attn_scale: gemma4.is_some().then_some(1.0),
+        final_logit_softcap: gemma4.as_ref().and_then(|g| g.softcap),
         norm_topk_prob,
         shared_expert_ffn,
         linear,
         mtp_layers,
+        tokenizer_merges: file
+            .get("tokenizer.ggml.merges")
+            .and_then(MetaValue::as_array)
+            .map_or(0, |m| m.len() as u64),
         tied_embeddings,
         tensors,
         source,
@@ -405,21 +437,8 @@ fn recurrent_layers(
     key: &dyn Fn(&str) -> String,
     n_layers: u64,
 ) -> Result<Vec<bool>, SpecError> {
-    let flags_key = key("attention.recurrent_layers");
-    if let Some(value) = meta.file.get(&flags_key) {
-        let expected = format!("an array of at least {n_layers} booleans");
-        let items = value
-            .as_array()
-            .filter(|items| items.len() as u64 >= n_layers)
-            .ok_or_else(|| meta.invalid(&flags_key, value, &expected))?;
-        return items[..n_layers as usize]
-            .iter()
-            .map(|v| {
-                v.as_bool()
-                    .or_else(|| v.as_u64().filter(|&x| x <= 1).map(|x| x == 1))
-                    .ok_or_else(|| meta.invalid(&flags_key, value, &expected))
-            })
-            .collect();
+    if let Some(flags) = meta.layer_flags(&key("attention.recurrent_layers"), n_layers)? {
+        return Ok(flags);
     }
     let interval_key = key("full_attention_interval");
     let interval = meta
@@ -572,6 +591,28 @@ impl Meta<'_> {
             .iter()
             .map(|v| {
                 v.as_u64()
+                    .ok_or_else(|| self.invalid(key, value, &expected))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    }
+
+    /// One flag per layer (booleans, or 0 and 1), the first `n_layers` of
+    /// an array at least that long.
+    fn layer_flags(&self, key: &str, n_layers: u64) -> Result<Option<Vec<bool>>, SpecError> {
+        let Some(value) = self.file.get(key) else {
+            return Ok(None);
+        };
+        let expected = format!("an array of at least {n_layers} booleans");
+        let items = value
+            .as_array()
+            .filter(|items| items.len() as u64 >= n_layers)
+            .ok_or_else(|| self.invalid(key, value, &expected))?;
+        items[..n_layers as usize]
+            .iter()
+            .map(|v| {
+                v.as_bool()
+                    .or_else(|| v.as_u64().filter(|&x| x <= 1).map(|x| x == 1))
                     .ok_or_else(|| self.invalid(key, value, &expected))
             })
             .collect::<Result<Vec<_>, _>>()

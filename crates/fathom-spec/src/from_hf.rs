@@ -132,6 +132,7 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
             .f64_where("rope_theta", positive, POSITIVE)?
             .unwrap_or(10_000.0),
         local_theta: cfg.f64_where("rope_local_base_freq", positive, POSITIVE)?,
+        factors_global_only: false,
         neox: family.rope_neox(),
         dims: None,
         scaling: scaling
@@ -176,10 +177,12 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
             .f64_where("rms_norm_eps", crate::valid_epsilon, crate::EPSILON)?
             .unwrap_or(1e-6),
         attn_scale: cfg.f64("query_pre_attn_scalar")?.map(|s| 1.0 / s.sqrt()),
+        final_logit_softcap: None,
         norm_topk_prob: cfg.value.get("norm_topk_prob").and_then(Value::as_bool) == Some(true),
         shared_expert_ffn: 0,
         linear: None,
         mtp_layers: 0,
+        tokenizer_merges: 0,
         tied_embeddings,
         tensors,
         source,

@@ -44,6 +44,12 @@ pub enum Family {
     Qwen3Moe,
     /// Gemma 3: interleaved sliding-window and global layers.
     Gemma3,
+    /// Gemma 4 (GGUF `gemma4`): Gemma 3's block with wider heads and fewer
+    /// KV heads in the global layers, an RMS-normed value, attention
+    /// unscaled (q and k are normed), rope through part of a global head
+    /// (`rope_freqs`), a learned scalar on each layer's output and a
+    /// softcap on the logits.
+    Gemma4,
     /// Qwen3.5 (GGUF `qwen35`): hybrid layers, most a gated delta rule
     /// (linear attention with a fixed recurrent state), every few a full
     /// attention whose output is gated by a sigmoid of a second half of the
@@ -71,6 +77,7 @@ impl Family {
             Family::Qwen3 => "qwen3",
             Family::Qwen3Moe => "qwen3_moe",
             Family::Gemma3 => "gemma3",
+            Family::Gemma4 => "gemma4",
             Family::Qwen35 => "qwen35",
             Family::Qwen35Moe => "qwen35_moe",
             Family::GptOss => "gpt_oss",
@@ -87,6 +94,7 @@ impl Family {
                 | Family::Qwen3
                 | Family::Qwen3Moe
                 | Family::Gemma3
+                | Family::Gemma4
                 | Family::Qwen35
                 | Family::Qwen35Moe
                 | Family::GptOss
@@ -143,13 +151,16 @@ pub struct BlockStyle {
     /// The GGUF names the pre-FFN norm `post_attention_norm` (Qwen3.5,
     /// gpt-oss), though it is not a post norm.
     pub ffn_norm_post_attention: bool,
+    /// Each value head is RMS-normed without a weight, and a layer without
+    /// a v projection takes its values from the k projection (Gemma 4).
+    pub value_norm: bool,
 }
 
 impl Family {
     /// The block of this family as stored in a GGUF (`hf` false) or a
     /// Hugging Face checkpoint.
     pub fn block_style(&self, hf: bool) -> BlockStyle {
-        let gemma = *self == Family::Gemma3;
+        let gemma = matches!(self, Family::Gemma3 | Family::Gemma4);
         let gpt_oss = *self == Family::GptOss;
         BlockStyle {
             norm_adds_one: gemma && hf,
@@ -166,6 +177,7 @@ impl Family {
             gated_attention: self.is_qwen35(),
             attention_sinks: gpt_oss,
             ffn_norm_post_attention: self.is_qwen35() || gpt_oss,
+            value_norm: *self == Family::Gemma4,
         }
     }
 }
@@ -252,6 +264,12 @@ pub struct Rope {
     pub theta: f64,
     /// Base frequency of sliding-window layers when it differs (Gemma 3).
     pub local_theta: Option<f64>,
+    /// The file's rope factors (`rope_freqs.weight`) belong to the global
+    /// layers only; sliding layers rotate every pair at its own frequency
+    /// (Gemma 4, whose factors of 1e30 stop three quarters of a global
+    /// head from rotating).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub factors_global_only: bool,
     pub neox: bool,
     /// Leading values of each head that rotate, when fewer than the head
     /// (Qwen3.5 rotates a quarter); `None` rotates the whole head.
@@ -386,6 +404,10 @@ pub struct ModelSpec {
     /// Attention logit scale when it is not 1/√key_dim (Gemma 3's
     /// `query_pre_attn_scalar`).
     pub attn_scale: Option<f64>,
+    /// Logits become `cap × tanh(logits / cap)` (Gemma 4's
+    /// `final_logit_softcapping`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub final_logit_softcap: Option<f64>,
     /// MoE: renormalize the top-k router weights to sum to one.
     pub norm_topk_prob: bool,
     /// FFN width of a shared expert beside the routed ones (Qwen3.5 MoE;
@@ -397,6 +419,11 @@ pub struct ModelSpec {
     /// Multi-token-prediction layers stored after the decoder's
     /// (`nextn_predict_layers`): counted in the weights, not run.
     pub mtp_layers: u64,
+    /// BPE merges of the tokenizer the checkpoint embeds (GGUF
+    /// `tokenizer.ggml.merges`; 0 when it has none or they are not read):
+    /// the runtime's tokenizer tables grow with them as with the tokens.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub tokenizer_merges: u64,
     pub tied_embeddings: bool,
     pub tensors: Vec<TensorEntry>,
     /// Where the tensor table came from, for the plan's weights line
@@ -436,6 +463,10 @@ impl ModelSpec {
     }
 }
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 /// Gemma 3 makes every `pattern`-th layer global and the rest sliding.
 fn gemma_layer_is_sliding(layer: u64, pattern: u64) -> bool {
     pattern == 0 || !(layer + 1).is_multiple_of(pattern)
@@ -470,10 +501,12 @@ impl ModelSpec {
             rope: None,
             rms_norm_eps: 0.0,
             attn_scale: None,
+            final_logit_softcap: None,
             norm_topk_prob: false,
             shared_expert_ffn: 0,
             linear: None,
             mtp_layers: 0,
+            tokenizer_merges: 0,
             tied_embeddings,
             source: String::new(),
             tensors,

@@ -598,3 +598,173 @@ fn qwen3_5_metadata_is_checked() {
         assert!(err.contains(needle), "{key}: {err}");
     }
 }
+
+/// Gemma 4 31B's GGUF: the layer pattern from
+/// `attention.sliding_window_pattern`, each kind's heads (16 of 256 in the
+/// sliding layers, 4 of 512 in the global ones), the sliding layers' rope
+/// base, unscaled scores and the logit softcap.
+#[test]
+fn gemma4_31b_layers_from_gguf() {
+    let dir = TempDir::new("gemma4");
+    let path = dir.0.join("model.gguf");
+    fx::write_gguf(
+        &fx::gemma_4_31b(),
+        &path,
+        GgufTensorType::Q8_0,
+        Data::Sparse,
+    )
+    .unwrap();
+    let spec = spec_of(&path).unwrap();
+    assert_eq!(spec.family, Family::Gemma4);
+    assert!(spec.block.value_norm && spec.block.post_norms && spec.block.embed_scaled);
+    assert!(
+        !spec.block.norm_adds_one,
+        "llama.cpp stores Gemma 4's norms as they multiply"
+    );
+    assert_eq!((spec.n_layers, spec.hidden, spec.n_heads), (60, 5376, 32));
+    assert_eq!((spec.head_dim, spec.n_kv_heads), (512, 16));
+    for (i, l) in spec.layers.iter().enumerate() {
+        let shape = (l.attention, l.n_kv_heads, l.key_dim, l.value_dim);
+        if (i + 1) % 6 == 0 {
+            assert_eq!(shape, (Attention::Full, 4, 512, 512), "layer {i}");
+        } else {
+            let sliding = Attention::Sliding { window: 1024 };
+            assert_eq!(shape, (sliding, 16, 256, 256), "layer {i}");
+        }
+    }
+    let rope = spec.rope.as_ref().unwrap();
+    assert_eq!((rope.theta, rope.local_theta), (1e6, Some(1e4)));
+    assert!(rope.factors_global_only && rope.neox && rope.dims.is_none());
+    assert_eq!(spec.attn_scale, Some(1.0));
+    assert_eq!(spec.final_logit_softcap, Some(30.0));
+    assert!(spec.tied_embeddings);
+    // The global layers take their values from the k projection.
+    assert!(spec.tensors.iter().any(|t| t.name == "blk.0.attn_v.weight"));
+    assert!(!spec.tensors.iter().any(|t| t.name == "blk.5.attn_v.weight"));
+    assert!(spec.notes.is_empty(), "{:?}", spec.notes);
+}
+
+/// A minimal gemma4 header: 4 layers (sliding, global, sliding, global),
+/// with the rope factors' tensor when `factors`.
+fn gemma4_gguf(dir: &TempDir, kvs: &[(&str, GgufValue)], factors: bool) -> PathBuf {
+    let mut writer = GgufWriter::new();
+    let replaced = |key: &str| kvs.iter().any(|(k, _)| *k == key);
+    let pattern = GgufValue::Array(7, [true, false, true, false].map(GgufValue::Bool).to_vec());
+    let heads = GgufValue::Array(4, [2, 1, 2, 1].map(GgufValue::U32).to_vec());
+    for (k, v) in [
+        ("general.architecture", GgufValue::string("gemma4")),
+        ("gemma4.block_count", GgufValue::U32(4)),
+        ("gemma4.embedding_length", GgufValue::U32(64)),
+        ("gemma4.attention.head_count", GgufValue::U32(2)),
+        ("gemma4.attention.head_count_kv", heads),
+        ("gemma4.attention.key_length", GgufValue::U32(32)),
+        ("gemma4.attention.value_length", GgufValue::U32(32)),
+        ("gemma4.attention.key_length_swa", GgufValue::U32(16)),
+        ("gemma4.attention.value_length_swa", GgufValue::U32(16)),
+        ("gemma4.attention.sliding_window", GgufValue::U32(8)),
+        ("gemma4.attention.sliding_window_pattern", pattern),
+        ("gemma4.embedding_length_per_layer_input", GgufValue::U32(0)),
+        ("gemma4.rope.dimension_count", GgufValue::U32(32)),
+        ("gemma4.rope.dimension_count_swa", GgufValue::U32(16)),
+    ] {
+        if !replaced(k) {
+            writer = writer.kv(k, v);
+        }
+    }
+    for (k, v) in kvs {
+        if !matches!(v, GgufValue::Array(_, items) if items.is_empty()) {
+            writer = writer.kv(*k, v.clone());
+        }
+    }
+    if factors {
+        writer = writer.tensor("rope_freqs.weight", &[16], 0, 64);
+    }
+    let path = dir.0.join("gemma4.gguf");
+    writer.write(&path, Data::Sparse).unwrap();
+    path
+}
+
+/// Keys Gemma 4 needs are named when missing or wrong; the E2B/E4B
+/// variants are planned (shared-KV layers without KV of their own) with
+/// notes saying fathom does not run them.
+#[test]
+fn gemma4_metadata_is_checked() {
+    let dir = TempDir::new("gemma4-bad");
+    let merges = GgufValue::strings(["a b", "ab c", "d e"]);
+    let spec = spec_of(&gemma4_gguf(
+        &dir,
+        &[("tokenizer.ggml.merges", merges)],
+        true,
+    ))
+    .unwrap();
+    assert_eq!(spec.tokenizer_merges, 3, "the runtime term counts them");
+    let dims: Vec<(u64, u64)> = spec
+        .layers
+        .iter()
+        .map(|l| (l.n_kv_heads, l.key_dim))
+        .collect();
+    assert_eq!(dims, [(2, 16), (1, 32), (2, 16), (1, 32)]);
+    assert_eq!(spec.rope.as_ref().unwrap().local_theta, Some(10_000.0));
+
+    let err = spec_of(&gemma4_gguf(&dir, &[], false))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("rope_freqs.weight"), "{err}");
+
+    // Leaving a required key out (an empty array drops it).
+    let none = || GgufValue::Array(4, Vec::new());
+    for (key, value, needle) in [
+        (
+            "gemma4.attention.sliding_window_pattern",
+            none(),
+            "gemma4.attention.sliding_window_pattern",
+        ),
+        (
+            "gemma4.attention.sliding_window_pattern",
+            GgufValue::Array(7, [true, false].map(GgufValue::Bool).to_vec()),
+            "at least 4 booleans",
+        ),
+        (
+            "gemma4.attention.key_length_swa",
+            none(),
+            "gemma4.attention.key_length_swa",
+        ),
+        (
+            "gemma4.rope.dimension_count",
+            GgufValue::U32(8),
+            "gemma4.rope.dimension_count",
+        ),
+        (
+            "gemma4.attention.shared_kv_layers",
+            GgufValue::U32(4),
+            "gemma4.attention.shared_kv_layers",
+        ),
+    ] {
+        let err = spec_of(&gemma4_gguf(&dir, &[(key, value)], true))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(needle), "{key}: {err}");
+    }
+
+    let kvs = [
+        ("gemma4.attention.shared_kv_layers", GgufValue::U32(2)),
+        ("gemma4.embedding_length_per_layer_input", GgufValue::U32(8)),
+    ];
+    let spec = spec_of(&gemma4_gguf(&dir, &kvs, true)).unwrap();
+    let kinds: Vec<Attention> = spec.layers.iter().map(|l| l.attention).collect();
+    assert_eq!(
+        kinds,
+        [
+            Attention::Sliding { window: 8 },
+            Attention::Full,
+            Attention::None,
+            Attention::None
+        ]
+    );
+    assert_eq!(spec.notes.len(), 2, "{:?}", spec.notes);
+    assert!(
+        spec.notes[0].contains("shared_kv_layers"),
+        "{:?}",
+        spec.notes
+    );
+}

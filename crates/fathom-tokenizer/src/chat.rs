@@ -158,6 +158,15 @@ impl ChatTemplate {
         })
     }
 
+    /// Sets the template's thinking switch (`enable_thinking`, which
+    /// Gemma 4's and Qwen3's templates read; unset, each template takes its
+    /// own default): on, Gemma 4's marks the system turn with `<|think|>`
+    /// and leaves the model's turn open for a `<|channel>thought\n...
+    /// <channel|>` block; off, it closes that block empty.
+    pub fn set_thinking(&mut self, on: bool) {
+        self.env.add_global("enable_thinking", on);
+    }
+
     /// The prompt text for `messages`, as [`ChatTemplate::render`] gives
     /// it, and where in it the messages' contents lie: text a user wrote,
     /// as opposed to the template's own markers. The ranges are found by

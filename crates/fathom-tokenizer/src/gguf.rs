@@ -132,8 +132,10 @@ pub(crate) fn split_merge(line: &str) -> Option<(String, String)> {
 
 impl Tokenizer {
     /// Reads the tokenizer a GGUF file embeds: `tokenizer.ggml.model` is
-    /// `gpt2` (byte-level BPE, pre-tokenizer from `tokenizer.ggml.pre`) or
-    /// `llama` (SentencePiece with scores and `<0xXX>` byte fallback).
+    /// `gpt2` (byte-level BPE, pre-tokenizer from `tokenizer.ggml.pre`),
+    /// `gemma4` (BPE over UTF-8 with spaces as `▁` and `<0xXX>` byte
+    /// fallback) or `llama` (SentencePiece with scores and `<0xXX>` byte
+    /// fallback).
     pub fn from_gguf(file: &GgufFile) -> Result<Tokenizer, TokenizerError> {
         let meta = Meta {
             file,
@@ -160,26 +162,30 @@ impl Tokenizer {
                 .collect::<Result<_, _>>()?,
         };
 
+        let merges = || -> Result<Vec<(String, String)>, TokenizerError> {
+            meta.array(MERGES)?
+                .ok_or_else(|| meta.missing(MERGES))?
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    let field = || format!("{MERGES}[{i}]");
+                    let line = v
+                        .as_str()
+                        .ok_or_else(|| meta.invalid(field(), "is not a string"))?;
+                    split_merge(line).ok_or_else(|| {
+                        meta.invalid(
+                            field(),
+                            format!("is {line:?}, not two tokens separated by a space"),
+                        )
+                    })
+                })
+                .collect()
+        };
+        // llama.cpp adds BOS for Gemma 4 even where the file says not to.
+        let mut force_bos = false;
         let (model, add_bos, mut ids) = match model {
             "gpt2" => {
-                let merges = meta
-                    .array(MERGES)?
-                    .ok_or_else(|| meta.missing(MERGES))?
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| {
-                        let field = || format!("{MERGES}[{i}]");
-                        let line = v
-                            .as_str()
-                            .ok_or_else(|| meta.invalid(field(), "is not a string"))?;
-                        split_merge(line).ok_or_else(|| {
-                            meta.invalid(
-                                field(),
-                                format!("is {line:?}, not two tokens separated by a space"),
-                            )
-                        })
-                    })
-                    .collect::<Result<Vec<_>, _>>()?;
+                let merges = merges()?;
                 let pre_name = meta.str("tokenizer.ggml.pre")?;
                 let named = pretok::named(pre_name).ok_or_else(|| {
                     meta.invalid(
@@ -199,8 +205,26 @@ impl Tokenizer {
                     pre,
                     ignore_merges: named.ignore_merges,
                     add_prefix_space: false,
+                    escaped_spaces: false,
                 };
                 (model, named.add_bos, SpecialIds::default())
+            }
+            // Gemma 4: BPE over the text with spaces as `▁`, split only
+            // between runs of newlines and the rest, whatever
+            // `tokenizer.ggml.pre` says (llama.cpp's `gemma4` pre-type).
+            "gemma4" => {
+                let pre = PreTokenizer::new(&[pretok::NEWLINE_RUNS])
+                    .map_err(|e| meta.invalid("tokenizer.ggml.model", e))?;
+                let model = ModelParts::Bpe {
+                    merges: merges()?,
+                    merges_field: MERGES,
+                    pre,
+                    ignore_merges: false,
+                    add_prefix_space: false,
+                    escaped_spaces: true,
+                };
+                force_bos = true;
+                (model, true, SpecialIds::default())
             }
             "llama" => {
                 let scores = match meta.array_of_len("tokenizer.ggml.scores", n)? {
@@ -239,7 +263,8 @@ impl Tokenizer {
                 return Err(meta.invalid(
                     "tokenizer.ggml.model",
                     format!(
-                        "is {other:?}; fathom reads \"gpt2\" (BPE) and \"llama\" (SentencePiece)"
+                        "is {other:?}; fathom reads \"gpt2\" (BPE), \"gemma4\" (BPE over \
+                         SentencePiece-style text) and \"llama\" (SentencePiece)"
                     ),
                 ))
             }
@@ -272,9 +297,10 @@ impl Tokenizer {
                 *slot = Some(id);
             }
         }
-        let add_bos = meta
-            .bool("tokenizer.ggml.add_bos_token")?
-            .unwrap_or(add_bos);
+        let add_bos = force_bos
+            || meta
+                .bool("tokenizer.ggml.add_bos_token")?
+                .unwrap_or(add_bos);
         let model_name = meta.str("general.name")?.unwrap_or("").to_lowercase();
 
         Tokenizer::build(Parts {

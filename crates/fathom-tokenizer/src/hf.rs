@@ -403,6 +403,7 @@ impl Tokenizer {
                 pre,
                 ignore_merges: json.bool(model, "ignore_merges", "model", false)?,
                 add_prefix_space: spec.add_prefix_space,
+                escaped_spaces: false,
             },
             ids,
             add_bos,

@@ -50,6 +50,11 @@ const EOG_TEXTS: &[&str] = &[
     "<EOT>",
     "_<EOT>",
     "<|end_of_text|>",
+    // Gemma 4: the end of the text, of a turn, and a tool call handing over
+    // to its response.
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
 ];
 const EOM_TEXTS: &[&str] = &["<|eom_id|>"];
 const FIM_PRE_TEXTS: &[&str] = &[
@@ -112,6 +117,10 @@ pub(crate) enum ModelParts {
         /// HF `ByteLevel(add_prefix_space=true)`: a space before each text
         /// fragment that does not start with one.
         add_prefix_space: bool,
+        /// SentencePiece-style BPE (Gemma 4): the vocabulary spells text
+        /// as UTF-8 with spaces as `▁`, merges start from characters, and a
+        /// character without a token becomes its `<0xXX>` byte tokens.
+        escaped_spaces: bool,
     },
     Spm {
         scores: Vec<f32>,
@@ -137,11 +146,13 @@ pub(crate) struct Parts {
 struct Bpe {
     /// `(left, right)` token ids to `(rank, merged id)`.
     merges: HashMap<(u32, u32), (u32, u32)>,
-    /// The token of each byte's byte-level character.
+    /// The token of each byte: its byte-level character's, or with
+    /// `escaped_spaces` its `<0xXX>` token.
     byte_tokens: [Option<u32>; 256],
     pre: PreTokenizer,
     ignore_merges: bool,
     add_prefix_space: bool,
+    escaped_spaces: bool,
 }
 
 struct Spm {
@@ -395,7 +406,16 @@ impl Tokenizer {
             trie.insert(texts[id as usize].as_bytes(), index);
         }
 
-        let is_bpe = matches!(model, ModelParts::Bpe { .. });
+        // Byte-level BPE pieces undo the byte-level characters; the others
+        // (SentencePiece, and BPE over `▁`-escaped text) turn `▁` back into
+        // spaces and `<0xXX>` into bytes.
+        let is_bpe = matches!(
+            model,
+            ModelParts::Bpe {
+                escaped_spaces: false,
+                ..
+            }
+        );
         let mut pieces = Vec::new();
         let mut piece_ends = Vec::with_capacity(texts.len());
         for (text, &a) in texts.iter().zip(&attrs) {
@@ -410,6 +430,7 @@ impl Tokenizer {
                 pre,
                 ignore_merges,
                 add_prefix_space,
+                escaped_spaces,
             } => {
                 let mut table = HashMap::with_capacity(merges.len());
                 for (rank, (left, right)) in merges.iter().enumerate() {
@@ -429,8 +450,12 @@ impl Tokenizer {
                     table.entry((l, r)).or_insert((rank as u32, merged));
                 }
                 let byte_tokens = std::array::from_fn(|b| {
-                    ids.get(BYTE_CHARS[b].encode_utf8(&mut [0; 4]) as &str)
-                        .copied()
+                    if escaped_spaces {
+                        ids.get(&format!("<0x{b:02X}>")).copied()
+                    } else {
+                        ids.get(BYTE_CHARS[b].encode_utf8(&mut [0; 4]) as &str)
+                            .copied()
+                    }
                 });
                 Model::Bpe(Bpe {
                     merges: table,
@@ -438,6 +463,7 @@ impl Tokenizer {
                     pre,
                     ignore_merges,
                     add_prefix_space,
+                    escaped_spaces,
                 })
             }
             ModelParts::Spm {
@@ -571,7 +597,15 @@ impl Tokenizer {
                             if text.len() > room(&out) {
                                 return Err(too_many);
                             }
-                            let done = if bpe.add_prefix_space && !text.starts_with(' ') {
+                            let done = if bpe.escaped_spaces {
+                                bpe.encode_fragment(
+                                    &text.replace(' ', "▁"),
+                                    &self.ids,
+                                    &mut work,
+                                    &mut out,
+                                    limit,
+                                )
+                            } else if bpe.add_prefix_space && !text.starts_with(' ') {
                                 bpe.encode_fragment(
                                     &format!(" {text}"),
                                     &self.ids,
@@ -844,12 +878,63 @@ impl Bpe {
         limit: usize,
     ) -> bool {
         for word in self.pre.split(text) {
-            self.encode_word(&text.as_bytes()[word], ids, work, out);
+            if self.escaped_spaces {
+                self.encode_chars(&text[word], ids, work, out);
+            } else {
+                self.encode_word(&text.as_bytes()[word], ids, work, out);
+            }
             if out.len() > limit {
                 return false;
             }
         }
         true
+    }
+
+    /// A word of `▁`-escaped text, merged from its characters as llama.cpp
+    /// does for Gemma 4: a run of newlines that is a token is that token; a
+    /// character without a token, left unmerged, becomes its bytes'
+    /// `<0xXX>` tokens (or nothing, as llama.cpp drops a byte without one).
+    fn encode_chars(
+        &self,
+        word: &str,
+        ids: &HashMap<String, u32>,
+        work: &mut BpeWork,
+        out: &mut Vec<u32>,
+    ) {
+        if word.bytes().all(|b| b == b'\n') {
+            if let Some(&id) = ids.get(word) {
+                out.push(id);
+                return;
+            }
+        }
+        let chars: Vec<(usize, char)> = word.char_indices().collect();
+        let n = chars.len();
+        work.syms.clear();
+        work.syms
+            .extend(chars.iter().enumerate().map(|(i, &(_, c))| {
+                Sym {
+                    id: ids
+                        .get(c.encode_utf8(&mut [0; 4]) as &str)
+                        .copied()
+                        .unwrap_or(u32::MAX),
+                    prev: i.checked_sub(1).unwrap_or(NONE),
+                    next: if i + 1 < n { i + 1 } else { NONE },
+                    alive: true,
+                }
+            }));
+        self.merge(work);
+        let mut i = if n > 0 { 0 } else { NONE };
+        while i != NONE {
+            match work.syms[i].id {
+                u32::MAX => {
+                    let (start, c) = chars[i];
+                    let bytes = &word.as_bytes()[start..start + c.len_utf8()];
+                    out.extend(bytes.iter().filter_map(|&b| self.byte_tokens[b as usize]));
+                }
+                id => out.push(id),
+            }
+            i = work.syms[i].next;
+        }
     }
 
     fn push_pair(&self, syms: &[Sym], left: usize, right: usize, heap: &mut BinaryHeap<Pair>) {
@@ -884,9 +969,25 @@ impl Bpe {
             next: if i + 1 < n { i + 1 } else { NONE },
             alive: true,
         }));
-        let heap = &mut work.heap;
+        self.merge(work);
+        let syms = &work.syms;
+        let mut i = if n > 0 { 0 } else { NONE };
+        while i != NONE {
+            // A byte with no token has no single-byte text to fall back to
+            // in a byte-level vocabulary, so llama.cpp drops it; so do we.
+            if syms[i].id != u32::MAX {
+                out.push(syms[i].id);
+            }
+            i = syms[i].next;
+        }
+    }
+
+    /// Applies the merges to the symbols of `work`, best rank first, then
+    /// leftmost, as llama.cpp's queue does.
+    fn merge(&self, work: &mut BpeWork) {
+        let (syms, heap) = (&mut work.syms, &mut work.heap);
         heap.clear();
-        for i in 1..n {
+        for i in 1..syms.len() {
             self.push_pair(syms, i - 1, i, heap);
         }
         while let Some(Reverse((_, left, right, l, r, merged))) = heap.pop() {
@@ -907,15 +1008,6 @@ impl Bpe {
             if rs.next != NONE {
                 self.push_pair(syms, left, rs.next, heap);
             }
-        }
-        let mut i = if n > 0 { 0 } else { NONE };
-        while i != NONE {
-            // A byte with no token has no single-byte text to fall back to
-            // in a byte-level vocabulary, so llama.cpp drops it; so do we.
-            if syms[i].id != u32::MAX {
-                out.push(syms[i].id);
-            }
-            i = syms[i].next;
         }
     }
 }

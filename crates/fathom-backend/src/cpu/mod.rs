@@ -488,6 +488,37 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn runs_scaled_rows(&self) -> bool {
+        true
+    }
+
+    fn head_norm_unweighted(
+        &mut self,
+        x: Buf,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        head_dim: usize,
+    ) {
+        assert!(head_dim <= MAX_HEAD_DIM, "head dim {head_dim}");
+        const ONES: [f32; MAX_HEAD_DIM] = [1.0; MAX_HEAD_DIM];
+        let mut tmp = [0f32; MAX_HEAD_DIM];
+        for head in self.arena.f32(x)[..rows * width].chunks_exact_mut(head_dim) {
+            tmp[..head_dim].copy_from_slice(head);
+            ops::rms_norm(&tmp[..head_dim], &ONES[..head_dim], eps, head);
+        }
+    }
+
+    fn scale(&mut self, x: Buf, factor: f32, rows: usize, width: usize) {
+        ops::scale(&mut self.arena.f32(x)[..rows * width], factor);
+    }
+
+    fn softcap(&mut self, x: Buf, cap: f32, rows: usize, width: usize) {
+        for v in &mut self.arena.f32(x)[..rows * width] {
+            *v = cap * (*v / cap).tanh();
+        }
+    }
+
     fn logits(&mut self, rows: usize, width: usize) -> &mut [f32] {
         // Host memory already: the arena's own buffer.
         &mut self.arena.f32(Buf::Logits)[..rows * width]
