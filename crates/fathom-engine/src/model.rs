@@ -1,8 +1,9 @@
 //! The forward pass, written once against the backend for the llama,
-//! qwen2, qwen3, qwen3_moe and gemma3 families. They differ only in a few
-//! optional pieces (biases, q/k norms, post norms, GeGLU, routed experts,
-//! sliding windows), which the spec's `BlockStyle` and the tensors present
-//! decide.
+//! qwen2, qwen3, qwen3_moe, gemma3, gemma4, qwen35, qwen35_moe and gpt_oss
+//! families. They differ only in optional pieces (biases, q/k and value
+//! norms, post norms, GeGLU, routed and shared experts, sliding windows,
+//! attention sinks, gated attention, linear-attention layers), which the
+//! spec's `BlockStyle` and the tensors present decide.
 //!
 //! Under tensor parallelism (a backend over several devices) the same
 //! pass runs on each device's share of the heads and FFN columns: the
