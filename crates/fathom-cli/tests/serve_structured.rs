@@ -834,4 +834,23 @@ fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() 
     );
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("reasoning_format"), "{}", r.body);
+    // chat_template_kwargs reach the template: thinking off closes an
+    // empty block in the prompt.
+    let prompt_tokens = |extra: Value| {
+        chat(&server, body(extra))["usage"]["prompt_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let (on, off) = (
+        prompt_tokens(json!({})),
+        prompt_tokens(json!({"chat_template_kwargs": {"enable_thinking": false}})),
+    );
+    assert!(off > on, "thinking off: {off} prompt tokens, on: {on}");
+    let r = server.post(
+        "/v1/completions",
+        &json!({"prompt": "x", "chat_template_kwargs": {"enable_thinking": false}}).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("chat_template_kwargs"), "{}", r.body);
 }

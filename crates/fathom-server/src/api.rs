@@ -111,6 +111,9 @@ pub struct GenerationRequest {
     /// `reasoning_content` (`reasoning_format` `auto`, the default, or
     /// `deepseek`) or stays in `content` (`none`).
     pub split_reasoning: bool,
+    /// Chat only: more variables for the chat template
+    /// (`chat_template_kwargs`, e.g. `{"enable_thinking": false}`).
+    pub template_kwargs: Option<serde_json::Map<String, Value>>,
 }
 
 /// What a constrained answer must be.
@@ -343,7 +346,26 @@ pub fn parse_bounded(
         constraint,
         tools,
         split_reasoning: route == Route::Chat && reasoning_format(&obj)?,
+        template_kwargs: template_kwargs(route, &obj)?,
     })
+}
+
+/// `chat_template_kwargs` (vLLM's and llama-server's): an object whose
+/// entries the chat template sees as variables.
+fn template_kwargs(
+    route: Route,
+    obj: &Map<String, Value>,
+) -> Result<Option<Map<String, Value>>, ApiError> {
+    match (route, present(obj, "chat_template_kwargs")) {
+        (_, None) => Ok(None),
+        (Route::Chat, Some(Value::Object(kwargs))) => Ok(Some(kwargs.clone())),
+        (Route::Chat, Some(other)) => Err(wrong_type("chat_template_kwargs", "an object", other)),
+        (Route::Completion, Some(_)) => Err(ApiError::invalid(
+            "chat_template_kwargs",
+            "chat_template_kwargs is for /v1/chat/completions: a completion's prompt is not rendered by the chat template",
+        )
+        .with_code("unsupported_parameter")),
+    }
 }
 
 /// llama-server's `reasoning_format`: whether to split the reasoning off.

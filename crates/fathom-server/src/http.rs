@@ -1080,8 +1080,9 @@ fn tokenize(
                 Some(p) => (&p.messages[..], p.tools.as_ref()),
                 None => (&messages[..], None),
             };
-            encode_chat_tools(tokenizer, template, messages, tools, true, limit).map_err(|e| {
-                match e {
+            let kwargs = request.template_kwargs.as_ref();
+            encode_chat_tools(tokenizer, template, messages, tools, kwargs, true, limit).map_err(
+                |e| match e {
                     ChatEncodeError::Template(e) => Tokenized::Err(ApiError::invalid(
                         "messages",
                         format!("the chat template refused the messages: {e}"),
@@ -1090,8 +1091,8 @@ fn tokenize(
                         ApiError::invalid(&format!("messages[{message}].content"), e.to_string()),
                     ),
                     ChatEncodeError::TooMany(_) => Tokenized::TooMany,
-                }
-            })?
+                },
+            )?
         }
         Prompt::Text(text) => {
             let special = if request.parse_special {

@@ -122,6 +122,10 @@ impl std::fmt::Debug for ChatTemplate {
 
 const NAME: &str = "chat_template";
 
+/// Variables a request gives the template besides the conversation
+/// (OpenAI-compatible servers' `chat_template_kwargs`).
+pub type TemplateKwargs = serde_json::Map<String, serde_json::Value>;
+
 fn template_error(e: Error) -> TokenizerError {
     TokenizerError::Template(e.to_string())
 }
@@ -177,9 +181,10 @@ impl ChatTemplate {
         &self,
         messages: &[Message],
         tools: Option<&serde_json::Value>,
+        kwargs: Option<&TemplateKwargs>,
         add_generation_prompt: bool,
     ) -> Result<(String, Option<ContentRanges>), TokenizerError> {
-        let text = self.render_tools(messages, tools, add_generation_prompt)?;
+        let text = self.render_with(messages, tools, kwargs, add_generation_prompt)?;
         // A private-use character that neither the contents nor the
         // rendered text hold marks each placeholder: MARK index MARK.
         let Some(mark) = ('\u{E000}'..='\u{F8FF}')
@@ -196,7 +201,8 @@ impl ChatTemplate {
                 ..m.clone()
             })
             .collect();
-        let Ok(skeleton) = self.render_tools(&placeholders, tools, add_generation_prompt) else {
+        let Ok(skeleton) = self.render_with(&placeholders, tools, kwargs, add_generation_prompt)
+        else {
             return Ok((text, None));
         };
         for trim in [false, true] {
@@ -228,9 +234,25 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.render_with(messages, tools, None, add_generation_prompt)
+    }
+
+    /// [`ChatTemplate::render_tools`] with more variables for the template
+    /// (a request's `chat_template_kwargs`, such as `enable_thinking`);
+    /// they never replace the messages, tools or markers.
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+        kwargs: Option<&TemplateKwargs>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
         let template = self.env.get_template(NAME).map_err(template_error)?;
         let messages: Vec<Value> = messages.iter().map(message_value).collect();
         let tools = tools.map_or(Value::from(()), json_to_template);
+        let kwargs = kwargs.map_or(Value::from(()), |k| {
+            json_to_template(&serde_json::Value::Object(k.clone()))
+        });
         template
             .render(context! {
                 messages => messages,
@@ -238,6 +260,7 @@ impl ChatTemplate {
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos_token.as_str(),
                 eos_token => self.eos_token.as_str(),
+                ..kwargs
             })
             .map_err(template_error)
     }
@@ -300,6 +323,7 @@ pub fn encode_chat(
         template,
         messages,
         None,
+        None,
         add_generation_prompt,
         limit,
     )
@@ -312,11 +336,12 @@ pub fn encode_chat_tools(
     template: &ChatTemplate,
     messages: &[Message],
     tools: Option<&serde_json::Value>,
+    kwargs: Option<&TemplateKwargs>,
     add_generation_prompt: bool,
     limit: usize,
 ) -> Result<Vec<u32>, ChatEncodeError> {
     let (text, contents) = template
-        .render_with_contents(messages, tools, add_generation_prompt)
+        .render_with_contents(messages, tools, kwargs, add_generation_prompt)
         .map_err(ChatEncodeError::Template)?;
     let special = match &contents {
         Some(ranges) => Special::PlainIn(ranges),

@@ -16,7 +16,7 @@ mod unicode;
 
 pub use chat::{
     encode_chat, encode_chat_tools, json_to_template, ChatEncodeError, ChatTemplate, Message,
-    ToolCall,
+    TemplateKwargs, ToolCall,
 };
 pub use stream::StreamDecoder;
 pub use tokenizer::{Special, Tokenizer, TooManyTokens};
