@@ -109,8 +109,9 @@ impl ReasoningSplit {
                     {
                         return out;
                     }
-                    if let Some(rest) = t.strip_prefix(self.format.open) {
-                        self.held = rest.to_string();
+                    if t.starts_with(self.format.open) {
+                        let blank = self.held.len() - t.len();
+                        self.held.drain(..blank + self.format.open.len());
                         self.state = State::Thinking { begun: false };
                     } else {
                         self.state = State::Answer;
@@ -139,12 +140,11 @@ impl ReasoningSplit {
                     return out;
                 }
                 State::Closed => {
-                    let t = self.held.trim_start();
-                    if t.is_empty() {
-                        self.held.clear();
+                    let blank = self.held.len() - self.held.trim_start().len();
+                    self.held.drain(..blank);
+                    if self.held.is_empty() {
                         return out;
                     }
-                    self.held = t.to_string();
                     self.state = State::Answer;
                 }
                 State::Answer => {
