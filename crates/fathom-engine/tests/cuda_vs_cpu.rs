@@ -150,7 +150,9 @@ fn logits_match_the_cpu_for_every_family_and_weight_format() {
     };
     for family in &FAMILIES {
         let model = family.real_shaped();
-        for ty in family.gguf_types() {
+        // MXFP4 has no CUDA kernels yet: the backend refuses it at load,
+        // naming the type (gpt-oss runs on the CPU only).
+        for ty in family.gguf_types().filter(|ty| *ty != T::MXFP4) {
             let path = d.join(format!("{}-{}.gguf", family.name, ty.name()));
             Format::Gguf(ty).write(&model, &path, 7);
             check(
