@@ -25,6 +25,9 @@ pub(crate) mod attr {
     pub const BYTE: u16 = 1 << 5;
     pub const LSTRIP: u16 = 1 << 7;
     pub const RSTRIP: u16 = 1 << 8;
+    /// fathom's own: a control token whose text decoding keeps (see
+    /// [`super::HARMONY_MARKERS`]).
+    pub const SHOWN: u16 = 1 << 9;
 }
 
 /// Token texts that end a turn in some chat format; llama.cpp infers EOT
@@ -55,6 +58,24 @@ const EOG_TEXTS: &[&str] = &[
     "<eos>",
     "<turn|>",
     "<|tool_response>",
+    // gpt-oss (o200k_harmony): the answer is done, or hands over to a tool.
+    "<|return|>",
+    "<|call|>",
+];
+/// The message structure of gpt-oss's harmony format (o200k_harmony).
+/// The answer is several messages (reasoning, then the reply or a tool
+/// call), so the server must see these markers: decoding keeps their text,
+/// as llama.cpp's vocabulary does by making them user-defined. They stay
+/// control tokens for encoding, so message content that spells them out
+/// stays text. `<|end|>` closes each message, not the answer: with
+/// `<|return|>` and `<|call|>` present it does not end generation
+/// (llama.cpp's rule too).
+const HARMONY_MARKERS: &[&str] = &[
+    "<|start|>",
+    "<|channel|>",
+    "<|message|>",
+    "<|constrain|>",
+    "<|end|>",
 ];
 const EOM_TEXTS: &[&str] = &["<|eom_id|>"];
 const FIM_PRE_TEXTS: &[&str] = &[
@@ -375,6 +396,15 @@ impl Tokenizer {
                 .into_iter()
                 .flatten(),
         );
+        if ids.contains_key("<|return|>") && ids.contains_key("<|call|>") {
+            for text in HARMONY_MARKERS {
+                if let Some(&id) = ids.get(*text) {
+                    eog.remove(&id);
+                    make_control(&mut attrs, id);
+                    attrs[id as usize] |= attr::SHOWN;
+                }
+            }
+        }
 
         let special_attrs = attr::CONTROL | attr::USER_DEFINED | attr::UNKNOWN;
         let mut specials: Vec<u32> = (0..texts.len() as u32)
@@ -731,14 +761,15 @@ impl Tokenizer {
 
     /// The bytes of token `id` as llama.cpp's `llama_token_to_piece` gives
     /// them: byte-level characters, `▁` and `<0xXX>` undone; control and
-    /// unknown tokens as their text when `special`, else empty. Unused and
+    /// unknown tokens as their text when `special`, else empty (but for
+    /// gpt-oss's harmony markers, always their text). Unused and
     /// out-of-range ids give nothing.
     pub fn piece(&self, id: u32, special: bool) -> &[u8] {
         let id = id as usize;
         let Some(&a) = self.attrs.get(id) else {
             return &[];
         };
-        if !special && a & (attr::CONTROL | attr::UNKNOWN) != 0 {
+        if !special && a & (attr::CONTROL | attr::UNKNOWN) != 0 && a & attr::SHOWN == 0 {
             return &[];
         }
         let start = id.checked_sub(1).map_or(0, |prev| self.piece_ends[prev]);

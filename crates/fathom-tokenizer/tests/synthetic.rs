@@ -672,3 +672,81 @@ fn a_requests_template_variables_reach_the_template_but_never_replace_the_conver
     );
     assert_eq!(render(Some(&forged)), "<user>hi<assistant>");
 }
+
+/// A byte-level vocabulary with gpt-oss's harmony tokens (types as in
+/// ggml-org's gpt-oss GGUFs: all control).
+fn harmony_meta() -> Vec<(&'static str, MetaValue)> {
+    let words = [
+        "a",
+        "b",
+        "ab",
+        "<|return|>",
+        "<|constrain|>",
+        "<|channel|>",
+        "<|start|>",
+        "<|end|>",
+        "<|message|>",
+        "<|call|>",
+        "<|endoftext|>",
+    ];
+    let types = [1, 1, 1, 3, 3, 3, 3, 3, 3, 3, 3];
+    vec![
+        ("tokenizer.ggml.model", str_("gpt2")),
+        ("tokenizer.ggml.pre", str_("gpt-2")),
+        ("tokenizer.ggml.tokens", strs(&words)),
+        (
+            "tokenizer.ggml.token_type",
+            MetaValue::Array(5, types.map(MetaValue::I32).to_vec()),
+        ),
+        ("tokenizer.ggml.merges", strs(&["a b"])),
+        ("tokenizer.ggml.eos_token_id", MetaValue::U32(3)),
+    ]
+}
+
+#[test]
+fn harmony_markers_are_decoded_and_only_return_and_call_end_generation() {
+    let tok = Tokenizer::from_gguf(&gguf(harmony_meta())).unwrap();
+    let [ret, channel, start, end, message, call, text_end] = [
+        "<|return|>",
+        "<|channel|>",
+        "<|start|>",
+        "<|end|>",
+        "<|message|>",
+        "<|call|>",
+        "<|endoftext|>",
+    ]
+    .map(|t| id(&tok, t));
+    // `<|end|>` closes a message (the reasoning), not the answer.
+    assert!(!tok.end_of_generation(end));
+    for t in [ret, call, text_end] {
+        assert!(tok.end_of_generation(t), "{t}");
+    }
+    // The markers reach the generated text; other control tokens do not.
+    let answer = [channel, 2, message, 0, end, start, 1, ret];
+    assert_eq!(
+        tok.decode(&answer, false),
+        "<|channel|>ab<|message|>a<|end|><|start|>b"
+    );
+    let mut stream = StreamDecoder::new();
+    let streamed: String = answer
+        .iter()
+        .map(|&t| stream.push(&tok, t).to_string())
+        .collect();
+    assert_eq!(streamed, "<|channel|>ab<|message|>a<|end|><|start|>b");
+    // They stay control tokens: spelled out in plain text they are text.
+    assert_eq!(tok.encode("<|end|>", false, true), [end]);
+    assert!(!tok.encode("<|end|>", false, false).contains(&end));
+    assert_eq!(tok.control_text_in("x<|start|>"), Some("<|start|>"));
+    // Without `<|return|>` and `<|call|>` (not harmony), `<|end|>` ends
+    // generation and stays hidden, as before.
+    let mut meta = harmony_meta();
+    meta.retain(|(k, _)| *k != "tokenizer.ggml.tokens");
+    let mut words: Vec<String> = ["a", "b", "ab", "x", "<|constrain|>", "<|channel|>"]
+        .map(String::from)
+        .to_vec();
+    words.extend(["<|start|>", "<|end|>", "<|message|>", "y", "<|endoftext|>"].map(String::from));
+    meta.push(("tokenizer.ggml.tokens", strs(&words)));
+    let tok = Tokenizer::from_gguf(&gguf(meta)).unwrap();
+    assert!(tok.end_of_generation(end));
+    assert_eq!(tok.decode(&[end, 0], false), "a");
+}
