@@ -12,29 +12,66 @@
 //! template that opens the thinking for the model) the answer starts in
 //! it. Streaming holds back only what could still turn out to be a marker,
 //! and the whitespace around the markers is dropped.
+//!
+//! gpt-oss writes OpenAI's harmony format instead: its answer is a series
+//! of messages, each a header naming its channel (and, for a tool call,
+//! its recipient) and a body, `<|channel|>analysis<|message|>…<|end|>
+//! <|start|>assistant<|channel|>final<|message|>…<|return|>`. The
+//! `analysis` channel is reasoning; `final` and `commentary` (a preamble to
+//! tool calls) are content; a message with a recipient (`to=functions.f`)
+//! is a tool call, passed on as written for [`crate::tools`] to read. The
+//! markers are control tokens of gpt-oss's vocabulary that the tokenizer
+//! decodes as their text (the same text a stand-in model writes), and none
+//! of them reaches `reasoning_content` or `content`, apart from the tool
+//! calls' own.
 
-/// The markers of one family's thinking block.
+/// The markers of one family's thinking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReasoningFormat {
-    open: &'static str,
-    close: &'static str,
+pub enum ReasoningFormat {
+    /// One block at the start of the answer, between two markers.
+    Block {
+        open: &'static str,
+        close: &'static str,
+    },
+    /// gpt-oss's harmony messages.
+    Harmony,
 }
 
-const THINK: ReasoningFormat = ReasoningFormat {
+const THINK: ReasoningFormat = ReasoningFormat::Block {
     open: "<think>",
     close: "</think>",
 };
 
-const GEMMA4: ReasoningFormat = ReasoningFormat {
+const GEMMA4: ReasoningFormat = ReasoningFormat::Block {
     open: "<|channel>thought",
     close: "<channel|>",
 };
+
+/// Harmony's markers: a message's start, its header's channel and
+/// constraint, the start of its body, and the three ends of a body (the
+/// message's, the answer's, a tool call's).
+pub const START: &str = "<|start|>";
+pub const CHANNEL: &str = "<|channel|>";
+pub const MESSAGE: &str = "<|message|>";
+pub const END: &str = "<|end|>";
+pub const RETURN: &str = "<|return|>";
+pub const CALL: &str = "<|call|>";
+/// What a harmony body ends at; a new message's start ends one that the
+/// model left open.
+const BODY_ENDS: [&str; 4] = [END, RETURN, CALL, START];
+/// Longest harmony header held back while waiting for its `<|message|>`
+/// (`<|start|>assistant<|channel|>commentary to=functions.NAME
+/// <|constrain|>json` with a 64-byte name is under 128): past it, the text
+/// is not a header.
+const MAX_HEADER: usize = 256;
 
 impl ReasoningFormat {
     /// The format the chat template's markers name, if it has one.
     pub fn detect(template: Option<&str>) -> Option<ReasoningFormat> {
         let template = template?;
-        if template.contains("<|channel>") {
+        if is_harmony(template) {
+            Some(ReasoningFormat::Harmony)
+        } else if template.contains("<|channel>") {
             Some(GEMMA4)
         } else if template.contains("<think>") {
             Some(THINK)
@@ -46,11 +83,20 @@ impl ReasoningFormat {
     /// Whether a prompt ending in `tail` leaves the model inside a
     /// thinking block (the template opened it).
     pub fn opened_by(&self, tail: &str) -> bool {
-        match tail.rfind(self.open) {
-            Some(at) => !tail[at..].contains(self.close),
-            None => false,
+        match *self {
+            ReasoningFormat::Block { open, close } => match tail.rfind(open) {
+                Some(at) => !tail[at..].contains(close),
+                None => false,
+            },
+            // The generation prompt ends before the first header.
+            ReasoningFormat::Harmony => false,
         }
     }
+}
+
+/// Whether a chat template writes harmony messages (gpt-oss's).
+pub fn is_harmony(template: &str) -> bool {
+    template.contains(CHANNEL) && template.contains(MESSAGE)
 }
 
 /// Text split into its reasoning and its answer.
@@ -70,6 +116,48 @@ enum State {
     Closed,
     /// The answer: everything goes to content.
     Answer,
+    /// Harmony: a message's header, up to its `<|message|>`; `first` for
+    /// the answer's first, which may turn out not to be a header at all.
+    Header { first: bool },
+    /// Harmony: a message's body.
+    Body(Channel),
+    /// Harmony: after a message's `<|end|>`, before the next one.
+    Between,
+    /// Harmony: after `<|return|>` or `<|call|>`: nothing more is read.
+    Done,
+}
+
+/// Where a harmony message's body goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Channel {
+    Reasoning,
+    Content,
+    /// A tool call: header, body and end as written.
+    Call,
+}
+
+impl Channel {
+    /// The channel of a harmony header (the text before `<|message|>`):
+    /// a recipient makes a call, wherever it stands (llama.cpp and
+    /// openai-harmony take `to=` before or after `<|channel|>`).
+    fn of(header: &str) -> Channel {
+        let channel = header
+            .rfind(CHANNEL)
+            .map(|at| {
+                header[at + CHANNEL.len()..]
+                    .split(|c: char| c.is_whitespace() || c == '<')
+                    .next()
+                    .unwrap_or("")
+            })
+            .unwrap_or("");
+        if header.contains("to=") {
+            Channel::Call
+        } else if channel == "analysis" {
+            Channel::Reasoning
+        } else {
+            Channel::Content
+        }
+    }
 }
 
 /// One answer's split, fed its text as it is generated.
@@ -80,6 +168,9 @@ pub struct ReasoningSplit {
     /// Text not yet sent: a possible marker, or whitespace that may end
     /// the reasoning.
     held: String,
+    /// Harmony: whether reasoning and content have had a message each, so
+    /// the next is set apart by a newline.
+    written: (bool, bool),
 }
 
 impl ReasoningSplit {
@@ -87,48 +178,54 @@ impl ReasoningSplit {
     pub fn new(format: ReasoningFormat, inside: bool) -> ReasoningSplit {
         ReasoningSplit {
             format,
-            state: if inside {
-                State::Thinking { begun: false }
-            } else {
-                State::Start
+            state: match format {
+                ReasoningFormat::Harmony => State::Header { first: true },
+                ReasoningFormat::Block { .. } if inside => State::Thinking { begun: false },
+                ReasoningFormat::Block { .. } => State::Start,
             },
             held: String::new(),
+            written: (false, false),
         }
     }
 
     /// Takes the next text; returns what can be sent of each part.
     pub fn push(&mut self, text: &str) -> Parts {
         self.held.push_str(text);
+        match self.format {
+            ReasoningFormat::Block { open, close } => self.push_block(open, close),
+            ReasoningFormat::Harmony => self.push_harmony(),
+        }
+    }
+
+    fn push_block(&mut self, open: &str, close: &str) -> Parts {
         let mut out = Parts::default();
         loop {
             match self.state {
                 State::Start => {
                     let t = self.held.trim_start();
-                    if t.is_empty()
-                        || (t.len() < self.format.open.len() && self.format.open.starts_with(t))
-                    {
+                    if t.is_empty() || (t.len() < open.len() && open.starts_with(t)) {
                         return out;
                     }
-                    if t.starts_with(self.format.open) {
+                    if t.starts_with(open) {
                         let blank = self.held.len() - t.len();
-                        self.held.drain(..blank + self.format.open.len());
+                        self.held.drain(..blank + open.len());
                         self.state = State::Thinking { begun: false };
                     } else {
                         self.state = State::Answer;
                     }
                 }
                 State::Thinking { begun } => {
-                    if let Some(at) = self.held.find(self.format.close) {
+                    if let Some(at) = self.held.find(close) {
                         let text = &self.held[..at];
                         let text = if begun { text } else { text.trim_start() };
                         out.reasoning.push_str(text.trim_end());
-                        self.held.drain(..at + self.format.close.len());
+                        self.held.drain(..at + close.len());
                         self.state = State::Closed;
                         continue;
                     }
                     // Held back: a tail that may begin the closing marker,
                     // and the whitespace before it.
-                    let keep = partial_suffix(&self.held, self.format.close);
+                    let keep = partial_suffix(&self.held, close);
                     let cut = self.held[..self.held.len() - keep].trim_end().len();
                     let text = &self.held[..cut];
                     let text = if begun { text } else { text.trim_start() };
@@ -147,12 +244,127 @@ impl ReasoningSplit {
                     }
                     self.state = State::Answer;
                 }
-                State::Answer => {
+                _ => {
                     out.content.push_str(&self.held);
                     self.held.clear();
                     return out;
                 }
             }
+        }
+    }
+
+    fn push_harmony(&mut self) -> Parts {
+        let mut out = Parts::default();
+        loop {
+            match self.state {
+                State::Header { first } => {
+                    if let Some(at) = self.held.find(MESSAGE) {
+                        let end = at + MESSAGE.len();
+                        let channel = Channel::of(&self.held[..at]);
+                        if channel == Channel::Call {
+                            out.content.push_str(&self.held[..end]);
+                        } else {
+                            self.separate(channel, &mut out);
+                        }
+                        self.held.drain(..end);
+                        self.state = State::Body(channel);
+                        continue;
+                    }
+                    // An answer that does not open with a header (a model
+                    // that skips the format) is content, as is a header
+                    // that never ends.
+                    let t = self.held.trim_start();
+                    let header_like = [CHANNEL, START, "to="]
+                        .iter()
+                        .any(|m| t.starts_with(m) || m.starts_with(t));
+                    if (first && !header_like) || self.held.len() > MAX_HEADER {
+                        self.state = State::Answer;
+                        continue;
+                    }
+                    return out;
+                }
+                State::Body(channel) => {
+                    let end = BODY_ENDS
+                        .iter()
+                        .filter_map(|m| self.held.find(m).map(|at| (at, *m)))
+                        .min();
+                    if let Some((at, marker)) = end {
+                        let body_end = match (channel, marker) {
+                            // A call's end goes with it; a new message's
+                            // start begins the next header.
+                            (Channel::Call, m) if m != START => at + m.len(),
+                            _ => at,
+                        };
+                        let text = self.held[..body_end].to_string();
+                        self.emit(channel, &text, &mut out);
+                        let drained = if marker == START {
+                            at
+                        } else {
+                            at + marker.len()
+                        };
+                        self.held.drain(..drained);
+                        self.state = match marker {
+                            END => State::Between,
+                            START => State::Header { first: false },
+                            _ => State::Done,
+                        };
+                        continue;
+                    }
+                    let keep = BODY_ENDS
+                        .iter()
+                        .map(|m| partial_suffix(&self.held, m))
+                        .max()
+                        .unwrap_or(0);
+                    let cut = self.held.len() - keep;
+                    let text = self.held[..cut].to_string();
+                    self.emit(channel, &text, &mut out);
+                    self.held.drain(..cut);
+                    return out;
+                }
+                State::Between => {
+                    let blank = self.held.len() - self.held.trim_start().len();
+                    self.held.drain(..blank);
+                    if self.held.is_empty() {
+                        return out;
+                    }
+                    self.state = State::Header { first: false };
+                }
+                State::Done => {
+                    self.held.clear();
+                    return out;
+                }
+                _ => {
+                    out.content.push_str(&self.held);
+                    self.held.clear();
+                    return out;
+                }
+            }
+        }
+    }
+
+    /// A newline between two harmony messages of the same part.
+    fn separate(&mut self, channel: Channel, out: &mut Parts) {
+        match channel {
+            Channel::Reasoning if self.written.0 => out.reasoning.push('\n'),
+            Channel::Content if self.written.1 => out.content.push('\n'),
+            _ => {}
+        }
+    }
+
+    fn emit(&mut self, channel: Channel, text: &str, out: &mut Parts) {
+        if text.is_empty() {
+            return;
+        }
+        match channel {
+            Channel::Reasoning => {
+                out.reasoning.push_str(text);
+                self.written.0 = true;
+            }
+            Channel::Content => {
+                out.content.push_str(text);
+                self.written.1 = true;
+            }
+            Channel::Call => out.content.push_str(text),
         }
     }
 
@@ -167,7 +379,9 @@ impl ReasoningSplit {
                 let text = if begun { &held[..] } else { held.trim_start() };
                 out.reasoning = text.trim_end().to_string();
             }
-            State::Closed => {}
+            State::Body(channel) => self.emit(channel, &held, &mut out),
+            // A header cut off has nothing to say.
+            State::Closed | State::Header { .. } | State::Between | State::Done => {}
         }
         self.state = State::Answer;
         out
@@ -307,5 +521,98 @@ mod tests {
             streamed(THINK, false, &["<think>é</", "ü", "</think>ö"]),
             parts("é</ü", "ö")
         );
+    }
+}
+
+#[cfg(test)]
+mod harmony_tests {
+    use super::*;
+
+    const HARMONY: ReasoningFormat = ReasoningFormat::Harmony;
+
+    fn every_cut(text: &str, want: &Parts) {
+        assert_eq!(&ReasoningSplit::split(HARMONY, false, text), want);
+        for cut in (0..=text.len()).filter(|&c| text.is_char_boundary(c)) {
+            let mut split = ReasoningSplit::new(HARMONY, false);
+            let mut all = split.push(&text[..cut]);
+            for p in [split.push(&text[cut..]), split.finish()] {
+                all.reasoning.push_str(&p.reasoning);
+                all.content.push_str(&p.content);
+            }
+            assert_eq!(&all, want, "cut at {cut}");
+        }
+    }
+
+    fn parts(reasoning: &str, content: &str) -> Parts {
+        Parts {
+            reasoning: reasoning.into(),
+            content: content.into(),
+        }
+    }
+
+    #[test]
+    fn the_analysis_channel_is_reasoning_and_final_is_content() {
+        // openai/harmony's docs/format.md example, as gpt-oss writes it.
+        let text = "<|channel|>analysis<|message|>User asks: \"What is 2 + 2?\" Simple arithmetic. Provide answer.<|end|><|start|>assistant<|channel|>final<|message|>2 + 2 = 4.<|return|>";
+        every_cut(
+            text,
+            &parts(
+                "User asks: \"What is 2 + 2?\" Simple arithmetic. Provide answer.",
+                "2 + 2 = 4.",
+            ),
+        );
+        // The real model's `<|return|>` ends generation undecoded.
+        every_cut(
+            "<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>final<|message|>Yes.",
+            &parts("Hm.", "Yes."),
+        );
+        // Two analysis messages, a preamble on commentary.
+        every_cut(
+            "<|channel|>analysis<|message|>One.<|end|><|start|>assistant<|channel|>analysis<|message|>Two.<|end|><|start|>assistant<|channel|>commentary<|message|>Plan.<|end|><|start|>assistant<|channel|>final<|message|>Done.",
+            &parts("One.\nTwo.", "Plan.\nDone."),
+        );
+    }
+
+    #[test]
+    fn a_tool_call_passes_as_written_in_either_header_order() {
+        for call in [
+            "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>",
+            "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\":\"Paris\"}",
+        ] {
+            let text = format!("<|channel|>analysis<|message|>Need weather.<|end|>{call}");
+            every_cut(&text, &parts("Need weather.", call));
+        }
+        // The answer's first message may be the call.
+        let call = "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}";
+        every_cut(call, &parts("", call));
+    }
+
+    #[test]
+    fn streaming_holds_back_only_headers_and_possible_ends() {
+        let mut split = ReasoningSplit::new(HARMONY, false);
+        assert_eq!(split.push("<|channel|>analy"), parts("", ""));
+        assert_eq!(split.push("sis<|message|>Let"), parts("Let", ""));
+        assert_eq!(split.push(" me see<|e"), parts(" me see", ""));
+        assert_eq!(split.push("nd|><|start|>assistant"), parts("", ""));
+        assert_eq!(split.push("<|channel|>final<|message|>4"), parts("", "4"));
+        assert_eq!(split.push("."), parts("", "."));
+        assert_eq!(split.finish(), parts("", ""));
+    }
+
+    #[test]
+    fn text_without_harmony_headers_is_content_and_cut_off_bodies_keep_their_part() {
+        every_cut("Just text.", &parts("", "Just text."));
+        every_cut(
+            "<|channel|>analysis<|message|>Step one, step",
+            &parts("Step one, step", ""),
+        );
+        every_cut("<|channel|>analy", &parts("", ""));
+        assert_eq!(
+            ReasoningFormat::detect(Some(
+                "{{ '<|start|>assistant<|channel|>final<|message|>' }}"
+            )),
+            Some(HARMONY)
+        );
+        assert!(!HARMONY.opened_by("<|start|>assistant<|channel|>analysis<|message|>"));
     }
 }

@@ -9,6 +9,12 @@
 //! - **Llama 3** (Llama 3.1/3.2, whose template knows `<|python_tag|>`):
 //!   the template renders `tools`; a call is a JSON object
 //!   `{"name": ..., "parameters": {...}}`, maybe after `<|python_tag|>`.
+//! - **Harmony** (gpt-oss, whose template writes `<|channel|>` headers):
+//!   the template renders `tools`; a call is a commentary message to the
+//!   function, `<|channel|>commentary to=functions.NAME <|constrain|>json
+//!   <|message|>{...}<|call|>` (the recipient may stand before
+//!   `<|channel|>` too), after the model's reasoning. One call per answer:
+//!   `<|call|>` ends generation.
 //! - **Generic** (templates with no tool support, such as SmolLM2's): the
 //!   functions are described in the system message and the answer is
 //!   always constrained to one JSON object, `{"tool_call": {"name",
@@ -27,12 +33,14 @@ use serde_json::{json, Map, Value};
 
 use crate::api::{Tool, ToolChoice, ToolRequest};
 use crate::constraint::Grammar;
+use crate::reasoning::{self, CALL, CHANNEL, END, MESSAGE, RETURN, START};
 
 /// How a model writes function calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolFormat {
     Hermes,
     Llama3,
+    Harmony,
     Generic,
 }
 
@@ -42,7 +50,9 @@ impl ToolFormat {
         let Some(t) = template else {
             return ToolFormat::Generic;
         };
-        if t.contains("<tool_call>") {
+        if reasoning::is_harmony(t) {
+            ToolFormat::Harmony
+        } else if t.contains("<tool_call>") {
             ToolFormat::Hermes
         } else if t.contains("<|python_tag|>") || (t.contains("tools") && t.contains("<|eom_id|>"))
         {
@@ -56,6 +66,7 @@ impl ToolFormat {
         match self {
             ToolFormat::Hermes => "hermes",
             ToolFormat::Llama3 => "llama3",
+            ToolFormat::Harmony => "harmony",
             ToolFormat::Generic => "generic",
         }
     }
@@ -175,6 +186,37 @@ pub fn prepare(format: ToolFormat, messages: &[Message], req: &ToolRequest) -> P
                         .collect(),
                 );
                 Grammar::Lark(format!("start: %json {schema}\n"))
+            });
+            Prepared {
+                messages: messages.to_vec(),
+                tools: Some(template_tools(req)),
+                grammar,
+            }
+        }
+        ToolFormat::Harmony => {
+            // The model may reason first (an analysis message, whose text
+            // may hold a `<` but not start a marker), then calls one of
+            // the functions, its arguments valid for its parameters. The
+            // reasoning is pieces that each end where a `<` may start its
+            // `<|end|>`: one greedy lexeme would swallow that `<` and
+            // refuse the `|` after it.
+            let grammar = must_call.then(|| {
+                let calls: Vec<String> = allowed
+                    .iter()
+                    .map(|t| {
+                        format!(
+                            "\"{CHANNEL}commentary to=functions.{} <|constrain|>json{MESSAGE}\" %json {}",
+                            t.name, t.parameters
+                        )
+                    })
+                    .collect();
+                Grammar::Lark(format!(
+                    "start: (analysis \"{START}assistant\")? call\n\
+                     analysis: \"{CHANNEL}analysis{MESSAGE}\" THOUGHT* \"{END}\"\n\
+                     THOUGHT: /[^<]+|<[^|]/\n\
+                     call: {}\n",
+                    calls.join(" | ")
+                ))
             });
             Prepared {
                 messages: messages.to_vec(),
@@ -323,6 +365,23 @@ pub fn parse(format: ToolFormat, text: &str, req: &ToolRequest, id_hex: &str) ->
             }
             content.push_str(rest);
         }
+        ToolFormat::Harmony => {
+            let mut rest = text;
+            while let Some((span, name, args)) = harmony_call(rest) {
+                let call = serde_json::from_str::<Value>(args.trim())
+                    .ok()
+                    .filter(|_| known(name));
+                match call {
+                    Some(args) => {
+                        content.push_str(&rest[..span.start]);
+                        calls.push((name.to_string(), args));
+                    }
+                    None => content.push_str(&rest[..span.end]),
+                }
+                rest = &rest[span.end..];
+            }
+            content.push_str(rest);
+        }
         ToolFormat::Llama3 => {
             let body = text.trim();
             let body = body.strip_prefix("<|python_tag|>").unwrap_or(body).trim();
@@ -366,6 +425,47 @@ pub fn parse(format: ToolFormat, text: &str, req: &ToolRequest, id_hex: &str) ->
             })
             .collect(),
     }
+}
+
+/// The first harmony message in `text` addressed to a function: its span
+/// (from its header's start through its end marker), the function's name
+/// and the body (the arguments). A call the length limit cut off runs to
+/// the end of the text.
+fn harmony_call(text: &str) -> Option<(std::ops::Range<usize>, &str, &str)> {
+    const TO: &str = "to=functions.";
+    let to = text.find(TO)?;
+    let head = &text[..to];
+    // The header starts at its `<|start|>` or else its `<|channel|>`, if
+    // no earlier message's body lies between.
+    let start = [START, CHANNEL]
+        .iter()
+        .filter_map(|m| head.rfind(m))
+        .filter(|&at| !head[at..].contains(MESSAGE))
+        .min()
+        .unwrap_or(to);
+    let after = &text[to + TO.len()..];
+    let name_len = after
+        .find(|c: char| c.is_whitespace() || c == '<')
+        .unwrap_or(after.len());
+    let name = &after[..name_len];
+    let Some(body) = after
+        .find(MESSAGE)
+        .map(|at| to + TO.len() + at + MESSAGE.len())
+    else {
+        // A header with no body: no call, the rest is text.
+        return Some((0..text.len(), name, ""));
+    };
+    let (body_end, end) = [CALL, END, RETURN, START]
+        .iter()
+        .filter_map(|m| {
+            text[body..].find(m).map(|at| {
+                let at = body + at;
+                (at, if *m == START { at } else { at + m.len() })
+            })
+        })
+        .min()
+        .unwrap_or((text.len(), text.len()));
+    Some((start..end, name, &text[body..body_end]))
 }
 
 #[cfg(test)]
@@ -539,5 +639,78 @@ mod tests {
             panic!()
         };
         assert!(lark.contains("\"parameters\""), "{lark}");
+    }
+
+    #[test]
+    fn harmony_calls_are_read_in_either_header_order_and_the_rest_is_content() {
+        let r = req(ToolChoice::Auto);
+        let template = "{{ '<|start|>assistant<|channel|>final<|message|>' }}{{ tools }}";
+        assert_eq!(ToolFormat::detect(Some(template)), ToolFormat::Harmony);
+        for text in [
+            // After the reasoning split: the call as written.
+            "<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}<|call|>",
+            "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>{\"city\": \"Oslo\"}",
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}",
+        ] {
+            let a = parse(ToolFormat::Harmony, text, &r, "g");
+            assert_eq!(a.content, None, "{text}");
+            assert_eq!(
+                a.calls,
+                [ToolCall {
+                    id: "call_g0".into(),
+                    name: "get_weather".into(),
+                    arguments: r#"{"city":"Oslo"}"#.into()
+                }],
+                "{text}"
+            );
+        }
+        // Unsplit (reasoning_format none): the reasoning stays text.
+        let raw = "<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}<|call|>";
+        let a = parse(ToolFormat::Harmony, raw, &r, "g");
+        assert_eq!(
+            a.content.as_deref(),
+            Some("<|channel|>analysis<|message|>Need it.<|end|>")
+        );
+        assert_eq!(a.calls[0].name, "now");
+        // Unknown functions, bad JSON and a header cut off stay text.
+        for text in [
+            "<|channel|>commentary to=functions.rm <|constrain|>json<|message|>{}",
+            "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{\"a\":",
+            "<|channel|>commentary to=functions.now <|constrain|>js",
+        ] {
+            let a = parse(ToolFormat::Harmony, text, &r, "g");
+            assert!(a.calls.is_empty(), "{text}");
+            assert_eq!(a.content.as_deref(), Some(text));
+        }
+        assert_eq!(
+            parse(ToolFormat::Harmony, "Sunny.", &r, "g")
+                .content
+                .as_deref(),
+            Some("Sunny.")
+        );
+    }
+
+    #[test]
+    fn harmony_constrains_a_required_call_to_the_allowed_functions() {
+        let p = prepare(
+            ToolFormat::Harmony,
+            &[Message::new("user", "x")],
+            &req(ToolChoice::Auto),
+        );
+        assert!(p.grammar.is_none() && p.tools.is_some());
+        let p = prepare(
+            ToolFormat::Harmony,
+            &[Message::new("user", "x")],
+            &req(ToolChoice::Function("now".into())),
+        );
+        let Some(Grammar::Lark(lark)) = p.grammar else {
+            panic!()
+        };
+        assert!(
+            lark.contains("to=functions.now <|constrain|>json<|message|>\" %json")
+                && !lark.contains("get_weather")
+                && lark.contains("<|channel|>analysis<|message|>"),
+            "{lark}"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! The constraint engine over the real SmolLM2 vocabulary: the grammars
-//! the tool formats ask for compile, accept the calls they describe token
+//! the tool formats ask for (harmony's with its markers as text, as this
+//! vocabulary spells them) compile, accept the calls they describe token
 //! by token (as the model's tokenizer splits them) and refuse others; the
 //! cache hands out independent states; GBNF's folded classes keep their
 //! language.
@@ -64,6 +65,11 @@ fn tool_grammars_accept_valid_calls_and_refuse_others() {
             "{\"name\": \"get_time\", \"parameters\": {}}",
         ),
         (
+            ToolFormat::Harmony,
+            "<|channel|>analysis<|message|>Need the weather; 1 < 2.<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\", \"unit\": \"celsius\"}",
+            "<|channel|>analysis<|message|>Sunny.<|end|><|start|>assistant<|channel|>final<|message|>It is sunny.",
+        ),
+        (
             ToolFormat::Generic,
             "{\"tool_call\": {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"celsius\"}}}",
             "{\"response\": \"It is sunny.\"}",
@@ -81,6 +87,12 @@ fn tool_grammars_accept_valid_calls_and_refuse_others() {
         let (ok, n) = walk(&mut state, &tok, bad);
         assert!(ok < n, "{format:?}: an invalid call went through");
     }
+    // Harmony: the reasoning may be left out.
+    let prepared = tools::prepare(ToolFormat::Harmony, &user, &request(ToolChoice::Required));
+    let mut state = c.compile(&prepared.grammar.unwrap()).unwrap();
+    let call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\", \"unit\": \"celsius\"}";
+    let (ok, n) = walk(&mut state, &tok, call);
+    assert_eq!(ok, n);
     // auto in the generic format: a response is fine too.
     let prepared = tools::prepare(ToolFormat::Generic, &user, &request(ToolChoice::Auto));
     let mut state = c.compile(&prepared.grammar.unwrap()).unwrap();
