@@ -10,7 +10,8 @@
 //! among them) get a 400 naming the keyword, and hostile ones are refused
 //! or bounded. A grammar also makes the model think in a thinking
 //! template's `<think>` block, whose text must come back as
-//! `reasoning_content`.
+//! `reasoning_content`, and write gpt-oss's harmony messages (reasoning,
+//! answer, tool calls) under a harmony template.
 
 mod common;
 
@@ -853,4 +854,207 @@ fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() 
     );
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("chat_template_kwargs"), "{}", r.body);
+}
+
+/// A minimal harmony chat template (gpt-oss's format, after openai/harmony's
+/// docs/format.md): the functions in a developer message, past calls as
+/// commentary messages to `functions.NAME`, results as messages from them,
+/// and the generation prompt `<|start|>assistant`.
+const HARMONY_TEMPLATE: &str = r#"<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.
+Reasoning: low
+
+# Valid channels: analysis, commentary, final. Channel must be included for every message.
+{%- if tools %}
+Calls to these tools must go to the commentary channel: 'functions'.{% endif %}<|end|>
+{%- if tools %}<|start|>developer<|message|># Tools
+
+## functions
+
+namespace functions {
+{% for t in tools %}
+// {{ t.function.description }}
+type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
+{% endfor %}
+} // namespace functions<|end|>{% endif %}
+{%- for m in messages %}
+{%- if m.role == 'assistant' and m.tool_calls %}{% for c in m.tool_calls %}<|start|>assistant<|channel|>commentary to=functions.{{ c.function.name }} <|constrain|>json<|message|>{{ c.function.arguments | tojson }}<|call|>{% endfor %}
+{%- elif m.role == 'assistant' %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>
+{%- elif m.role == 'tool' %}<|start|>functions.{{ m.name or 'tool' }} to=assistant<|channel|>commentary<|message|>{{ m.content }}<|end|>
+{%- elif m.role == 'system' %}<|start|>developer<|message|># Instructions
+
+{{ m.content }}<|end|>
+{%- else %}<|start|>{{ m.role }}<|message|>{{ m.content }}<|end|>{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|start|>assistant{% endif %}"#;
+
+/// gpt-oss's harmony format on a stand-in: the SmolLM2 weights and
+/// tokenizer with a harmony chat template (real server, HTTP, grammar
+/// engine). SmolLM2's vocabulary has no harmony tokens, so here the
+/// markers are text the model spells out; gpt-oss's own control tokens
+/// are decoded to the same text (the tokenizer's
+/// `harmony_markers_are_decoded_and_only_return_and_call_end_generation`),
+/// and the split reads only the text. A grammar makes the model reason on
+/// the analysis channel and answer on the final one; `tool_choice`
+/// `required` makes it call a function through the server's own harmony
+/// grammar.
+#[test]
+fn harmony_channels_and_tool_calls_come_apart_on_a_stand_in_with_the_markers_as_text() {
+    let dir = common::TempDir::new("serve-harmony");
+    let model = dir.0.join("smollm2-harmony.gguf");
+    let out = Command::new("python3")
+        .args(["-m", "gguf.scripts.gguf_new_metadata"])
+        .arg(common::smollm2())
+        .arg(&model)
+        .args(["--chat-template", HARMONY_TEMPLATE])
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "gguf_new_metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let server = Server::start_model(&model, &["-c", "2048"], &[]);
+    let grammar = r#"root ::= "<|channel|>analysis<|message|>" [a-z]{2,8} " " [a-z]{2,8} "<|end|><|start|>assistant<|channel|>final<|message|>Done.""#;
+    let body = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "Think, then say done."}],
+                           "grammar": grammar, "temperature": 0, "max_tokens": 60});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let v = chat(&server, body(json!({})));
+    let message = &v["choices"][0]["message"];
+    assert_eq!(message["content"], "Done.", "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    let reasoning = message["reasoning_content"]
+        .as_str()
+        .expect("reasoning_content");
+    let words: Vec<&str> = reasoning.split(' ').collect();
+    assert!(
+        words.len() == 2
+            && words
+                .iter()
+                .all(|w| w.bytes().all(|b| b.is_ascii_lowercase())),
+        "{reasoning:?}"
+    );
+    // Streamed: reasoning deltas, then content ones, no marker in either.
+    let r = server.post(
+        "/v1/chat/completions",
+        &body(json!({"stream": true})).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (events, done) = sse_events(&r.body);
+    assert!(done);
+    let delta = |key: &str| -> String {
+        events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
+            .collect()
+    };
+    assert_eq!(delta("reasoning_content"), reasoning);
+    assert_eq!(delta("content"), "Done.");
+    // reasoning_format none: the text as written, markers and all.
+    let v = chat(&server, body(json!({"reasoning_format": "none"})));
+    let message = &v["choices"][0]["message"];
+    assert_eq!(
+        message["content"],
+        format!("<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant<|channel|>final<|message|>Done."),
+        "{v}"
+    );
+    assert!(message.get("reasoning_content").is_none(), "{v}");
+
+    // Tools: the template renders them; a required call comes back as
+    // tool_calls, its arguments valid for the function, whole and streamed.
+    let tools = weather_tools();
+    let ask = |choice: Value, extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "What is the weather like in Paris today?"}],
+                           "tools": tools, "tool_choice": choice, "temperature": 0, "max_tokens": 120});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let v = chat(&server, ask(json!("required"), json!({})));
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    assert!(choice["message"]["content"].is_null(), "{v}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    check_call(&calls[0], &tools);
+    for marker in ["<|", "|>"] {
+        assert!(
+            !choice["message"]["reasoning_content"]
+                .as_str()
+                .unwrap_or("")
+                .contains(marker),
+            "{v}"
+        );
+    }
+    let with_tools = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    let v = chat(&server, ask(json!("none"), json!({})));
+    let without = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(
+        with_tools > without + 50,
+        "the template rendered the tools: {with_tools} prompt tokens with them, {without} without"
+    );
+    // A named function: that one.
+    let v = chat(
+        &server,
+        ask(
+            json!({"type": "function", "function": {"name": "search"}}),
+            json!({}),
+        ),
+    );
+    let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(check_call(&calls[0], &tools).0, "search", "{v}");
+    // Streamed: the call's head, then its arguments, then tool_calls.
+    let r = server.post(
+        "/v1/chat/completions",
+        &ask(json!("required"), json!({"stream": true})).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (events, done) = sse_events(&r.body);
+    assert!(done);
+    let heads: Vec<&Value> = events
+        .iter()
+        .filter_map(|e| {
+            e["choices"][0]["delta"]["tool_calls"][0]
+                .as_object()
+                .map(|_| e)
+        })
+        .collect();
+    assert_eq!(heads.len(), 2, "{events:?}");
+    let head = &heads[0]["choices"][0]["delta"]["tool_calls"][0];
+    let args = heads[1]["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"].clone();
+    let call = json!({"id": head["id"], "type": head["type"],
+                      "function": {"name": head["function"]["name"], "arguments": args}});
+    check_call(&call, &tools);
+    assert_eq!(
+        events.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+    assert!(
+        events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+            .all(|c| !c.contains("<|")),
+        "{events:?}"
+    );
+    // The call and its result go back through the template; it answers.
+    let v = chat(
+        &server,
+        json!({"messages": [
+                {"role": "user", "content": "What is the weather like in Paris today?"},
+                {"role": "assistant", "content": null, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
+                 "content": "{\"temperature\": 21}"}],
+               "tools": tools, "grammar": null, "temperature": 0, "max_tokens": 8}),
+    );
+    assert!(
+        v["usage"]["prompt_tokens"].as_u64().unwrap() > with_tools,
+        "{v}"
+    );
 }
