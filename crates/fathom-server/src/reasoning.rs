@@ -99,6 +99,30 @@ pub fn is_harmony(template: &str) -> bool {
     template.contains(CHANNEL) && template.contains(MESSAGE)
 }
 
+/// Where a harmony tool call's body (its JSON arguments) ends: the first
+/// end marker outside a JSON string, and which. The markers are text to a
+/// grammar, so constrained arguments may hold one inside a string.
+pub fn call_end(body: &str) -> Option<(usize, &'static str)> {
+    let (mut in_string, mut escaped) = (false, false);
+    for (at, b) in body.bytes().enumerate() {
+        if in_string {
+            match (escaped, b) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+        } else if b == b'"' {
+            in_string = true;
+        } else if b == b'<' {
+            if let Some(m) = BODY_ENDS.iter().find(|m| body[at..].starts_with(**m)) {
+                return Some((at, m));
+            }
+        }
+    }
+    None
+}
+
 /// Text split into its reasoning and its answer.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Parts {
@@ -284,10 +308,13 @@ impl ReasoningSplit {
                     return out;
                 }
                 State::Body(channel) => {
-                    let end = BODY_ENDS
-                        .iter()
-                        .filter_map(|m| self.held.find(m).map(|at| (at, *m)))
-                        .min();
+                    let end = match channel {
+                        Channel::Call => call_end(&self.held),
+                        _ => BODY_ENDS
+                            .iter()
+                            .filter_map(|m| self.held.find(m).map(|at| (at, *m)))
+                            .min(),
+                    };
                     if let Some((at, marker)) = end {
                         let body_end = match (channel, marker) {
                             // A call's end goes with it; a new message's
@@ -309,6 +336,11 @@ impl ReasoningSplit {
                             _ => State::Done,
                         };
                         continue;
+                    }
+                    if channel == Channel::Call {
+                        // Held whole until its end: a marker may still
+                        // turn out to be inside a string of the arguments.
+                        return out;
                     }
                     let keep = BODY_ENDS
                         .iter()
@@ -585,6 +617,12 @@ mod harmony_tests {
         // The answer's first message may be the call.
         let call = "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}";
         every_cut(call, &parts("", call));
+        // Markers inside the arguments' strings are the arguments'.
+        let call = "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"a\": \"<|end|>\\\"<|start|>\"}";
+        every_cut(
+            &format!("{call}<|start|>assistant<|channel|>final<|message|>x"),
+            &parts("", &format!("{call}x")),
+        );
     }
 
     #[test]

@@ -33,7 +33,7 @@ use serde_json::{json, Map, Value};
 
 use crate::api::{Tool, ToolChoice, ToolRequest};
 use crate::constraint::Grammar;
-use crate::reasoning::{self, CALL, CHANNEL, END, MESSAGE, RETURN, START};
+use crate::reasoning::{self, CHANNEL, END, MESSAGE, START};
 
 /// How a model writes function calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -455,16 +455,10 @@ fn harmony_call(text: &str) -> Option<(std::ops::Range<usize>, &str, &str)> {
         // A header with no body: no call, the rest is text.
         return Some((0..text.len(), name, ""));
     };
-    let (body_end, end) = [CALL, END, RETURN, START]
-        .iter()
-        .filter_map(|m| {
-            text[body..].find(m).map(|at| {
-                let at = body + at;
-                (at, if *m == START { at } else { at + m.len() })
-            })
-        })
-        .min()
-        .unwrap_or((text.len(), text.len()));
+    let (body_end, end) = match reasoning::call_end(&text[body..]) {
+        Some((at, m)) => (body + at, body + at + if m == START { 0 } else { m.len() }),
+        None => (text.len(), text.len()),
+    };
     Some((start..end, name, &text[body..body_end]))
 }
 
@@ -672,6 +666,14 @@ mod tests {
             Some("<|channel|>analysis<|message|>Need it.<|end|>")
         );
         assert_eq!(a.calls[0].name, "now");
+        // A marker inside the arguments is theirs.
+        let a = parse(
+            ToolFormat::Harmony,
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"<|end|><|start|>\"}<|call|>",
+            &r,
+            "g",
+        );
+        assert_eq!(a.calls[0].arguments, r#"{"city":"<|end|><|start|>"}"#);
         // Unknown functions, bad JSON and a header cut off stay text.
         for text in [
             "<|channel|>commentary to=functions.rm <|constrain|>json<|message|>{}",
