@@ -1058,3 +1058,123 @@ fn harmony_channels_and_tool_calls_come_apart_on_a_stand_in_with_the_markers_as_
         "{v}"
     );
 }
+
+/// Copies SmolLM2 with seven of its unused control tokens (ids 3 to 9,
+/// `<repo_name>` ...) renamed to o200k_harmony's markers, control tokens as
+/// in gpt-oss's GGUFs, and the harmony template.
+const HARMONY_VOCAB_PY: &str = r#"
+import sys
+import gguf
+from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+src, dst, template = sys.argv[1:4]
+reader = gguf.GGUFReader(src)
+tokens = list(reader.get_field("tokenizer.ggml.tokens").contents())
+types = list(reader.get_field("tokenizer.ggml.token_type").contents())
+markers = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"]
+for i, marker in enumerate(markers):
+    tokens[3 + i] = marker
+    types[3 + i] = 3
+writer = gguf.GGUFWriter(dst, arch=reader.get_field("general.architecture").contents(), endianess=reader.endianess)
+T = gguf.GGUFValueType
+copy_with_new_metadata(reader, writer, {
+    "tokenizer.ggml.tokens": MetadataDetails(T.ARRAY, tokens, sub_type=T.STRING),
+    "tokenizer.ggml.token_type": MetadataDetails(T.ARRAY, types, sub_type=T.INT32),
+    gguf.Keys.Tokenizer.CHAT_TEMPLATE: MetadataDetails(T.STRING, template),
+}, [])
+"#;
+
+/// gpt-oss's markers as the control tokens they are in its vocabulary, on
+/// SmolLM2's weights (its vocabulary with seven unused control tokens
+/// renamed, [`HARMONY_VOCAB_PY`]): the real tokenizer, decoder, grammar
+/// engine and server read them. The weights know nothing of them, so
+/// `logit_bias` makes the model take the marker tokens wherever the grammar
+/// allows them. The answer's messages come apart, `<|end|>` does not end
+/// generation and `<|return|>` does.
+#[test]
+fn harmony_markers_as_control_tokens_are_decoded_split_and_end_generation_as_gpt_oss_needs() {
+    let dir = common::TempDir::new("serve-harmony-tokens");
+    let model = dir.0.join("smollm2-harmony-vocab.gguf");
+    let out = Command::new("python3")
+        .args(["-c", HARMONY_VOCAB_PY])
+        .arg(common::smollm2())
+        .arg(&model)
+        .arg(HARMONY_TEMPLATE)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "renaming the tokens: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let server = Server::start_model(&model, &["-c", "2048"], &[]);
+    let (start, channel, message, end, ret, constrain) = (3, 4, 5, 6, 7, 9);
+    let markers = json!({start.to_string(): 100, channel.to_string(): 100, message.to_string(): 100,
+                         end.to_string(): 100, constrain.to_string(): 100});
+    let grammar = r#"root ::= "<|channel|>analysis<|message|>" [a-z]{2,8} " " [a-z]{2,8} "<|end|><|start|>assistant<|channel|>final<|message|>Done.""#;
+    let ask = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "Think, then say done."}],
+                           "temperature": 0, "max_tokens": 60, "logit_bias": markers});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        chat(&server, b)
+    };
+    let v = ask(json!({"grammar": grammar, "logprobs": true}));
+    let choice = &v["choices"][0];
+    assert_eq!(choice["message"]["content"], "Done.", "{v}");
+    let reasoning = choice["message"]["reasoning_content"].as_str().unwrap();
+    assert_eq!(reasoning.split(' ').count(), 2, "{v}");
+    assert_eq!(choice["finish_reason"], "stop", "{v}");
+    // Each marker was one token: the control tokens, decoded.
+    let tokens: Vec<&str> = choice["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["token"].as_str().unwrap())
+        .collect();
+    for marker in ["<|channel|>", "<|message|>", "<|end|>", "<|start|>"] {
+        assert!(tokens.contains(&marker), "{marker} in {tokens:?}");
+    }
+    // Streamed, the same parts.
+    let r = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "Think, then say done."}], "grammar": grammar,
+                "temperature": 0, "max_tokens": 60, "logit_bias": markers, "stream": true})
+        .to_string(),
+        &[],
+    );
+    let (events, done) = sse_events(&r.body);
+    assert!(done, "{}", r.body);
+    let delta = |key: &str| -> String {
+        events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
+            .collect()
+    };
+    assert_eq!(
+        (delta("reasoning_content"), delta("content")),
+        (reasoning.to_string(), "Done.".to_string())
+    );
+    // `<|end|>` ends a message, not the answer; `<|return|>` ends it.
+    let v = ask(
+        json!({"logit_bias": {end.to_string(): 100}, "max_tokens": 3, "reasoning_format": "none"}),
+    );
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert_eq!(
+        v["choices"][0]["message"]["content"], "<|end|><|end|><|end|>",
+        "{v}"
+    );
+    let v = ask(json!({"logit_bias": {ret.to_string(): 100}, "max_tokens": 3}));
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 1, "{v}");
+    // A required call, its header in marker tokens. The bias puts marker
+    // tokens inside the arguments' strings too (they are text to the
+    // grammar): they stay the arguments', and the call is read whole.
+    let tools = weather_tools();
+    let v = ask(json!({"tools": tools, "tool_choice": "required", "max_tokens": 120}));
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    check_call(&calls[0], &tools);
+}
