@@ -115,16 +115,18 @@ pub fn gpt_oss_tiny() -> GptOssShape {
 /// of fathom's own kernels that differ only in summation order (AVX2
 /// against AVX-512) disagreed on the top token at 8 % of the positions of
 /// 4 layers (mean KLD 0.059). So, in a shape that is `conditioned`,
-/// besides the norms:
+/// besides the norms ([`scale_of`] holds the factors):
 ///
-/// - the token embeddings are drawn [`scale_of`] 225 times the other
-///   matrices' magnitude (about 7.5 RMS against the 1.5 of each expert
+/// - the token embeddings are drawn 225 times the other matrices'
+///   magnitude (about 8 RMS, against an estimated 1.5 for an expert
 ///   block's output): a part of the residual that rounding does not
 ///   touch. The output head is not tied to them, so no position predicts
 ///   its own token;
 /// - the attention output projection 3 times, so attention still counts
 ///   beside those embeddings (a rope base of 10,000 instead of 150,000
-///   moves the 4-layer fixture's distributions by a mean KLD of 0.12);
+///   moves the 4-layer fixture's distributions by a mean KLD of 0.12,
+///   against 0.003 between fathom's AVX2 and AVX-512 kernels;
+///   docs/models.md has the measurements);
 /// - the router's biases from -6 to 6, as wide as its logits' spread
 ///   (about 3 over 2,880 inputs), so a rounding error flips the choice of
 ///   the four experts less often.
