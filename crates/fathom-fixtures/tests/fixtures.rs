@@ -678,3 +678,56 @@ fn gguf_writer_scales_a_tensor() {
         .write(&dir.0.join("m.gguf"), Data::Random { seed: 3 });
     assert_eq!(err.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
 }
+
+/// The real gpt-oss shapes are `conditioned`: embeddings 225 and the
+/// attention output 3 times the other matrices' magnitude, router biases
+/// from -6 to 6; the tiny test model keeps plain random weights.
+#[test]
+fn gpt_oss_real_shapes_are_conditioned_and_the_tiny_one_is_not() {
+    assert!(gpt_oss_20b().conditioned && gpt_oss_120b().conditioned);
+    assert!(!gpt_oss_tiny().conditioned);
+    let dir = TempDir::new("gpt-oss");
+    // The largest |value| of each F32 tensor, by name.
+    let largest = |conditioned: bool| -> HashMap<String, f32> {
+        let shape = GptOssShape {
+            conditioned,
+            layers: 1,
+            ..gpt_oss_tiny()
+        };
+        let path = dir.0.join(format!("{conditioned}.gguf"));
+        let ty = GgufTensorType::F32;
+        write_gpt_oss_gguf(&shape, ty, &path, Data::Random { seed: 5 }).unwrap();
+        let bytes = fs::read(&path).unwrap();
+        let g = parse_gguf(&bytes);
+        let mut out = HashMap::new();
+        for (name, dims, type_id, offset) in &g.tensors {
+            if *type_id != ty.ggml_id() {
+                continue;
+            }
+            let at = (g.data_start + offset) as usize;
+            let n = dims.iter().product::<u64>() as usize;
+            let max = bytes[at..at + 4 * n]
+                .chunks(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()).abs())
+                .fold(0.0, f32::max);
+            out.insert(name.clone(), max);
+        }
+        out
+    };
+    let (plain, cond) = (largest(false), largest(true));
+    for (name, bound) in [
+        ("token_embd.weight", 22.5),
+        ("blk.0.attn_output.weight", 0.3),
+        ("blk.0.ffn_gate_inp.bias", 6.0),
+    ] {
+        assert!(plain[name] <= 0.1, "{name}: {}", plain[name]);
+        assert!(
+            cond[name] <= bound && cond[name] > bound / 2.0,
+            "{name}: {} against {bound}",
+            cond[name]
+        );
+    }
+    for name in ["output.weight", "blk.0.attn_q.weight", "output_norm.weight"] {
+        assert_eq!(plain[name], cond[name], "{name}");
+    }
+}
