@@ -133,6 +133,9 @@ pub struct GgufWriter {
     tensors: Vec<(GgufTensorInfo, bool)>,
     /// Float tensors whose random values fall in a range of their own.
     ranges: Vec<(String, Range<f32>)>,
+    /// Tensors whose random values are this many times the default's
+    /// magnitude (a float range, or a quantized block's scale).
+    scales: Vec<(String, f32)>,
     /// F32 tensors whose values are given rather than drawn.
     values: Vec<(String, Vec<f32>)>,
 }
@@ -144,6 +147,7 @@ impl Default for GgufWriter {
             kvs: Vec::new(),
             tensors: Vec::new(),
             ranges: Vec::new(),
+            scales: Vec::new(),
             values: Vec::new(),
         }
     }
@@ -177,6 +181,16 @@ impl GgufWriter {
     /// norm near one).
     pub fn value_range(mut self, name: impl Into<String>, range: Range<f32>) -> Self {
         self.ranges.push((name.into(), range));
+        self
+    }
+
+    /// Random data gives the tensor `name` values `factor` times as large
+    /// as it would otherwise draw: a float tensor's range (its own or
+    /// [-0.1, 0.1)) times `factor`, a quantized block's scale times
+    /// `factor` (an embedding that should outweigh the layers' outputs).
+    /// MXFP4's power-of-two scales take no factor: writing fails.
+    pub fn scaled(mut self, name: impl Into<String>, factor: f32) -> Self {
+        self.scales.push((name.into(), factor));
         self
     }
 
@@ -313,7 +327,12 @@ impl GgufWriter {
                     .iter()
                     .find(|(name, _)| *name == info.name)
                     .map_or(WEIGHTS, |(_, r)| r.clone());
-                fill_tensor(&mut out, info, &mut rng, range)?;
+                let factor = self
+                    .scales
+                    .iter()
+                    .find(|(name, _)| *name == info.name)
+                    .map(|(_, f)| *f);
+                fill_tensor(&mut out, info, &mut rng, range, factor)?;
             }
         }
         let file = out.into_inner().map_err(io::IntoInnerError::into_error)?;
@@ -333,11 +352,19 @@ fn fill_tensor(
     info: &GgufTensorInfo,
     rng: &mut Rng,
     range: Range<f32>,
+    factor: Option<f32>,
 ) -> io::Result<()> {
+    let f = factor.unwrap_or(1.0);
     let (fill, size) = match GgufTensorType::from_ggml_id(info.type_id) {
         Some(GgufTensorType::F32) => (Fill::F32, 4),
         Some(GgufTensorType::F16) => (Fill::F16, 2),
         Some(GgufTensorType::BF16) => (Fill::BF16, 2),
+        Some(GgufTensorType::MXFP4) if factor.is_some() => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{}: MXFP4 blocks cannot be scaled", info.name),
+            ))
+        }
         Some(GgufTensorType::MXFP4) => {
             return crate::random::write_mxfp4_blocks(out, info.len, rng)
         }
@@ -345,7 +372,7 @@ fn fill_tensor(
             let block = Block {
                 bytes: t.block_bytes(),
                 scale_offsets: t.f16_scales(),
-                scale_max: 0.1 / scale_span(t),
+                scale_max: f * 0.1 / scale_span(t),
             };
             return write_blocks(out, info.len, &block, rng);
         }
@@ -359,5 +386,6 @@ fn fill_tensor(
             return write_blocks(out, info.len, &bytes, rng);
         }
     };
+    let range = range.start * f..range.end * f;
     write_elements(out, fill, info.len / size, rng, range)
 }

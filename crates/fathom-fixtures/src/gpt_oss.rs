@@ -36,6 +36,11 @@ pub struct GptOssShape {
     /// The experts' type: MXFP4, as every gpt-oss GGUF stores them (a test
     /// may take F32 to compare the rest without MXFP4's rounding).
     pub experts_type: GgufTensorType,
+    /// Random data conditioned for comparing two engines' next-token
+    /// distributions (see `value_range`): the real shapes, which
+    /// `fathom bench fixture` writes for that. The tiny test model keeps
+    /// plain random weights, whose logits a wrong piece moves most.
+    pub conditioned: bool,
 }
 
 /// gpt-oss-20b (openai/gpt-oss-20b's config.json): 24 layers of 2880,
@@ -60,6 +65,7 @@ pub fn gpt_oss_20b() -> GptOssShape {
         yarn_factor: 32.0,
         yarn_original_context: 4096,
         experts_type: GgufTensorType::MXFP4,
+        conditioned: true,
     }
 }
 
@@ -95,22 +101,46 @@ pub fn gpt_oss_tiny() -> GptOssShape {
         yarn_factor: 32.0,
         yarn_original_context: 4096,
         experts_type: GgufTensorType::MXFP4,
+        conditioned: false,
     }
 }
 
 /// Where random values fall where [-0.1, 0.1) would not make a working
-/// model: norms near one so every layer's branch counts, but the
-/// attention input norms near 0.3, which keeps the attention scores soft
-/// (with gpt-oss's 64-value heads and YaRN's ×1.35 on q and k, weights of
-/// ±0.1 on a unit-RMS input give scores about 17 apart: nearly argmax
-/// attention, where float rounding switches the winning key and two runs
-/// of fathom's own kernels that differ only in summation order disagreed
-/// on the top token at a third of the positions of 4 layers); a final norm
-/// of about 3.5, which spreads the logits (about 3.5 × 0.058 × √hidden
-/// apart: 11 at 2,880 wide) so next-token distributions are peaked, as a
-/// trained model's are; attention sinks from -1 to 3, so a sink takes a
-/// real share of a short window's softmax (e³ against 128 scores near e⁰).
-fn value_range(name: &str) -> Option<Range<f32>> {
+/// model whose next-token distributions two engines can compare. Random
+/// weights make a network that amplifies rounding: each layer's branches
+/// outweigh the residual they add to, so the 8-bit rounding of the
+/// matmuls' inputs (both engines round, each in its own order) compounds
+/// from layer to layer, and a choice of four experts near a tie flips and
+/// jumps a layer's output. Drawn without the conditioning below, two runs
+/// of fathom's own kernels that differ only in summation order (AVX2
+/// against AVX-512) disagreed on the top token at 8 % of the positions of
+/// 4 layers (mean KLD 0.059). So, in a shape that is `conditioned`,
+/// besides the norms ([`scale_of`] holds the factors):
+///
+/// - the token embeddings are drawn 225 times the other matrices'
+///   magnitude (about 8 RMS, against an estimated 1.5 for an expert
+///   block's output): a part of the residual that rounding does not
+///   touch. The output head is not tied to them, so no position predicts
+///   its own token;
+/// - the attention output projection 3 times, so attention still counts
+///   beside those embeddings (a rope base of 10,000 instead of 150,000
+///   moves the 4-layer fixture's distributions by a mean KLD of 0.12,
+///   against 0.003 between fathom's AVX2 and AVX-512 kernels;
+///   docs/models.md has the measurements);
+/// - the router's biases from -6 to 6, as wide as its logits' spread
+///   (about 3 over 2,880 inputs), so a rounding error flips the choice of
+///   the four experts less often.
+///
+/// The attention input norms are near 0.3, which keeps the attention
+/// scores soft (with gpt-oss's 64-value heads and YaRN's ×1.35 on q and
+/// k, weights of ±0.1 on a unit-RMS input give scores about 17 apart:
+/// nearly argmax attention, where rounding switches the winning key); the
+/// other norms near one; the final norm about 3.5, which spreads the
+/// logits (about 3.5 × 0.058 × √hidden apart: 11 at 2,880 wide) so
+/// next-token distributions are peaked, as a trained model's are; the
+/// attention sinks from -1 to 3, so a sink takes a real share of a short
+/// window's softmax (e³ against 128 scores near e⁰).
+fn value_range(name: &str, conditioned: bool) -> Option<Range<f32>> {
     if name == "output_norm.weight" {
         Some(3.0..4.0)
     } else if name.ends_with("attn_norm.weight") {
@@ -119,6 +149,22 @@ fn value_range(name: &str) -> Option<Range<f32>> {
         Some(0.8..1.2)
     } else if name.ends_with("attn_sinks.weight") {
         Some(-1.0..3.0)
+    } else if conditioned && name.ends_with("ffn_gate_inp.bias") {
+        Some(-6.0..6.0)
+    } else {
+        None
+    }
+}
+
+/// How many times the default magnitude a matrix is drawn
+/// ([`value_range`] says why).
+fn scale_of(name: &str, conditioned: bool) -> Option<f32> {
+    if !conditioned {
+        None
+    } else if name == "token_embd.weight" {
+        Some(225.0)
+    } else if name.ends_with("attn_output.weight") {
+        Some(3.0)
     } else {
         None
     }
@@ -212,8 +258,11 @@ pub fn gpt_oss_writer(shape: &GptOssShape, matrices: GgufTensorType) -> io::Resu
             GgufTensorType::F16
         };
         let len = ty.ggml().padded_row_bytes(dims.iter().product());
-        if let Some(range) = value_range(&name) {
+        if let Some(range) = value_range(&name, s.conditioned) {
             w = w.value_range(name.clone(), range);
+        }
+        if let Some(factor) = scale_of(&name, s.conditioned) {
+            w = w.scaled(name.clone(), factor);
         }
         w = w.tensor(name, &dims, ty.ggml_id(), len);
     }

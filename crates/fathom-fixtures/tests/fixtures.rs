@@ -623,3 +623,111 @@ fn gguf_writer_writes_what_it_is_told() {
     assert_eq!(header[at + 16..at + 24], 1u64.to_le_bytes());
     assert_eq!(header[at + 24], b'x');
 }
+
+/// `scaled` draws the same random tensor at `factor` times its magnitude:
+/// a float tensor's values, a quantized block's f16 scale (its quants
+/// unchanged); MXFP4's power-of-two scales refuse a factor.
+#[test]
+fn gguf_writer_scales_a_tensor() {
+    let dir = TempDir::new("scaled");
+    let q8_0 = GgufTensorType::Q8_0;
+    let write = |factor: Option<f32>, file: &str| {
+        let mut w =
+            GgufWriter::new()
+                .tensor("f", &[64], 0, 256)
+                .tensor("q", &[64], q8_0.ggml_id(), 68);
+        if let Some(f) = factor {
+            w = w.scaled("f", f).scaled("q", f);
+        }
+        let path = dir.0.join(file);
+        w.write(&path, Data::Random { seed: 3 }).unwrap();
+        let bytes = fs::read(&path).unwrap();
+        let start = parse_gguf(&bytes).data_start as usize;
+        bytes[start..].to_vec()
+    };
+    let (plain, big) = (write(None, "plain.gguf"), write(Some(150.0), "big.gguf"));
+    let f32s = |b: &[u8]| -> Vec<f32> {
+        b[..256]
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let (a, b) = (f32s(&plain), f32s(&big));
+    assert!(a.iter().all(|v| v.abs() <= 0.1));
+    assert!(b.iter().any(|v| v.abs() > 1.0));
+    for (x, y) in a.iter().zip(&b) {
+        assert!(
+            (x * 150.0 - y).abs() <= 1e-5 * y.abs().max(1.0),
+            "{x} × 150 vs {y}"
+        );
+    }
+    // Q8_0 at offset 256 (aligned): two blocks of an f16 scale and 32 quants.
+    let f16 = |b: &[u8]| fathom_ggml::f16_to_f32(u16::from_le_bytes([b[0], b[1]]));
+    for at in [256, 256 + 34] {
+        let (s, t) = (f16(&plain[at..]), f16(&big[at..]));
+        assert!(
+            s > 0.0 && (s * 150.0 - t).abs() <= 1e-3 * t,
+            "{s} × 150 vs {t}"
+        );
+        assert_eq!(plain[at + 2..at + 34], big[at + 2..at + 34]);
+    }
+    let mxfp4 = GgufTensorType::MXFP4;
+    let err = GgufWriter::new()
+        .tensor("m", &[32], mxfp4.ggml_id(), 17)
+        .scaled("m", 2.0)
+        .write(&dir.0.join("m.gguf"), Data::Random { seed: 3 });
+    assert_eq!(err.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
+}
+
+/// The real gpt-oss shapes are `conditioned`: embeddings 225 and the
+/// attention output 3 times the other matrices' magnitude, router biases
+/// from -6 to 6; the tiny test model keeps plain random weights.
+#[test]
+fn gpt_oss_real_shapes_are_conditioned_and_the_tiny_one_is_not() {
+    assert!(gpt_oss_20b().conditioned && gpt_oss_120b().conditioned);
+    assert!(!gpt_oss_tiny().conditioned);
+    let dir = TempDir::new("gpt-oss");
+    // The largest |value| of each F32 tensor, by name.
+    let largest = |conditioned: bool| -> HashMap<String, f32> {
+        let shape = GptOssShape {
+            conditioned,
+            layers: 1,
+            ..gpt_oss_tiny()
+        };
+        let path = dir.0.join(format!("{conditioned}.gguf"));
+        let ty = GgufTensorType::F32;
+        write_gpt_oss_gguf(&shape, ty, &path, Data::Random { seed: 5 }).unwrap();
+        let bytes = fs::read(&path).unwrap();
+        let g = parse_gguf(&bytes);
+        let mut out = HashMap::new();
+        for (name, dims, type_id, offset) in &g.tensors {
+            if *type_id != ty.ggml_id() {
+                continue;
+            }
+            let at = (g.data_start + offset) as usize;
+            let n = dims.iter().product::<u64>() as usize;
+            let max = bytes[at..at + 4 * n]
+                .chunks(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()).abs())
+                .fold(0.0, f32::max);
+            out.insert(name.clone(), max);
+        }
+        out
+    };
+    let (plain, cond) = (largest(false), largest(true));
+    for (name, bound) in [
+        ("token_embd.weight", 22.5),
+        ("blk.0.attn_output.weight", 0.3),
+        ("blk.0.ffn_gate_inp.bias", 6.0),
+    ] {
+        assert!(plain[name] <= 0.1, "{name}: {}", plain[name]);
+        assert!(
+            cond[name] <= bound && cond[name] > bound / 2.0,
+            "{name}: {} against {bound}",
+            cond[name]
+        );
+    }
+    for name in ["output.weight", "blk.0.attn_q.weight", "output_norm.weight"] {
+        assert_eq!(plain[name], cond[name], "{name}");
+    }
+}
