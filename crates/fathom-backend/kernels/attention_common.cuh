@@ -10,6 +10,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "mma.cuh"
 #include "quant.cuh"
 #include "reduce.cuh"
 
@@ -338,23 +339,10 @@ struct AttRope {
 
 // ---------------------------------------------------------------------------
 // Tensor cores (attention_mma.cu, attention_decode_mma.cu): warps a block,
-// keys a tile, mma.m16n8k16 (f16 in, f32 accumulate) and f16 packing. The
+// keys a tile and f16 packing (mma.m16n8k16 itself: mma.cuh). The
 // warps a block are ATT_MMA_WARPS (fathom_abi.h).
 
 #define ATT_MMA_KEYS 32
-
-__device__ __forceinline__ void mma_16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ unsigned half2_bits(float lo, float hi) {
-  const __half2 h = __floats2half2_rn(lo, hi);
-  return *(const unsigned*)&h;
-}
 
 // The f16 head of (lo, hi) as bits, and the f16 remainder in *rest.
 __device__ __forceinline__ unsigned half2_split(float lo, float hi, unsigned* rest) {
