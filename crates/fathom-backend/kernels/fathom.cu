@@ -33,12 +33,13 @@
 // Shared headers: common.cuh (the generated constants, warp, PDL, prefetch
 // budget, struct Weights, byte loaders, f16/bf16), reduce.cuh (warp
 // reductions), quant.cuh (weight decode, x8 activation blocks, dot products),
-// matvec.cuh (the matrix-vector body of matvec.cu and moe.cu) and
+// mma.cuh (the tensor-core product and its f16 packing), matvec.cuh (the matrix-vector body of matvec.cu and moe.cu) and
 // attention_common.cuh (step and KV descriptors, KV access, rope, split
 // block pieces, tensor-core helpers).
 
 #include "matvec.cu"
 #include "matmat.cu"
+#include "matmul_mma.cu"
 #include "convert.cu"
 #include "moe.cu"
 #include "norm.cu"

@@ -181,11 +181,14 @@ __device__ __forceinline__ void prefetch_segments(const Segments& s) {
     matvec<T, 1, true, X8>(gate, up, x, out, ntok, split, act, blockIdx.x);                     \
   }
 
-// The kernels of every weight type on f32 activations: mv1_<NAME> and
-// mvglu1_<NAME> (above), mv_<NAME> and mvglu_<NAME> (up to MV_MAX_TOKENS
-// tokens).
-#define FATHOM_MATVEC_KERNELS(NAME, T)                                                         \
-  FATHOM_ONE_TOKEN_KERNELS(, NAME, T, false)                                                    \
+// The one-token kernels of every weight type on f32 activations,
+// mv1_<NAME> and mvglu1_<NAME> (above).
+#define FATHOM_MATVEC_KERNELS(NAME, T) FATHOM_ONE_TOKEN_KERNELS(, NAME, T, false)
+
+// mv_<NAME> and mvglu_<NAME> (up to MV_MAX_TOKENS tokens): the float types
+// only (f32 has no tensor-core path; f16 and bf16 rows whose width is not
+// a multiple of 32 take these).
+#define FATHOM_FEW_TOKEN_KERNELS(NAME, T)                                                      \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8)                               \
       mv_##NAME(const Weights w, const float* x, float* out, int ntok, int split) { FATHOM_PDL(); \
     matvec<T, MV_MAX_TOKENS, false>(w, w, x, out, ntok, split, 0, blockIdx.x);                  \
@@ -203,3 +206,6 @@ FATHOM_ONE_TOKEN_KERNELS(x8, q4_k, T_Q4_K, true)
 FATHOM_ONE_TOKEN_KERNELS(x8, q6_k, T_Q6_K, true)
 
 FATHOM_WEIGHT_TYPES(FATHOM_MATVEC_KERNELS)
+FATHOM_FEW_TOKEN_KERNELS(f32, T_F32)
+FATHOM_FEW_TOKEN_KERNELS(f16, T_F16)
+FATHOM_FEW_TOKEN_KERNELS(bf16, T_BF16)

@@ -75,7 +75,7 @@ pub const GRAPH_MAX_NODES: usize = 800;
 /// with five graphs of ~700 nodes live at once, peaked 24 MB above the run
 /// with three (docs/benchmark_results/memory-cuda-2026-12-01.md).
 pub const GRAPH_HOST_BYTES: u64 = 8 << 20;
-/// The embedded kernels (sm_90 image and compressed PTX, 10.2 MB today),
+/// The embedded kernels (sm_90 image and compressed PTX, 10.0 MB today),
 /// resident in the process once the driver has read them; a backend test
 /// holds the fatbin under this.
 pub const KERNELS_HOST_BYTES: u64 = 10 << 20;

@@ -34,6 +34,12 @@ constants! {
     MV_MAX_TOKENS: usize = 8;
     /// Warps of a matrix-vector block.
     MV_WARPS: usize = 4;
+    /// Tokens a tensor-core product straight from the stored blocks
+    /// (`mq<n>_*`, matmul_mma.cu) takes, at most: more go to the tiled
+    /// kernel or cuBLAS.
+    MQ_MAX_TOKENS: usize = 64;
+    /// Warps of a `mq<n>_*` block: its 16 rows' depth split between them.
+    MQ_WARPS: usize = 4;
     /// Matrices one launch of the one-token kernel takes (`Segments`).
     MV_SEGMENTS: usize = 3;
     /// Most rows a block of the balanced one-token kernel takes.

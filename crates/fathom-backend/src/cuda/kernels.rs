@@ -53,7 +53,7 @@ pub(super) fn type_of_kind(kind: usize) -> Option<WeightType> {
 
 pub(super) struct Kernels {
     /// Matrix-vector products of one token (deeper unrolled) and of up to
-    /// MV_MAX_TOKENS.
+    /// MV_MAX_TOKENS (f32, f16 and bf16 only; null for the other kinds).
     pub(super) mv1: [sys::CUfunction; 16],
     pub(super) mv: [sys::CUfunction; 16],
     /// The same over a gate and an up matrix, writing act(gate) × up.
@@ -71,6 +71,11 @@ pub(super) struct Kernels {
     pub(super) moe_down: [sys::CUfunction; 16],
     pub(super) moe_combine: sys::CUfunction,
     pub(super) mm: [sys::CUfunction; 16],
+    /// Tensor-core products of 2 to `MQ_MAX_TOKENS` tokens straight from
+    /// the stored blocks, by (tokens at most: 16, 64; kind): up to 16 for
+    /// every kind but f32, up to 64 for Q4_K, Q5_K and Q6_K; null
+    /// elsewhere (matmul_mma.cu).
+    pub(super) mq: [[sys::CUfunction; 16]; 2],
     pub(super) embed: [sys::CUfunction; 16],
     pub(super) dequant: [sys::CUfunction; 16],
     pub(super) to_half: sys::CUfunction,
@@ -116,25 +121,23 @@ impl Kernels {
             }
             Ok(out)
         };
-        // Kinds with int8-activation kernels (`HasX8` in quant.cuh).
-        let x8_table = |prefix: &str| -> Result<[sys::CUfunction; 16], BackendError> {
+        // The kernels of `types` only.
+        let some = |prefix: &str, types: &[WeightType]| -> Result<_, BackendError> {
             let mut out = [std::ptr::null_mut(); 16];
-            for ty in [
-                WeightType::Q8_0,
-                WeightType::Q4_0,
-                WeightType::Q4_K,
-                WeightType::Q6_K,
-            ] {
+            for &ty in types {
                 let kind = kind_of_type(ty);
                 out[kind] = get(&format!("{prefix}_{}", KINDS[kind]))?;
             }
             Ok(out)
         };
+        use WeightType::{BF16, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0};
+        // Kinds with int8-activation kernels (`HasX8` in quant.cuh).
+        let x8_table = |prefix: &str| some(prefix, &[Q8_0, Q4_0, Q4_K, Q6_K]);
         // Kinds with routed-expert kernels: the int8-activation ones, and
         // these on f32 activations.
         let routed_table = |prefix: &str| -> Result<[sys::CUfunction; 16], BackendError> {
             let mut out = x8_table(&format!("{prefix}x8"))?;
-            for ty in [WeightType::F16, WeightType::BF16, WeightType::Q5_K] {
+            for ty in [F16, BF16, Q5_K] {
                 let kind = kind_of_type(ty);
                 out[kind] = get(&format!("{prefix}_{}", KINDS[kind]))?;
             }
@@ -142,9 +145,9 @@ impl Kernels {
         };
         Ok(Kernels {
             mv1: table("mv1")?,
-            mv: table("mv")?,
+            mv: some("mv", &[F32, F16, BF16])?,
             mvglu1: table("mvglu1")?,
-            mvglu: table("mvglu")?,
+            mvglu: some("mvglu", &[F32, F16, BF16])?,
             mv1x8: x8_table("mv1x8")?,
             mvglu1x8: x8_table("mvglu1x8")?,
             quantize_x8: get("quantize_x8")?,
@@ -152,6 +155,15 @@ impl Kernels {
             moe_down: routed_table("moe_down")?,
             moe_combine: get("moe_combine")?,
             mm: table("mm")?,
+            mq: {
+                let mut upto16 = [std::ptr::null_mut(); 16];
+                for (k, name) in KINDS.iter().enumerate() {
+                    if k != kind_of_type(F32) {
+                        upto16[k] = get(&format!("mq16_{name}"))?;
+                    }
+                }
+                [upto16, some("mq64", &[Q4_K, Q5_K, Q6_K])?]
+            },
             embed: table("embed")?,
             dequant: table("dequant")?,
             to_half: get("to_half")?,

@@ -4,9 +4,13 @@
 
 use std::ffi::c_void;
 
+use cudarc::driver::sys;
+
 use fathom_plan::cuda::WEIGHT_STAGING as W16_STAGING;
 
-use super::abi::{Segments, MV_BALANCED_ROWS, MV_MAX_TOKENS, MV_SEGMENTS, MV_WARPS};
+use super::abi::{
+    Segments, MQ_MAX_TOKENS, MQ_WARPS, MV_BALANCED_ROWS, MV_MAX_TOKENS, MV_SEGMENTS, MV_WARPS,
+};
 use super::kernels::act_id;
 use super::kernels::type_of_kind;
 use super::{blas, kind_of_type, CudaBackend, DevMatrix};
@@ -19,6 +23,76 @@ impl CudaBackend {
     #[doc(hidden)]
     pub fn use_tiled_prefill(&mut self, on: bool) {
         self.tiled_prefill = on;
+    }
+
+    /// Steps of 2 to `MQ_MAX_TOKENS` rows on the tensor-core kernels
+    /// straight from the stored blocks (`true`, the default unless
+    /// `FATHOM_CUDA_MMA_FEW=0`) or on the paths before them (cuBLAS on
+    /// dequantized f16; f16 and bf16 up to 8 rows on the f32 few-token
+    /// kernel), so tests and benchmarks can hold one against the other;
+    /// `kgroups` (1, 2 or 4) overrides the warps a row's depth is split
+    /// between.
+    #[doc(hidden)]
+    pub fn use_mma_few(&mut self, on: bool, kgroups: Option<usize>) {
+        self.mma_few = on;
+        self.mma_kgroups = kgroups;
+    }
+
+    /// The tensor-core kernel (matmul_mma.cu) `rows` rows through `m` take,
+    /// if any: up to 16 rows for every kind but f32 (f16 and bf16 only up
+    /// to `MV_MAX_TOKENS`: beyond, cuBLAS reads them as stored), up to
+    /// `MQ_MAX_TOKENS` for the K-quants, when the activations fit the f16
+    /// staging and the depth is whole 32-value steps.
+    fn mma_few_kernel(&self, m: &DevMatrix, rows: usize) -> Option<sys::CUfunction> {
+        use WeightType::{BF16, F16};
+        let cols = m.arg.cols as usize;
+        let most = if matches!(type_of_kind(m.kind), Some(F16 | BF16)) {
+            MV_MAX_TOKENS
+        } else {
+            MQ_MAX_TOKENS
+        };
+        let f = self.k.mq[usize::from(rows > 16)][m.kind];
+        (self.mma_few
+            && !f.is_null()
+            && (2..=most).contains(&rows)
+            && cols.is_multiple_of(32)
+            && cols <= self.upload.x16_cols
+            && rows <= self.upload.tokens)
+            .then_some(f)
+    }
+
+    /// `rows` rows of x (at `xp`) through `m` into `out` on tensor-core
+    /// kernel `f` (`mma_few_kernel`). Four warps a row by default (the
+    /// fastest measured for every type and token count: matmul_mma.cu).
+    fn matmul_mma(&mut self, f: sys::CUfunction, m: DevMatrix, xp: u64, rows: usize, out: u64) {
+        let (wr, wc) = (m.arg.rows as usize, m.arg.cols as usize);
+        let holds = self.x_to_half(xp, rows * wc, false);
+        let kgroups = self.mma_kgroups.unwrap_or(MQ_WARPS);
+        let (mut arg, mut x16, mut op) = (m.arg, self.upload.x16, out);
+        let (mut n, mut kg) = (rows as i32, kgroups as i32);
+        let grid = wr.div_ceil(16 * MQ_WARPS / kgroups) as u32;
+        self.launch(
+            f,
+            (grid, 1, 1),
+            32 * MQ_WARPS as u32,
+            &mut args![arg, x16, op, n, kg],
+        );
+        self.x16_holds = holds;
+    }
+
+    /// x (`n` f32 values at `xp`) as f16 (bf16 where `bf16`) in the
+    /// activation staging, unless it holds them already; returns what it
+    /// holds, for the caller to record once its own launches are out (any
+    /// launch forgets it).
+    fn x_to_half(&mut self, xp: u64, n: usize, bf16: bool) -> Option<(u64, i64, i32)> {
+        let (mut xp, mut n, mut bf, mut x16) = (xp, n as i64, bf16 as i32, self.upload.x16);
+        let holds = Some((xp, n, bf));
+        if self.x16_holds != holds {
+            let f = self.k.to_half;
+            let grid = Self::grid_for(n as usize, 256).min(4096);
+            self.launch(f, (grid, 1, 1), 256, &mut args![xp, n, bf, x16]);
+        }
+        holds
     }
 
     /// One token of x (at `xp`) through each matrix into its output
@@ -174,14 +248,7 @@ impl CudaBackend {
         let (wr, wc) = (m.arg.rows as usize, m.arg.cols as usize);
         let bf16 = m.kind == kind_of_type(WeightType::BF16);
         let ty = if bf16 { blas::R_16BF } else { blas::R_16F };
-        let (mut xp, mut n, mut bf, mut x16) =
-            (x, (rows * wc) as i64, bf16 as i32, self.upload.x16);
-        let holds = Some((xp, n, bf));
-        if self.x16_holds != holds {
-            let f = self.k.to_half;
-            let grid = Self::grid_for(n as usize, 256).min(4096);
-            self.launch(f, (grid, 1, 1), 256, &mut args![xp, n, bf, x16]);
-        }
+        let holds = self.x_to_half(x, rows * wc, bf16);
         let gemm = |s: &mut Self, a: u64, m_rows: usize, c: u64| {
             // Column-major: out' (wr × rows, ldc wr) = W' (wc × m)ᵀ · x' (wc × rows).
             s.gemm(blas::Gemm {
@@ -243,7 +310,9 @@ impl CudaBackend {
         let mut arg = m.arg;
         if rows == 1 {
             self.matvec_one(&[(m, op)], xp);
-        } else if rows <= MV_MAX_TOKENS {
+        } else if let Some(f) = self.mma_few_kernel(&m, rows) {
+            self.matmul_mma(f, m, xp, rows, op);
+        } else if rows <= MV_MAX_TOKENS && !self.k.mv[m.kind].is_null() {
             let mut n = rows as i32;
             let f = self.k.mv[m.kind];
             let split = Self::matvec_split(wr, wc / Self::matvec_chunk(m.kind, rows));
@@ -316,13 +385,16 @@ impl CudaBackend {
     ) {
         let (g, u) = (self.matrices[gate.0 as usize], self.matrices[up.0 as usize]);
         let fused = rows <= MV_MAX_TOKENS
+            && (rows == 1
+                || (self.mma_few_kernel(&g, rows).is_none() && !self.k.mvglu[g.kind].is_null()))
             && g.kind == u.kind
             && g.kind != kind_of_type(WeightType::F32)
             && (g.arg.rows, g.arg.cols) == (u.arg.rows, u.arg.cols)
             && g.arg.rows as usize == width;
         if !fused {
-            // Prefill (cuBLAS), F32 weights, or a mixed-type pair (Q4_K_M
-            // keeps some up projections in another type than their gates).
+            // Prefill (cuBLAS), a few rows on the tensor-core kernels, F32
+            // weights, or a mixed-type pair (Q4_K_M keeps some up
+            // projections in another type than their gates).
             self.matmul(gate, x, rows, out);
             self.matmul(up, x, rows, up_out);
             self.glu(out, up_out, rows, width, act);

@@ -158,6 +158,9 @@ pub struct CudaBackend {
     startup: StartupMemory,
     /// Prefill through the tiled f32 kernel instead of cuBLAS (tests).
     tiled_prefill: bool,
+    /// 2 to `MQ_MAX_TOKENS` rows on the tensor-core kernels (`use_mma_few`).
+    mma_few: bool,
+    mma_kgroups: Option<usize>,
     /// Split attention's partials (address, bytes): the plan's
     /// `attention_partials`.
     partials: (u64, u64),

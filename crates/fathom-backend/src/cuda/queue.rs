@@ -94,7 +94,7 @@ pub(super) struct LaunchQueue {
 }
 
 /// Whether `var` is on: anything but `0` (and unset) is.
-fn switch(var: &str) -> bool {
+pub(super) fn switch(var: &str) -> bool {
     std::env::var(var).map_or(true, |v| v != "0")
 }
 

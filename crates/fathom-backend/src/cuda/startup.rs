@@ -220,6 +220,8 @@ impl CudaBackend {
             error: None,
             startup,
             tiled_prefill: false,
+            mma_few: super::queue::switch("FATHOM_CUDA_MMA_FEW"),
+            mma_kgroups: None,
             partials: (
                 base + layout.attention_partials.offset,
                 layout.attention_partials.bytes,

@@ -281,19 +281,25 @@ pub(crate) fn cuda_attention_speed() {
     );
 }
 
-/// The CUDA backend's other prefill path (the tiled f32 kernel, which the
-/// default cuBLAS-on-f16 path falls back to), on the same cases.
+/// The CUDA backend's matmul paths besides the tensor-core few-token
+/// kernels, on the same cases: the f32 few-token kernel (up to 8 rows) and
+/// cuBLAS on f16 beyond, then the tiled f32 kernel that cuBLAS falls back
+/// to (prefill rows only).
 #[test]
-pub(crate) fn cuda_tiled_prefill() {
+pub(crate) fn cuda_matmul_other_paths() {
     let arena = arena();
-    let Some(mut b) = cuda_backend(&arena, &small_kv()) else {
-        return;
-    };
-    b.use_tiled_prefill(true);
-    let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
-    let mut rng = Rng::xorshift64_star(0x7135);
-    test_matmul(&mut h, &mut rng, true);
-    let failures = h.finish();
+    let mut failures = Vec::new();
+    for tiled in [false, true] {
+        let Some(mut b) = cuda_backend(&arena, &small_kv()) else {
+            return;
+        };
+        b.use_mma_few(false, None);
+        b.use_tiled_prefill(tiled);
+        let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
+        let mut rng = Rng::xorshift64_star(0x7135);
+        test_matmul(&mut h, &mut rng, tiled);
+        failures.extend(h.finish());
+    }
     assert!(
         failures.is_empty(),
         "{} checks failed:\n{}",
@@ -541,10 +547,12 @@ pub(crate) fn cuda_kv_bytes() {
 }
 
 /// Rough speed of the matmul kernels on Llama-3.1-8B's ffn_gate shape
-/// (14336×4096): decode (1 and 8 tokens, weight bytes / time against the
-/// HBM bandwidth), decode batches of 16 and 64 (cuBLAS), and a 256-token
-/// prefill chunk. Prints only; a first look,
-/// not a benchmark (host-side timing around queued launches, then a sync).
+/// (14336×4096) in every listed type, and its attention output shape
+/// (4096×4096) in two: one token (weight bytes / time against the HBM
+/// bandwidth), 2 to 64 tokens on the tensor-core kernels (each depth split)
+/// and on the paths before them, and a 256-token prefill chunk. Prints
+/// only; a first look, not a benchmark (host-side timing around queued
+/// launches, then a sync).
 #[test]
 pub(crate) fn cuda_speed() {
     let arena = arena();
@@ -553,10 +561,10 @@ pub(crate) fn cuda_speed() {
     };
     let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
     let mut rng = Rng::xorshift64_star(3);
-    let (rows, cols) = (14336, 4096);
+    let cols = 4096;
     let x = uniform(&mut rng, 256 * cols);
     h.set(Buf::Norm, &x, cols);
-    for kind in [
+    let ffn = [
         Ok(WeightType::Q4_K),
         Ok(WeightType::Q6_K),
         Ok(WeightType::Q8_0),
@@ -566,19 +574,32 @@ pub(crate) fn cuda_speed() {
         Ok(WeightType::F16),
         Ok(WeightType::F32),
         Err(4),
-    ] {
+    ];
+    let cases = ffn
+        .into_iter()
+        .map(|k| (14336, k))
+        .chain([(4096, Ok(WeightType::Q4_K)), (4096, Ok(WeightType::Q8_0))]);
+    for (rows, kind) in cases {
         let (m, _) = random_matrix(&mut rng, kind, rows, cols);
         let bytes = m.data.len() as f64;
         let id = h.b.load_matrix(m).expect("loads");
-        for (tokens, reps, tiled) in [
-            (1usize, 200, false),
-            (8, 100, false),
-            (16, 100, false),
-            (64, 50, false),
-            (256, 10, true),
-            (256, 10, false),
-        ] {
-            h.b.use_tiled_prefill(tiled);
+        // (tokens, repeats, path): "mma" the tensor-core few-token kernels
+        // (with the depth split forced into 1, 2 or 4 warps where given),
+        // "before" the paths they replace, "tiled" the fallback prefill.
+        let mut runs = vec![(1usize, 200, "matvec", None)];
+        for tokens in [2usize, 4, 8, 16, 32, 64] {
+            runs.push((tokens, 100, "mma", None));
+            if kind != Ok(WeightType::F32) {
+                for kg in [1, 2, 4] {
+                    runs.push((tokens, 100, "mma", Some(kg)));
+                }
+            }
+            runs.push((tokens, 100, "before", None));
+        }
+        runs.extend([(256, 10, "tiled", None), (256, 10, "cuBLAS", None)]);
+        for (tokens, reps, path, kgroups) in runs {
+            h.b.use_tiled_prefill(path == "tiled");
+            h.b.use_mma_few(path == "mma", kgroups);
             h.b.matmul(id, Buf::Norm, tokens, Buf::FfnUp);
             let _ = h.get(Buf::Logits, 1, 8);
             let t = std::time::Instant::now();
@@ -587,15 +608,9 @@ pub(crate) fn cuda_speed() {
             }
             let _ = h.get(Buf::Logits, 1, 8);
             let s = t.elapsed().as_secs_f64() / reps as f64;
-            let path = if tokens <= 8 {
-                "matvec"
-            } else if tiled {
-                "tiled"
-            } else {
-                "cuBLAS"
-            };
+            let split = kgroups.map_or(String::new(), |k| format!(" k{k}"));
             println!(
-                "speed {:16} {path:6} {rows}x{cols} x{tokens:3}: {:8.1} us  {:7.0} GB/s weights  {:6.1} TFLOP/s",
+                "speed {:16} {path:6}{split:3} {rows}x{cols} x{tokens:3}: {:8.1} us  {:7.0} GB/s weights  {:6.1} TFLOP/s",
                 kind_name(kind),
                 s * 1e6,
                 bytes / s / 1e9,

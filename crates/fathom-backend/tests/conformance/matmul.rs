@@ -67,9 +67,10 @@ pub(crate) fn test_matmul<B: Backend + ?Sized>(
             768,
             2048,
             all.clone(),
-            vec![1, 3, 8, 9, 37, 64, 77],
+            vec![1, 2, 3, 8, 9, 16, 37, 64, 77],
         ),
-        // Decode batches on a matrix of rows not a multiple of 16.
+        // Decode batches on a matrix of rows not a multiple of 16 (token
+        // counts even: the harness reads rows x tokens in runs of 8).
         (
             "100x2048",
             100,
@@ -78,8 +79,9 @@ pub(crate) fn test_matmul<B: Backend + ?Sized>(
                 Ok(WeightType::F16),
                 Ok(WeightType::BF16),
                 Ok(WeightType::Q8_0),
+                Ok(WeightType::Q4_K),
             ],
-            vec![16, 40],
+            vec![2, 6, 16, 40],
         ),
         (
             "SmolLM2 ffn_up 1536x576",
