@@ -371,6 +371,27 @@ pub struct TensorEntry {
     pub bytes: u64,
 }
 
+/// The sizes of the tokenizer a GGUF header embeds (`tokenizer.ggml.*`),
+/// read from the parsed metadata: what the parsed arrays and the
+/// tokenizer's tables built from them hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VocabHeader {
+    /// Entries of `tokenizer.ggml.tokens`.
+    pub tokens: u64,
+    /// Their strings' bytes, summed.
+    pub token_bytes: u64,
+    /// Metadata arrays of one element per token (`tokens`, `token_type`,
+    /// `scores`).
+    pub token_arrays: u64,
+    /// Entries of `tokenizer.ggml.merges`.
+    pub merges: u64,
+    /// Their strings' bytes, summed.
+    pub merge_bytes: u64,
+    /// SentencePiece (`tokenizer.ggml.model` = `llama`): the tokenizer
+    /// keeps an f32 score per token.
+    pub scores_kept: bool,
+}
+
 /// The normalized description of one model.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelSpec {
@@ -424,6 +445,11 @@ pub struct ModelSpec {
     /// the runtime's tokenizer tables grow with them as with the tokens.
     #[serde(skip_serializing_if = "is_zero")]
     pub tokenizer_merges: u64,
+    /// The embedded tokenizer's sizes as the header gives them, for the
+    /// runtime term's exact vocabulary tables (GGUF; all zero otherwise).
+    /// Not serialized: the spec JSON reads as before.
+    #[serde(skip)]
+    pub vocab_header: VocabHeader,
     pub tied_embeddings: bool,
     pub tensors: Vec<TensorEntry>,
     /// Where the tensor table came from, for the plan's weights line
@@ -507,6 +533,7 @@ impl ModelSpec {
             linear: None,
             mtp_layers: 0,
             tokenizer_merges: 0,
+            vocab_header: VocabHeader::default(),
             tied_embeddings,
             source: String::new(),
             tensors,

@@ -698,6 +698,12 @@ fn gemma4_metadata_is_checked() {
     ))
     .unwrap();
     assert_eq!(spec.tokenizer_merges, 3, "the runtime term counts them");
+    let header = spec.vocab_header;
+    assert_eq!(
+        (header.merges, header.merge_bytes),
+        (3, 3 + 4 + 3),
+        "merges and their strings' bytes"
+    );
     let dims: Vec<(u64, u64)> = spec
         .layers
         .iter()
