@@ -72,13 +72,16 @@ pub const CALIBRATION_VOCAB: VocabHeader = VocabHeader {
     merges: 48_900,
     merge_bytes: 417_477,
     scores_kept: false,
+    token_chunks: 1_577_104,
+    merge_chunks: 1_569_248,
+    merge_part_chunks: 3_132_656,
 };
 
 /// What a running fathom holds besides its vocabulary's tables (code,
-/// libc, the tensor table, the pre-tokenizer, allocator slack): the part
-/// of the base and allowance that the calibration vocabulary's tables
-/// ([`vocab_heap`] of [`CALIBRATION_VOCAB`], 14,268,462 B) leave, so the
-/// two readings agree where the allowance was measured. 11,945,938 B.
+/// libc, the tensor table, the pre-tokenizer, thread stacks): the part of
+/// the base and allowance that the calibration vocabulary's tables
+/// ([`vocab_heap`] of [`CALIBRATION_VOCAB`], 21,808,114 B) leave, so the
+/// two readings agree where the allowance was measured. 4,406,286 B.
 pub fn runtime_fixed_bytes() -> u64 {
     RUNTIME_BASE_BYTES
         .saturating_add(
@@ -91,17 +94,20 @@ pub fn runtime_fixed_bytes() -> u64 {
 
 /// Heap bytes of the vocabulary's tables at the tokenizer's build, when
 /// all of them are alive at once, from the header's counts and string
-/// bytes alone. Each size is a Rust layout the crates holding it assert
-/// at compile time (`MetaValue`, `String`, the map slots):
+/// sizes alone. Each string is its own allocation and counts its malloc
+/// chunk ([`fathom_spec::string_heap_bytes`], summed in the header's
+/// `*_chunks`); each other size is a Rust layout the crates holding it
+/// assert at compile time (`MetaValue`, `String`, the map slots):
 /// - parsed metadata: 32 B per array element (`MetaValue`) over the
-///   per-token arrays and the merges, plus the strings' bytes;
-/// - token texts: 24 B (`String`) + the text; token attributes 2 B and
-///   piece ends 8 B per token; the pieces at most the texts' bytes;
+///   per-token arrays and the merges, plus the token and merge strings;
+/// - token texts: 24 B (`String`) + its string; token attributes 2 B and
+///   piece ends 8 B per token; the pieces (one buffer) at most the texts'
+///   bytes;
 /// - the text-to-id map: a hash table of `(String, u32)` slots (32 B) with
-///   a copy of every text;
+///   a copy of every token string;
 /// - the merge table: a hash table of `((u32, u32), (u32, u32))` slots
-///   (16 B), built while the merges as read are alive, 48 B
-///   (`(String, String)`) + the line less its space each;
+///   (16 B), built while the merges as read are alive: 48 B
+///   (`(String, String)`) + the two parts' strings each;
 /// - SentencePiece: an f32 score per token.
 pub fn vocab_heap(v: &VocabHeader) -> u64 {
     let n = v.tokens;
@@ -110,18 +116,18 @@ pub fn vocab_heap(v: &VocabHeader) -> u64 {
         .saturating_mul(n)
         .saturating_add(v.merges)
         .saturating_mul(32)
-        .saturating_add(v.token_bytes)
-        .saturating_add(v.merge_bytes);
-    let texts = n.saturating_mul(24).saturating_add(v.token_bytes);
+        .saturating_add(v.token_chunks)
+        .saturating_add(v.merge_chunks);
+    let texts = n.saturating_mul(24).saturating_add(v.token_chunks);
     let per_token = n.saturating_mul(2 + 8 + if v.scores_kept { 4 } else { 0 });
     let pieces = v.token_bytes;
-    let ids = hash_table_bytes(n, 32).saturating_add(v.token_bytes);
+    let ids = hash_table_bytes(n, 32).saturating_add(v.token_chunks);
     let merges = if v.merges == 0 {
         0
     } else {
         hash_table_bytes(v.merges, 16)
             .saturating_add(v.merges.saturating_mul(48))
-            .saturating_add(v.merge_bytes.saturating_sub(v.merges))
+            .saturating_add(v.merge_part_chunks)
     };
     [metadata, texts, per_token, pieces, ids, merges]
         .into_iter()

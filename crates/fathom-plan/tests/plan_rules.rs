@@ -138,6 +138,11 @@ fn runtime_counts_a_large_vocabularys_tables_from_the_header() {
     assert_eq!(hash_table_bytes(229_376, 32), 262_144 * 33 + 16);
     assert_eq!(hash_table_bytes(229_377, 32), 524_288 * 33 + 16);
     assert_eq!(vocab_heap(&VocabHeader::default()), 0);
+    // glibc's chunk of a string: 8 bytes of header, 16-byte steps, 32 at least.
+    let chunks: Vec<u64> = [0, 1, 24, 25, 40, 41]
+        .map(fathom_spec::string_heap_bytes)
+        .to_vec();
+    assert_eq!(chunks, [0, 32, 32, 48, 48, 64]);
     let smollm2 = device::runtime(Device::Cpu, 49_152, 48_900, &CALIBRATION_VOCAB, 2);
     let allowance = device::runtime(Device::Cpu, 49_152, 48_900, &VocabHeader::default(), 2);
     assert_eq!(
@@ -155,6 +160,9 @@ fn runtime_counts_a_large_vocabularys_tables_from_the_header() {
         merges: 151_387,
         merge_bytes: 1_520_452,
         scores_kept: false,
+        token_chunks: 8_014_880,
+        merge_chunks: 4_957_552,
+        merge_part_chunks: 9_712_960,
     };
     let tables = vocab_heap(&qwen35);
     let (bytes, derivation) = device::runtime(Device::Cpu, 248_320, 151_387, &qwen35, 2);

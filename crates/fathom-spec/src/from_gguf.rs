@@ -316,8 +316,25 @@ fn vocab_header(file: &GgufFile) -> crate::VocabHeader {
             .map(|s| s.len() as u64)
             .sum::<u64>()
     };
+    let chunks = |items: &[MetaValue]| {
+        items
+            .iter()
+            .filter_map(MetaValue::as_str)
+            .map(|s| crate::string_heap_bytes(s.len() as u64))
+            .sum::<u64>()
+    };
     let tokens = array("tokenizer.ggml.tokens").unwrap_or(&[]);
     let merges = array("tokenizer.ggml.merges").unwrap_or(&[]);
+    // The tokenizer splits a merge at its first space after the first byte.
+    let merge_part_chunks = merges
+        .iter()
+        .filter_map(MetaValue::as_str)
+        .filter_map(|line| {
+            let at = line.as_bytes().iter().skip(1).position(|&b| b == b' ')? + 1;
+            let left = crate::string_heap_bytes(at as u64);
+            Some(left + crate::string_heap_bytes((line.len() - at - 1) as u64))
+        })
+        .sum::<u64>();
     let n = tokens.len();
     crate::VocabHeader {
         tokens: n as u64,
@@ -338,6 +355,9 @@ fn vocab_header(file: &GgufFile) -> crate::VocabHeader {
         merge_bytes: bytes(merges),
         scores_kept: n > 0
             && file.get("tokenizer.ggml.model").and_then(MetaValue::as_str) == Some("llama"),
+        token_chunks: chunks(tokens),
+        merge_chunks: chunks(merges),
+        merge_part_chunks,
     }
 }
 

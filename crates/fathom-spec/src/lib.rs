@@ -390,6 +390,30 @@ pub struct VocabHeader {
     /// SentencePiece (`tokenizer.ggml.model` = `llama`): the tokenizer
     /// keeps an f32 score per token.
     pub scores_kept: bool,
+    /// [`string_heap_bytes`] summed over the tokens: what one heap copy of
+    /// every token string takes.
+    pub token_chunks: u64,
+    /// The same over the merge lines.
+    pub merge_chunks: u64,
+    /// The same over the merges' two parts (a line split at its first space
+    /// after the first byte).
+    pub merge_part_chunks: u64,
+}
+
+/// The heap a string of `len` bytes takes on its own (a Rust `String`'s
+/// buffer): glibc malloc's chunk on a 64-bit target, the length plus an
+/// 8-byte header rounded up to 16 bytes, at least 32; nothing when empty.
+/// A vocabulary is hundreds of thousands of strings of about 9 bytes, so
+/// the chunks, not the bytes, are most of its strings' memory.
+pub fn string_heap_bytes(len: u64) -> u64 {
+    if len == 0 {
+        0
+    } else {
+        len.saturating_add(8 + 15)
+            .saturating_div(16)
+            .saturating_mul(16)
+            .max(32)
+    }
 }
 
 /// The normalized description of one model.

@@ -704,6 +704,11 @@ fn gemma4_metadata_is_checked() {
         (3, 3 + 4 + 3),
         "merges and their strings' bytes"
     );
+    assert_eq!(
+        (header.merge_chunks, header.merge_part_chunks),
+        (3 * 32, 6 * 32),
+        "each line and each part a 32-byte malloc chunk"
+    );
     let dims: Vec<(u64, u64)> = spec
         .layers
         .iter()
