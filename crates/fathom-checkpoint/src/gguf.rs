@@ -32,6 +32,9 @@ pub enum MetaValue {
     Array(u32, Vec<MetaValue>),
 }
 
+// The plan's runtime term counts 32 bytes a metadata array element.
+const _: () = assert!(std::mem::size_of::<MetaValue>() == 32);
+
 impl MetaValue {
     /// Any integer type whose value fits in u64; `None` for negatives, bools
     /// and floats, because a count or id stored as such is a broken file
@@ -448,6 +451,9 @@ impl<'p, R: Read> Parser<'p, R> {
             let item = || format!("{}[{i}]", field());
             values.push(self.value(elem_ty, depth.saturating_add(1), &item)?);
         }
+        // Grown by doubling past MAX_PREALLOC: keep only what was read,
+        // 32 bytes an element, as the plan's runtime term counts it.
+        values.shrink_to_fit();
         Ok(MetaValue::Array(elem_ty as u32, values))
     }
 

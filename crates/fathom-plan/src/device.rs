@@ -6,7 +6,7 @@ use crate::activations::{ActivationPlan, Buf};
 use crate::cuda::{self, DeviceLayout};
 use crate::size::format_binary;
 use crate::{rocm, HostPlan, PlanError, PlanInputs, Term};
-use fathom_spec::ModelSpec;
+use fathom_spec::{ModelSpec, VocabHeader};
 
 /// A device fathom can plan for. CPU and CUDA run; ROCm and Metal are
 /// planning targets until their backends exist.
@@ -63,9 +63,111 @@ pub const RUNTIME_BASE_BYTES: u64 = 16 << 20;
 pub const RUNTIME_BYTES_PER_VOCAB_ENTRY: u64 = 192;
 /// Per worker thread: touched stack and thread-local allocator state.
 pub const RUNTIME_BYTES_PER_THREAD: u64 = 128 << 10;
+/// SmolLM2-135M's embedded tokenizer, the vocabulary the base and the
+/// per-entry allowance were measured on (the recorded CPU memory grid).
+pub const CALIBRATION_VOCAB: VocabHeader = VocabHeader {
+    tokens: 49_152,
+    token_bytes: 369_170,
+    token_arrays: 2,
+    merges: 48_900,
+    merge_bytes: 417_477,
+    scores_kept: false,
+    token_chunks: 1_577_104,
+    merge_chunks: 1_569_248,
+    merge_part_chunks: 3_132_656,
+};
 
-/// The runtime term in bytes and its derivation.
-pub fn runtime(device: Device, vocab: u64, merges: u64, threads: u64) -> (u64, String) {
+/// What a running fathom holds besides its vocabulary's tables (code,
+/// libc, the tensor table, the pre-tokenizer, thread stacks): the part of
+/// the base and allowance that the calibration vocabulary's tables
+/// ([`vocab_heap`] of [`CALIBRATION_VOCAB`], 21,808,114 B) leave, so the
+/// two readings agree where the allowance was measured. 4,406,286 B.
+pub fn runtime_fixed_bytes() -> u64 {
+    RUNTIME_BASE_BYTES
+        .saturating_add(
+            CALIBRATION_VOCAB
+                .tokens
+                .saturating_mul(RUNTIME_BYTES_PER_VOCAB_ENTRY),
+        )
+        .saturating_sub(vocab_heap(&CALIBRATION_VOCAB))
+}
+
+/// Heap bytes of the vocabulary's tables at the tokenizer's build, when
+/// all of them are alive at once, from the header's counts and string
+/// sizes alone. Each string is its own allocation and counts its malloc
+/// chunk ([`fathom_spec::string_heap_bytes`], summed in the header's
+/// `*_chunks`); each other size is a Rust layout the crates holding it
+/// assert at compile time (`MetaValue`, `String`, the map slots):
+/// - parsed metadata: 32 B per array element (`MetaValue`) over the
+///   per-token arrays and the merges, plus the token and merge strings;
+/// - token texts: 24 B (`String`) + its string; token attributes 2 B and
+///   piece ends 8 B per token; the pieces (one buffer) at most the texts'
+///   bytes;
+/// - the text-to-id map: a hash table of `(String, u32)` slots (32 B) with
+///   a copy of every token string;
+/// - the merge table: a hash table of `((u32, u32), (u32, u32))` slots
+///   (16 B), built while the merges as read are alive: 48 B
+///   (`(String, String)`) + the two parts' strings each;
+/// - SentencePiece: an f32 score per token.
+pub fn vocab_heap(v: &VocabHeader) -> u64 {
+    let n = v.tokens;
+    let metadata = v
+        .token_arrays
+        .saturating_mul(n)
+        .saturating_add(v.merges)
+        .saturating_mul(32)
+        .saturating_add(v.token_chunks)
+        .saturating_add(v.merge_chunks);
+    let texts = n.saturating_mul(24).saturating_add(v.token_chunks);
+    let per_token = n.saturating_mul(2 + 8 + if v.scores_kept { 4 } else { 0 });
+    let pieces = v.token_bytes;
+    let ids = hash_table_bytes(n, 32).saturating_add(v.token_chunks);
+    let merges = if v.merges == 0 {
+        0
+    } else {
+        hash_table_bytes(v.merges, 16)
+            .saturating_add(v.merges.saturating_mul(48))
+            .saturating_add(v.merge_part_chunks)
+    };
+    [metadata, texts, per_token, pieces, ids, merges]
+        .into_iter()
+        .fold(0, u64::saturating_add)
+}
+
+/// The allocation of a std `HashMap` made `with_capacity(items)` with
+/// `slot`-byte entries (hashbrown's layout): buckets the next power of two
+/// of 8/7 the items (4 or 8 below 8 items), their slots rounded up to 16
+/// bytes, and a control byte per bucket plus one 16-byte group.
+pub fn hash_table_bytes(items: u64, slot: u64) -> u64 {
+    if items == 0 {
+        return 0;
+    }
+    let buckets = match items {
+        0..=3 => 4,
+        4..=7 => 8,
+        _ => (items.saturating_mul(8) / 7)
+            .checked_next_power_of_two()
+            .unwrap_or(u64::MAX),
+    };
+    buckets
+        .saturating_mul(slot)
+        .saturating_add(15)
+        .saturating_div(16)
+        .saturating_mul(16)
+        .saturating_add(buckets)
+        .saturating_add(16)
+}
+
+/// The runtime term in bytes and its derivation: the base and the
+/// per-entry allowance, unless the vocabulary's tables counted exactly
+/// ([`vocab_heap`]) beside the fixed part come to more.
+pub fn runtime(
+    device: Device,
+    vocab: u64,
+    merges: u64,
+    header: &VocabHeader,
+    threads: u64,
+) -> (u64, String) {
     if !device.counts_host_runtime() {
         return (
             0,
@@ -74,20 +176,35 @@ pub fn runtime(device: Device, vocab: u64, merges: u64, threads: u64) -> (u64, S
     }
     let extra_merges = merges.saturating_sub(vocab);
     let entries = vocab.saturating_add(extra_merges);
-    let bytes = RUNTIME_BASE_BYTES
-        .saturating_add(entries.saturating_mul(RUNTIME_BYTES_PER_VOCAB_ENTRY))
-        .saturating_add(threads.saturating_mul(RUNTIME_BYTES_PER_THREAD));
+    let allowance =
+        RUNTIME_BASE_BYTES.saturating_add(entries.saturating_mul(RUNTIME_BYTES_PER_VOCAB_ENTRY));
+    let tables = vocab_heap(header);
+    let fixed = runtime_fixed_bytes();
+    let exact = fixed.saturating_add(tables);
+    let thread_bytes = threads.saturating_mul(RUNTIME_BYTES_PER_THREAD);
+    let threads_part = format!("{threads} threads x {} KiB", RUNTIME_BYTES_PER_THREAD >> 10);
+    if exact > allowance {
+        let derivation = format!(
+            "{fixed} B fixed + {tables} B vocabulary tables ({} tokens of {} B in {} arrays, {} \
+             merges of {} B: parsed metadata, texts, id map, pieces, merge table) + {threads_part}",
+            header.tokens,
+            header.token_bytes,
+            header.token_arrays,
+            header.merges,
+            header.merge_bytes,
+        );
+        return (exact.saturating_add(thread_bytes), derivation);
+    }
     let merges_part = if extra_merges > 0 {
         format!(" + {extra_merges} merges beyond one per entry x {RUNTIME_BYTES_PER_VOCAB_ENTRY} B")
     } else {
         String::new()
     };
     let derivation = format!(
-        "{} MiB base + {vocab} vocab entries x {RUNTIME_BYTES_PER_VOCAB_ENTRY} B{merges_part} + {threads} threads x {} KiB",
+        "{} MiB base + {vocab} vocab entries x {RUNTIME_BYTES_PER_VOCAB_ENTRY} B{merges_part} + {threads_part}",
         RUNTIME_BASE_BYTES >> 20,
-        RUNTIME_BYTES_PER_THREAD >> 10
     );
-    (bytes, derivation)
+    (allowance.saturating_add(thread_bytes), derivation)
 }
 
 /// The backend term in bytes, its derivation, and the part of it that is
@@ -190,6 +307,7 @@ pub fn host_plan(spec: &ModelSpec, inputs: &PlanInputs, activations: &Activation
         Device::Cpu,
         spec.vocab,
         spec.tokenizer_merges,
+        &spec.vocab_header,
         inputs.threads,
     );
     let rows = |id: Buf| {

@@ -231,6 +231,7 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64, nccl: u64)
         inputs.device,
         spec.vocab,
         spec.tokenizer_merges,
+        &spec.vocab_header,
         inputs.threads,
     );
     let converted = converted_vector_bytes(spec);

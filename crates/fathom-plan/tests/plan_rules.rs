@@ -8,7 +8,7 @@ use fathom_checkpoint::Checkpoint;
 use fathom_fixtures::{self as fx, Data, GgufTensorType};
 use fathom_plan::serve::{KvBudget, PromptCache, ServePlan};
 use fathom_plan::{Available, Device, KvDtype, MemoryPlan, PlanInputs};
-use fathom_spec::{Attention, Family, Layer, ModelSpec, TensorEntry};
+use fathom_spec::{Attention, Family, Layer, ModelSpec, TensorEntry, VocabHeader};
 
 fn spec(layers: Vec<Attention>, context_length: u64) -> ModelSpec {
     ModelSpec {
@@ -45,6 +45,7 @@ fn spec(layers: Vec<Attention>, context_length: u64) -> ModelSpec {
         linear: None,
         mtp_layers: 0,
         tokenizer_merges: 0,
+        vocab_header: VocabHeader::default(),
         tied_embeddings: true,
         tensors: vec![TensorEntry {
             name: "w".into(),
@@ -122,6 +123,62 @@ fn runtime_counts_merges_beyond_one_per_vocab_entry() {
     assert!(
         with_merges.contains("1500 merges beyond one per entry x 192 B"),
         "{with_merges}"
+    );
+}
+
+/// The vocabulary's tables counted from the header: where they and the
+/// fixed part outgrow the per-entry allowance (Qwen3.5's 248,320 tokens)
+/// they are the term; on SmolLM2's vocabulary, where the allowance was
+/// measured, the two agree and the allowance stays, derivation included.
+#[test]
+fn runtime_counts_a_large_vocabularys_tables_from_the_header() {
+    use fathom_plan::device::{self, hash_table_bytes, vocab_heap, CALIBRATION_VOCAB};
+    // hashbrown: 8/7 of the items rounded up to a power of two buckets.
+    assert_eq!(hash_table_bytes(7, 32), 8 * 32 + 8 + 16);
+    assert_eq!(hash_table_bytes(229_376, 32), 262_144 * 33 + 16);
+    assert_eq!(hash_table_bytes(229_377, 32), 524_288 * 33 + 16);
+    assert_eq!(vocab_heap(&VocabHeader::default()), 0);
+    // glibc's chunk of a string: 8 bytes of header, 16-byte steps, 32 at least.
+    let chunks: Vec<u64> = [0, 1, 24, 25, 40, 41]
+        .map(fathom_spec::string_heap_bytes)
+        .to_vec();
+    assert_eq!(chunks, [0, 32, 32, 48, 48, 64]);
+    let smollm2 = device::runtime(Device::Cpu, 49_152, 48_900, &CALIBRATION_VOCAB, 2);
+    let allowance = device::runtime(Device::Cpu, 49_152, 48_900, &VocabHeader::default(), 2);
+    assert_eq!(
+        smollm2, allowance,
+        "the calibration vocabulary keeps the allowance"
+    );
+    assert_eq!(
+        device::runtime_fixed_bytes() + vocab_heap(&CALIBRATION_VOCAB),
+        (16 << 20) + 49_152 * 192
+    );
+    let qwen35 = VocabHeader {
+        tokens: 248_320,
+        token_bytes: 2_432_932,
+        token_arrays: 2,
+        merges: 151_387,
+        merge_bytes: 1_520_452,
+        scores_kept: false,
+        token_chunks: 8_014_880,
+        merge_chunks: 4_957_552,
+        merge_part_chunks: 9_712_960,
+    };
+    let tables = vocab_heap(&qwen35);
+    let (bytes, derivation) = device::runtime(Device::Cpu, 248_320, 151_387, &qwen35, 2);
+    assert_eq!(
+        bytes,
+        device::runtime_fixed_bytes() + tables + 2 * (128 << 10)
+    );
+    assert!(bytes > (16 << 20) + 248_320 * 192, "over the allowance");
+    assert!(
+        derivation.contains(&format!("{tables} B vocabulary tables (248320 tokens")),
+        "{derivation}"
+    );
+    // A discrete GPU does not count host memory, whatever the vocabulary.
+    assert_eq!(
+        device::runtime(Device::Cuda, 248_320, 151_387, &qwen35, 2).0,
+        0
     );
 }
 

@@ -296,11 +296,69 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
             .get("tokenizer.ggml.merges")
             .and_then(MetaValue::as_array)
             .map_or(0, |m| m.len() as u64),
+        vocab_header: vocab_header(file),
         tied_embeddings,
         tensors,
         source,
         notes,
     })
+}
+
+/// The embedded tokenizer's counts and string bytes, from the parsed
+/// metadata (no file reads): entries that are not strings count no bytes,
+/// as the tokenizer then refuses the file.
+fn vocab_header(file: &GgufFile) -> crate::VocabHeader {
+    let array = |key: &str| file.get(key).and_then(MetaValue::as_array);
+    let bytes = |items: &[MetaValue]| {
+        items
+            .iter()
+            .filter_map(MetaValue::as_str)
+            .map(|s| s.len() as u64)
+            .sum::<u64>()
+    };
+    let chunks = |items: &[MetaValue]| {
+        items
+            .iter()
+            .filter_map(MetaValue::as_str)
+            .map(|s| crate::string_heap_bytes(s.len() as u64))
+            .sum::<u64>()
+    };
+    let tokens = array("tokenizer.ggml.tokens").unwrap_or(&[]);
+    let merges = array("tokenizer.ggml.merges").unwrap_or(&[]);
+    // The tokenizer splits a merge at its first space after the first byte.
+    let merge_part_chunks = merges
+        .iter()
+        .filter_map(MetaValue::as_str)
+        .filter_map(|line| {
+            let at = line.as_bytes().iter().skip(1).position(|&b| b == b' ')? + 1;
+            let left = crate::string_heap_bytes(at as u64);
+            Some(left + crate::string_heap_bytes((line.len() - at - 1) as u64))
+        })
+        .sum::<u64>();
+    let n = tokens.len();
+    crate::VocabHeader {
+        tokens: n as u64,
+        token_bytes: bytes(tokens),
+        token_arrays: if n == 0 {
+            0
+        } else {
+            [
+                "tokenizer.ggml.tokens",
+                "tokenizer.ggml.token_type",
+                "tokenizer.ggml.scores",
+            ]
+            .into_iter()
+            .filter(|k| array(k).is_some_and(|a| a.len() == n))
+            .count() as u64
+        },
+        merges: merges.len() as u64,
+        merge_bytes: bytes(merges),
+        scores_kept: n > 0
+            && file.get("tokenizer.ggml.model").and_then(MetaValue::as_str) == Some("llama"),
+        token_chunks: chunks(tokens),
+        merge_chunks: chunks(merges),
+        merge_part_chunks,
+    }
 }
 
 /// llama.cpp's default sliding-window pattern for gpt-oss: every second

@@ -183,6 +183,7 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
         linear: None,
         mtp_layers: 0,
         tokenizer_merges: 0,
+        vocab_header: crate::VocabHeader::default(),
         tied_embeddings,
         tensors,
         source,

@@ -371,6 +371,51 @@ pub struct TensorEntry {
     pub bytes: u64,
 }
 
+/// The sizes of the tokenizer a GGUF header embeds (`tokenizer.ggml.*`),
+/// read from the parsed metadata: what the parsed arrays and the
+/// tokenizer's tables built from them hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VocabHeader {
+    /// Entries of `tokenizer.ggml.tokens`.
+    pub tokens: u64,
+    /// Their strings' bytes, summed.
+    pub token_bytes: u64,
+    /// Metadata arrays of one element per token (`tokens`, `token_type`,
+    /// `scores`).
+    pub token_arrays: u64,
+    /// Entries of `tokenizer.ggml.merges`.
+    pub merges: u64,
+    /// Their strings' bytes, summed.
+    pub merge_bytes: u64,
+    /// SentencePiece (`tokenizer.ggml.model` = `llama`): the tokenizer
+    /// keeps an f32 score per token.
+    pub scores_kept: bool,
+    /// [`string_heap_bytes`] summed over the tokens: what one heap copy of
+    /// every token string takes.
+    pub token_chunks: u64,
+    /// The same over the merge lines.
+    pub merge_chunks: u64,
+    /// The same over the merges' two parts (a line split at its first space
+    /// after the first byte).
+    pub merge_part_chunks: u64,
+}
+
+/// The heap a string of `len` bytes takes on its own (a Rust `String`'s
+/// buffer): glibc malloc's chunk on a 64-bit target, the length plus an
+/// 8-byte header rounded up to 16 bytes, at least 32; nothing when empty.
+/// A vocabulary is hundreds of thousands of strings of about 9 bytes, so
+/// the chunks, not the bytes, are most of its strings' memory.
+pub fn string_heap_bytes(len: u64) -> u64 {
+    if len == 0 {
+        0
+    } else {
+        len.saturating_add(8 + 15)
+            .saturating_div(16)
+            .saturating_mul(16)
+            .max(32)
+    }
+}
+
 /// The normalized description of one model.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelSpec {
@@ -424,6 +469,11 @@ pub struct ModelSpec {
     /// the runtime's tokenizer tables grow with them as with the tokens.
     #[serde(skip_serializing_if = "is_zero")]
     pub tokenizer_merges: u64,
+    /// The embedded tokenizer's sizes as the header gives them, for the
+    /// runtime term's exact vocabulary tables (GGUF; all zero otherwise).
+    /// Not serialized: the spec JSON reads as before.
+    #[serde(skip)]
+    pub vocab_header: VocabHeader,
     pub tied_embeddings: bool,
     pub tensors: Vec<TensorEntry>,
     /// Where the tensor table came from, for the plan's weights line
@@ -507,6 +557,7 @@ impl ModelSpec {
             linear: None,
             mtp_layers: 0,
             tokenizer_merges: 0,
+            vocab_header: VocabHeader::default(),
             tied_embeddings,
             source: String::new(),
             tensors,

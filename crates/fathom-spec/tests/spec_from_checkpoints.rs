@@ -698,6 +698,17 @@ fn gemma4_metadata_is_checked() {
     ))
     .unwrap();
     assert_eq!(spec.tokenizer_merges, 3, "the runtime term counts them");
+    let header = spec.vocab_header;
+    assert_eq!(
+        (header.merges, header.merge_bytes),
+        (3, 3 + 4 + 3),
+        "merges and their strings' bytes"
+    );
+    assert_eq!(
+        (header.merge_chunks, header.merge_part_chunks),
+        (3 * 32, 6 * 32),
+        "each line and each part a 32-byte malloc chunk"
+    );
     let dims: Vec<(u64, u64)> = spec
         .layers
         .iter()

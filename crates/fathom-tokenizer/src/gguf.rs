@@ -79,16 +79,12 @@ impl<'a> Meta<'a> {
         let Some(values) = self.array(key)? else {
             return Ok(None);
         };
-        values
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                v.as_str()
-                    .map(str::to_string)
-                    .ok_or_else(|| self.invalid(format!("{key}[{i}]"), "is not a string"))
-            })
-            .collect::<Result<_, _>>()
-            .map(Some)
+        exact(values.iter().enumerate().map(|(i, v)| {
+            v.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| self.invalid(format!("{key}[{i}]"), "is not a string"))
+        }))
+        .map(Some)
     }
 
     /// A token id that must name one of the `n` tokens.
@@ -104,6 +100,18 @@ impl<'a> Meta<'a> {
         }
         Ok(Some(id as u32))
     }
+}
+
+/// Collects `items` into a vector of exactly their number: collecting
+/// `Result`s directly grows the vector by doubling (the iterator's lower
+/// bound is 0), up to twice the bytes the runtime term counts for the
+/// token and merge lists.
+fn exact<T, E>(items: impl ExactSizeIterator<Item = Result<T, E>>) -> Result<Vec<T>, E> {
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        out.push(item?);
+    }
+    Ok(out)
 }
 
 /// GGUF token types (`llama_token_type`) to attributes.
@@ -148,38 +156,30 @@ impl Tokenizer {
         let n = texts.len();
         let attrs = match meta.array_of_len("tokenizer.ggml.token_type", n)? {
             None => vec![attr::NORMAL; n],
-            Some(types) => types
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    v.as_u64().and_then(token_attr).ok_or_else(|| {
-                        meta.invalid(
-                            format!("tokenizer.ggml.token_type[{i}]"),
-                            format!("is {v:?}; token types are 0 (undefined) to 6 (byte)"),
-                        )
-                    })
+            Some(types) => exact(types.iter().enumerate().map(|(i, v)| {
+                v.as_u64().and_then(token_attr).ok_or_else(|| {
+                    meta.invalid(
+                        format!("tokenizer.ggml.token_type[{i}]"),
+                        format!("is {v:?}; token types are 0 (undefined) to 6 (byte)"),
+                    )
                 })
-                .collect::<Result<_, _>>()?,
+            }))?,
         };
 
         let merges = || -> Result<Vec<(String, String)>, TokenizerError> {
-            meta.array(MERGES)?
-                .ok_or_else(|| meta.missing(MERGES))?
-                .iter()
-                .enumerate()
-                .map(|(i, v)| {
-                    let field = || format!("{MERGES}[{i}]");
-                    let line = v
-                        .as_str()
-                        .ok_or_else(|| meta.invalid(field(), "is not a string"))?;
-                    split_merge(line).ok_or_else(|| {
-                        meta.invalid(
-                            field(),
-                            format!("is {line:?}, not two tokens separated by a space"),
-                        )
-                    })
+            let lines = meta.array(MERGES)?.ok_or_else(|| meta.missing(MERGES))?;
+            exact(lines.iter().enumerate().map(|(i, v)| {
+                let field = || format!("{MERGES}[{i}]");
+                let line = v
+                    .as_str()
+                    .ok_or_else(|| meta.invalid(field(), "is not a string"))?;
+                split_merge(line).ok_or_else(|| {
+                    meta.invalid(
+                        field(),
+                        format!("is {line:?}, not two tokens separated by a space"),
+                    )
                 })
-                .collect()
+            }))
         };
         // llama.cpp adds BOS for Gemma 4 even where the file says not to.
         let mut force_bos = false;
@@ -229,18 +229,11 @@ impl Tokenizer {
             "llama" => {
                 let scores = match meta.array_of_len("tokenizer.ggml.scores", n)? {
                     None => vec![0.0; n],
-                    Some(values) => values
-                        .iter()
-                        .enumerate()
-                        .map(|(i, v)| {
-                            v.as_f64().map(|s| s as f32).ok_or_else(|| {
-                                meta.invalid(
-                                    format!("tokenizer.ggml.scores[{i}]"),
-                                    "is not a number",
-                                )
-                            })
+                    Some(values) => exact(values.iter().enumerate().map(|(i, v)| {
+                        v.as_f64().map(|s| s as f32).ok_or_else(|| {
+                            meta.invalid(format!("tokenizer.ggml.scores[{i}]"), "is not a number")
                         })
-                        .collect::<Result<_, _>>()?,
+                    }))?,
                 };
                 let add_space_prefix = meta
                     .bool("tokenizer.ggml.add_space_prefix")?

@@ -164,6 +164,14 @@ pub(crate) struct Parts {
     pub chat_template: Option<String>,
 }
 
+// The sizes the plan's runtime term counts for the tokenizer's tables
+// (fathom_plan::device::vocab_heap): a token text, an id map slot, a merge
+// table slot and a merge as read.
+const _: () = assert!(std::mem::size_of::<String>() == 24);
+const _: () = assert!(std::mem::size_of::<(String, u32)>() == 32);
+const _: () = assert!(std::mem::size_of::<((u32, u32), (u32, u32))>() == 16);
+const _: () = assert!(std::mem::size_of::<(String, String)>() == 48);
+
 struct Bpe {
     /// `(left, right)` token ids to `(rank, merged id)`.
     merges: HashMap<(u32, u32), (u32, u32)>,
@@ -446,7 +454,11 @@ impl Tokenizer {
                 ..
             }
         );
-        let mut pieces = Vec::new();
+        // A piece is never longer than its token's text (byte-level
+        // characters and `▁` become one byte, `<0xXX>` one byte), so the
+        // texts' length is room enough: no doubling past what the plan's
+        // runtime term counts.
+        let mut pieces = Vec::with_capacity(texts.iter().map(String::len).sum());
         let mut piece_ends = Vec::with_capacity(texts.len());
         for (text, &a) in texts.iter().zip(&attrs) {
             piece_into(text, a, is_bpe, &mut pieces);
