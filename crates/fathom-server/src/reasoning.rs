@@ -25,6 +25,8 @@
 //! of them reaches `reasoning_content` or `content`, apart from the tool
 //! calls' own.
 
+use crate::constraint::Grammar;
+
 /// The markers of one family's thinking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReasoningFormat {
@@ -97,6 +99,21 @@ impl ReasoningFormat {
 /// Whether a chat template writes harmony messages (gpt-oss's).
 pub fn is_harmony(template: &str) -> bool {
     template.contains(CHANNEL) && template.contains(MESSAGE)
+}
+
+/// The Lark grammar of a harmony answer that may reason first (an
+/// analysis message, whose text may hold a `<` but not start a marker) and
+/// then writes `last`, a Lark expression for the message that must follow
+/// (a tool call, [`crate::tools`]). The reasoning is pieces that each end
+/// where a `<` may start its `<|end|>`: one greedy lexeme would swallow
+/// that `<` and refuse the `|` after it.
+pub fn harmony_grammar(last: &str) -> Grammar {
+    Grammar::Lark(format!(
+        "start: (analysis \"{START}assistant\")? last\n\
+         analysis: \"{CHANNEL}analysis{MESSAGE}\" THOUGHT* \"{END}\"\n\
+         THOUGHT: /[^<]+|<[^|]/\n\
+         last: {last}\n"
+    ))
 }
 
 /// Where a harmony tool call's body (its JSON arguments) ends: the first

@@ -141,3 +141,55 @@ fn json_schemas_walk_the_compact_layout_and_gbnf_compiles() {
         .unwrap_err();
     assert!(e.message.contains("missing"), "{e:?}");
 }
+
+#[test]
+fn tool_call_arguments_are_compact_json_in_every_format() {
+    let tok = tokenizer();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let user = [Message::new("user", "weather?")];
+    let args = "{\"city\": \"Paris\", \"unit\": \"celsius\"}";
+    for (format, head, tail) in [
+        (
+            ToolFormat::Hermes,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ",
+            "}\n</tool_call>",
+        ),
+        (
+            ToolFormat::Llama3,
+            "{\"name\": \"get_weather\", \"parameters\": ",
+            "}",
+        ),
+        (
+            ToolFormat::Harmony,
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
+            "",
+        ),
+        (
+            ToolFormat::Generic,
+            "{\"tool_call\": {\"name\": \"get_weather\", \"arguments\": ",
+            "}}",
+        ),
+    ] {
+        let grammar = tools::prepare(format, &user, &request(ToolChoice::Required))
+            .grammar
+            .unwrap();
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, &format!("{head}{args}{tail}"));
+        assert_eq!(
+            ok, n,
+            "{format:?}: the compact call was refused at token {ok}"
+        );
+        // What a small model was seen writing: newlines inside the
+        // arguments (and, as response_format has it, any other free
+        // whitespace) are refused.
+        for loose in [
+            "{\n\n\"city\": \"Paris\", \"unit\": \"celsius\"}",
+            "{\"city\":\"Paris\", \"unit\": \"celsius\"}",
+            "{\"city\": \"Paris\" , \"unit\": \"celsius\"}",
+        ] {
+            let mut state = c.compile(&grammar).unwrap();
+            let (ok, n) = walk(&mut state, &tok, &format!("{head}{loose}{tail}"));
+            assert!(ok < n, "{format:?}: {loose:?} went through");
+        }
+    }
+}
