@@ -25,7 +25,7 @@
 //! of them reaches `reasoning_content` or `content`, apart from the tool
 //! calls' own.
 
-use crate::constraint::Grammar;
+use crate::constraint::{lark_json, Grammar};
 
 /// The markers of one family's thinking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,7 +104,8 @@ pub fn is_harmony(template: &str) -> bool {
 /// The Lark grammar of a harmony answer that may reason first (an
 /// analysis message, whose text may hold a `<` but not start a marker) and
 /// then writes `last`, a Lark expression for the message that must follow
-/// (a tool call, [`crate::tools`]). The reasoning is pieces that each end
+/// (a tool call, [`crate::tools`], or the final channel's JSON,
+/// [`harmony_final_json`]). The reasoning is pieces that each end
 /// where a `<` may start its `<|end|>`: one greedy lexeme would swallow
 /// that `<` and refuse the `|` after it.
 pub fn harmony_grammar(last: &str) -> Grammar {
@@ -113,6 +114,18 @@ pub fn harmony_grammar(last: &str) -> Grammar {
          analysis: \"{CHANNEL}analysis{MESSAGE}\" THOUGHT* \"{END}\"\n\
          THOUGHT: /[^<]+|<[^|]/\n\
          last: {last}\n"
+    ))
+}
+
+/// A harmony answer whose final message is a JSON value valid against
+/// `schema`, after an optional analysis message (as llama.cpp constrains
+/// gpt-oss's `response_format`): the model keeps its reasoning and its
+/// headers, and the JSON is the final channel's body, so it comes back as
+/// `content`. The header may carry harmony's `<|constrain|>json`.
+pub fn harmony_final_json(schema: &serde_json::Value) -> Grammar {
+    harmony_grammar(&format!(
+        "\"{CHANNEL}final\" \" <|constrain|>json\"? \"{MESSAGE}\" {}",
+        lark_json(schema)
     ))
 }
 
