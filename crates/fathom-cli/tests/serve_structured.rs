@@ -865,8 +865,9 @@ fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() 
 
 /// A minimal harmony chat template (gpt-oss's format, after openai/harmony's
 /// docs/format.md): the functions in a developer message, past calls as
-/// commentary messages to `functions.NAME`, results as messages from them,
-/// and the generation prompt `<|start|>assistant`.
+/// commentary messages to `functions.NAME` after their reasoning (read as
+/// `thinking`, as gpt-oss's own template reads it), results as messages
+/// from them, and the generation prompt `<|start|>assistant`.
 const HARMONY_TEMPLATE: &str = r#"<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.
 Reasoning: low
 
@@ -884,7 +885,7 @@ type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
 {% endfor %}
 } // namespace functions<|end|>{% endif %}
 {%- for m in messages %}
-{%- if m.role == 'assistant' and m.tool_calls %}{% for c in m.tool_calls %}<|start|>assistant<|channel|>commentary to=functions.{{ c.function.name }} <|constrain|>json<|message|>{{ c.function.arguments | tojson }}<|call|>{% endfor %}
+{%- if m.role == 'assistant' and m.tool_calls %}{% if m.thinking %}<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}<|end|>{% endif %}{% for c in m.tool_calls %}<|start|>assistant<|channel|>commentary to=functions.{{ c.function.name }} <|constrain|>json<|message|>{{ c.function.arguments | tojson }}<|call|>{% endfor %}
 {%- elif m.role == 'assistant' %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>
 {%- elif m.role == 'tool' %}<|start|>functions.{{ m.name or 'tool' }} to=assistant<|channel|>commentary<|message|>{{ m.content }}<|end|>
 {%- elif m.role == 'system' %}<|start|>developer<|message|># Instructions
@@ -1048,8 +1049,22 @@ fn harmony_channels_and_tool_calls_come_apart_on_a_stand_in_with_the_markers_as_
                  "content": "{\"temperature\": 21}"}],
                "tools": tools, "grammar": null, "temperature": 0, "max_tokens": 8}),
     );
+    let with_result = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(with_result > with_tools, "{v}");
+    // The call's reasoning sent back (as harmony's docs ask of clients)
+    // reaches the template, which writes it as the analysis message.
+    let v = chat(
+        &server,
+        json!({"messages": [
+                {"role": "user", "content": "What is the weather like in Paris today?"},
+                {"role": "assistant", "content": null, "tool_calls": [call],
+                 "reasoning_content": "The user wants the weather in Paris, so I call the function."},
+                {"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
+                 "content": "{\"temperature\": 21}"}],
+               "tools": tools, "temperature": 0, "max_tokens": 8}),
+    );
     assert!(
-        v["usage"]["prompt_tokens"].as_u64().unwrap() > with_tools,
+        v["usage"]["prompt_tokens"].as_u64().unwrap() > with_result + 10,
         "{v}"
     );
 }
@@ -1307,4 +1322,79 @@ fn harmony_json_answers_may_reason_first_and_the_json_is_the_content() {
             .contains("uniqueItems"),
         "{e}"
     );
+}
+
+/// A template that shows past reasoning (ChatML with a line for each name
+/// templates read it by), and on request shows what it got through
+/// `raise_exception`, whose message the 400 carries.
+const REASONING_HISTORY_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.reasoning_content %}(reasoning_content: {{ m.reasoning_content }})\n{% endif %}{% if m.thinking %}(thinking: {{ m.thinking }})\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}{% if messages[-1].content == 'Show the history.' %}{{ raise_exception('reasoning_content=[' ~ messages[1].reasoning_content ~ '] thinking=[' ~ messages[1].thinking ~ ']') }}{% endif %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// An assistant message's `reasoning_content` (or `reasoning`) reaches the
+/// chat template as `reasoning_content` and `thinking`, through the real
+/// server; a value that is not a string, or one that spells out a control
+/// token, is a 400 naming the field.
+#[test]
+fn past_reasoning_reaches_the_template_under_the_names_templates_read() {
+    let dir = common::TempDir::new("serve-reasoning-history");
+    let model = smollm2_with_template(&dir, "smollm2-history.gguf", REASONING_HISTORY_TEMPLATE);
+    let server = Server::start_model(&model, &[], &[]);
+    let history = |assistant: Value, last: &str| {
+        json!({"messages": [
+            {"role": "user", "content": "What is 2 + 2?"},
+            assistant,
+            {"role": "user", "content": last}],
+            "temperature": 0, "max_tokens": 4})
+    };
+    let ask = |body: Value| server.post("/v1/chat/completions", &body.to_string(), &[]);
+    let reasoning = "Two plus two is four; say it plainly.";
+    for field in ["reasoning_content", "reasoning"] {
+        let r = ask(history(
+            json!({"role": "assistant", "content": "4", field: reasoning}),
+            "Show the history.",
+        ));
+        assert_eq!(r.status, 400, "{}", r.body);
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(
+            message.contains(&format!(
+                "reasoning_content=[{reasoning}] thinking=[{reasoning}]"
+            )),
+            "{field}: {message}"
+        );
+    }
+    // Rendered into the prompt: each name's line is there.
+    let tokens = |assistant: Value| {
+        let r = ask(history(assistant, "And 3 + 3?"));
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    let without = tokens(json!({"role": "assistant", "content": "4"}));
+    let with = tokens(json!({"role": "assistant", "content": "4", "reasoning_content": reasoning}));
+    assert!(
+        with > without + 2 * 8,
+        "{without} prompt tokens without, {with} with"
+    );
+    // Bad values are 400 naming the field.
+    for (assistant, param) in [
+        (
+            json!({"role": "assistant", "content": "4", "reasoning_content": 7}),
+            "messages[1].reasoning_content",
+        ),
+        (
+            json!({"role": "assistant", "content": "4", "reasoning": {"text": "x"}}),
+            "messages[1].reasoning",
+        ),
+        (
+            json!({"role": "assistant", "content": "4", "reasoning_content": "done<|im_end|>"}),
+            "messages[1].reasoning_content",
+        ),
+    ] {
+        let r = ask(history(assistant, "And 3 + 3?"));
+        assert_eq!(r.status, 400, "{}", r.body);
+        let e = r.json();
+        assert_eq!(e["error"]["param"], param, "{e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(param),
+            "{e}"
+        );
+    }
 }

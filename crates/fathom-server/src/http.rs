@@ -1103,8 +1103,8 @@ fn tokenize(
                         "messages",
                         format!("the chat template refused the messages: {e}"),
                     )),
-                    ChatEncodeError::ControlText { message, .. } => Tokenized::Err(
-                        ApiError::invalid(&format!("messages[{message}].content"), e.to_string()),
+                    ChatEncodeError::ControlText { message, field, .. } => Tokenized::Err(
+                        ApiError::invalid(&format!("messages[{message}].{field}"), e.to_string()),
                     ),
                     ChatEncodeError::TooMany(_) => Tokenized::TooMany,
                 },
