@@ -11,12 +11,13 @@
 //! or bounded. A grammar also makes the model think in a thinking
 //! template's `<think>` block, whose text must come back as
 //! `reasoning_content`, and write gpt-oss's harmony messages (reasoning,
-//! answer, tool calls) under a harmony template.
+//! answer, tool calls) under a harmony template, where a `response_format`
+//! answer may reason first and its JSON is the final channel's body.
 
 mod common;
 
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -746,19 +747,15 @@ fn the_official_openai_clients_call_tools_and_parse_structured_answers() {
     run_client("openai (JS)", Command::new("node").arg(&script).arg(&base));
 }
 
-/// A Qwen3-style thinking template on the SmolLM2 weights (gguf-py's
-/// `gguf_new_metadata` copies the file with the new template).
-const THINKING_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}";
-
-#[test]
-fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() {
-    let dir = common::TempDir::new("serve-thinking");
-    let model = dir.0.join("smollm2-thinking.gguf");
+/// A copy of SmolLM2 named `name` in `dir` with `template` as its chat
+/// template (gguf-py's `gguf_new_metadata` writes it).
+fn smollm2_with_template(dir: &common::TempDir, name: &str, template: &str) -> PathBuf {
+    let model = dir.0.join(name);
     let out = Command::new("python3")
         .args(["-m", "gguf.scripts.gguf_new_metadata"])
         .arg(common::smollm2())
         .arg(&model)
-        .args(["--chat-template", THINKING_TEMPLATE])
+        .args(["--chat-template", template])
         .output()
         .expect("python3 runs");
     assert!(
@@ -766,6 +763,16 @@ fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() 
         "gguf_new_metadata: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    model
+}
+
+/// A Qwen3-style thinking template on the SmolLM2 weights.
+const THINKING_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}";
+
+#[test]
+fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() {
+    let dir = common::TempDir::new("serve-thinking");
+    let model = smollm2_with_template(&dir, "smollm2-thinking.gguf", THINKING_TEMPLATE);
     let server = Server::start_model(&model, &[], &[]);
     // The grammar makes the model think, then answer.
     let grammar = r#"root ::= "<think>" [a-z]{2,8} " " [a-z]{2,8} "</think>" "\n\nDone.""#;
@@ -858,8 +865,9 @@ fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() 
 
 /// A minimal harmony chat template (gpt-oss's format, after openai/harmony's
 /// docs/format.md): the functions in a developer message, past calls as
-/// commentary messages to `functions.NAME`, results as messages from them,
-/// and the generation prompt `<|start|>assistant`.
+/// commentary messages to `functions.NAME` after their reasoning (read as
+/// `thinking`, as gpt-oss's own template reads it), results as messages
+/// from them, and the generation prompt `<|start|>assistant`.
 const HARMONY_TEMPLATE: &str = r#"<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.
 Reasoning: low
 
@@ -877,7 +885,7 @@ type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
 {% endfor %}
 } // namespace functions<|end|>{% endif %}
 {%- for m in messages %}
-{%- if m.role == 'assistant' and m.tool_calls %}{% for c in m.tool_calls %}<|start|>assistant<|channel|>commentary to=functions.{{ c.function.name }} <|constrain|>json<|message|>{{ c.function.arguments | tojson }}<|call|>{% endfor %}
+{%- if m.role == 'assistant' and m.tool_calls %}{% if m.thinking %}<|start|>assistant<|channel|>analysis<|message|>{{ m.thinking }}<|end|>{% endif %}{% for c in m.tool_calls %}<|start|>assistant<|channel|>commentary to=functions.{{ c.function.name }} <|constrain|>json<|message|>{{ c.function.arguments | tojson }}<|call|>{% endfor %}
 {%- elif m.role == 'assistant' %}<|start|>assistant<|channel|>final<|message|>{{ m.content }}<|end|>
 {%- elif m.role == 'tool' %}<|start|>functions.{{ m.name or 'tool' }} to=assistant<|channel|>commentary<|message|>{{ m.content }}<|end|>
 {%- elif m.role == 'system' %}<|start|>developer<|message|># Instructions
@@ -900,19 +908,7 @@ type {{ t.function.name }} = (_: {{ t.function.parameters | tojson }}) => any;
 #[test]
 fn harmony_channels_and_tool_calls_come_apart_on_a_stand_in_with_the_markers_as_text() {
     let dir = common::TempDir::new("serve-harmony");
-    let model = dir.0.join("smollm2-harmony.gguf");
-    let out = Command::new("python3")
-        .args(["-m", "gguf.scripts.gguf_new_metadata"])
-        .arg(common::smollm2())
-        .arg(&model)
-        .args(["--chat-template", HARMONY_TEMPLATE])
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "gguf_new_metadata: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let model = smollm2_with_template(&dir, "smollm2-harmony.gguf", HARMONY_TEMPLATE);
     let server = Server::start_model(&model, &["-c", "2048"], &[]);
     let grammar = r#"root ::= "<|channel|>analysis<|message|>" [a-z]{2,8} " " [a-z]{2,8} "<|end|><|start|>assistant<|channel|>final<|message|>Done.""#;
     let body = |extra: Value| {
@@ -1053,8 +1049,22 @@ fn harmony_channels_and_tool_calls_come_apart_on_a_stand_in_with_the_markers_as_
                  "content": "{\"temperature\": 21}"}],
                "tools": tools, "grammar": null, "temperature": 0, "max_tokens": 8}),
     );
+    let with_result = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(with_result > with_tools, "{v}");
+    // The call's reasoning sent back (as harmony's docs ask of clients)
+    // reaches the template, which writes it as the analysis message.
+    let v = chat(
+        &server,
+        json!({"messages": [
+                {"role": "user", "content": "What is the weather like in Paris today?"},
+                {"role": "assistant", "content": null, "tool_calls": [call],
+                 "reasoning_content": "The user wants the weather in Paris, so I call the function."},
+                {"role": "tool", "tool_call_id": call["id"], "name": call["function"]["name"],
+                 "content": "{\"temperature\": 21}"}],
+               "tools": tools, "temperature": 0, "max_tokens": 8}),
+    );
     assert!(
-        v["usage"]["prompt_tokens"].as_u64().unwrap() > with_tools,
+        v["usage"]["prompt_tokens"].as_u64().unwrap() > with_result + 10,
         "{v}"
     );
 }
@@ -1177,4 +1187,214 @@ fn harmony_markers_as_control_tokens_are_decoded_split_and_end_generation_as_gpt
     let calls = choice["message"]["tool_calls"].as_array().unwrap();
     assert_eq!(calls.len(), 1, "{v}");
     check_call(&calls[0], &tools);
+}
+
+/// `response_format` under a harmony template (gpt-oss's format, on the
+/// SmolLM2 stand-in with the markers as text): as llama.cpp does, the
+/// answer is constrained to an optional analysis message and then the
+/// final channel, whose body is the schema's JSON. The reasoning comes back
+/// as `reasoning_content`, the JSON as `content`, and every finished answer
+/// validates (Python's `jsonschema`), whole and streamed. `/v1/completions`
+/// renders no template: there the answer is the JSON alone.
+#[test]
+fn harmony_json_answers_may_reason_first_and_the_json_is_the_content() {
+    let dir = common::TempDir::new("serve-harmony-json");
+    let model = smollm2_with_template(&dir, "smollm2-harmony.gguf", HARMONY_TEMPLATE);
+    let server = Server::start_model(&model, &["-np", "4", "-c", "2048"], &[]);
+    let schema = json!({"type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                       "languages": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 4}},
+        "required": ["name", "age", "languages"], "additionalProperties": false});
+    let format = json!({"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": true}});
+    let ask = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "Think about it on the analysis channel first. Then describe Ada Lovelace as JSON: name, age, languages."}],
+                           "response_format": format, "max_tokens": 240});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let mut cases = Vec::new();
+    let mut reasoned = 0;
+    for (temperature, seed) in [(0.0, 0), (0.8, 1), (0.8, 2), (1.0, 3), (1.0, 4), (1.2, 5)] {
+        let v = chat(
+            &server,
+            ask(json!({"temperature": temperature, "seed": seed})),
+        );
+        let choice = &v["choices"][0];
+        let message = &choice["message"];
+        let reasoning = message["reasoning_content"].as_str().unwrap_or("");
+        assert!(!reasoning.contains("<|"), "a marker in the reasoning: {v}");
+        if choice["finish_reason"] == "length" {
+            continue;
+        }
+        assert_eq!(choice["finish_reason"], "stop", "{v}");
+        if !reasoning.is_empty() {
+            reasoned += 1;
+        }
+        let content = message["content"].as_str().expect("content");
+        assert!(content.starts_with('{') && !content.contains("<|"), "{v}");
+        cases.push((schema.clone(), content.to_string()));
+    }
+    eprintln!(
+        "harmony json: {} finished, {reasoned} with reasoning",
+        cases.len()
+    );
+    // A small model may reason past max_tokens (all reasoning, no JSON).
+    assert!(cases.len() >= 3, "{} of 6 answers finished", cases.len());
+    assert!(reasoned >= 1, "no answer reasoned first");
+    let bad = validate(&cases);
+    assert!(bad.is_empty(), "{bad:#?}");
+
+    // Streamed: reasoning deltas, then content ones, the same answer.
+    let whole = chat(&server, ask(json!({"temperature": 0.8, "seed": 1})));
+    let r = server.post(
+        "/v1/chat/completions",
+        &ask(json!({"temperature": 0.8, "seed": 1, "stream": true})).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (events, done) = sse_events(&r.body);
+    assert!(done);
+    let delta = |key: &str| -> String {
+        events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
+            .collect()
+    };
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(delta("content"), message["content"].as_str().unwrap_or(""));
+    assert_eq!(
+        delta("reasoning_content"),
+        message["reasoning_content"].as_str().unwrap_or("")
+    );
+
+    // json_object: the final channel holds an object.
+    let v = chat(
+        &server,
+        ask(json!({"response_format": {"type": "json_object"}, "temperature": 0})),
+    );
+    if v["choices"][0]["finish_reason"] == "stop" {
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(
+            serde_json::from_str::<Value>(content).unwrap().is_object(),
+            "{v}"
+        );
+    }
+
+    // Completions: no template, so no headers: the JSON from the start.
+    let r = server.post(
+        "/v1/completions",
+        &json!({"prompt": "Ada Lovelace as JSON:", "response_format": format,
+                "temperature": 0, "max_tokens": 120})
+        .to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let text = v["choices"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with('{'), "{v}");
+    if v["choices"][0]["finish_reason"] == "stop" {
+        assert!(
+            validate(&[(schema.clone(), text.to_string())]).is_empty(),
+            "{v}"
+        );
+    }
+
+    // A keyword the engine cannot enforce is still 400 invalid_schema.
+    let r = server.post(
+        "/v1/chat/completions",
+        &ask(
+            json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                "schema": {"type": "array", "uniqueItems": true}}}}),
+        )
+        .to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = r.json();
+    assert_eq!(e["error"]["code"], "invalid_schema", "{e}");
+    assert_eq!(e["error"]["param"], "response_format", "{e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("uniqueItems"),
+        "{e}"
+    );
+}
+
+/// A template that shows past reasoning (ChatML with a line for each name
+/// templates read it by), and on request shows what it got through
+/// `raise_exception`, whose message the 400 carries.
+const REASONING_HISTORY_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.reasoning_content %}(reasoning_content: {{ m.reasoning_content }})\n{% endif %}{% if m.thinking %}(thinking: {{ m.thinking }})\n{% endif %}{{ m.content }}<|im_end|>\n{% endfor %}{% if messages[-1].content == 'Show the history.' %}{{ raise_exception('reasoning_content=[' ~ messages[1].reasoning_content ~ '] thinking=[' ~ messages[1].thinking ~ ']') }}{% endif %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// An assistant message's `reasoning_content` (or `reasoning`) reaches the
+/// chat template as `reasoning_content` and `thinking`, through the real
+/// server; a value that is not a string, or one that spells out a control
+/// token, is a 400 naming the field.
+#[test]
+fn past_reasoning_reaches_the_template_under_the_names_templates_read() {
+    let dir = common::TempDir::new("serve-reasoning-history");
+    let model = smollm2_with_template(&dir, "smollm2-history.gguf", REASONING_HISTORY_TEMPLATE);
+    let server = Server::start_model(&model, &[], &[]);
+    let history = |assistant: Value, last: &str| {
+        json!({"messages": [
+            {"role": "user", "content": "What is 2 + 2?"},
+            assistant,
+            {"role": "user", "content": last}],
+            "temperature": 0, "max_tokens": 4})
+    };
+    let ask = |body: Value| server.post("/v1/chat/completions", &body.to_string(), &[]);
+    let reasoning = "Two plus two is four; say it plainly.";
+    for field in ["reasoning_content", "reasoning"] {
+        let r = ask(history(
+            json!({"role": "assistant", "content": "4", field: reasoning}),
+            "Show the history.",
+        ));
+        assert_eq!(r.status, 400, "{}", r.body);
+        let message = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(
+            message.contains(&format!(
+                "reasoning_content=[{reasoning}] thinking=[{reasoning}]"
+            )),
+            "{field}: {message}"
+        );
+    }
+    // Rendered into the prompt: each name's line is there.
+    let tokens = |assistant: Value| {
+        let r = ask(history(assistant, "And 3 + 3?"));
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    let without = tokens(json!({"role": "assistant", "content": "4"}));
+    let with = tokens(json!({"role": "assistant", "content": "4", "reasoning_content": reasoning}));
+    assert!(
+        with > without + 2 * 8,
+        "{without} prompt tokens without, {with} with"
+    );
+    // Bad values are 400 naming the field.
+    for (assistant, param) in [
+        (
+            json!({"role": "assistant", "content": "4", "reasoning_content": 7}),
+            "messages[1].reasoning_content",
+        ),
+        (
+            json!({"role": "assistant", "content": "4", "reasoning": {"text": "x"}}),
+            "messages[1].reasoning",
+        ),
+        (
+            json!({"role": "assistant", "content": "4", "reasoning_content": "done<|im_end|>"}),
+            "messages[1].reasoning_content",
+        ),
+    ] {
+        let r = ask(history(assistant, "And 3 + 3?"));
+        assert_eq!(r.status, 400, "{}", r.body);
+        let e = r.json();
+        assert_eq!(e["error"]["param"], param, "{e}");
+        assert!(
+            e["error"]["message"].as_str().unwrap().contains(param),
+            "{e}"
+        );
+    }
 }

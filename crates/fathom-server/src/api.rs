@@ -1023,12 +1023,24 @@ fn message(i: usize, m: &Value) -> Result<Message, ApiError> {
     } else {
         (None, None)
     };
+    // The reasoning of a past answer, as this server returns it
+    // (`reasoning_content`, llama-server's name; `reasoning`, vLLM's and
+    // OpenRouter's), for templates that show it to the model again.
+    let reasoning = if role == "assistant" {
+        match string_field("reasoning_content")? {
+            Some(r) => Some(r),
+            None => string_field("reasoning")?,
+        }
+    } else {
+        None
+    };
     Ok(Message {
         role: role.to_string(),
         content,
         tool_calls,
         tool_call_id,
         name,
+        reasoning,
     })
 }
 
@@ -1480,6 +1492,30 @@ mod tests {
         let e =
             chat(r#"{"messages":[{"role":"user","content":"x","tool_calls":[]}]}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("messages[0].tool_calls"));
+        // An assistant message's reasoning, under either name; a string.
+        let r = chat(
+            r#"{"messages":[{"role":"user","content":"x","reasoning_content":"ignored"},
+                {"role":"assistant","content":"a","reasoning_content":"because"},
+                {"role":"assistant","content":"b","reasoning":"so"},
+                {"role":"assistant","content":"c","reasoning_content":null}]}"#,
+        )
+        .unwrap();
+        let Prompt::Chat(m) = r.prompt else { panic!() };
+        let reasoning: Vec<Option<&str>> = m.iter().map(|m| m.reasoning.as_deref()).collect();
+        assert_eq!(reasoning, [None, Some("because"), Some("so"), None]);
+        for (field, value) in [("reasoning_content", "5"), ("reasoning", "[\"a\"]")] {
+            let e = chat(&format!(
+                r#"{{"messages":[{{"role":"assistant","content":"a","{field}":{value}}}]}}"#
+            ))
+            .unwrap_err();
+            let param = format!("messages[0].{field}");
+            assert_eq!(e.param.as_deref(), Some(param.as_str()));
+            assert!(
+                e.message.contains(&param) && e.message.contains("a string"),
+                "{}",
+                e.message
+            );
+        }
         let e = chat(r#"{"messages":[{"role":"assistant","tool_calls":[{"id":"c","function":{"arguments":"{}"}}]}]}"#).unwrap_err();
         assert_eq!(
             e.param.as_deref(),

@@ -239,15 +239,27 @@ impl Constraints {
     }
 }
 
-fn json_grammar(mut schema: Value) -> TopLevelGrammar {
-    if let Value::Object(_) = &schema {
-        json_options().apply_to(&mut schema);
-    } else {
+fn json_grammar(schema: Value) -> TopLevelGrammar {
+    TopLevelGrammar::from_json_schema(with_json_options(schema))
+}
+
+/// `schema` carrying the server's JSON options (in its `x-guidance`,
+/// replacing any the request gave), as every JSON the server constrains
+/// is compiled: `response_format` and the tool calls' arguments alike.
+fn with_json_options(schema: Value) -> Value {
+    let mut schema = match schema {
+        Value::Object(_) => schema,
         // `true`/`false` schemas: wrap so the options still apply.
-        schema = serde_json::json!({"allOf": [schema]});
-        json_options().apply_to(&mut schema);
-    }
-    TopLevelGrammar::from_json_schema(schema)
+        other => serde_json::json!({"allOf": [other]}),
+    };
+    json_options().apply_to(&mut schema);
+    schema
+}
+
+/// A Lark grammar's item for a JSON value valid against `schema`, written
+/// with the server's JSON options ([`with_json_options`]): `%json {...}`.
+pub fn lark_json(schema: &Value) -> String {
+    format!("%json {}", with_json_options(schema.clone()))
 }
 
 /// llguidance's message, without its internal context lines.

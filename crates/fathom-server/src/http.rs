@@ -29,7 +29,7 @@ use crate::api::{self, ApiError, GenerationRequest, OutputConstraint, Prompt, Ro
 use crate::constraint::{ConstraintState, Constraints, Grammar};
 use crate::logprobs::{self, LogprobsWriter};
 use crate::metrics::{self, Metrics, Snapshot};
-use crate::reasoning::{ReasoningFormat, ReasoningSplit};
+use crate::reasoning::{self, ReasoningFormat, ReasoningSplit};
 use crate::tools::{self, ToolFormat};
 use crate::{Event, FinishReason, Job, Logprobs, Scheduler, SubmitError};
 
@@ -951,16 +951,35 @@ fn prepare(
     });
     let constraint = match &request.constraint {
         None => match tool_prep.and_then(|p| p.grammar) {
-            Some(grammar) => Some(compile(shared, model, "tools", &grammar)?),
+            Some(grammar) => Some(compile(
+                shared,
+                model,
+                "tools",
+                "invalid_grammar",
+                &grammar,
+            )?),
             None => None,
         },
         Some((param, c)) => {
-            let grammar = match c {
-                OutputConstraint::JsonObject => Grammar::JsonObject,
-                OutputConstraint::JsonSchema(schema) => Grammar::JsonSchema(schema.clone()),
-                OutputConstraint::Gbnf(text) => Grammar::Gbnf(text.clone()),
+            // A harmony model's chat answer keeps its analysis message and
+            // its final channel's header; the JSON is that channel's body.
+            let harmony =
+                format == ToolFormat::Harmony && matches!(request.prompt, Prompt::Chat(_));
+            let (grammar, code) = match c {
+                OutputConstraint::JsonObject if harmony => (
+                    reasoning::harmony_final_json(&serde_json::json!({"type": "object"})),
+                    "invalid_schema",
+                ),
+                OutputConstraint::JsonObject => (Grammar::JsonObject, "invalid_schema"),
+                OutputConstraint::JsonSchema(schema) if harmony => {
+                    (reasoning::harmony_final_json(schema), "invalid_schema")
+                }
+                OutputConstraint::JsonSchema(schema) => {
+                    (Grammar::JsonSchema(schema.clone()), "invalid_schema")
+                }
+                OutputConstraint::Gbnf(text) => (Grammar::Gbnf(text.clone()), "invalid_grammar"),
             };
-            Some(compile(shared, model, param, &grammar)?)
+            Some(compile(shared, model, param, code, &grammar)?)
         }
     };
     let tools = request.tools.clone().map(|t| (format, t));
@@ -987,12 +1006,13 @@ fn prepare(
 /// block for the model (its marker and a newline or two).
 const REASONING_TAIL_TOKENS: usize = 8;
 
-/// Compiles `grammar` for the request field `param` (a 400 naming it when
-/// the engine refuses it).
+/// Compiles `grammar` for the request field `param` (a 400 naming it,
+/// with `code`, when the engine refuses it).
 fn compile(
     shared: &Shared,
     model: &LoadedModel,
     param: &str,
+    code: &'static str,
     grammar: &Grammar,
 ) -> Result<Box<ConstraintState>, ApiError> {
     let constraints = shared
@@ -1001,10 +1021,6 @@ fn compile(
     let constraints = constraints
         .as_ref()
         .map_err(|e| ApiError::new(500, "server_error", e.clone()))?;
-    let code = match grammar {
-        Grammar::Gbnf(_) | Grammar::Lark(_) => "invalid_grammar",
-        Grammar::JsonObject | Grammar::JsonSchema(_) => "invalid_schema",
-    };
     constraints.compile(grammar).map(Box::new).map_err(|e| {
         ApiError::invalid(param, format!("{param} cannot be enforced: {}", e.message))
             .with_code(code)
@@ -1087,8 +1103,8 @@ fn tokenize(
                         "messages",
                         format!("the chat template refused the messages: {e}"),
                     )),
-                    ChatEncodeError::ControlText { message, .. } => Tokenized::Err(
-                        ApiError::invalid(&format!("messages[{message}].content"), e.to_string()),
+                    ChatEncodeError::ControlText { message, field, .. } => Tokenized::Err(
+                        ApiError::invalid(&format!("messages[{message}].{field}"), e.to_string()),
                     ),
                     ChatEncodeError::TooMany(_) => Tokenized::TooMany,
                 },

@@ -25,6 +25,8 @@
 //! of them reaches `reasoning_content` or `content`, apart from the tool
 //! calls' own.
 
+use crate::constraint::{lark_json, Grammar};
+
 /// The markers of one family's thinking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReasoningFormat {
@@ -97,6 +99,34 @@ impl ReasoningFormat {
 /// Whether a chat template writes harmony messages (gpt-oss's).
 pub fn is_harmony(template: &str) -> bool {
     template.contains(CHANNEL) && template.contains(MESSAGE)
+}
+
+/// The Lark grammar of a harmony answer that may reason first (an
+/// analysis message, whose text may hold a `<` but not start a marker) and
+/// then writes `last`, a Lark expression for the message that must follow
+/// (a tool call, [`crate::tools`], or the final channel's JSON,
+/// [`harmony_final_json`]). The reasoning is pieces that each end
+/// where a `<` may start its `<|end|>`: one greedy lexeme would swallow
+/// that `<` and refuse the `|` after it.
+pub fn harmony_grammar(last: &str) -> Grammar {
+    Grammar::Lark(format!(
+        "start: (analysis \"{START}assistant\")? last\n\
+         analysis: \"{CHANNEL}analysis{MESSAGE}\" THOUGHT* \"{END}\"\n\
+         THOUGHT: /[^<]+|<[^|]/\n\
+         last: {last}\n"
+    ))
+}
+
+/// A harmony answer whose final message is a JSON value valid against
+/// `schema`, after an optional analysis message (as llama.cpp constrains
+/// gpt-oss's `response_format`): the model keeps its reasoning and its
+/// headers, and the JSON is the final channel's body, so it comes back as
+/// `content`. The header may carry harmony's `<|constrain|>json`.
+pub fn harmony_final_json(schema: &serde_json::Value) -> Grammar {
+    harmony_grammar(&format!(
+        "\"{CHANNEL}final\" \" <|constrain|>json\"? \"{MESSAGE}\" {}",
+        lark_json(schema)
+    ))
 }
 
 /// Where a harmony tool call's body (its JSON arguments) ends: the first

@@ -32,8 +32,8 @@ use fathom_tokenizer::ToolCall;
 use serde_json::{json, Map, Value};
 
 use crate::api::{Tool, ToolChoice, ToolRequest};
-use crate::constraint::Grammar;
-use crate::reasoning::{self, CHANNEL, END, MESSAGE, START};
+use crate::constraint::{lark_json, Grammar};
+use crate::reasoning::{self, CHANNEL, MESSAGE, START};
 
 /// How a model writes function calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,7 +164,10 @@ pub fn prepare(format: ToolFormat, messages: &[Message], req: &ToolRequest) -> P
                         .map(|t| call_schema(t, "arguments"))
                         .collect(),
                 );
-                let call = format!("\"<tool_call>\\n\" %json {schema} \"\\n</tool_call>\"");
+                let call = format!(
+                    "\"<tool_call>\\n\" {} \"\\n</tool_call>\"",
+                    lark_json(&schema)
+                );
                 Grammar::Lark(if req.parallel {
                     format!("start: call (\"\\n\" call)*\ncall: {call}\n")
                 } else {
@@ -185,7 +188,7 @@ pub fn prepare(format: ToolFormat, messages: &[Message], req: &ToolRequest) -> P
                         .map(|t| call_schema(t, "parameters"))
                         .collect(),
                 );
-                Grammar::Lark(format!("start: %json {schema}\n"))
+                Grammar::Lark(format!("start: {}\n", lark_json(&schema)))
             });
             Prepared {
                 messages: messages.to_vec(),
@@ -194,29 +197,20 @@ pub fn prepare(format: ToolFormat, messages: &[Message], req: &ToolRequest) -> P
             }
         }
         ToolFormat::Harmony => {
-            // The model may reason first (an analysis message, whose text
-            // may hold a `<` but not start a marker), then calls one of
-            // the functions, its arguments valid for its parameters. The
-            // reasoning is pieces that each end where a `<` may start its
-            // `<|end|>`: one greedy lexeme would swallow that `<` and
-            // refuse the `|` after it.
+            // The model may reason first, then calls one of the functions,
+            // its arguments valid for its parameters.
             let grammar = must_call.then(|| {
                 let calls: Vec<String> = allowed
                     .iter()
                     .map(|t| {
                         format!(
-                            "\"{CHANNEL}commentary to=functions.{} <|constrain|>json{MESSAGE}\" %json {}",
-                            t.name, t.parameters
+                            "\"{CHANNEL}commentary to=functions.{} <|constrain|>json{MESSAGE}\" {}",
+                            t.name,
+                            lark_json(&t.parameters)
                         )
                     })
                     .collect();
-                Grammar::Lark(format!(
-                    "start: (analysis \"{START}assistant\")? call\n\
-                     analysis: \"{CHANNEL}analysis{MESSAGE}\" THOUGHT* \"{END}\"\n\
-                     THOUGHT: /[^<]+|<[^|]/\n\
-                     call: {}\n",
-                    calls.join(" | ")
-                ))
+                reasoning::harmony_grammar(&calls.join(" | "))
             });
             Prepared {
                 messages: messages.to_vec(),

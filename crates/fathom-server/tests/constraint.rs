@@ -141,3 +141,93 @@ fn json_schemas_walk_the_compact_layout_and_gbnf_compiles() {
         .unwrap_err();
     assert!(e.message.contains("missing"), "{e:?}");
 }
+
+#[test]
+fn tool_call_arguments_are_compact_json_in_every_format() {
+    let tok = tokenizer();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let user = [Message::new("user", "weather?")];
+    let args = "{\"city\": \"Paris\", \"unit\": \"celsius\"}";
+    for (format, head, tail) in [
+        (
+            ToolFormat::Hermes,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ",
+            "}\n</tool_call>",
+        ),
+        (
+            ToolFormat::Llama3,
+            "{\"name\": \"get_weather\", \"parameters\": ",
+            "}",
+        ),
+        (
+            ToolFormat::Harmony,
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
+            "",
+        ),
+        (
+            ToolFormat::Generic,
+            "{\"tool_call\": {\"name\": \"get_weather\", \"arguments\": ",
+            "}}",
+        ),
+    ] {
+        let grammar = tools::prepare(format, &user, &request(ToolChoice::Required))
+            .grammar
+            .unwrap();
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, &format!("{head}{args}{tail}"));
+        assert_eq!(
+            ok, n,
+            "{format:?}: the compact call was refused at token {ok}"
+        );
+        // What a small model was seen writing: newlines inside the
+        // arguments (and, as response_format has it, any other free
+        // whitespace) are refused.
+        for loose in [
+            "{\n\n\"city\": \"Paris\", \"unit\": \"celsius\"}",
+            "{\"city\":\"Paris\", \"unit\": \"celsius\"}",
+            "{\"city\": \"Paris\" , \"unit\": \"celsius\"}",
+        ] {
+            let mut state = c.compile(&grammar).unwrap();
+            let (ok, n) = walk(&mut state, &tok, &format!("{head}{loose}{tail}"));
+            assert!(ok < n, "{format:?}: {loose:?} went through");
+        }
+    }
+}
+
+#[test]
+fn harmony_json_answers_keep_the_reasoning_and_the_final_header() {
+    let tok = tokenizer();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"], "additionalProperties": false});
+    let grammar = fathom_server::reasoning::harmony_final_json(&schema);
+    let json = "{\"name\": \"Ada\", \"age\": 36}";
+    for good in [
+        format!("<|channel|>analysis<|message|>A name, 1 < 2.<|end|><|start|>assistant<|channel|>final<|message|>{json}"),
+        format!("<|channel|>final<|message|>{json}"),
+        format!("<|channel|>final <|constrain|>json<|message|>{json}"),
+    ] {
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, &good);
+        assert_eq!(ok, n, "{good:?} was refused at token {ok}");
+        assert!(state.is_stopped() || state.is_accepting(), "{good:?} is complete");
+    }
+    for bad in [
+        // No header: the JSON must be the final channel's body.
+        json.to_string(),
+        "<|channel|>final<|message|>{\n\"name\": \"Ada\", \"age\": 36}".to_string(),
+        "<|channel|>final<|message|>{\"name\": \"Ada\"}".to_string(),
+        "<|channel|>commentary<|message|>{\"name\": \"Ada\", \"age\": 36}".to_string(),
+    ] {
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, &bad);
+        let complete = ok == n && state.is_accepting();
+        assert!(!complete, "{bad:?} went through");
+    }
+    // A keyword the engine cannot enforce is still named.
+    let e = c
+        .compile(&fathom_server::reasoning::harmony_final_json(
+            &json!({"type": "array", "uniqueItems": true}),
+        ))
+        .unwrap_err();
+    assert!(e.message.contains("uniqueItems"), "{e:?}");
+}

@@ -19,6 +19,10 @@ pub struct Message {
     pub tool_call_id: Option<String>,
     /// A `tool` message: the function that answered, when known.
     pub name: Option<String>,
+    /// An assistant message's reasoning (OpenAI-compatible servers'
+    /// `reasoning_content`), which templates read as `reasoning_content`
+    /// (Qwen3's, llama.cpp's name) or `thinking` (gpt-oss's).
+    pub reasoning: Option<String>,
 }
 
 impl Message {
@@ -97,6 +101,10 @@ fn message_value(m: &Message) -> Value {
     }
     if let Some(name) = &m.name {
         fields.push(("name", Value::from(name.as_str())));
+    }
+    if let Some(reasoning) = &m.reasoning {
+        fields.push(("reasoning_content", Value::from(reasoning.as_str())));
+        fields.push(("thinking", Value::from(reasoning.as_str())));
     }
     Value::from_pairs(fields)
 }
@@ -297,10 +305,16 @@ pub enum ChatEncodeError {
     /// The template refused the messages.
     #[error("{0}")]
     Template(TokenizerError),
-    /// The template rewrites contents, so where they lie in the prompt is
-    /// unknown, and message `message` holds a control token's text.
-    #[error("messages[{message}].content holds the text of the control token {token:?}, which this model's chat template does not let fathom keep as plain text")]
-    ControlText { message: usize, token: String },
+    /// Message `message`'s `field` holds a control token's text where the
+    /// prompt cannot keep it plain: its content, when the template
+    /// rewrites contents so that where they lie is unknown, or its
+    /// reasoning (always: only contents are placed as plain text).
+    #[error("messages[{message}].{field} holds the text of the control token {token:?}, which this model's chat template does not let fathom keep as plain text")]
+    ControlText {
+        message: usize,
+        field: &'static str,
+        token: String,
+    },
     #[error("the prompt has more than {} tokens", .0.limit)]
     TooMany(TooManyTokens),
 }
@@ -343,18 +357,26 @@ pub fn encode_chat_tools(
     let (text, contents) = template
         .render_with_contents(messages, tools, kwargs, add_generation_prompt)
         .map_err(ChatEncodeError::Template)?;
+    // Text a client wrote that lands where the prompt's markers become
+    // control tokens: refused when it spells one out.
+    let control_text = |field: &'static str, text: fn(&Message) -> Option<&str>| {
+        messages.iter().enumerate().find_map(|(message, m)| {
+            let token = tokenizer.control_text_in(text(m)?)?;
+            Some(ChatEncodeError::ControlText {
+                message,
+                field,
+                token: token.to_string(),
+            })
+        })
+    };
+    if let Some(e) = control_text("reasoning_content", |m| m.reasoning.as_deref()) {
+        return Err(e);
+    }
     let special = match &contents {
         Some(ranges) => Special::PlainIn(ranges),
         None => {
-            if let Some((message, token)) = messages
-                .iter()
-                .enumerate()
-                .find_map(|(i, m)| tokenizer.control_text_in(&m.content).map(|t| (i, t)))
-            {
-                return Err(ChatEncodeError::ControlText {
-                    message,
-                    token: token.to_string(),
-                });
+            if let Some(e) = control_text("content", |m| Some(&m.content)) {
+                return Err(e);
             }
             Special::Parse
         }
