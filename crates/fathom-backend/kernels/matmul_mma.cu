@@ -36,6 +36,7 @@
 #include "common.cuh"
 #include "mma.cuh"
 #include "quant.cuh"
+#include "reduce.cuh"
 
 // Rows of weights one warp takes.
 #define MQ_ROWS 16
@@ -65,8 +66,8 @@ __device__ __forceinline__ void mma_step8(float (&c)[NT8][4], const float* qa, c
 }
 
 template <int T, int NT8>
-__device__ void matmul_mma(const Weights w, const __half* __restrict__ x16, float* __restrict__ out,
-                           int ntok, int kgroups) {
+__device__ void matmul_mma(const Weights w, const __half* __restrict__ x16, const float* __restrict__ unscale,
+                           float* __restrict__ out, int ntok, int kgroups) {
   __shared__ float parts[MQ_WARPS][NT8 * 4][WARP];
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
   const int g = lane >> 2, t = lane & 3;
@@ -143,8 +144,40 @@ __device__ void matmul_mma(const Weights w, const __half* __restrict__ x16, floa
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int tok = 8 * nt + 2 * t + (e & 1), r = r0 + g + 8 * (e >> 1);
-      if (tok < ntok && r < w.rows) out[(size_t)tok * w.rows + r] = c[nt][e];
+      if (tok < ntok && r < w.rows) out[(size_t)tok * w.rows + r] = c[nt][e] * unscale[tok];
     }
+}
+
+// The tokens' activations for mq<N>_*: row r of x (cols values) as f16,
+// times a power of two that brings the row's largest |value| to at most
+// 2^15 (1 for every row already there: then exactly to_half's), and the
+// power's inverse in unscale[r], which the product's outputs are multiplied
+// by. f16 ends at 65,504: a row past it (a large FFN activation) would
+// otherwise turn into infinities, which cuBLAS's f16 path still risks. A
+// block a row.
+extern "C" __global__ void __launch_bounds__(256) to_half_rows(const float* x, int cols, __half* out,
+                                                                float* unscale) {
+  FATHOM_PDL();
+  __shared__ float maxes[8];
+  const float* xr = x + (size_t)blockIdx.x * cols;
+  float m = 0.0f;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, fabsf(xr[i]));
+  m = warp_max(m);
+  if (threadIdx.x % WARP == 0) maxes[threadIdx.x / WARP] = m;
+  __syncthreads();
+  m = maxes[0];
+#pragma unroll
+  for (int k = 1; k < 8; k++) m = fmaxf(m, maxes[k]);
+  // 2^-e with e the smallest that brings m to 2^15 or below (frexp: m =
+  // f 2^x, f in [0.5, 1)); non-finite rows stay unscaled (they are
+  // non-finite either way).
+  int x2 = 0;
+  frexpf(m, &x2);
+  const int e = isfinite(m) ? max(x2 - 15, 0) : 0;
+  const float scale = ldexpf(1.0f, -e);
+  __half* o = out + (size_t)blockIdx.x * cols;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = __float2half_rn(xr[i] * scale);
+  if (threadIdx.x == 0) unscale[blockIdx.x] = ldexpf(1.0f, e);
 }
 
 // mq<N>_<NAME>: up to N tokens (16 or 64), MQ_WARPS warps a block. Two
@@ -153,9 +186,9 @@ __device__ void matmul_mma(const Weights w, const __half* __restrict__ x16, floa
 // the step's costs only tensor-core work (its loads are skipped).
 #define FATHOM_MQ_KERNEL(NAME, T, N)                                                              \
   extern "C" __global__ void __launch_bounds__(MQ_WARPS * 32) mq##N##_##NAME(                    \
-      const Weights w, const __half* x16, float* out, int ntok, int kgroups) {                    \
+      const Weights w, const __half* x16, const float* unscale, float* out, int ntok, int kgroups) { \
     FATHOM_PDL();                                                                                 \
-    matmul_mma<T, N / 8>(w, x16, out, ntok, kgroups);                                             \
+    matmul_mma<T, N / 8>(w, x16, unscale, out, ntok, kgroups);                                    \
   }
 #define FATHOM_MQ_KERNELS(NAME, T) FATHOM_MQ_KERNEL(NAME, T, 16) FATHOM_MQ_KERNEL(NAME, T, 64)
 

@@ -128,6 +128,7 @@ pub fn greedy_from_rows(logits: &[f32], width: usize, banned: &[u32], out: &mut 
 pub const ENV_VARS: &[(&str, &str)] = &[
     ("FATHOM_CUDA_LIB_DIR", "unset"),
     ("FATHOM_CUDA_GRAPHS", "1"),
+    ("FATHOM_CUDA_MMA_FEW", "1"),
     ("FATHOM_CUDA_PDL", "1"),
     ("FATHOM_CUDA_PREFETCH", "4194304"),
     ("FATHOM_NCCL_LIB_DIR", "unset"),

@@ -76,6 +76,9 @@ pub(super) struct Kernels {
     /// every kind but f32, up to 64 for Q4_K, Q5_K and Q6_K; null
     /// elsewhere (matmul_mma.cu).
     pub(super) mq: [[sys::CUfunction; 16]; 2],
+    /// Their activations: rows to f16, each scaled by a power of two into
+    /// f16's range.
+    pub(super) to_half_rows: sys::CUfunction,
     pub(super) embed: [sys::CUfunction; 16],
     pub(super) dequant: [sys::CUfunction; 16],
     pub(super) to_half: sys::CUfunction,
@@ -155,6 +158,7 @@ impl Kernels {
             moe_down: routed_table("moe_down")?,
             moe_combine: get("moe_combine")?,
             mm: table("mm")?,
+            to_half_rows: get("to_half_rows")?,
             mq: {
                 let mut upto16 = [std::ptr::null_mut(); 16];
                 for (k, name) in KINDS.iter().enumerate() {

@@ -16,6 +16,10 @@ use super::kernels::type_of_kind;
 use super::{blas, kind_of_type, CudaBackend, DevMatrix};
 use crate::{Buf, Glu, MatrixId, WeightType};
 
+/// `x16_holds`'s conversion marker for rows scaled by `to_half_rows` (to_half
+/// marks f16 0 and bf16 1).
+const ROWS_SCALED: i32 = 2;
+
 impl CudaBackend {
     /// Prefill (more than 8 rows) of non-F32 matrices through the tiled
     /// f32 kernel (`true`) or cuBLAS on f16/bf16 (`false`, the default), so
@@ -41,8 +45,9 @@ impl CudaBackend {
     /// The tensor-core kernel (matmul_mma.cu) `rows` rows through `m` take,
     /// if any: up to 16 rows for every kind but f32 (f16 and bf16 only up
     /// to `MV_MAX_TOKENS`: beyond, cuBLAS reads them as stored), up to
-    /// `MQ_MAX_TOKENS` for the K-quants, when the activations fit the f16
-    /// staging and the depth is whole 32-value steps.
+    /// `MQ_MAX_TOKENS` for the K-quants, when the activations and their
+    /// row scales fit the f16 staging and the depth is whole 32-value
+    /// steps.
     fn mma_few_kernel(&self, m: &DevMatrix, rows: usize) -> Option<sys::CUfunction> {
         use WeightType::{BF16, F16};
         let cols = m.arg.cols as usize;
@@ -56,9 +61,8 @@ impl CudaBackend {
             && !f.is_null()
             && (2..=most).contains(&rows)
             && cols.is_multiple_of(32)
-            && cols <= self.upload.x16_cols
-            && rows <= self.upload.tokens)
-            .then_some(f)
+            && self.upload.x16 + (rows * cols * 2) as u64 <= self.mma_unscale())
+        .then_some(f)
     }
 
     /// `rows` rows of x (at `xp`) through `m` into `out` on tensor-core
@@ -66,18 +70,39 @@ impl CudaBackend {
     /// fastest measured for every type and token count: matmul_mma.cu).
     fn matmul_mma(&mut self, f: sys::CUfunction, m: DevMatrix, xp: u64, rows: usize, out: u64) {
         let (wr, wc) = (m.arg.rows as usize, m.arg.cols as usize);
-        let holds = self.x_to_half(xp, rows * wc, false);
+        let (mut x16, mut unscale) = (self.upload.x16, self.mma_unscale());
+        // The rows scaled into f16's range (to_half_rows), not to_half's
+        // conversion: their own entry in what the staging holds.
+        let holds = Some((xp, (rows * wc) as i64, ROWS_SCALED));
+        if self.x16_holds != holds {
+            let (mut x, mut cols) = (xp, wc as i32);
+            let g = self.k.to_half_rows;
+            self.launch(
+                g,
+                (rows as u32, 1, 1),
+                256,
+                &mut args![x, cols, x16, unscale],
+            );
+        }
         let kgroups = self.mma_kgroups.unwrap_or(MQ_WARPS);
-        let (mut arg, mut x16, mut op) = (m.arg, self.upload.x16, out);
+        let (mut arg, mut op) = (m.arg, out);
         let (mut n, mut kg) = (rows as i32, kgroups as i32);
         let grid = wr.div_ceil(16 * MQ_WARPS / kgroups) as u32;
         self.launch(
             f,
             (grid, 1, 1),
             32 * MQ_WARPS as u32,
-            &mut args![arg, x16, op, n, kg],
+            &mut args![arg, x16, unscale, op, n, kg],
         );
         self.x16_holds = holds;
+    }
+
+    /// Where the tensor-core kernels' per-row unscale factors lie: the last
+    /// `MQ_MAX_TOKENS` floats of the f16 staging, 16-byte aligned
+    /// (`mma_few_kernel` keeps the rows' f16 values below them).
+    fn mma_unscale(&self) -> u64 {
+        let end = self.upload.x16 + (self.upload.x16_cols * self.upload.tokens * 2) as u64;
+        end.saturating_sub(4 * MQ_MAX_TOKENS as u64) & !15
     }
 
     /// x (`n` f32 values at `xp`) as f16 (bf16 where `bf16`) in the
