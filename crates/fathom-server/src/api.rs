@@ -198,8 +198,16 @@ pub fn parse(route: Route, body: &[u8], seed: u64) -> Result<GenerationRequest, 
 /// Upper bound on the JSON values in `body` (one per `[`, `{`, `,` and
 /// `:` outside strings, plus one), found in one pass with no allocation.
 pub fn json_values(body: &[u8]) -> usize {
-    let (mut count, mut in_string, mut escaped) = (1usize, false, false);
-    for &b in body {
+    1 + outside_strings(body)
+        .filter(|(_, b)| matches!(b, b'[' | b'{' | b',' | b':'))
+        .count()
+}
+
+/// The bytes of JSON text `body` that lie outside its strings, with their
+/// offsets (the quotes themselves left out), in one pass.
+pub fn outside_strings(body: &[u8]) -> impl Iterator<Item = (usize, u8)> + '_ {
+    let (mut in_string, mut escaped) = (false, false);
+    body.iter().enumerate().filter_map(move |(at, &b)| {
         if in_string {
             match (escaped, b) {
                 (true, _) => escaped = false,
@@ -207,15 +215,14 @@ pub fn json_values(body: &[u8]) -> usize {
                 (false, b'"') => in_string = false,
                 _ => {}
             }
+            None
+        } else if b == b'"' {
+            in_string = true;
+            None
         } else {
-            match b {
-                b'"' => in_string = true,
-                b'[' | b'{' | b',' | b':' => count += 1,
-                _ => {}
-            }
+            Some((at, b))
         }
-    }
-    count
+    })
 }
 
 /// [`parse`] for a body that may hold at most `max_values` JSON values

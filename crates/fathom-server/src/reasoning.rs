@@ -133,24 +133,12 @@ pub fn harmony_final_json(schema: &serde_json::Value) -> Grammar {
 /// end marker outside a JSON string, and which. The markers are text to a
 /// grammar, so constrained arguments may hold one inside a string.
 pub fn call_end(body: &str) -> Option<(usize, &'static str)> {
-    let (mut in_string, mut escaped) = (false, false);
-    for (at, b) in body.bytes().enumerate() {
-        if in_string {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => in_string = false,
-                _ => {}
-            }
-        } else if b == b'"' {
-            in_string = true;
-        } else if b == b'<' {
-            if let Some(m) = BODY_ENDS.iter().find(|m| body[at..].starts_with(**m)) {
-                return Some((at, m));
-            }
-        }
-    }
-    None
+    crate::api::outside_strings(body.as_bytes())
+        .filter(|&(_, b)| b == b'<')
+        .find_map(|(at, _)| {
+            let end = BODY_ENDS.iter().find(|m| body[at..].starts_with(**m))?;
+            Some((at, *end))
+        })
 }
 
 /// Text split into its reasoning and its answer.
