@@ -168,3 +168,21 @@ fn an_override_that_splits_a_layer_is_refused_by_name() {
         "{e}"
     );
 }
+
+/// A Gemma 4 model split between the GPU and the host is refused at load,
+/// naming the family and what does run it (the GPU alone, the CPU).
+#[test]
+fn a_gemma4_split_is_refused_by_name() {
+    let d = dir("gemma4");
+    let path = d.join("gemma4.gguf");
+    Format::Gguf(T::F32).write(&fathom_fixtures::tiny_gemma4(), &path, 5);
+    let e = match split(&path, &path, &layers(2)) {
+        Ok(_) => panic!("a split Gemma 4 loaded"),
+        Err(e) => e,
+    };
+    let _ = std::fs::remove_dir_all(&d);
+    assert!(
+        e.contains("Gemma 4") && e.contains("split between the GPU and the host"),
+        "{e}"
+    );
+}
