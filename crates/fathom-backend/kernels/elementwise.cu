@@ -1,5 +1,5 @@
-// Element-wise and row kernels: add_bias, add, fill_zero, glu, gather_rows,
-// scatter_rows. Launched from src/cuda/elementwise.rs (gather_rows and
+// Element-wise and row kernels: add_bias, add, fill_zero, scale_values,
+// softcap_values, glu, gather_rows, scatter_rows. Launched from src/cuda/elementwise.rs (gather_rows and
 // scatter_rows also from src/cuda/moe.rs).
 
 #include "common.cuh"
@@ -21,6 +21,20 @@ extern "C" __global__ void fill_zero(float* x, long long n) { FATHOM_PDL();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x)
     x[i] = 0.0f;
+}
+
+// x[i] *= a over n values (Gemma 4's layer output scale).
+extern "C" __global__ void scale_values(float* x, float a, long long n) { FATHOM_PDL();
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    x[i] *= a;
+}
+
+// x[i] = a * tanh(x[i] / a) over n values (Gemma 4's logit softcap).
+extern "C" __global__ void softcap_values(float* x, float a, long long n) { FATHOM_PDL();
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+       i += (long long)gridDim.x * blockDim.x)
+    x[i] = a * tanhf(x[i] / a);
 }
 
 // gate = act(gate) * up; act GLU_SILU = silu, GLU_GELU_TANH = gelu (tanh

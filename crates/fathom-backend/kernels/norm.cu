@@ -13,8 +13,10 @@
 // waits on a chain of loads; in place is allowed (a thread writes only
 // the values it read). With `add`, x += add first (the residual add before
 // a norm), written back to x. The norm's weights never change, so they are
-// read before the wait for the kernel ahead. With `x8` (width a multiple of
-// 32; one row), the output is also written as int8 activation blocks.
+// read before the wait for the kernel ahead. A null `w` weighs every value
+// 1 (Gemma 4's values, normed per head without a weight). With `x8` (width
+// a multiple of 32; one row), the output is also written as int8 activation
+// blocks.
 #define RMS_HELD 8
 extern "C" __global__ void __launch_bounds__(1024)
 rms_norm(float* x, const float* add, const float* w, float eps, int width, float* out, uint8_t* x8) {
@@ -23,7 +25,7 @@ rms_norm(float* x, const float* add, const float* w, float eps, int width, float
 #pragma unroll
   for (int k = 0; k < RMS_HELD; k++) {
     const int i = threadIdx.x + k * n;
-    wv[k] = i < width ? w[i] : 0.0f;
+    wv[k] = i < width ? (w ? w[i] : 1.0f) : 0.0f;
   }
   FATHOM_PDL();
   __shared__ float part[32];
@@ -80,7 +82,7 @@ rms_norm(float* x, const float* add, const float* w, float eps, int width, float
     x8_store_n<RMS_HELD>(y, held, x8, threadIdx.x / WARP, n / WARP);
   }
   for (int i = threadIdx.x + RMS_HELD * n; i < width; i += n) {
-    const float y = xr[i] * inv * w[i];
+    const float y = xr[i] * inv * (w ? w[i] : 1.0f);
     o[i] = y;
     if (x8) x8_store(y, x8, i / WARP);
   }

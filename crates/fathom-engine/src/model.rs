@@ -279,7 +279,10 @@ impl Model {
         }
         let unsupported = |what: &str| EngineError::UnsupportedOnBackend {
             family: spec.family.name().to_string(),
-            backend: backend.name().to_string(),
+            backend: match backend.devices() {
+                1 => backend.name().to_string(),
+                n => format!("{n}-device tensor-parallel {}", backend.name()),
+            },
             what: what.to_string(),
         };
         let hybrid = spec.linear.is_some() || spec.rope.as_ref().is_some_and(|r| r.dims.is_some());
@@ -288,6 +291,7 @@ impl Model {
                 "linear-attention layers, gated attention and partial rope",
             ));
         }
+        let scaled_rows = spec.block.value_norm || spec.final_logit_softcap.is_some();
         let gpt_oss = spec.family == fathom_spec::Family::GptOss;
         if gpt_oss && !backend.runs_gpt_oss() {
             return Err(unsupported(
@@ -310,6 +314,13 @@ impl Model {
                         .into(),
                 ));
             }
+            if scaled_rows {
+                return Err(EngineError::Placement(
+                    "a Gemma 4 model cannot be split between the GPU and the host yet (it runs \
+                     on the GPU alone or on the CPU)"
+                        .into(),
+                ));
+            }
             if !p.apart.is_empty() {
                 return Err(EngineError::Placement(format!(
                     "--override-tensor put {} apart from the rest of its group ({}); a run \
@@ -325,7 +336,6 @@ impl Model {
                 )));
             }
         }
-        let scaled_rows = spec.block.value_norm || spec.final_logit_softcap.is_some();
         if scaled_rows && !backend.runs_scaled_rows() {
             return Err(unsupported(
                 "values normed without a weight, layer output scales and a logit softcap",

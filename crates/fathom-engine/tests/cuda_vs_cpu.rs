@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use common::compare;
 use common::families::{family, Format, FAMILIES, HF_FORMATS};
 use fathom_checkpoint::Checkpoint;
-use fathom_engine::{Engine, Sampler, Tokenizer};
+use fathom_engine::{Engine, Sampler, ScoreRows, Segment, Tokenizer};
 use fathom_fixtures::{self as fx, Data, GgufTensorType as T};
 use fathom_plan::placement::{GpuLayers, PlacementRequest};
 use fathom_plan::{Available, Device, KvDtype, MemoryPlan, PlanInputs};
@@ -244,6 +244,127 @@ fn greedy_tokens_match_the_cpu_where_its_margin_is_clear() {
     }
     println!("{BATCH} sequences decoded together: every one equals the CPU's tokens");
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Gemma 4 on CUDA against the CPU, step by step (gemma-4-31B's head
+/// shapes at hidden 512, 4 layers: sliding ones of 32 heads over 16 KV
+/// heads of 256 with a 32-token window, global ones of 32 heads over 4 KV
+/// heads of 512 whose values are the keys' projection and whose rope takes
+/// the factors; unscaled scores, values normed without a weight, layer
+/// output scales, the logit softcap), in F32 and Q8_0: two prompts
+/// prefilled in chunks of 24 tokens well past the window (the sliding
+/// layers' rings wrap, a chunk straddling the wrap), the first decoded
+/// alone, then both decoded together. Every step's last-row logits of each
+/// sequence agree within the format's tolerance ([`tolerance`]) with the
+/// same argmax.
+#[test]
+fn gemma4_prefill_and_decode_match_the_cpu() {
+    if !gpu() {
+        return;
+    }
+    let d = dir("gemma4");
+    let model = fx::reshaped(
+        &common::families::gemma4_shaped(),
+        serde_json::json!({"sliding_window": 32}),
+    );
+    let mut failures = Vec::new();
+    for ty in [T::F32, T::Q8_0] {
+        let path = d.join(format!("gemma4-{}.gguf", ty.name()));
+        Format::Gguf(ty).write(&model, &path, 9);
+        let run = |device| {
+            let mut e = placed_engine(&path, inputs(device, 128, 2, 24), None, tokenizer(&d));
+            gemma4_steps(&mut e)
+        };
+        let (cpu, cuda) = (run(Device::Cpu), run(Device::Cuda));
+        let tol = tolerance(ty.name());
+        let mut worst = 0f32;
+        for ((label, want), (_, got)) in cpu.iter().zip(&cuda) {
+            let a = compare(got, want);
+            worst = worst.max(a.max_rel);
+            if a.max_rel.is_nan() || a.max_rel >= tol || !a.same_argmax {
+                failures.push(format!(
+                    "gemma4 {} {label}: {a:?} (tolerance {tol})",
+                    ty.name()
+                ));
+            }
+        }
+        println!(
+            "gemma4 {:<5} {} steps' logits: max_rel at most {worst:.2e} (tolerance {tol})",
+            ty.name(),
+            cpu.len()
+        );
+    }
+    let _ = std::fs::remove_dir_all(&d);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The steps of [`gemma4_prefill_and_decode_match_the_cpu`] on one engine
+/// (step of 24 tokens, batch 2): each step's label and the logits of each
+/// of its sequences' last row, in order.
+fn gemma4_steps(engine: &mut Engine) -> Vec<(String, Vec<f32>)> {
+    const DECODE: usize = 5;
+    let prompts: [Vec<u32>; 2] = [
+        (0..70).map(|i| (i * 37 + 11) % 1000).collect(),
+        (0..41).map(|i| (i * 53 + 5) % 1000).collect(),
+    ];
+    let mut seqs = [engine.open_sequence(&[]), engine.open_sequence(&[])];
+    for (seq, prompt) in seqs.iter_mut().zip(&prompts) {
+        assert!(engine.reserve(seq, prompt.len() + 2 * DECODE));
+    }
+    let mut out = Vec::new();
+    let mut run = |engine: &mut Engine, label: String, segments: &mut [Segment]| {
+        let wanted: Vec<ScoreRows> = segments
+            .iter()
+            .enumerate()
+            .map(|(segment, s)| ScoreRows {
+                segment,
+                rows: s.tokens.len() - 1..s.tokens.len(),
+            })
+            .collect();
+        engine
+            .step_scoring(segments, &wanted, &mut |k, _, logits| {
+                out.push((format!("{label} sequence {k}"), logits.to_vec()));
+            })
+            .unwrap();
+    };
+    let chunk = engine.step_tokens();
+    for (i, prompt) in prompts.iter().enumerate() {
+        for (c, tokens) in prompt.chunks(chunk).enumerate() {
+            let segment = Segment {
+                seq: &mut seqs[i],
+                tokens,
+            };
+            run(engine, format!("prefill {i} chunk {c}"), &mut [segment]);
+        }
+    }
+    let next = |t: usize| [(t * 71 + 3) as u32 % 1000];
+    for t in 0..DECODE {
+        let token = next(t);
+        let segment = Segment {
+            seq: &mut seqs[0],
+            tokens: &token,
+        };
+        run(engine, format!("decode {t} alone"), &mut [segment]);
+    }
+    for t in DECODE..2 * DECODE {
+        let tokens = [next(t), next(t + 100)];
+        let [a, b] = &mut seqs;
+        let mut segments = [
+            Segment {
+                seq: a,
+                tokens: &tokens[0],
+            },
+            Segment {
+                seq: b,
+                tokens: &tokens[1],
+            },
+        ];
+        run(engine, format!("decode {t} together"), &mut segments);
+    }
+    for seq in &mut seqs {
+        engine.release(seq);
+    }
+    out
 }
 
 /// A model split between the GPU and the host (the first layer, or every

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::families::{family, Family, Format};
+use common::families::{family, gemma4_shaped, Family, Format};
 use common::{compare, engine, inputs, numpy_logits, smollm2};
 use fathom_checkpoint::Checkpoint;
 use fathom_fixtures::{self as fx, GgufTensorType, ModelDef};
@@ -192,20 +192,6 @@ fn gpt_oss_sinks_yarn_biases_and_experts() {
 #[test]
 fn gemma4_with_global_heads_of_their_own() {
     check_model("gemma4", "gemma-4-31B", &gemma4_shaped());
-}
-
-fn gemma4_shaped() -> ModelDef {
-    fx::reshaped(
-        &fx::tiny_gemma4(),
-        serde_json::json!({
-            "hidden_size": 512,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 16,
-            "head_dim": 256,
-            "global_head_dim": 512,
-            "num_global_key_value_heads": 4,
-        }),
-    )
 }
 
 /// The Gemma 4 variants the forward pass does not run are refused by name

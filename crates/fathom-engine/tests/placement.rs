@@ -18,7 +18,7 @@ use fathom_backend::cpu::CpuBackend;
 use fathom_backend::hybrid::Hybrid;
 use fathom_checkpoint::Checkpoint;
 use fathom_engine::{Engine, Tokenizer};
-use fathom_fixtures::GgufTensorType as T;
+use fathom_fixtures::{GgufTensorType as T, ModelDef};
 use fathom_plan::placement::{GpuLayers, PlacementRequest, TensorOverride};
 use fathom_plan::{Available, Device, KvDtype, MemoryPlan, PlanInputs};
 use fathom_spec::ModelSpec;
@@ -149,22 +149,39 @@ fn split_runs_equal_the_unsplit_run_for_every_family() {
     assert!(runs >= 26, "only {runs} split runs");
 }
 
+/// The error loading `model` (F32) placed as `request` asks gives.
+fn refusal(name: &str, model: &ModelDef, request: &PlacementRequest) -> String {
+    let d = dir(name);
+    let path = d.join(format!("{name}.gguf"));
+    Format::Gguf(T::F32).write(model, &path, 5);
+    let e = match split(&path, &path, request) {
+        Ok(_) => panic!("{name} placed as {request:?} loaded"),
+        Err(e) => e,
+    };
+    let _ = std::fs::remove_dir_all(&d);
+    e
+}
+
 #[test]
 fn an_override_that_splits_a_layer_is_refused_by_name() {
-    let d = dir("apart");
-    let path = d.join("llama.gguf");
-    Format::Gguf(T::F32).write(&FAMILIES[0].real_shaped(), &path, 5);
     let request = PlacementRequest {
         overrides: TensorOverride::parse("blk\\.0\\.ffn_up=cpu").unwrap(),
         ..PlacementRequest::default()
     };
-    let e = match split(&path, &path, &request) {
-        Ok(_) => panic!("a layer split by -ot ran"),
-        Err(e) => e,
-    };
-    let _ = std::fs::remove_dir_all(&d);
+    let e = refusal("apart", &FAMILIES[0].real_shaped(), &request);
     assert!(
         e.contains("blk.0.ffn_up.weight") && e.contains("--override-tensor"),
+        "{e}"
+    );
+}
+
+/// A Gemma 4 model split between the GPU and the host is refused at load,
+/// naming the family and what does run it (the GPU alone, the CPU).
+#[test]
+fn a_gemma4_split_is_refused_by_name() {
+    let e = refusal("gemma4", &fathom_fixtures::tiny_gemma4(), &layers(2));
+    assert!(
+        e.contains("Gemma 4") && e.contains("split between the GPU and the host"),
         "{e}"
     );
 }

@@ -2,6 +2,8 @@
 
 use std::ffi::c_void;
 
+use cudarc::driver::sys;
+
 use super::kernels::act_id;
 use super::CudaBackend;
 use crate::{Buf, Glu, VectorId};
@@ -67,6 +69,30 @@ impl CudaBackend {
         let f = self.k.glu;
         let grid = Self::grid_for(n as usize, 256).min(4096);
         self.launch(f, (grid, 1, 1), 256, &mut args![g, u, n, a]);
+    }
+
+    /// `x[r] *= factor` (Gemma 4's layer output scale).
+    pub(super) fn scale(&mut self, x: Buf, factor: f32, rows: usize, width: usize) {
+        let f = self.k.scale;
+        self.map_values(f, x, factor, rows * width);
+    }
+
+    /// `x[r] = cap × tanh(x[r] / cap)` (Gemma 4's logit softcap).
+    pub(super) fn softcap(&mut self, x: Buf, cap: f32, rows: usize, width: usize) {
+        let f = self.k.softcap;
+        self.map_values(f, x, cap, rows * width);
+    }
+
+    /// One launch of an in-place kernel `f(x, a, n)` over the first `n`
+    /// values of `x`.
+    fn map_values(&mut self, f: sys::CUfunction, x: Buf, a: f32, n: usize) {
+        let mut xp = self.buf(x, n * 4);
+        if n == 0 || !self.ready() {
+            return;
+        }
+        let (mut a, mut n) = (a, n as i64);
+        let grid = Self::grid_for(n as usize, 256).min(4096);
+        self.launch(f, (grid, 1, 1), 256, &mut args![xp, a, n]);
     }
 
     pub(super) fn zero(&mut self, x: Buf, rows: usize, width: usize) {

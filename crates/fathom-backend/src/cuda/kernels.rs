@@ -86,6 +86,9 @@ pub(super) struct Kernels {
     pub(super) add_bias: sys::CUfunction,
     pub(super) add: sys::CUfunction,
     pub(super) fill_zero: sys::CUfunction,
+    /// In place over n values: `x *= a` and `x = a × tanh(x / a)`.
+    pub(super) scale: sys::CUfunction,
+    pub(super) softcap: sys::CUfunction,
     pub(super) glu: sys::CUfunction,
     pub(super) gather_rows: sys::CUfunction,
     pub(super) scatter_rows: sys::CUfunction,
@@ -175,6 +178,8 @@ impl Kernels {
             add_bias: get("add_bias")?,
             add: get("add")?,
             fill_zero: get("fill_zero")?,
+            scale: get("scale_values")?,
+            softcap: get("softcap_values")?,
             glu: get("glu")?,
             gather_rows: get("gather_rows")?,
             scatter_rows: get("scatter_rows")?,

@@ -307,7 +307,7 @@ impl Backend for CudaBackend {
         width: usize,
         head_dim: usize,
     ) {
-        CudaBackend::head_norm(self, x, w, eps, rows, width, head_dim)
+        CudaBackend::head_norm(self, x, Some(w), eps, rows, width, head_dim)
     }
 
     fn add_rms_norm(
@@ -421,6 +421,29 @@ impl Backend for CudaBackend {
 
     fn zero(&mut self, x: Buf, rows: usize, width: usize) {
         CudaBackend::zero(self, x, rows, width)
+    }
+
+    fn runs_scaled_rows(&self) -> bool {
+        true
+    }
+
+    fn head_norm_unweighted(
+        &mut self,
+        x: Buf,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        head_dim: usize,
+    ) {
+        CudaBackend::head_norm(self, x, None, eps, rows, width, head_dim)
+    }
+
+    fn scale(&mut self, x: Buf, factor: f32, rows: usize, width: usize) {
+        CudaBackend::scale(self, x, factor, rows, width)
+    }
+
+    fn softcap(&mut self, x: Buf, cap: f32, rows: usize, width: usize) {
+        CudaBackend::softcap(self, x, cap, rows, width)
     }
 
     fn logits(&mut self, rows: usize, width: usize) -> &mut [f32] {

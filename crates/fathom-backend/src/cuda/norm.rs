@@ -50,17 +50,23 @@ impl CudaBackend {
         }
     }
 
+    /// RMS norm of every `head_dim` values of `rows × width` in place,
+    /// with one weight of `head_dim` values, or none (`w` `None`: the
+    /// kernel takes a null weight as all ones, Gemma 4's values).
     pub(super) fn head_norm(
         &mut self,
         x: Buf,
-        w: VectorId,
+        w: Option<VectorId>,
         eps: f32,
         rows: usize,
         width: usize,
         head_dim: usize,
     ) {
-        let (mut wp, wl) = self.vectors[w.0 as usize];
-        assert!(wl >= head_dim && head_dim > 0 && width.is_multiple_of(head_dim));
+        let (mut wp, wl) = w.map_or((0, head_dim), |w| self.vectors[w.0 as usize]);
+        assert!(
+            wl >= head_dim && head_dim > 0 && width.is_multiple_of(head_dim),
+            "head_norm: {wl} weights, heads of {head_dim} in rows of {width}"
+        );
         let mut xp = self.buf(x, rows * width * 4);
         let heads = rows * width / head_dim;
         if heads == 0 || !self.ready() {

@@ -255,6 +255,28 @@ pub(crate) fn attention_cases() -> Vec<(String, AttentionShape, KvLayout, [usize
         scale: 1.0 / 128f32.sqrt(),
         sinks: None,
     };
+    // gemma-4-31B's head shapes (its GQA groups of 8 and 2; 16 of its 32
+    // query heads a global layer, within the test's buffers), scores
+    // unscaled: global heads of 512 (the split kernels' widest values a
+    // lane), sliding heads of 256.
+    let gemma4_global = AttentionShape {
+        n_heads: 16,
+        n_kv_heads: 2,
+        key_dim: 512,
+        value_dim: 512,
+        window: None,
+        scale: 1.0,
+        sinks: None,
+    };
+    let gemma4_sliding = AttentionShape {
+        n_heads: 32,
+        n_kv_heads: 16,
+        key_dim: 256,
+        value_dim: 256,
+        window: Some(32),
+        scale: 1.0,
+        sinks: None,
+    };
     let mut out = Vec::new();
     for dtype in KvDtype::ALL {
         out.push((
@@ -294,6 +316,33 @@ pub(crate) fn attention_cases() -> Vec<(String, AttentionShape, KvLayout, [usize
                 groups: vec![
                     group(dtype, 3, 64, 64, 1, None, 12),
                     group(dtype, 3, 64, 64, 2, Some(32), 6),
+                ],
+                dtype,
+                layer_groups: vec![Some(0), Some(1), Some(1)],
+                recurrent: None,
+            },
+            [1, 2],
+        ));
+        out.push((
+            "Gemma4 global 16/2x512".to_string(),
+            gemma4_global,
+            KvLayout {
+                groups: vec![group(dtype, 2, 512, 512, 2, None, 12)],
+                dtype,
+                layer_groups: vec![Some(0), Some(0)],
+                recurrent: None,
+            },
+            [0, 1],
+        ));
+        // Gemma 4 interleaves the two: a global group beside the ring of
+        // the sliding heads, as the plan groups them.
+        out.push((
+            "Gemma4 sliding w32 32/16x256".to_string(),
+            gemma4_sliding,
+            KvLayout {
+                groups: vec![
+                    group(dtype, 2, 512, 512, 1, None, 12),
+                    group(dtype, 16, 256, 256, 2, Some(32), 6),
                 ],
                 dtype,
                 layer_groups: vec![Some(0), Some(1), Some(1)],

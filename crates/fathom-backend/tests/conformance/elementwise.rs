@@ -135,6 +135,53 @@ pub(crate) fn test_elementwise(h: &mut Harness, rng: &mut Rng) {
     }
 }
 
+/// The ops a backend that [`Backend::runs_scaled_rows`] adds (Gemma 4):
+/// values normed per head without a weight (gemma-4-31B's sliding heads of
+/// 256 and global heads of 512), a layer's output scale over rows of its
+/// hidden width, and the logit softcap (cap 30) over values well into
+/// tanh's flat ends.
+pub(crate) fn test_scaled_rows(h: &mut Harness, rng: &mut Rng) {
+    if !h.b.runs_scaled_rows() {
+        println!("{}: no scaled-row ops; skipped", h.b.name());
+        return;
+    }
+    for (rows, heads, hd) in [(3, 16, 256), (5, 4, 512)] {
+        let width = heads * hd;
+        let x = uniform(rng, rows * width);
+        h.set(Buf::V, &x, width);
+        h.b.head_norm_unweighted(Buf::V, 1e-6, rows, width, hd);
+        let got = h.get(Buf::V, rows, width);
+        let ones = vec![1f32; hd];
+        let want: Vec<f64> = x.chunks(hd).flat_map(|r| rms_ref(r, &ones, 1e-6)).collect();
+        let case = format!("{rows}x({heads}x{hd})");
+        h.check("head_norm_unweighted", &case, &got, &want, TOL_EXACT);
+    }
+    {
+        let (rows, width, factor) = (5, 5376, 0.37f32);
+        let x = uniform(rng, rows * width);
+        h.set(Buf::Residual, &x, width);
+        h.b.scale(Buf::Residual, factor, rows, width);
+        let got = h.get(Buf::Residual, rows, width);
+        let want: Vec<f64> = x.iter().map(|&v| v as f64 * factor as f64).collect();
+        h.check("scale", "5x5376", &got, &want, TOL_EXACT);
+    }
+    {
+        let (rows, width, cap) = (3, 8192, 30f32);
+        let x: Vec<f32> = uniform(rng, rows * width)
+            .iter()
+            .map(|v| v * 100.0)
+            .collect();
+        h.set(Buf::Logits, &x, width);
+        h.b.softcap(Buf::Logits, cap, rows, width);
+        let got = h.get(Buf::Logits, rows, width);
+        let want: Vec<f64> = x
+            .iter()
+            .map(|&v| cap as f64 * (v as f64 / cap as f64).tanh())
+            .collect();
+        h.check("softcap", "3x8192 cap 30", &got, &want, TOL_EXACT);
+    }
+}
+
 pub(crate) fn rope_ref(
     x: &[f32],
     heads: usize,
@@ -190,12 +237,20 @@ pub(crate) fn test_rope(h: &mut Harness, rng: &mut Rng) {
         rows: 6,
     };
     let positions: Vec<usize> = step.positions().collect();
-    let factors: Vec<f32> = (0..64).map(|i| 1.0 + (i % 7) as f32).collect();
+    let factors: Vec<f32> = (0..256).map(|i| 1.0 + (i % 7) as f32).collect();
     let fid = h.b.load_vector(&factors).expect("loads");
     for (label, heads, hd, theta, neox, freqs) in [
         ("SmolLM2 9x64 normal", 9, 64, 100_000.0, false, None),
         ("Qwen 16x128 neox", 16, 128, 1_000_000.0, true, None),
         ("Llama3 32x128 freqs", 32, 128, 500_000.0, false, Some(fid)),
+        (
+            "Gemma4 global 16x512",
+            16,
+            512,
+            1_000_000.0,
+            true,
+            Some(fid),
+        ),
     ] {
         let width = heads * hd;
         let x = uniform(rng, step.rows * width);

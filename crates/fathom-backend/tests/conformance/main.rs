@@ -88,6 +88,7 @@ fn conformance() {
         test_embed(&mut h, &mut rng);
         test_matmul(&mut h, &mut rng, false);
         test_elementwise(&mut h, &mut rng);
+        test_scaled_rows(&mut h, &mut rng);
         test_matmul_glu(&mut h, &mut rng);
         test_matmul_many(&mut h, &mut rng);
         test_norm_then_matmul(&mut h, &mut rng);

@@ -154,6 +154,24 @@ impl Format {
     }
 }
 
+/// fathom-fixtures' tiny Gemma 4 (sliding and global layers alternating,
+/// a 16-token window) in gemma-4-31B's head shapes at hidden 512: 32
+/// heads, sliding ones over 16 KV heads of 256, global ones over 4 KV
+/// heads of 512 whose values are the keys' projection.
+pub fn gemma4_shaped() -> ModelDef {
+    fx::reshaped(
+        &fx::tiny_gemma4(),
+        serde_json::json!({
+            "hidden_size": 512,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 16,
+            "head_dim": 256,
+            "global_head_dim": 512,
+            "num_global_key_value_heads": 4,
+        }),
+    )
+}
+
 /// Config overrides giving a fixture an attention shape, with a small FFN
 /// and 2 layers.
 fn attention_shape(hidden: u64, heads: u64, kv_heads: u64, head_dim: u64) -> serde_json::Value {
