@@ -766,39 +766,29 @@ fn smollm2_with_template(dir: &common::TempDir, name: &str, template: &str) -> P
     model
 }
 
-/// A Qwen3-style thinking template on the SmolLM2 weights.
-const THINKING_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}";
-
-#[test]
-fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() {
-    let dir = common::TempDir::new("serve-thinking");
-    let model = smollm2_with_template(&dir, "smollm2-thinking.gguf", THINKING_TEMPLATE);
-    let server = Server::start_model(&model, &[], &[]);
-    // The grammar makes the model think, then answer.
-    let grammar = r#"root ::= "<think>" [a-z]{2,8} " " [a-z]{2,8} "</think>" "\n\nDone.""#;
-    let body = |extra: Value| {
-        let mut b = json!({"messages": [{"role": "user", "content": "Think, then say done."}],
-                           "grammar": grammar, "temperature": 0, "max_tokens": 40});
-        b.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        b
-    };
-    let v = chat(&server, body(json!({})));
-    let message = &v["choices"][0]["message"];
-    assert_eq!(message["content"], "Done.", "{v}");
-    let reasoning = message["reasoning_content"]
+/// What the thinking and the harmony stand-ins both answer: `body(extra)`
+/// asks (with `extra`'s fields) for an answer that a grammar makes two
+/// lowercase words of reasoning and then "Done.". Whole, the words come
+/// back as `reasoning_content` and "Done." as `content`; streamed, the
+/// reasoning's deltas come first, then the content's, and joined they are
+/// the same, no marker in either. Returns the reasoning.
+fn two_words_of_reasoning_then_done(server: &Server, body: &dyn Fn(Value) -> Value) -> String {
+    let v = chat(server, body(json!({})));
+    let choice = &v["choices"][0];
+    assert_eq!(choice["message"]["content"], "Done.", "{v}");
+    assert_eq!(choice["finish_reason"], "stop", "{v}");
+    let reasoning = choice["message"]["reasoning_content"]
         .as_str()
-        .expect("reasoning_content");
+        .expect("reasoning_content")
+        .to_string();
     let words: Vec<&str> = reasoning.split(' ').collect();
     assert!(
         words.len() == 2
             && words
                 .iter()
-                .all(|w| w.bytes().all(|b| b.is_ascii_lowercase())),
+                .all(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase())),
         "{reasoning:?}"
     );
-    // Streamed: the reasoning's deltas first, then the answer's; joined, the same.
     let r = server.post(
         "/v1/chat/completions",
         &body(json!({"stream": true})).to_string(),
@@ -826,6 +816,28 @@ fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() 
     assert!(events[first_content..]
         .iter()
         .all(|e| e["choices"][0]["delta"]["reasoning_content"].is_null()));
+    reasoning
+}
+
+/// A Qwen3-style thinking template on the SmolLM2 weights.
+const THINKING_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}";
+
+#[test]
+fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() {
+    let dir = common::TempDir::new("serve-thinking");
+    let model = smollm2_with_template(&dir, "smollm2-thinking.gguf", THINKING_TEMPLATE);
+    let server = Server::start_model(&model, &[], &[]);
+    // The grammar makes the model think, then answer.
+    let grammar = r#"root ::= "<think>" [a-z]{2,8} " " [a-z]{2,8} "</think>" "\n\nDone.""#;
+    let body = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "Think, then say done."}],
+                           "grammar": grammar, "temperature": 0, "max_tokens": 40});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let reasoning = two_words_of_reasoning_then_done(&server, &body);
     // reasoning_format none: the text as written.
     let v = chat(&server, body(json!({"reasoning_format": "none"})));
     let message = &v["choices"][0]["message"];
@@ -919,38 +931,7 @@ fn harmony_channels_and_tool_calls_come_apart_on_a_stand_in_with_the_markers_as_
             .extend(extra.as_object().unwrap().clone());
         b
     };
-    let v = chat(&server, body(json!({})));
-    let message = &v["choices"][0]["message"];
-    assert_eq!(message["content"], "Done.", "{v}");
-    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
-    let reasoning = message["reasoning_content"]
-        .as_str()
-        .expect("reasoning_content");
-    let words: Vec<&str> = reasoning.split(' ').collect();
-    assert!(
-        words.len() == 2
-            && words
-                .iter()
-                .all(|w| w.bytes().all(|b| b.is_ascii_lowercase())),
-        "{reasoning:?}"
-    );
-    // Streamed: reasoning deltas, then content ones, no marker in either.
-    let r = server.post(
-        "/v1/chat/completions",
-        &body(json!({"stream": true})).to_string(),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
-    let (events, done) = sse_events(&r.body);
-    assert!(done);
-    let delta = |key: &str| -> String {
-        events
-            .iter()
-            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
-            .collect()
-    };
-    assert_eq!(delta("reasoning_content"), reasoning);
-    assert_eq!(delta("content"), "Done.");
+    let reasoning = two_words_of_reasoning_then_done(&server, &body);
     // reasoning_format none: the text as written, markers and all.
     let v = chat(&server, body(json!({"reasoning_format": "none"})));
     let message = &v["choices"][0]["message"];
