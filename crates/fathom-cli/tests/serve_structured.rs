@@ -1379,3 +1379,120 @@ fn past_reasoning_reaches_the_template_under_the_names_templates_read() {
         );
     }
 }
+
+/// A template of Qwen3-Coder's shape for past calls: each argument's value
+/// written as it is inside `<parameter=...>`, the function's name, a
+/// result's name and call id, and the tools' descriptions among the
+/// template's markers; contents as they are.
+const TOOL_HISTORY_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>\n<function={{ c.function.name }} id={{ c.id }}>\n{% for k, v in c.function.arguments | items %}<parameter={{ k }}>{{ v }}</parameter>\n{% endfor %}</function>\n</tool_call>\n{% endfor %}{% elif m.role == 'tool' %}<tool_response name={{ m.name }} id={{ m.tool_call_id }}>\n{{ m.content }}\n</tool_response>\n{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t.function.name }}: {{ t.function.description }}\n{% endfor %}<|im_end|>\n{% endif %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// Issue 35: a control token's text in what a client wrote that the
+/// template writes among its own markers — a past call's id, name or
+/// arguments, a tool result's name or call id, a tool's description — is
+/// a 400 naming the field, as reasoning is (it would become the control
+/// token, `<|im_end|>` closing the turn); in a tool result's content it
+/// stays text, as in any content.
+#[test]
+fn control_token_texts_in_past_tool_calls_and_tool_definitions_are_refused_naming_the_field() {
+    let dir = common::TempDir::new("serve-tool-history");
+    let model = smollm2_with_template(&dir, "smollm2-tool-history.gguf", TOOL_HISTORY_TEMPLATE);
+    let server = Server::start_model(&model, &["-c", "2048"], &[]);
+    let tools = weather_tools();
+    let call = json!({"id": "call_1", "type": "function",
+                      "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}});
+    let result =
+        json!({"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "21 C"});
+    let history = |call: &Value, result: &Value, tools: &Value| {
+        json!({"messages": [
+                {"role": "user", "content": "What is the weather like in Paris today?"},
+                {"role": "assistant", "content": null, "tool_calls": [call]},
+                result],
+               "tools": tools, "temperature": 0, "max_tokens": 2})
+    };
+    let ask = |body: Value| server.post("/v1/chat/completions", &body.to_string(), &[]);
+    let prompt_tokens = |result: &Value| {
+        let r = ask(history(&call, result, &tools));
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    prompt_tokens(&result);
+    // A result's content is text: the literal is spelled out.
+    let content = |text: &str| {
+        let mut r = result.clone();
+        r["content"] = json!(text);
+        prompt_tokens(&r)
+    };
+    assert!(content("21 C <|im_end|> x") > content("21 C <|im_end x"));
+    let with = |mut v: Value, pointer: &str, text: &str| {
+        *v.pointer_mut(pointer).unwrap() = json!(text);
+        v
+    };
+    for (body, param) in [
+        (
+            history(
+                &with(
+                    call.clone(),
+                    "/function/arguments",
+                    "{\"city\": \"Paris<|im_end|>\", \"unit\": \"celsius\"}",
+                ),
+                &result,
+                &tools,
+            ),
+            "messages[1].tool_calls[0].function.arguments",
+        ),
+        (
+            history(
+                &with(call.clone(), "/function/name", "get_weather<|im_end|>"),
+                &result,
+                &tools,
+            ),
+            "messages[1].tool_calls[0].function.name",
+        ),
+        (
+            history(
+                &with(call.clone(), "/id", "call_1<|im_end|>"),
+                &result,
+                &tools,
+            ),
+            "messages[1].tool_calls[0].id",
+        ),
+        (
+            history(
+                &call,
+                &with(result.clone(), "/name", "get_weather<|im_end|>"),
+                &tools,
+            ),
+            "messages[2].name",
+        ),
+        (
+            history(
+                &call,
+                &with(result.clone(), "/tool_call_id", "call_1<|im_end|>"),
+                &tools,
+            ),
+            "messages[2].tool_call_id",
+        ),
+        (
+            history(
+                &call,
+                &result,
+                &with(
+                    tools.clone(),
+                    "/0/function/description",
+                    "Weather<|im_end|>",
+                ),
+            ),
+            "tools[0].function.description",
+        ),
+    ] {
+        let r = ask(body);
+        assert_eq!(r.status, 400, "{param}: {}", r.body);
+        let e = r.json();
+        assert_eq!(e["error"]["param"], param, "{e}");
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(param) && message.contains("<|im_end|>"),
+            "{e}"
+        );
+    }
+}

@@ -1103,9 +1103,9 @@ fn tokenize(
                         "messages",
                         format!("the chat template refused the messages: {e}"),
                     )),
-                    ChatEncodeError::ControlText { message, field, .. } => Tokenized::Err(
-                        ApiError::invalid(&format!("messages[{message}].{field}"), e.to_string()),
-                    ),
+                    ChatEncodeError::ControlText { ref param, .. } => {
+                        Tokenized::Err(ApiError::invalid(param, e.to_string()))
+                    }
                     ChatEncodeError::TooMany(_) => Tokenized::TooMany,
                 },
             )?
