@@ -854,6 +854,17 @@ fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() 
     );
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("reasoning_format"), "{}", r.body);
+    // thinking_budget_tokens bounds harmony's analysis channel: refused
+    // here rather than ignored.
+    let r = server.post(
+        "/v1/chat/completions",
+        &body(json!({"thinking_budget_tokens": 16})).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = r.json();
+    assert_eq!(e["error"]["param"], "thinking_budget_tokens", "{e}");
+    assert_eq!(e["error"]["code"], "unsupported_parameter", "{e}");
     // chat_template_kwargs reach the template: thinking off closes an
     // empty block in the prompt.
     let prompt_tokens = |extra: Value| {
@@ -943,11 +954,14 @@ fn harmony_channels_and_tool_calls_come_apart_on_a_stand_in_with_the_markers_as_
     assert!(message.get("reasoning_content").is_none(), "{v}");
 
     // Tools: the template renders them; a required call comes back as
-    // tool_calls, its arguments valid for the function, whole and streamed.
+    // tool_calls, its arguments valid for the function, whole and streamed
+    // (one call: the stand-in, unlike gpt-oss, has no `<|call|>` token to
+    // end its answer with, and would go on calling).
     let tools = weather_tools();
     let ask = |choice: Value, extra: Value| {
         let mut b = json!({"messages": [{"role": "user", "content": "What is the weather like in Paris today?"}],
-                           "tools": tools, "tool_choice": choice, "temperature": 0, "max_tokens": 120});
+                           "tools": tools, "tool_choice": choice, "temperature": 0, "max_tokens": 120,
+                           "parallel_tool_calls": false});
         b.as_object_mut()
             .unwrap()
             .extend(extra.as_object().unwrap().clone());
@@ -968,6 +982,19 @@ fn harmony_channels_and_tool_calls_come_apart_on_a_stand_in_with_the_markers_as_
                 .contains(marker),
             "{v}"
         );
+    }
+    // parallel_tool_calls: a call may be followed by more, each valid.
+    let v = chat(
+        &server,
+        ask(
+            json!("required"),
+            json!({"parallel_tool_calls": true, "max_tokens": 240}),
+        ),
+    );
+    let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+    assert!(calls.len() >= 2, "{v}");
+    for call in calls {
+        check_call(call, &tools);
     }
     let with_tools = v["usage"]["prompt_tokens"].as_u64().unwrap();
     let v = chat(&server, ask(json!("none"), json!({})));
@@ -1160,9 +1187,12 @@ fn harmony_markers_as_control_tokens_are_decoded_split_and_end_generation_as_gpt
     assert_eq!(v["usage"]["completion_tokens"], 1, "{v}");
     // A required call, its header in marker tokens. The bias puts marker
     // tokens inside the arguments' strings too (they are text to the
-    // grammar): they stay the arguments', and the call is read whole.
+    // grammar): they stay the arguments', and the call is read whole. One
+    // call: biased to `<|start|>`, the stand-in would go on calling.
     let tools = weather_tools();
-    let v = ask(json!({"tools": tools, "tool_choice": "required", "max_tokens": 120}));
+    let v = ask(
+        json!({"tools": tools, "tool_choice": "required", "max_tokens": 120, "parallel_tool_calls": false}),
+    );
     let choice = &v["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
     let calls = choice["message"]["tool_calls"].as_array().unwrap();
@@ -1378,6 +1408,132 @@ fn past_reasoning_reaches_the_template_under_the_names_templates_read() {
             "{e}"
         );
     }
+}
+
+/// SmolLM2's token " the", and "analysis" (as harmony's channel name
+/// follows `<|channel|>`).
+const THE: u32 = 260;
+const ANALYSIS: u32 = 14975;
+
+/// Issue 35: a harmony answer's analysis message is bounded, so the
+/// message a constraint asks for always comes. `logit_bias` makes the
+/// stand-in open the analysis channel and then write " the" forever: the
+/// reasoning ends at `thinking_budget_tokens` (default half of
+/// `max_tokens`) and the final channel's JSON, or the tool call, follows;
+/// a budget of 0 leaves no reasoning, and on a free answer a budget is a
+/// constraint of its own. Bad values are 400s naming the field.
+#[test]
+fn a_harmony_answers_reasoning_is_bounded_so_the_constrained_message_comes() {
+    let dir = common::TempDir::new("serve-harmony-budget");
+    let model = smollm2_with_template(&dir, "smollm2-harmony.gguf", HARMONY_TEMPLATE);
+    let server = Server::start_model(&model, &["-c", "2048"], &[]);
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                        "required": ["n"], "additionalProperties": false});
+    let ask = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "Think on the analysis channel, then answer."}],
+                           "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+                           "temperature": 0, "max_tokens": 100,
+                           "logit_bias": {THE.to_string(): 20, ANALYSIS.to_string(): 20}});
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        b
+    };
+    // The reasoning's words ("the", and "analysis" where the bias finds
+    // it first), one token each.
+    let thought = |v: &Value| -> usize {
+        let r = v["choices"][0]["message"]["reasoning_content"]
+            .as_str()
+            .unwrap_or("");
+        let words: Vec<&str> = r.split_whitespace().collect();
+        assert!(words.iter().all(|w| ["the", "analysis"].contains(w)), "{v}");
+        words.len()
+    };
+    for (budget, most) in [(None, 50), (Some(8), 8), (Some(0), 0)] {
+        let extra = match budget {
+            Some(b) => json!({"thinking_budget_tokens": b}),
+            None => json!({}),
+        };
+        let v = chat(&server, ask(extra));
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], "stop", "{budget:?}: {v}");
+        let n = thought(&v);
+        assert!(
+            n <= most && n + 1 >= most,
+            "{budget:?}: {n} words of reasoning, bound {most}: {v}"
+        );
+        if most == 0 {
+            assert!(choice["message"].get("reasoning_content").is_none(), "{v}");
+        }
+        let content = choice["message"]["content"].as_str().unwrap();
+        assert!(
+            validate(&[(schema.clone(), content.to_string())]).is_empty(),
+            "{v}"
+        );
+    }
+    // A required call: the reasoning ends, the call comes.
+    let tools = weather_tools();
+    let v = chat(
+        &server,
+        ask(
+            json!({"response_format": null, "tools": tools, "tool_choice": "required",
+                   "thinking_budget_tokens": 8, "max_tokens": 160}),
+        ),
+    );
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    assert!((7..=8).contains(&thought(&v)), "{v}");
+    check_call(&choice["message"]["tool_calls"][0], &tools);
+    // A free answer with a budget: the reasoning ends and the answer goes
+    // on after it, to max_tokens (" the" again, wherever it may).
+    let v = chat(
+        &server,
+        ask(json!({"response_format": null, "thinking_budget_tokens": 8, "max_tokens": 40})),
+    );
+    assert!((7..=8).contains(&thought(&v)), "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 40, "{v}");
+    // Streamed: the same parts.
+    let r = server.post(
+        "/v1/chat/completions",
+        &ask(json!({"thinking_budget_tokens": 8, "stream": true})).to_string(),
+        &[],
+    );
+    let (events, done) = sse_events(&r.body);
+    assert!(done, "{}", r.body);
+    let delta = |key: &str| -> String {
+        events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
+            .collect()
+    };
+    let whole = chat(&server, ask(json!({"thinking_budget_tokens": 8})));
+    assert_eq!(
+        delta("reasoning_content"),
+        whole["choices"][0]["message"]["reasoning_content"]
+    );
+    assert_eq!(delta("content"), whole["choices"][0]["message"]["content"]);
+    // Bad values, a grammar that writes the whole answer, completions.
+    for (extra, code) in [
+        (json!({"thinking_budget_tokens": -2}), "invalid_value"),
+        (json!({"thinking_budget_tokens": "8"}), "invalid_value"),
+        (
+            json!({"response_format": null, "grammar": "root ::= \"x\"", "thinking_budget_tokens": 8}),
+            "unsupported_parameter",
+        ),
+    ] {
+        let r = server.post("/v1/chat/completions", &ask(extra).to_string(), &[]);
+        assert_eq!(r.status, 400, "{}", r.body);
+        let e = r.json();
+        assert_eq!(e["error"]["param"], "thinking_budget_tokens", "{e}");
+        assert_eq!(e["error"]["code"], code, "{e}");
+    }
+    let r = server.post(
+        "/v1/completions",
+        &json!({"prompt": "x", "thinking_budget_tokens": 8}).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "thinking_budget_tokens");
 }
 
 /// A template of Qwen3-Coder's shape for past calls: each argument's value
