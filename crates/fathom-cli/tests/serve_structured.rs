@@ -84,10 +84,57 @@ print(json.dumps(bad))
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `body` with `extra`'s fields added (replacing its own of those names;
+/// `null` takes one away, as the server reads `null` as absent).
+fn with_fields(mut body: Value, extra: Value) -> Value {
+    let fields = extra
+        .as_object()
+        .expect("extra fields are an object")
+        .clone();
+    body.as_object_mut()
+        .expect("a body is an object")
+        .extend(fields);
+    body
+}
+
 fn chat(server: &Server, body: Value) -> Value {
     let r = server.post("/v1/chat/completions", &body.to_string(), &[]);
     assert_eq!(r.status, 200, "{}", r.body);
     r.json()
+}
+
+/// `body` (with `stream` on) streamed whole: its events, and its
+/// `reasoning_content` and `content` deltas, each joined.
+fn streamed_parts(server: &Server, body: Value) -> (Vec<Value>, String, String) {
+    let r = server.post("/v1/chat/completions", &body.to_string(), &[]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (events, done) = sse_events(&r.body);
+    assert!(done, "{}", r.body);
+    let delta = |key: &str| -> String {
+        events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
+            .collect()
+    };
+    let (reasoning, content) = (delta("reasoning_content"), delta("content"));
+    (events, reasoning, content)
+}
+
+/// `body` answered whole and streamed: the streamed parts, joined, are the
+/// whole message's (an absent one empty).
+fn streams_as_whole(server: &Server, body: Value) {
+    let whole = chat(server, body.clone());
+    let (_, reasoning, content) =
+        streamed_parts(server, with_fields(body, json!({"stream": true})));
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(
+        (reasoning.as_str(), content.as_str()),
+        (
+            message["reasoning_content"].as_str().unwrap_or(""),
+            message["content"].as_str().unwrap_or("")
+        ),
+        "{whole}"
+    );
 }
 
 /// Answers cut at `max_tokens` cannot be whole; at most this share may be.
@@ -789,22 +836,9 @@ fn two_words_of_reasoning_then_done(server: &Server, body: &dyn Fn(Value) -> Val
                 .all(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase())),
         "{reasoning:?}"
     );
-    let r = server.post(
-        "/v1/chat/completions",
-        &body(json!({"stream": true})).to_string(),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
-    let (events, done) = sse_events(&r.body);
-    assert!(done);
-    let delta = |key: &str| -> String {
-        events
-            .iter()
-            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
-            .collect()
-    };
-    assert_eq!(delta("reasoning_content"), reasoning);
-    assert_eq!(delta("content"), "Done.");
+    let (events, streamed, content) = streamed_parts(server, body(json!({"stream": true})));
+    assert_eq!(streamed, reasoning);
+    assert_eq!(content, "Done.");
     let first_content = events
         .iter()
         .position(|e| {
@@ -830,12 +864,11 @@ fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() 
     // The grammar makes the model think, then answer.
     let grammar = r#"root ::= "<think>" [a-z]{2,8} " " [a-z]{2,8} "</think>" "\n\nDone.""#;
     let body = |extra: Value| {
-        let mut b = json!({"messages": [{"role": "user", "content": "Think, then say done."}],
-                           "grammar": grammar, "temperature": 0, "max_tokens": 40});
-        b.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        b
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "Think, then say done."}],
+                  "grammar": grammar, "temperature": 0, "max_tokens": 40}),
+            extra,
+        )
     };
     let reasoning = two_words_of_reasoning_then_done(&server, &body);
     // reasoning_format none: the text as written.
@@ -935,12 +968,11 @@ fn harmony_channels_and_tool_calls_come_apart_on_a_stand_in_with_the_markers_as_
     let server = Server::start_model(&model, &["-c", "2048"], &[]);
     let grammar = r#"root ::= "<|channel|>analysis<|message|>" [a-z]{2,8} " " [a-z]{2,8} "<|end|><|start|>assistant<|channel|>final<|message|>Done.""#;
     let body = |extra: Value| {
-        let mut b = json!({"messages": [{"role": "user", "content": "Think, then say done."}],
-                           "grammar": grammar, "temperature": 0, "max_tokens": 60});
-        b.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        b
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "Think, then say done."}],
+                  "grammar": grammar, "temperature": 0, "max_tokens": 60}),
+            extra,
+        )
     };
     let reasoning = two_words_of_reasoning_then_done(&server, &body);
     // reasoning_format none: the text as written, markers and all.
@@ -959,13 +991,12 @@ fn harmony_channels_and_tool_calls_come_apart_on_a_stand_in_with_the_markers_as_
     // end its answer with, and would go on calling).
     let tools = weather_tools();
     let ask = |choice: Value, extra: Value| {
-        let mut b = json!({"messages": [{"role": "user", "content": "What is the weather like in Paris today?"}],
-                           "tools": tools, "tool_choice": choice, "temperature": 0, "max_tokens": 120,
-                           "parallel_tool_calls": false});
-        b.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        b
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "What is the weather like in Paris today?"}],
+                  "tools": tools, "tool_choice": choice, "temperature": 0, "max_tokens": 120,
+                  "parallel_tool_calls": false}),
+            extra,
+        )
     };
     let v = chat(&server, ask(json!("required"), json!({})));
     let choice = &v["choices"][0];
@@ -1130,12 +1161,14 @@ fn harmony_markers_as_control_tokens_are_decoded_split_and_end_generation_as_gpt
                          end.to_string(): 100, constrain.to_string(): 100});
     let grammar = r#"root ::= "<|channel|>analysis<|message|>" [a-z]{2,8} " " [a-z]{2,8} "<|end|><|start|>assistant<|channel|>final<|message|>Done.""#;
     let ask = |extra: Value| {
-        let mut b = json!({"messages": [{"role": "user", "content": "Think, then say done."}],
-                           "temperature": 0, "max_tokens": 60, "logit_bias": markers});
-        b.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        chat(&server, b)
+        chat(
+            &server,
+            with_fields(
+                json!({"messages": [{"role": "user", "content": "Think, then say done."}],
+                      "temperature": 0, "max_tokens": 60, "logit_bias": markers}),
+                extra,
+            ),
+        )
     };
     let v = ask(json!({"grammar": grammar, "logprobs": true}));
     let choice = &v["choices"][0];
@@ -1154,25 +1187,12 @@ fn harmony_markers_as_control_tokens_are_decoded_split_and_end_generation_as_gpt
         assert!(tokens.contains(&marker), "{marker} in {tokens:?}");
     }
     // Streamed, the same parts.
-    let r = server.post(
-        "/v1/chat/completions",
-        &json!({"messages": [{"role": "user", "content": "Think, then say done."}], "grammar": grammar,
-                "temperature": 0, "max_tokens": 60, "logit_bias": markers, "stream": true})
-        .to_string(),
-        &[],
+    let (_, streamed, content) = streamed_parts(
+        &server,
+        json!({"messages": [{"role": "user", "content": "Think, then say done."}], "grammar": grammar,
+               "temperature": 0, "max_tokens": 60, "logit_bias": markers, "stream": true}),
     );
-    let (events, done) = sse_events(&r.body);
-    assert!(done, "{}", r.body);
-    let delta = |key: &str| -> String {
-        events
-            .iter()
-            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
-            .collect()
-    };
-    assert_eq!(
-        (delta("reasoning_content"), delta("content")),
-        (reasoning.to_string(), "Done.".to_string())
-    );
+    assert_eq!((streamed.as_str(), content.as_str()), (reasoning, "Done."));
     // `<|end|>` ends a message, not the answer; `<|return|>` ends it.
     let v = ask(
         json!({"logit_bias": {end.to_string(): 100}, "max_tokens": 3, "reasoning_format": "none"}),
@@ -1218,12 +1238,11 @@ fn harmony_json_answers_may_reason_first_and_the_json_is_the_content() {
         "required": ["name", "age", "languages"], "additionalProperties": false});
     let format = json!({"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": true}});
     let ask = |extra: Value| {
-        let mut b = json!({"messages": [{"role": "user", "content": "Think about it on the analysis channel first. Then describe Ada Lovelace as JSON: name, age, languages."}],
-                           "response_format": format, "max_tokens": 240});
-        b.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        b
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "Think about it on the analysis channel first. Then describe Ada Lovelace as JSON: name, age, languages."}],
+                  "response_format": format, "max_tokens": 240}),
+            extra,
+        )
     };
     let mut cases = Vec::new();
     let mut reasoned = 0;
@@ -1258,27 +1277,7 @@ fn harmony_json_answers_may_reason_first_and_the_json_is_the_content() {
     assert!(bad.is_empty(), "{bad:#?}");
 
     // Streamed: reasoning deltas, then content ones, the same answer.
-    let whole = chat(&server, ask(json!({"temperature": 0.8, "seed": 1})));
-    let r = server.post(
-        "/v1/chat/completions",
-        &ask(json!({"temperature": 0.8, "seed": 1, "stream": true})).to_string(),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
-    let (events, done) = sse_events(&r.body);
-    assert!(done);
-    let delta = |key: &str| -> String {
-        events
-            .iter()
-            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
-            .collect()
-    };
-    let message = &whole["choices"][0]["message"];
-    assert_eq!(delta("content"), message["content"].as_str().unwrap_or(""));
-    assert_eq!(
-        delta("reasoning_content"),
-        message["reasoning_content"].as_str().unwrap_or("")
-    );
+    streams_as_whole(&server, ask(json!({"temperature": 0.8, "seed": 1})));
 
     // json_object: the final channel holds an object.
     let v = chat(
@@ -1430,14 +1429,13 @@ fn a_harmony_answers_reasoning_is_bounded_so_the_constrained_message_comes() {
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
                         "required": ["n"], "additionalProperties": false});
     let ask = |extra: Value| {
-        let mut b = json!({"messages": [{"role": "user", "content": "Think on the analysis channel, then answer."}],
-                           "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
-                           "temperature": 0, "max_tokens": 100,
-                           "logit_bias": {THE.to_string(): 20, ANALYSIS.to_string(): 20}});
-        b.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        b
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "Think on the analysis channel, then answer."}],
+                  "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+                  "temperature": 0, "max_tokens": 100,
+                  "logit_bias": {THE.to_string(): 20, ANALYSIS.to_string(): 20}}),
+            extra,
+        )
     };
     // The reasoning's words ("the", and "analysis" where the bias finds
     // it first), one token each.
@@ -1493,25 +1491,7 @@ fn a_harmony_answers_reasoning_is_bounded_so_the_constrained_message_comes() {
     assert!((7..=8).contains(&thought(&v)), "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 40, "{v}");
     // Streamed: the same parts.
-    let r = server.post(
-        "/v1/chat/completions",
-        &ask(json!({"thinking_budget_tokens": 8, "stream": true})).to_string(),
-        &[],
-    );
-    let (events, done) = sse_events(&r.body);
-    assert!(done, "{}", r.body);
-    let delta = |key: &str| -> String {
-        events
-            .iter()
-            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
-            .collect()
-    };
-    let whole = chat(&server, ask(json!({"thinking_budget_tokens": 8})));
-    assert_eq!(
-        delta("reasoning_content"),
-        whole["choices"][0]["message"]["reasoning_content"]
-    );
-    assert_eq!(delta("content"), whole["choices"][0]["message"]["content"]);
+    streams_as_whole(&server, ask(json!({"thinking_budget_tokens": 8})));
     // Bad values, a grammar that writes the whole answer, completions.
     for (extra, code) in [
         (json!({"thinking_budget_tokens": -2}), "invalid_value"),

@@ -110,6 +110,11 @@ fn call_schema(t: &Tool, args_key: &str) -> Value {
     })
 }
 
+/// The schema of a call to any of `allowed` ([`call_schema`] each).
+fn calls_schema(allowed: &[&Tool], args_key: &str) -> Value {
+    any_of(allowed.iter().map(|t| call_schema(t, args_key)).collect())
+}
+
 fn any_of(schemas: Vec<Value>) -> Value {
     if schemas.len() == 1 {
         schemas.into_iter().next().unwrap_or(Value::Null)
@@ -171,12 +176,7 @@ pub fn grammar(format: ToolFormat, req: &ToolRequest, reasoning: usize) -> Optio
             Some(Grammar::JsonSchema(any_of(branches)))
         }
         ToolFormat::Hermes => must_call.then(|| {
-            let schema = any_of(
-                allowed
-                    .iter()
-                    .map(|t| call_schema(t, "arguments"))
-                    .collect(),
-            );
+            let schema = calls_schema(&allowed, "arguments");
             let call = format!(
                 "\"<tool_call>\\n\" {} \"\\n</tool_call>\"",
                 lark_json(&schema)
@@ -188,12 +188,7 @@ pub fn grammar(format: ToolFormat, req: &ToolRequest, reasoning: usize) -> Optio
             })
         }),
         ToolFormat::Llama3 => must_call.then(|| {
-            let schema = any_of(
-                allowed
-                    .iter()
-                    .map(|t| call_schema(t, "parameters"))
-                    .collect(),
-            );
+            let schema = calls_schema(&allowed, "parameters");
             Grammar::Lark(format!("start: {}\n", lark_json(&schema)))
         }),
         // The model may reason first, then calls one of the functions,
