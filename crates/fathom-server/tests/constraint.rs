@@ -230,7 +230,9 @@ fn harmony_json_answers_keep_the_reasoning_and_the_final_header() {
 
 /// Takes `limit` tokens the masks allow, each `prefer` where allowed (a
 /// stand-in for a model that would write one word forever), else the
-/// lowest id allowed, until the constraint ends; returns the text.
+/// lowest id allowed, until the constraint ends; returns the text. At each
+/// token the check of `prefer` alone (the greedy path's) agrees with the
+/// mask.
 fn run_on(
     state: &mut ConstraintState,
     tok: &fathom_engine::Tokenizer,
@@ -239,7 +241,9 @@ fn run_on(
 ) -> String {
     let mut ids = Vec::new();
     for _ in 0..limit {
+        let alone = state.allows(prefer).unwrap();
         state.compute_mask().unwrap();
+        assert_eq!(alone, state.mask().allows(prefer), "after {ids:?}");
         let id = if state.mask().allows(prefer) {
             prefer
         } else {
