@@ -84,10 +84,57 @@ print(json.dumps(bad))
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// `body` with `extra`'s fields added (replacing its own of those names;
+/// `null` takes one away, as the server reads `null` as absent).
+fn with_fields(mut body: Value, extra: Value) -> Value {
+    let fields = extra
+        .as_object()
+        .expect("extra fields are an object")
+        .clone();
+    body.as_object_mut()
+        .expect("a body is an object")
+        .extend(fields);
+    body
+}
+
 fn chat(server: &Server, body: Value) -> Value {
     let r = server.post("/v1/chat/completions", &body.to_string(), &[]);
     assert_eq!(r.status, 200, "{}", r.body);
     r.json()
+}
+
+/// `body` (with `stream` on) streamed whole: its events, and its
+/// `reasoning_content` and `content` deltas, each joined.
+fn streamed_parts(server: &Server, body: Value) -> (Vec<Value>, String, String) {
+    let r = server.post("/v1/chat/completions", &body.to_string(), &[]);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (events, done) = sse_events(&r.body);
+    assert!(done, "{}", r.body);
+    let delta = |key: &str| -> String {
+        events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
+            .collect()
+    };
+    let (reasoning, content) = (delta("reasoning_content"), delta("content"));
+    (events, reasoning, content)
+}
+
+/// `body` answered whole and streamed: the streamed parts, joined, are the
+/// whole message's (an absent one empty).
+fn streams_as_whole(server: &Server, body: Value) {
+    let whole = chat(server, body.clone());
+    let (_, reasoning, content) =
+        streamed_parts(server, with_fields(body, json!({"stream": true})));
+    let message = &whole["choices"][0]["message"];
+    assert_eq!(
+        (reasoning.as_str(), content.as_str()),
+        (
+            message["reasoning_content"].as_str().unwrap_or(""),
+            message["content"].as_str().unwrap_or("")
+        ),
+        "{whole}"
+    );
 }
 
 /// Answers cut at `max_tokens` cannot be whole; at most this share may be.
@@ -766,55 +813,32 @@ fn smollm2_with_template(dir: &common::TempDir, name: &str, template: &str) -> P
     model
 }
 
-/// A Qwen3-style thinking template on the SmolLM2 weights.
-const THINKING_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}";
-
-#[test]
-fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() {
-    let dir = common::TempDir::new("serve-thinking");
-    let model = smollm2_with_template(&dir, "smollm2-thinking.gguf", THINKING_TEMPLATE);
-    let server = Server::start_model(&model, &[], &[]);
-    // The grammar makes the model think, then answer.
-    let grammar = r#"root ::= "<think>" [a-z]{2,8} " " [a-z]{2,8} "</think>" "\n\nDone.""#;
-    let body = |extra: Value| {
-        let mut b = json!({"messages": [{"role": "user", "content": "Think, then say done."}],
-                           "grammar": grammar, "temperature": 0, "max_tokens": 40});
-        b.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        b
-    };
-    let v = chat(&server, body(json!({})));
-    let message = &v["choices"][0]["message"];
-    assert_eq!(message["content"], "Done.", "{v}");
-    let reasoning = message["reasoning_content"]
+/// What the thinking and the harmony stand-ins both answer: `body(extra)`
+/// asks (with `extra`'s fields) for an answer that a grammar makes two
+/// lowercase words of reasoning and then "Done.". Whole, the words come
+/// back as `reasoning_content` and "Done." as `content`; streamed, the
+/// reasoning's deltas come first, then the content's, and joined they are
+/// the same, no marker in either. Returns the reasoning.
+fn two_words_of_reasoning_then_done(server: &Server, body: &dyn Fn(Value) -> Value) -> String {
+    let v = chat(server, body(json!({})));
+    let choice = &v["choices"][0];
+    assert_eq!(choice["message"]["content"], "Done.", "{v}");
+    assert_eq!(choice["finish_reason"], "stop", "{v}");
+    let reasoning = choice["message"]["reasoning_content"]
         .as_str()
-        .expect("reasoning_content");
+        .expect("reasoning_content")
+        .to_string();
     let words: Vec<&str> = reasoning.split(' ').collect();
     assert!(
         words.len() == 2
             && words
                 .iter()
-                .all(|w| w.bytes().all(|b| b.is_ascii_lowercase())),
+                .all(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase())),
         "{reasoning:?}"
     );
-    // Streamed: the reasoning's deltas first, then the answer's; joined, the same.
-    let r = server.post(
-        "/v1/chat/completions",
-        &body(json!({"stream": true})).to_string(),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
-    let (events, done) = sse_events(&r.body);
-    assert!(done);
-    let delta = |key: &str| -> String {
-        events
-            .iter()
-            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
-            .collect()
-    };
-    assert_eq!(delta("reasoning_content"), reasoning);
-    assert_eq!(delta("content"), "Done.");
+    let (events, streamed, content) = streamed_parts(server, body(json!({"stream": true})));
+    assert_eq!(streamed, reasoning);
+    assert_eq!(content, "Done.");
     let first_content = events
         .iter()
         .position(|e| {
@@ -826,6 +850,27 @@ fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() 
     assert!(events[first_content..]
         .iter()
         .all(|e| e["choices"][0]["delta"]["reasoning_content"].is_null()));
+    reasoning
+}
+
+/// A Qwen3-style thinking template on the SmolLM2 weights.
+const THINKING_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}{% endif %}";
+
+#[test]
+fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() {
+    let dir = common::TempDir::new("serve-thinking");
+    let model = smollm2_with_template(&dir, "smollm2-thinking.gguf", THINKING_TEMPLATE);
+    let server = Server::start_model(&model, &[], &[]);
+    // The grammar makes the model think, then answer.
+    let grammar = r#"root ::= "<think>" [a-z]{2,8} " " [a-z]{2,8} "</think>" "\n\nDone.""#;
+    let body = |extra: Value| {
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "Think, then say done."}],
+                  "grammar": grammar, "temperature": 0, "max_tokens": 40}),
+            extra,
+        )
+    };
+    let reasoning = two_words_of_reasoning_then_done(&server, &body);
     // reasoning_format none: the text as written.
     let v = chat(&server, body(json!({"reasoning_format": "none"})));
     let message = &v["choices"][0]["message"];
@@ -842,6 +887,17 @@ fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() 
     );
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("reasoning_format"), "{}", r.body);
+    // thinking_budget_tokens bounds harmony's analysis channel: refused
+    // here rather than ignored.
+    let r = server.post(
+        "/v1/chat/completions",
+        &body(json!({"thinking_budget_tokens": 16})).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = r.json();
+    assert_eq!(e["error"]["param"], "thinking_budget_tokens", "{e}");
+    assert_eq!(e["error"]["code"], "unsupported_parameter", "{e}");
     // chat_template_kwargs reach the template: thinking off closes an
     // empty block in the prompt.
     let prompt_tokens = |extra: Value| {
@@ -912,45 +968,13 @@ fn harmony_channels_and_tool_calls_come_apart_on_a_stand_in_with_the_markers_as_
     let server = Server::start_model(&model, &["-c", "2048"], &[]);
     let grammar = r#"root ::= "<|channel|>analysis<|message|>" [a-z]{2,8} " " [a-z]{2,8} "<|end|><|start|>assistant<|channel|>final<|message|>Done.""#;
     let body = |extra: Value| {
-        let mut b = json!({"messages": [{"role": "user", "content": "Think, then say done."}],
-                           "grammar": grammar, "temperature": 0, "max_tokens": 60});
-        b.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        b
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "Think, then say done."}],
+                  "grammar": grammar, "temperature": 0, "max_tokens": 60}),
+            extra,
+        )
     };
-    let v = chat(&server, body(json!({})));
-    let message = &v["choices"][0]["message"];
-    assert_eq!(message["content"], "Done.", "{v}");
-    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
-    let reasoning = message["reasoning_content"]
-        .as_str()
-        .expect("reasoning_content");
-    let words: Vec<&str> = reasoning.split(' ').collect();
-    assert!(
-        words.len() == 2
-            && words
-                .iter()
-                .all(|w| w.bytes().all(|b| b.is_ascii_lowercase())),
-        "{reasoning:?}"
-    );
-    // Streamed: reasoning deltas, then content ones, no marker in either.
-    let r = server.post(
-        "/v1/chat/completions",
-        &body(json!({"stream": true})).to_string(),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
-    let (events, done) = sse_events(&r.body);
-    assert!(done);
-    let delta = |key: &str| -> String {
-        events
-            .iter()
-            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
-            .collect()
-    };
-    assert_eq!(delta("reasoning_content"), reasoning);
-    assert_eq!(delta("content"), "Done.");
+    let reasoning = two_words_of_reasoning_then_done(&server, &body);
     // reasoning_format none: the text as written, markers and all.
     let v = chat(&server, body(json!({"reasoning_format": "none"})));
     let message = &v["choices"][0]["message"];
@@ -962,15 +986,17 @@ fn harmony_channels_and_tool_calls_come_apart_on_a_stand_in_with_the_markers_as_
     assert!(message.get("reasoning_content").is_none(), "{v}");
 
     // Tools: the template renders them; a required call comes back as
-    // tool_calls, its arguments valid for the function, whole and streamed.
+    // tool_calls, its arguments valid for the function, whole and streamed
+    // (one call: the stand-in, unlike gpt-oss, has no `<|call|>` token to
+    // end its answer with, and would go on calling).
     let tools = weather_tools();
     let ask = |choice: Value, extra: Value| {
-        let mut b = json!({"messages": [{"role": "user", "content": "What is the weather like in Paris today?"}],
-                           "tools": tools, "tool_choice": choice, "temperature": 0, "max_tokens": 120});
-        b.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        b
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "What is the weather like in Paris today?"}],
+                  "tools": tools, "tool_choice": choice, "temperature": 0, "max_tokens": 120,
+                  "parallel_tool_calls": false}),
+            extra,
+        )
     };
     let v = chat(&server, ask(json!("required"), json!({})));
     let choice = &v["choices"][0];
@@ -987,6 +1013,19 @@ fn harmony_channels_and_tool_calls_come_apart_on_a_stand_in_with_the_markers_as_
                 .contains(marker),
             "{v}"
         );
+    }
+    // parallel_tool_calls: a call may be followed by more, each valid.
+    let v = chat(
+        &server,
+        ask(
+            json!("required"),
+            json!({"parallel_tool_calls": true, "max_tokens": 240}),
+        ),
+    );
+    let calls = v["choices"][0]["message"]["tool_calls"].as_array().unwrap();
+    assert!(calls.len() >= 2, "{v}");
+    for call in calls {
+        check_call(call, &tools);
     }
     let with_tools = v["usage"]["prompt_tokens"].as_u64().unwrap();
     let v = chat(&server, ask(json!("none"), json!({})));
@@ -1122,12 +1161,14 @@ fn harmony_markers_as_control_tokens_are_decoded_split_and_end_generation_as_gpt
                          end.to_string(): 100, constrain.to_string(): 100});
     let grammar = r#"root ::= "<|channel|>analysis<|message|>" [a-z]{2,8} " " [a-z]{2,8} "<|end|><|start|>assistant<|channel|>final<|message|>Done.""#;
     let ask = |extra: Value| {
-        let mut b = json!({"messages": [{"role": "user", "content": "Think, then say done."}],
-                           "temperature": 0, "max_tokens": 60, "logit_bias": markers});
-        b.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        chat(&server, b)
+        chat(
+            &server,
+            with_fields(
+                json!({"messages": [{"role": "user", "content": "Think, then say done."}],
+                      "temperature": 0, "max_tokens": 60, "logit_bias": markers}),
+                extra,
+            ),
+        )
     };
     let v = ask(json!({"grammar": grammar, "logprobs": true}));
     let choice = &v["choices"][0];
@@ -1146,25 +1187,12 @@ fn harmony_markers_as_control_tokens_are_decoded_split_and_end_generation_as_gpt
         assert!(tokens.contains(&marker), "{marker} in {tokens:?}");
     }
     // Streamed, the same parts.
-    let r = server.post(
-        "/v1/chat/completions",
-        &json!({"messages": [{"role": "user", "content": "Think, then say done."}], "grammar": grammar,
-                "temperature": 0, "max_tokens": 60, "logit_bias": markers, "stream": true})
-        .to_string(),
-        &[],
+    let (_, streamed, content) = streamed_parts(
+        &server,
+        json!({"messages": [{"role": "user", "content": "Think, then say done."}], "grammar": grammar,
+               "temperature": 0, "max_tokens": 60, "logit_bias": markers, "stream": true}),
     );
-    let (events, done) = sse_events(&r.body);
-    assert!(done, "{}", r.body);
-    let delta = |key: &str| -> String {
-        events
-            .iter()
-            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
-            .collect()
-    };
-    assert_eq!(
-        (delta("reasoning_content"), delta("content")),
-        (reasoning.to_string(), "Done.".to_string())
-    );
+    assert_eq!((streamed.as_str(), content.as_str()), (reasoning, "Done."));
     // `<|end|>` ends a message, not the answer; `<|return|>` ends it.
     let v = ask(
         json!({"logit_bias": {end.to_string(): 100}, "max_tokens": 3, "reasoning_format": "none"}),
@@ -1179,9 +1207,12 @@ fn harmony_markers_as_control_tokens_are_decoded_split_and_end_generation_as_gpt
     assert_eq!(v["usage"]["completion_tokens"], 1, "{v}");
     // A required call, its header in marker tokens. The bias puts marker
     // tokens inside the arguments' strings too (they are text to the
-    // grammar): they stay the arguments', and the call is read whole.
+    // grammar): they stay the arguments', and the call is read whole. One
+    // call: biased to `<|start|>`, the stand-in would go on calling.
     let tools = weather_tools();
-    let v = ask(json!({"tools": tools, "tool_choice": "required", "max_tokens": 120}));
+    let v = ask(
+        json!({"tools": tools, "tool_choice": "required", "max_tokens": 120, "parallel_tool_calls": false}),
+    );
     let choice = &v["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
     let calls = choice["message"]["tool_calls"].as_array().unwrap();
@@ -1207,12 +1238,11 @@ fn harmony_json_answers_may_reason_first_and_the_json_is_the_content() {
         "required": ["name", "age", "languages"], "additionalProperties": false});
     let format = json!({"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": true}});
     let ask = |extra: Value| {
-        let mut b = json!({"messages": [{"role": "user", "content": "Think about it on the analysis channel first. Then describe Ada Lovelace as JSON: name, age, languages."}],
-                           "response_format": format, "max_tokens": 240});
-        b.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        b
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "Think about it on the analysis channel first. Then describe Ada Lovelace as JSON: name, age, languages."}],
+                  "response_format": format, "max_tokens": 240}),
+            extra,
+        )
     };
     let mut cases = Vec::new();
     let mut reasoned = 0;
@@ -1247,27 +1277,7 @@ fn harmony_json_answers_may_reason_first_and_the_json_is_the_content() {
     assert!(bad.is_empty(), "{bad:#?}");
 
     // Streamed: reasoning deltas, then content ones, the same answer.
-    let whole = chat(&server, ask(json!({"temperature": 0.8, "seed": 1})));
-    let r = server.post(
-        "/v1/chat/completions",
-        &ask(json!({"temperature": 0.8, "seed": 1, "stream": true})).to_string(),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
-    let (events, done) = sse_events(&r.body);
-    assert!(done);
-    let delta = |key: &str| -> String {
-        events
-            .iter()
-            .filter_map(|e| e["choices"][0]["delta"][key].as_str())
-            .collect()
-    };
-    let message = &whole["choices"][0]["message"];
-    assert_eq!(delta("content"), message["content"].as_str().unwrap_or(""));
-    assert_eq!(
-        delta("reasoning_content"),
-        message["reasoning_content"].as_str().unwrap_or("")
-    );
+    streams_as_whole(&server, ask(json!({"temperature": 0.8, "seed": 1})));
 
     // json_object: the final channel holds an object.
     let v = chat(
@@ -1394,6 +1404,230 @@ fn past_reasoning_reaches_the_template_under_the_names_templates_read() {
         assert_eq!(e["error"]["param"], param, "{e}");
         assert!(
             e["error"]["message"].as_str().unwrap().contains(param),
+            "{e}"
+        );
+    }
+}
+
+/// SmolLM2's token " the", and "analysis" (as harmony's channel name
+/// follows `<|channel|>`).
+const THE: u32 = 260;
+const ANALYSIS: u32 = 14975;
+
+/// Issue 35: a harmony answer's analysis message is bounded, so the
+/// message a constraint asks for always comes. `logit_bias` makes the
+/// stand-in open the analysis channel and then write " the" forever: the
+/// reasoning ends at `thinking_budget_tokens` (default half of
+/// `max_tokens`) and the final channel's JSON, or the tool call, follows;
+/// a budget of 0 leaves no reasoning, and on a free answer a budget is a
+/// constraint of its own. Bad values are 400s naming the field.
+#[test]
+fn a_harmony_answers_reasoning_is_bounded_so_the_constrained_message_comes() {
+    let dir = common::TempDir::new("serve-harmony-budget");
+    let model = smollm2_with_template(&dir, "smollm2-harmony.gguf", HARMONY_TEMPLATE);
+    let server = Server::start_model(&model, &["-c", "2048"], &[]);
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                        "required": ["n"], "additionalProperties": false});
+    let ask = |extra: Value| {
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "Think on the analysis channel, then answer."}],
+                  "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema}},
+                  "temperature": 0, "max_tokens": 100,
+                  "logit_bias": {THE.to_string(): 20, ANALYSIS.to_string(): 20}}),
+            extra,
+        )
+    };
+    // The reasoning's words ("the", and "analysis" where the bias finds
+    // it first), one token each.
+    let thought = |v: &Value| -> usize {
+        let r = v["choices"][0]["message"]["reasoning_content"]
+            .as_str()
+            .unwrap_or("");
+        let words: Vec<&str> = r.split_whitespace().collect();
+        assert!(words.iter().all(|w| ["the", "analysis"].contains(w)), "{v}");
+        words.len()
+    };
+    for (budget, most) in [(None, 50), (Some(8), 8), (Some(0), 0)] {
+        let extra = match budget {
+            Some(b) => json!({"thinking_budget_tokens": b}),
+            None => json!({}),
+        };
+        let v = chat(&server, ask(extra));
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], "stop", "{budget:?}: {v}");
+        let n = thought(&v);
+        assert!(
+            n <= most && n + 1 >= most,
+            "{budget:?}: {n} words of reasoning, bound {most}: {v}"
+        );
+        if most == 0 {
+            assert!(choice["message"].get("reasoning_content").is_none(), "{v}");
+        }
+        let content = choice["message"]["content"].as_str().unwrap();
+        assert!(
+            validate(&[(schema.clone(), content.to_string())]).is_empty(),
+            "{v}"
+        );
+    }
+    // A required call: the reasoning ends, the call comes.
+    let tools = weather_tools();
+    let v = chat(
+        &server,
+        ask(
+            json!({"response_format": null, "tools": tools, "tool_choice": "required",
+                   "thinking_budget_tokens": 8, "max_tokens": 160}),
+        ),
+    );
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    assert!((7..=8).contains(&thought(&v)), "{v}");
+    check_call(&choice["message"]["tool_calls"][0], &tools);
+    // A free answer with a budget: the reasoning ends and the answer goes
+    // on after it, to max_tokens (" the" again, wherever it may).
+    let v = chat(
+        &server,
+        ask(json!({"response_format": null, "thinking_budget_tokens": 8, "max_tokens": 40})),
+    );
+    assert!((7..=8).contains(&thought(&v)), "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 40, "{v}");
+    // Streamed: the same parts.
+    streams_as_whole(&server, ask(json!({"thinking_budget_tokens": 8})));
+    // Bad values, a grammar that writes the whole answer, completions.
+    for (extra, code) in [
+        (json!({"thinking_budget_tokens": -2}), "invalid_value"),
+        (json!({"thinking_budget_tokens": "8"}), "invalid_value"),
+        (
+            json!({"response_format": null, "grammar": "root ::= \"x\"", "thinking_budget_tokens": 8}),
+            "unsupported_parameter",
+        ),
+    ] {
+        let r = server.post("/v1/chat/completions", &ask(extra).to_string(), &[]);
+        assert_eq!(r.status, 400, "{}", r.body);
+        let e = r.json();
+        assert_eq!(e["error"]["param"], "thinking_budget_tokens", "{e}");
+        assert_eq!(e["error"]["code"], code, "{e}");
+    }
+    let r = server.post(
+        "/v1/completions",
+        &json!({"prompt": "x", "thinking_budget_tokens": 8}).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "thinking_budget_tokens");
+}
+
+/// A template of Qwen3-Coder's shape for past calls: each argument's value
+/// written as it is inside `<parameter=...>`, the function's name, a
+/// result's name and call id, and the tools' descriptions among the
+/// template's markers; contents as they are.
+const TOOL_HISTORY_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.tool_calls %}{% for c in m.tool_calls %}<tool_call>\n<function={{ c.function.name }} id={{ c.id }}>\n{% for k, v in c.function.arguments | items %}<parameter={{ k }}>{{ v }}</parameter>\n{% endfor %}</function>\n</tool_call>\n{% endfor %}{% elif m.role == 'tool' %}<tool_response name={{ m.name }} id={{ m.tool_call_id }}>\n{{ m.content }}\n</tool_response>\n{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t.function.name }}: {{ t.function.description }}\n{% endfor %}<|im_end|>\n{% endif %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// Issue 35: a control token's text in what a client wrote that the
+/// template writes among its own markers — a past call's id, name or
+/// arguments, a tool result's name or call id, a tool's description — is
+/// a 400 naming the field, as reasoning is (it would become the control
+/// token, `<|im_end|>` closing the turn); in a tool result's content it
+/// stays text, as in any content.
+#[test]
+fn control_token_texts_in_past_tool_calls_and_tool_definitions_are_refused_naming_the_field() {
+    let dir = common::TempDir::new("serve-tool-history");
+    let model = smollm2_with_template(&dir, "smollm2-tool-history.gguf", TOOL_HISTORY_TEMPLATE);
+    let server = Server::start_model(&model, &["-c", "2048"], &[]);
+    let tools = weather_tools();
+    let call = json!({"id": "call_1", "type": "function",
+                      "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}});
+    let result =
+        json!({"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "21 C"});
+    let history = |call: &Value, result: &Value, tools: &Value| {
+        json!({"messages": [
+                {"role": "user", "content": "What is the weather like in Paris today?"},
+                {"role": "assistant", "content": null, "tool_calls": [call]},
+                result],
+               "tools": tools, "temperature": 0, "max_tokens": 2})
+    };
+    let ask = |body: Value| server.post("/v1/chat/completions", &body.to_string(), &[]);
+    let prompt_tokens = |result: &Value| {
+        let r = ask(history(&call, result, &tools));
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    prompt_tokens(&result);
+    // A result's content is text: the literal is spelled out.
+    let content = |text: &str| {
+        let mut r = result.clone();
+        r["content"] = json!(text);
+        prompt_tokens(&r)
+    };
+    assert!(content("21 C <|im_end|> x") > content("21 C <|im_end x"));
+    let with = |mut v: Value, pointer: &str, text: &str| {
+        *v.pointer_mut(pointer).unwrap() = json!(text);
+        v
+    };
+    for (body, param) in [
+        (
+            history(
+                &with(
+                    call.clone(),
+                    "/function/arguments",
+                    "{\"city\": \"Paris<|im_end|>\", \"unit\": \"celsius\"}",
+                ),
+                &result,
+                &tools,
+            ),
+            "messages[1].tool_calls[0].function.arguments",
+        ),
+        (
+            history(
+                &with(call.clone(), "/function/name", "get_weather<|im_end|>"),
+                &result,
+                &tools,
+            ),
+            "messages[1].tool_calls[0].function.name",
+        ),
+        (
+            history(
+                &with(call.clone(), "/id", "call_1<|im_end|>"),
+                &result,
+                &tools,
+            ),
+            "messages[1].tool_calls[0].id",
+        ),
+        (
+            history(
+                &call,
+                &with(result.clone(), "/name", "get_weather<|im_end|>"),
+                &tools,
+            ),
+            "messages[2].name",
+        ),
+        (
+            history(
+                &call,
+                &with(result.clone(), "/tool_call_id", "call_1<|im_end|>"),
+                &tools,
+            ),
+            "messages[2].tool_call_id",
+        ),
+        (
+            history(
+                &call,
+                &result,
+                &with(
+                    tools.clone(),
+                    "/0/function/description",
+                    "Weather<|im_end|>",
+                ),
+            ),
+            "tools[0].function.description",
+        ),
+    ] {
+        let r = ask(body);
+        assert_eq!(r.status, 400, "{param}: {}", r.body);
+        let e = r.json();
+        assert_eq!(e["error"]["param"], param, "{e}");
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(param) && message.contains("<|im_end|>"),
             "{e}"
         );
     }

@@ -114,6 +114,10 @@ pub struct GenerationRequest {
     /// Chat only: more variables for the chat template
     /// (`chat_template_kwargs`, e.g. `{"enable_thinking": false}`).
     pub template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Chat only: `thinking_budget_tokens` (llama-server's name), the most
+    /// tokens a harmony (gpt-oss) answer's analysis message may take;
+    /// `usize::MAX` for -1 (no bound of its own). `None` when not given.
+    pub thinking_budget: Option<usize>,
 }
 
 /// What a constrained answer must be.
@@ -354,7 +358,34 @@ pub fn parse_bounded(
         tools,
         split_reasoning: route == Route::Chat && reasoning_format(&obj)?,
         template_kwargs: template_kwargs(route, &obj)?,
+        thinking_budget: thinking_budget(route, &obj)?,
     })
+}
+
+/// `thinking_budget_tokens`: an integer from 0 up, or -1 for no bound
+/// (llama-server's convention). Whether the model's template can take it
+/// is the server's to check, which knows the template.
+fn thinking_budget(route: Route, obj: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    const NAME: &str = "thinking_budget_tokens";
+    let Some(v) = present(obj, NAME) else {
+        return Ok(None);
+    };
+    if route == Route::Completion {
+        return Err(ApiError::invalid(
+            NAME,
+            format!("{NAME} is for /v1/chat/completions: it bounds the reasoning of a chat answer"),
+        )
+        .with_code("unsupported_parameter"));
+    }
+    if v.as_i64() == Some(-1) {
+        return Ok(Some(usize::MAX));
+    }
+    integer(obj, NAME, 0, u32::MAX as u64)
+        .map(|n| n.map(|n| n as usize))
+        .map_err(|e| ApiError {
+            message: format!("{} (or -1: no bound)", e.message),
+            ..e
+        })
 }
 
 /// `chat_template_kwargs` (vLLM's and llama-server's): an object whose
@@ -1650,6 +1681,33 @@ mod tests {
         assert_eq!(v["error"]["code"], "invalid_value");
         let v = ApiError::new(500, "server_error", "x").to_json();
         assert!(v["error"]["param"].is_null() && v["error"]["code"].is_null());
+    }
+
+    #[test]
+    fn thinking_budget_tokens_is_a_count_or_minus_one_on_chat_only() {
+        let budget = |v: &str| {
+            chat(&format!(
+                r#"{{"messages":[{{"role":"user","content":"x"}}],"thinking_budget_tokens":{v}}}"#
+            ))
+            .map(|r| r.thinking_budget)
+        };
+        assert_eq!(budget("null"), Ok(None));
+        assert_eq!(budget("0"), Ok(Some(0)));
+        assert_eq!(budget("512"), Ok(Some(512)));
+        assert_eq!(budget("-1"), Ok(Some(usize::MAX)));
+        for bad in ["-2", "1.5", "\"8\"", "true"] {
+            let e = budget(bad).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("thinking_budget_tokens"), "{bad}");
+            assert!(e.message.contains("thinking_budget_tokens"), "{bad}: {e:?}");
+        }
+        let e = completion(r#"{"prompt":"x","thinking_budget_tokens":8}"#).unwrap_err();
+        assert_eq!(
+            (e.param.as_deref(), e.code),
+            (
+                Some("thinking_budget_tokens"),
+                Some("unsupported_parameter")
+            )
+        );
     }
 }
 

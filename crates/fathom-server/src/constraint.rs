@@ -174,16 +174,18 @@ impl Constraints {
         let started = Instant::now();
         let (key, top) = match grammar {
             Grammar::JsonObject => {
-                let schema = serde_json::json!({"type": "object"});
-                (format!("json:{schema}"), json_grammar(schema))
+                let schema = with_json_options(serde_json::json!({"type": "object"}));
+                (
+                    format!("json:{schema}"),
+                    TopLevelGrammar::from_json_schema(schema),
+                )
             }
             Grammar::JsonSchema(schema) => {
-                let mut schema = schema.clone();
-                if let Value::Object(o) = &mut schema {
-                    // The server's options, not the request's.
-                    o.shift_remove("x-guidance");
-                }
-                (format!("json:{schema}"), json_grammar(schema))
+                let schema = with_json_options(schema.clone());
+                (
+                    format!("json:{schema}"),
+                    TopLevelGrammar::from_json_schema(schema),
+                )
             }
             Grammar::Gbnf(text) => {
                 let lark = crate::gbnf::to_lark(text).map_err(|message| CompileError {
@@ -239,21 +241,60 @@ impl Constraints {
     }
 }
 
-fn json_grammar(schema: Value) -> TopLevelGrammar {
-    TopLevelGrammar::from_json_schema(with_json_options(schema))
-}
-
-/// `schema` carrying the server's JSON options (in its `x-guidance`,
-/// replacing any the request gave), as every JSON the server constrains
-/// is compiled: `response_format` and the tool calls' arguments alike.
+/// `schema` carrying the server's JSON options (in its `x-guidance`), as
+/// every JSON the server constrains is compiled: `response_format` and the
+/// tool calls' arguments alike. The request's own `x-guidance` options are
+/// removed at every depth ([`strip_guidance`]): a tool's `parameters`
+/// become a subschema of the call's schema, where a request's options
+/// would otherwise travel to the engine.
 fn with_json_options(schema: Value) -> Value {
     let mut schema = match schema {
         Value::Object(_) => schema,
         // `true`/`false` schemas: wrap so the options still apply.
         other => serde_json::json!({"allOf": [other]}),
     };
+    strip_guidance(&mut schema);
     json_options().apply_to(&mut schema);
     schema
+}
+
+/// Removes the `x-guidance` keyword from `schema` and from every subschema
+/// in it, wherever JSON Schema puts subschemas. Keys of `properties` (and
+/// the other maps of named subschemas) are names, and values of `const`,
+/// `enum`, `default` and `examples` are data: a property called
+/// `x-guidance` stays. Parsed request bodies nest at most 128 deep
+/// (serde_json's limit), which bounds the recursion.
+fn strip_guidance(schema: &mut Value) {
+    let Value::Object(o) = schema else {
+        return;
+    };
+    o.shift_remove("x-guidance");
+    for (key, value) in o.iter_mut() {
+        match (key.as_str(), value) {
+            (
+                "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas",
+                Value::Object(named),
+            ) => named.values_mut().for_each(strip_guidance),
+            ("allOf" | "anyOf" | "oneOf" | "prefixItems" | "items", Value::Array(list)) => {
+                list.iter_mut().for_each(strip_guidance)
+            }
+            (
+                "items"
+                | "additionalItems"
+                | "additionalProperties"
+                | "unevaluatedItems"
+                | "unevaluatedProperties"
+                | "contains"
+                | "propertyNames"
+                | "not"
+                | "if"
+                | "then"
+                | "else",
+                sub,
+            ) => strip_guidance(sub),
+            _ => {}
+        }
+    }
 }
 
 /// A Lark grammar's item for a JSON value valid against `schema`, written
@@ -440,5 +481,45 @@ impl ConstraintState {
     /// The text so far is a complete answer.
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The request's `x-guidance` options, nested anywhere a subschema
+    /// can be: none reach the engine; the server's stand at the top.
+    #[test]
+    fn a_requests_x_guidance_is_removed_at_every_depth_and_names_stay() {
+        let theirs = json!({"whitespace_flexible": true, "item_separator": ",   "});
+        let schema = json!({
+            "type": "object",
+            "x-guidance": theirs,
+            "properties": {
+                "a": {"type": "object", "x-guidance": theirs,
+                      "properties": {"b": {"type": "array", "items": {"x-guidance": theirs}}}},
+                "x-guidance": {"type": "string", "const": {"x-guidance": 1}},
+            },
+            "$defs": {"d": {"anyOf": [{"x-guidance": theirs}, {"not": {"x-guidance": theirs}}]}},
+            "additionalProperties": {"x-guidance": theirs},
+        });
+        let compiled = with_json_options(schema.clone());
+        let text = compiled.to_string();
+        assert!(!text.contains("item_separator\":\",   "), "{text}");
+        assert!(!text.contains("\"whitespace_flexible\":true"), "{text}");
+        assert_eq!(
+            compiled["x-guidance"],
+            serde_json::to_value(json_options()).unwrap()
+        );
+        // A property named `x-guidance`, and data that holds the word, stay.
+        assert_eq!(
+            compiled["properties"]["x-guidance"],
+            json!({"type": "string", "const": {"x-guidance": 1}})
+        );
+        // The same through a tool call's Lark item.
+        let lark = lark_json(&json!({"properties": {"args": schema}}));
+        assert!(!lark.contains("item_separator\":\",   "), "{lark}");
     }
 }

@@ -949,33 +949,70 @@ fn prepare(
         // The parser takes echo on /v1/completions only.
         Prompt::Chat(_) => String::new(),
     });
+    // A harmony model's chat answer: its analysis message is bounded
+    // (`thinking_budget_tokens`, else half of max_tokens) wherever a
+    // constraint follows it, so the constrained message always comes.
+    let harmony = format == ToolFormat::Harmony && matches!(request.prompt, Prompt::Chat(_));
+    if request.thinking_budget.is_some() && !harmony {
+        return Err(ApiError::invalid(
+            "thinking_budget_tokens",
+            "thinking_budget_tokens bounds the analysis channel of a harmony (gpt-oss) chat template; this model's template does not write one",
+        )
+        .with_code("unsupported_parameter"));
+    }
+    let reasoning_bound = reasoning::reasoning_bound(request.thinking_budget, max_tokens);
     let constraint = match &request.constraint {
-        None => match tool_prep.and_then(|p| p.grammar) {
-            Some(grammar) => Some(compile(
-                shared,
-                model,
-                "tools",
-                "invalid_grammar",
-                &grammar,
-            )?),
-            None => None,
-        },
+        None => {
+            let tool_grammar = match (&request.tools, &request.prompt) {
+                (Some(req), Prompt::Chat(_)) => tools::grammar(format, req, reasoning_bound),
+                _ => None,
+            };
+            match tool_grammar {
+                Some(grammar) => Some(compile(
+                    shared,
+                    model,
+                    "tools",
+                    "invalid_grammar",
+                    &grammar,
+                )?),
+                // A budget on an answer otherwise free (-1 leaves it free).
+                None if harmony && request.thinking_budget.is_some_and(|b| b != usize::MAX) => {
+                    Some(compile(
+                        shared,
+                        model,
+                        "thinking_budget_tokens",
+                        "invalid_grammar",
+                        &reasoning::harmony_bounded(reasoning_bound),
+                    )?)
+                }
+                None => None,
+            }
+        }
         Some((param, c)) => {
             // A harmony model's chat answer keeps its analysis message and
             // its final channel's header; the JSON is that channel's body.
-            let harmony =
-                format == ToolFormat::Harmony && matches!(request.prompt, Prompt::Chat(_));
             let (grammar, code) = match c {
                 OutputConstraint::JsonObject if harmony => (
-                    reasoning::harmony_final_json(&serde_json::json!({"type": "object"})),
+                    reasoning::harmony_final_json(
+                        &serde_json::json!({"type": "object"}),
+                        reasoning_bound,
+                    ),
                     "invalid_schema",
                 ),
                 OutputConstraint::JsonObject => (Grammar::JsonObject, "invalid_schema"),
-                OutputConstraint::JsonSchema(schema) if harmony => {
-                    (reasoning::harmony_final_json(schema), "invalid_schema")
-                }
+                OutputConstraint::JsonSchema(schema) if harmony => (
+                    reasoning::harmony_final_json(schema, reasoning_bound),
+                    "invalid_schema",
+                ),
                 OutputConstraint::JsonSchema(schema) => {
                     (Grammar::JsonSchema(schema.clone()), "invalid_schema")
+                }
+                OutputConstraint::Gbnf(_) if request.thinking_budget.is_some() => {
+                    return Err(ApiError::invalid(
+                        "thinking_budget_tokens",
+                        "thinking_budget_tokens cannot bound an answer that a GBNF grammar writes whole, its reasoning included: bound the reasoning in the grammar",
+                    )
+                    .with_code("unsupported_parameter"))
                 }
                 OutputConstraint::Gbnf(text) => (Grammar::Gbnf(text.clone()), "invalid_grammar"),
             };
@@ -1103,9 +1140,9 @@ fn tokenize(
                         "messages",
                         format!("the chat template refused the messages: {e}"),
                     )),
-                    ChatEncodeError::ControlText { message, field, .. } => Tokenized::Err(
-                        ApiError::invalid(&format!("messages[{message}].{field}"), e.to_string()),
-                    ),
+                    ChatEncodeError::ControlText { ref param, .. } => {
+                        Tokenized::Err(ApiError::invalid(param, e.to_string()))
+                    }
                     ChatEncodeError::TooMany(_) => Tokenized::TooMany,
                 },
             )?

@@ -101,32 +101,82 @@ pub fn is_harmony(template: &str) -> bool {
     template.contains(CHANNEL) && template.contains(MESSAGE)
 }
 
+/// Tokens of `max_tokens` that the bound on a harmony answer's analysis
+/// message ([`reasoning_bound`]) always leaves for what follows it: the
+/// next message's header (a few control tokens on gpt-oss, about 40
+/// tokens where a vocabulary spells the markers out) and the start of
+/// its body.
+pub const ANSWER_ROOM: usize = 32;
+
+/// The most tokens a harmony answer of at most `max_tokens` tokens may
+/// spend in its analysis message: the request's `thinking_budget_tokens`
+/// (`requested`; `usize::MAX` for -1, no bound of its own), or half of
+/// `max_tokens` when it gives none, and never more than `max_tokens` less
+/// [`ANSWER_ROOM`], so a constrained answer always reaches the message
+/// its constraint asks for (the final channel's JSON, a tool call) before
+/// the length limit.
+pub fn reasoning_bound(requested: Option<usize>, max_tokens: usize) -> usize {
+    requested
+        .unwrap_or(max_tokens / 2)
+        .min(max_tokens.saturating_sub(ANSWER_ROOM))
+}
+
 /// The Lark grammar of a harmony answer that may reason first (an
-/// analysis message, whose text may hold a `<` but not start a marker) and
-/// then writes `last`, a Lark expression for the message that must follow
-/// (a tool call, [`crate::tools`], or the final channel's JSON,
-/// [`harmony_final_json`]). The reasoning is pieces that each end
-/// where a `<` may start its `<|end|>`: one greedy lexeme would swallow
-/// that `<` and refuse the `|` after it.
-pub fn harmony_grammar(last: &str) -> Grammar {
+/// analysis message of at most `reasoning` tokens, whose text may hold a
+/// `<` but not start a marker) and then follows `last_rules`, Lark rules
+/// that define `last`, the message that must follow (a tool call,
+/// [`crate::tools`]; the final channel's JSON, [`harmony_final_json`]; any
+/// message but another analysis, [`harmony_bounded`]). With `reasoning`
+/// 0 there is no analysis message. The reasoning is pieces that each end
+/// where a `<` may start its `<|end|>` (one greedy lexeme would swallow
+/// that `<` and refuse the `|` after it), in a nested grammar whose
+/// `max_tokens` llguidance enforces: once the pieces have taken that many
+/// tokens, only `<|end|>` may follow.
+pub fn harmony_grammar(last_rules: &str, reasoning: usize) -> Grammar {
+    if reasoning == 0 {
+        return Grammar::Lark(format!("start: last\n{last_rules}"));
+    }
     Grammar::Lark(format!(
         "start: (analysis \"{START}assistant\")? last\n\
-         analysis: \"{CHANNEL}analysis{MESSAGE}\" THOUGHT* \"{END}\"\n\
+         analysis: \"{CHANNEL}analysis{MESSAGE}\" thought \"{END}\"\n\
+         thought[max_tokens={reasoning}]: %lark {{\n\
+         start: THOUGHT*\n\
          THOUGHT: /[^<]+|<[^|]/\n\
-         last: {last}\n"
+         }}\n\
+         {last_rules}"
     ))
 }
 
 /// A harmony answer whose final message is a JSON value valid against
-/// `schema`, after an optional analysis message (as llama.cpp constrains
-/// gpt-oss's `response_format`): the model keeps its reasoning and its
-/// headers, and the JSON is the final channel's body, so it comes back as
-/// `content`. The header may carry harmony's `<|constrain|>json`.
-pub fn harmony_final_json(schema: &serde_json::Value) -> Grammar {
-    harmony_grammar(&format!(
-        "\"{CHANNEL}final\" \" <|constrain|>json\"? \"{MESSAGE}\" {}",
-        lark_json(schema)
-    ))
+/// `schema`, after an optional analysis message of at most `reasoning`
+/// tokens (as llama.cpp constrains gpt-oss's `response_format`): the model
+/// keeps its reasoning and its headers, and the JSON is the final
+/// channel's body, so it comes back as `content`. The header may carry
+/// harmony's `<|constrain|>json`.
+pub fn harmony_final_json(schema: &serde_json::Value, reasoning: usize) -> Grammar {
+    harmony_grammar(
+        &format!(
+            "last: \"{CHANNEL}final\" \" <|constrain|>json\"? \"{MESSAGE}\" {}\n",
+            lark_json(schema)
+        ),
+        reasoning,
+    )
+}
+
+/// A harmony answer otherwise free whose analysis message (if it opens
+/// with one) takes at most `reasoning` tokens: what follows is any text
+/// that starts another message than an analysis one (the final channel,
+/// a commentary preamble or tool call, or a header that names its
+/// recipient first). For `thinking_budget_tokens` on an unconstrained
+/// answer.
+pub fn harmony_bounded(reasoning: usize) -> Grammar {
+    harmony_grammar(
+        &format!(
+            "last: (\"{CHANNEL}final\" | \"{CHANNEL}commentary\" | \" to=\") REST\n\
+             REST: /(?s:.*)/\n"
+        ),
+        reasoning,
+    )
 }
 
 /// Where a harmony tool call's body (its JSON arguments) ends: the first

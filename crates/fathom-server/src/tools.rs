@@ -13,8 +13,10 @@
 //!   the template renders `tools`; a call is a commentary message to the
 //!   function, `<|channel|>commentary to=functions.NAME <|constrain|>json
 //!   <|message|>{...}<|call|>` (the recipient may stand before
-//!   `<|channel|>` too), after the model's reasoning. One call per answer:
-//!   `<|call|>` ends generation.
+//!   `<|channel|>` too), after the model's reasoning. gpt-oss ends
+//!   generation at a call's `<|call|>`; with `parallel_tool_calls` a
+//!   required call may be followed by more, each a message of its own
+//!   (`<|start|>assistant...`).
 //! - **Generic** (templates with no tool support, such as SmolLM2's): the
 //!   functions are described in the system message and the answer is
 //!   always constrained to one JSON object, `{"tool_call": {"name",
@@ -33,7 +35,7 @@ use serde_json::{json, Map, Value};
 
 use crate::api::{Tool, ToolChoice, ToolRequest};
 use crate::constraint::{lark_json, Grammar};
-use crate::reasoning::{self, CHANNEL, MESSAGE, START};
+use crate::reasoning::{self, CALL, CHANNEL, MESSAGE, START};
 
 /// How a model writes function calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,6 +110,11 @@ fn call_schema(t: &Tool, args_key: &str) -> Value {
     })
 }
 
+/// The schema of a call to any of `allowed` ([`call_schema`] each).
+fn calls_schema(allowed: &[&Tool], args_key: &str) -> Value {
+    any_of(allowed.iter().map(|t| call_schema(t, args_key)).collect())
+}
+
 fn any_of(schemas: Vec<Value>) -> Value {
     if schemas.len() == 1 {
         schemas.into_iter().next().unwrap_or(Value::Null)
@@ -116,16 +123,32 @@ fn any_of(schemas: Vec<Value>) -> Value {
     }
 }
 
-/// The messages the template renders and the constraint of the answer.
+/// The messages the template renders, and the tools it gets.
 pub struct Prepared {
     pub messages: Vec<Message>,
     /// `tools` for the template (native formats).
     pub tools: Option<Value>,
-    pub grammar: Option<Grammar>,
 }
 
-/// Readies `messages` and the constraint for `req` in `format`.
+/// Readies `messages` for `req` in `format`.
 pub fn prepare(format: ToolFormat, messages: &[Message], req: &ToolRequest) -> Prepared {
+    match format {
+        ToolFormat::Generic => Prepared {
+            messages: generic_messages(messages, req),
+            tools: None,
+        },
+        ToolFormat::Hermes | ToolFormat::Llama3 | ToolFormat::Harmony => Prepared {
+            messages: messages.to_vec(),
+            tools: Some(template_tools(req)),
+        },
+    }
+}
+
+/// The constraint of the answer to `req` in `format`, if it has one;
+/// `reasoning`: the most tokens a harmony answer's analysis message may
+/// take ([`reasoning::harmony_grammar`]), known once the request's
+/// `max_tokens` is.
+pub fn grammar(format: ToolFormat, req: &ToolRequest, reasoning: usize) -> Option<Grammar> {
     let must_call = !matches!(req.choice, ToolChoice::Auto);
     let allowed = allowed(req);
     match format {
@@ -150,86 +173,60 @@ pub fn prepare(format: ToolFormat, messages: &[Message], req: &ToolRequest) -> P
                     "additionalProperties": false,
                 }));
             }
-            Prepared {
-                messages: generic_messages(messages, req, &allowed, must_call),
-                tools: None,
-                grammar: Some(Grammar::JsonSchema(any_of(branches))),
-            }
+            Some(Grammar::JsonSchema(any_of(branches)))
         }
-        ToolFormat::Hermes => {
-            let grammar = must_call.then(|| {
-                let schema = any_of(
-                    allowed
-                        .iter()
-                        .map(|t| call_schema(t, "arguments"))
-                        .collect(),
-                );
-                let call = format!(
-                    "\"<tool_call>\\n\" {} \"\\n</tool_call>\"",
-                    lark_json(&schema)
-                );
-                Grammar::Lark(if req.parallel {
-                    format!("start: call (\"\\n\" call)*\ncall: {call}\n")
-                } else {
-                    format!("start: {call}\n")
+        ToolFormat::Hermes => must_call.then(|| {
+            let schema = calls_schema(&allowed, "arguments");
+            let call = format!(
+                "\"<tool_call>\\n\" {} \"\\n</tool_call>\"",
+                lark_json(&schema)
+            );
+            Grammar::Lark(if req.parallel {
+                format!("start: call (\"\\n\" call)*\ncall: {call}\n")
+            } else {
+                format!("start: {call}\n")
+            })
+        }),
+        ToolFormat::Llama3 => must_call.then(|| {
+            let schema = calls_schema(&allowed, "parameters");
+            Grammar::Lark(format!("start: {}\n", lark_json(&schema)))
+        }),
+        // The model may reason first, then calls one of the functions,
+        // its arguments valid for its parameters; with
+        // `parallel_tool_calls`, maybe more, each a message of its own.
+        ToolFormat::Harmony => must_call.then(|| {
+            let calls: Vec<String> = allowed
+                .iter()
+                .map(|t| {
+                    format!(
+                        "\"{CHANNEL}commentary to=functions.{} <|constrain|>json{MESSAGE}\" {}",
+                        t.name,
+                        lark_json(&t.parameters)
+                    )
                 })
-            });
-            Prepared {
-                messages: messages.to_vec(),
-                tools: Some(template_tools(req)),
-                grammar,
-            }
-        }
-        ToolFormat::Llama3 => {
-            let grammar = must_call.then(|| {
-                let schema = any_of(
-                    allowed
-                        .iter()
-                        .map(|t| call_schema(t, "parameters"))
-                        .collect(),
-                );
-                Grammar::Lark(format!("start: {}\n", lark_json(&schema)))
-            });
-            Prepared {
-                messages: messages.to_vec(),
-                tools: Some(template_tools(req)),
-                grammar,
-            }
-        }
-        ToolFormat::Harmony => {
-            // The model may reason first, then calls one of the functions,
-            // its arguments valid for its parameters.
-            let grammar = must_call.then(|| {
-                let calls: Vec<String> = allowed
-                    .iter()
-                    .map(|t| {
-                        format!(
-                            "\"{CHANNEL}commentary to=functions.{} <|constrain|>json{MESSAGE}\" {}",
-                            t.name,
-                            lark_json(&t.parameters)
-                        )
-                    })
-                    .collect();
-                reasoning::harmony_grammar(&calls.join(" | "))
-            });
-            Prepared {
-                messages: messages.to_vec(),
-                tools: Some(template_tools(req)),
-                grammar,
-            }
-        }
+                .collect();
+            // gpt-oss's `<|call|>` ends generation (an end-of-generation
+            // token where the grammar may end); a vocabulary that spells
+            // it out writes it as text, which ends the calls too.
+            let last = if req.parallel {
+                format!("call (\"{START}assistant\" call)* \"{CALL}\"?")
+            } else {
+                format!("call \"{CALL}\"?")
+            };
+            reasoning::harmony_grammar(
+                &format!("last: {last}\ncall: {}\n", calls.join(" | ")),
+                reasoning,
+            )
+        }),
     }
 }
 
 /// The generic format's conversation: the functions and the answer's
 /// shape in the system message, past calls as the JSON the model would
 /// have written, tool results as user turns.
-fn generic_messages(
-    messages: &[Message],
-    req: &ToolRequest,
-    allowed: &[&Tool],
-    must_call: bool,
-) -> Vec<Message> {
+fn generic_messages(messages: &[Message], req: &ToolRequest) -> Vec<Message> {
+    let must_call = !matches!(req.choice, ToolChoice::Auto);
+    let allowed = allowed(req);
     let mut system =
         String::from("You can call these functions (each with a JSON schema of its arguments):\n");
     for t in &req.tools {
@@ -308,7 +305,9 @@ pub struct Answer {
 }
 
 /// Reads `text` (the whole answer) in `format`; calls to functions that
-/// `req` does not list are left as text. Ids are `call_` + `id_hex` + index.
+/// `req` does not list are left as text. Without `parallel_tool_calls`,
+/// calls after the first are dropped (a model's free answer may write
+/// several). Ids are `call_` + `id_hex` + index.
 pub fn parse(format: ToolFormat, text: &str, req: &ToolRequest, id_hex: &str) -> Answer {
     let known = |name: &str| req.tools.iter().any(|t| t.name == name);
     let mut calls: Vec<(String, Value)> = Vec::new();
@@ -402,6 +401,9 @@ pub fn parse(format: ToolFormat, text: &str, req: &ToolRequest, id_hex: &str) ->
                 calls = parsed;
             }
         }
+    }
+    if !req.parallel {
+        calls.truncate(1);
     }
     let content = content.trim();
     Answer {
@@ -582,7 +584,7 @@ mod tests {
         );
         assert_eq!(p.messages[3].role, "user");
         assert_eq!(p.messages[3].content, "Result of get_weather: 22 C");
-        let Some(Grammar::JsonSchema(schema)) = p.grammar else {
+        let Some(Grammar::JsonSchema(schema)) = grammar(ToolFormat::Generic, &r, 0) else {
             panic!()
         };
         // Named: one branch, the call, no response.
@@ -591,7 +593,9 @@ mod tests {
             "get_weather"
         );
         let p = prepare(ToolFormat::Generic, &history[1..2], &req(ToolChoice::Auto));
-        let Some(Grammar::JsonSchema(schema)) = p.grammar else {
+        let Some(Grammar::JsonSchema(schema)) =
+            grammar(ToolFormat::Generic, &req(ToolChoice::Auto), 0)
+        else {
             panic!()
         };
         assert_eq!(schema["anyOf"].as_array().unwrap().len(), 3);
@@ -605,25 +609,18 @@ mod tests {
             &[Message::new("user", "x")],
             &req(ToolChoice::Auto),
         );
-        assert!(p.grammar.is_none() && p.tools.is_some());
-        let p = prepare(
-            ToolFormat::Hermes,
-            &[Message::new("user", "x")],
-            &req(ToolChoice::Required),
-        );
-        let Some(Grammar::Lark(lark)) = p.grammar else {
+        assert!(p.tools.is_some());
+        assert!(grammar(ToolFormat::Hermes, &req(ToolChoice::Auto), 0).is_none());
+        let Some(Grammar::Lark(lark)) = grammar(ToolFormat::Hermes, &req(ToolChoice::Required), 0)
+        else {
             panic!()
         };
         assert!(
             lark.contains("<tool_call>") && lark.contains("%json"),
             "{lark}"
         );
-        let p = prepare(
-            ToolFormat::Llama3,
-            &[Message::new("user", "x")],
-            &req(ToolChoice::Required),
-        );
-        let Some(Grammar::Lark(lark)) = p.grammar else {
+        let Some(Grammar::Lark(lark)) = grammar(ToolFormat::Llama3, &req(ToolChoice::Required), 0)
+        else {
             panic!()
         };
         assert!(lark.contains("\"parameters\""), "{lark}");
@@ -693,20 +690,43 @@ mod tests {
             &[Message::new("user", "x")],
             &req(ToolChoice::Auto),
         );
-        assert!(p.grammar.is_none() && p.tools.is_some());
-        let p = prepare(
-            ToolFormat::Harmony,
-            &[Message::new("user", "x")],
-            &req(ToolChoice::Function("now".into())),
-        );
-        let Some(Grammar::Lark(lark)) = p.grammar else {
+        assert!(p.tools.is_some());
+        assert!(grammar(ToolFormat::Harmony, &req(ToolChoice::Auto), 100).is_none());
+        let named = req(ToolChoice::Function("now".into()));
+        let Some(Grammar::Lark(lark)) = grammar(ToolFormat::Harmony, &named, 100) else {
             panic!()
         };
         assert!(
             lark.contains("to=functions.now <|constrain|>json<|message|>\" %json")
                 && !lark.contains("get_weather")
-                && lark.contains("<|channel|>analysis<|message|>"),
+                && lark.contains("<|channel|>analysis<|message|>")
+                && lark.contains("max_tokens=100"),
             "{lark}"
         );
+        // No budget: no analysis message.
+        let Some(Grammar::Lark(lark)) = grammar(ToolFormat::Harmony, &named, 0) else {
+            panic!()
+        };
+        assert!(!lark.contains("analysis"), "{lark}");
+    }
+
+    /// `parallel_tool_calls: false`: at most one call, whatever the model
+    /// wrote, in every format; true: all of them.
+    #[test]
+    fn without_parallel_tool_calls_an_answer_has_at_most_one_call() {
+        let two = [
+            (ToolFormat::Hermes, "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"),
+            (ToolFormat::Llama3, "{\"name\": \"now\", \"parameters\": {}}; {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"),
+            (ToolFormat::Harmony, "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}"),
+        ];
+        for (format, text) in two {
+            let mut r = req(ToolChoice::Auto);
+            assert_eq!(parse(format, text, &r, "p").calls.len(), 2, "{format:?}");
+            r.parallel = false;
+            let a = parse(format, text, &r, "p");
+            assert_eq!(a.calls.len(), 1, "{format:?}");
+            assert_eq!(a.calls[0].name, "now", "{format:?}");
+            assert_eq!(a.content, None, "{format:?}");
+        }
     }
 }

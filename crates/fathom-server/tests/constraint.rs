@@ -11,7 +11,6 @@ use fathom_checkpoint::Checkpoint;
 use fathom_server::api::{Tool, ToolChoice, ToolRequest};
 use fathom_server::constraint::{ConstraintState, Constraints, Grammar};
 use fathom_server::tools::{self, ToolFormat};
-use fathom_tokenizer::Message;
 use serde_json::json;
 
 fn tokenizer() -> fathom_engine::Tokenizer {
@@ -51,7 +50,6 @@ fn request(choice: ToolChoice) -> ToolRequest {
 fn tool_grammars_accept_valid_calls_and_refuse_others() {
     let tok = tokenizer();
     let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
-    let user = [Message::new("user", "weather?")];
     let eog: Vec<u32> = tok.end_of_generation_ids().collect();
     for (format, good, bad) in [
         (
@@ -75,8 +73,8 @@ fn tool_grammars_accept_valid_calls_and_refuse_others() {
             "{\"response\": \"It is sunny.\"}",
         ),
     ] {
-        let prepared = tools::prepare(format, &user, &request(ToolChoice::Required));
-        let grammar = prepared.grammar.expect("required calls are constrained");
+        let grammar = tools::grammar(format, &request(ToolChoice::Required), 1000)
+            .expect("required calls are constrained");
         let mut state = c.compile(&grammar).unwrap_or_else(|e| panic!("{format:?}: {e:?}"));
         let (ok, n) = walk(&mut state, &tok, good);
         assert_eq!(ok, n, "{format:?}: the valid call was refused at token {ok}");
@@ -88,14 +86,14 @@ fn tool_grammars_accept_valid_calls_and_refuse_others() {
         assert!(ok < n, "{format:?}: an invalid call went through");
     }
     // Harmony: the reasoning may be left out.
-    let prepared = tools::prepare(ToolFormat::Harmony, &user, &request(ToolChoice::Required));
-    let mut state = c.compile(&prepared.grammar.unwrap()).unwrap();
+    let grammar = tools::grammar(ToolFormat::Harmony, &request(ToolChoice::Required), 1000);
+    let mut state = c.compile(&grammar.unwrap()).unwrap();
     let call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\", \"unit\": \"celsius\"}";
     let (ok, n) = walk(&mut state, &tok, call);
     assert_eq!(ok, n);
     // auto in the generic format: a response is fine too.
-    let prepared = tools::prepare(ToolFormat::Generic, &user, &request(ToolChoice::Auto));
-    let mut state = c.compile(&prepared.grammar.unwrap()).unwrap();
+    let grammar = tools::grammar(ToolFormat::Generic, &request(ToolChoice::Auto), 1000);
+    let mut state = c.compile(&grammar.unwrap()).unwrap();
     let (ok, n) = walk(&mut state, &tok, "{\"response\": \"It is sunny.\"}");
     assert_eq!(ok, n);
     assert!(state.is_stopped() || state.is_accepting());
@@ -146,7 +144,6 @@ fn json_schemas_walk_the_compact_layout_and_gbnf_compiles() {
 fn tool_call_arguments_are_compact_json_in_every_format() {
     let tok = tokenizer();
     let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
-    let user = [Message::new("user", "weather?")];
     let args = "{\"city\": \"Paris\", \"unit\": \"celsius\"}";
     for (format, head, tail) in [
         (
@@ -170,9 +167,7 @@ fn tool_call_arguments_are_compact_json_in_every_format() {
             "}}",
         ),
     ] {
-        let grammar = tools::prepare(format, &user, &request(ToolChoice::Required))
-            .grammar
-            .unwrap();
+        let grammar = tools::grammar(format, &request(ToolChoice::Required), 1000).unwrap();
         let mut state = c.compile(&grammar).unwrap();
         let (ok, n) = walk(&mut state, &tok, &format!("{head}{args}{tail}"));
         assert_eq!(
@@ -199,7 +194,7 @@ fn harmony_json_answers_keep_the_reasoning_and_the_final_header() {
     let tok = tokenizer();
     let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
     let schema = json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"], "additionalProperties": false});
-    let grammar = fathom_server::reasoning::harmony_final_json(&schema);
+    let grammar = fathom_server::reasoning::harmony_final_json(&schema, 1000);
     let json = "{\"name\": \"Ada\", \"age\": 36}";
     for good in [
         format!("<|channel|>analysis<|message|>A name, 1 < 2.<|end|><|start|>assistant<|channel|>final<|message|>{json}"),
@@ -227,7 +222,146 @@ fn harmony_json_answers_keep_the_reasoning_and_the_final_header() {
     let e = c
         .compile(&fathom_server::reasoning::harmony_final_json(
             &json!({"type": "array", "uniqueItems": true}),
+            1000,
         ))
         .unwrap_err();
     assert!(e.message.contains("uniqueItems"), "{e:?}");
+}
+
+/// Takes `limit` tokens the masks allow, each `prefer` where allowed (a
+/// stand-in for a model that would write one word forever), else the
+/// lowest id allowed, until the constraint ends; returns the text. At each
+/// token the check of `prefer` alone (the greedy path's) agrees with the
+/// mask.
+fn run_on(
+    state: &mut ConstraintState,
+    tok: &fathom_engine::Tokenizer,
+    prefer: u32,
+    limit: usize,
+) -> String {
+    let mut ids = Vec::new();
+    for _ in 0..limit {
+        let alone = state.allows(prefer).unwrap();
+        state.compute_mask().unwrap();
+        assert_eq!(alone, state.mask().allows(prefer), "after {ids:?}");
+        let id = if state.mask().allows(prefer) {
+            prefer
+        } else {
+            (0..tok.vocab_size() as u32)
+                .find(|&id| state.mask().allows(id))
+                .unwrap()
+        };
+        if tok.end_of_generation(id) {
+            break;
+        }
+        state.commit(id).unwrap();
+        ids.push(id);
+    }
+    tok.decode(&ids, true)
+}
+
+/// Issue 35: a harmony answer's analysis message is bounded. A "model"
+/// that would write " the" forever gets `<|end|>` forced once the bound's
+/// tokens are spent, then the message the constraint asks for: the final
+/// channel's JSON, a tool call, or (a budget on a free answer) any
+/// message but another analysis. A bound of 0 leaves no analysis.
+#[test]
+fn a_harmony_analysis_message_ends_at_its_bound_and_the_constrained_message_follows() {
+    let tok = tokenizer();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let the = tok.encode(" the", false, false);
+    assert_eq!(the.len(), 1);
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": false});
+    for bound in [1, 7, 20] {
+        for (what, grammar, want) in [
+            (
+                "response_format",
+                fathom_server::reasoning::harmony_final_json(&schema, bound),
+                "<|start|>assistant<|channel|>final",
+            ),
+            (
+                "tools",
+                tools::grammar(ToolFormat::Harmony, &request(ToolChoice::Required), bound).unwrap(),
+                "<|start|>assistant<|channel|>commentary to=functions.get_weather",
+            ),
+            (
+                "free",
+                fathom_server::reasoning::harmony_bounded(bound),
+                "<|start|>assistant",
+            ),
+        ] {
+            let mut state = c.compile(&grammar).unwrap();
+            let (ok, n) = walk(&mut state, &tok, "<|channel|>analysis<|message|>");
+            assert_eq!(ok, n, "{what} {bound}");
+            let text = run_on(&mut state, &tok, the[0], 120);
+            let end = text
+                .find("<|end|>")
+                .unwrap_or_else(|| panic!("{what} {bound}: no end in {text:?}"));
+            let thought = text[..end].matches(" the").count();
+            assert_eq!(
+                text[..end],
+                " the".repeat(thought),
+                "{what} {bound}: {text:?}"
+            );
+            assert!(
+                thought <= bound && thought + 1 >= bound,
+                "{what} {bound}: {thought} tokens of thought in {text:?}"
+            );
+            assert!(
+                text[end..].starts_with(&format!("<|end|>{want}")),
+                "{what} {bound}: {text:?}"
+            );
+            assert!(
+                !text[end..].contains("analysis"),
+                "{what} {bound}: {text:?}"
+            );
+        }
+    }
+    // A bound of 0: the answer opens with the constrained message.
+    let grammar = fathom_server::reasoning::harmony_final_json(&schema, 0);
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk(&mut state, &tok, "<|channel|>analysis<|message|>x");
+    assert!(ok < n, "an analysis message went through with a bound of 0");
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk(&mut state, &tok, "<|channel|>final<|message|>{\"n\": 1}");
+    assert_eq!(ok, n);
+}
+
+/// Issue 35: `parallel_tool_calls` under harmony. True: a required call
+/// may be followed by more, each a message of its own; false: one.
+#[test]
+fn harmony_required_calls_are_one_or_several_as_parallel_tool_calls_says() {
+    let tok = tokenizer();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\", \"unit\": \"celsius\"}";
+    let two = format!("{call}<|start|>assistant{call}");
+    let mut parallel = request(ToolChoice::Required);
+    parallel.parallel = true;
+    let grammar = tools::grammar(ToolFormat::Harmony, &parallel, 100).unwrap();
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk(&mut state, &tok, &two);
+    assert_eq!(ok, n, "two calls were refused at token {ok}");
+    assert!(state.is_accepting());
+    // `<|call|>` spelled out ends the calls, as gpt-oss's token does.
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk(&mut state, &tok, &format!("{call}<|call|>"));
+    assert_eq!(ok, n);
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk(
+        &mut state,
+        &tok,
+        &format!("{call}<|call|><|start|>assistant{call}"),
+    );
+    assert!(ok < n, "a call went through after <|call|>");
+    let single = tools::grammar(ToolFormat::Harmony, &request(ToolChoice::Required), 100).unwrap();
+    let mut state = c.compile(&single).unwrap();
+    let (ok, n) = walk(&mut state, &tok, &two);
+    assert!(
+        ok < n,
+        "a second call went through without parallel_tool_calls"
+    );
+    let mut state = c.compile(&single).unwrap();
+    let (ok, n) = walk(&mut state, &tok, call);
+    assert_eq!(ok, n);
+    assert!(state.is_accepting());
 }

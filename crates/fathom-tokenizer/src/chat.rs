@@ -274,6 +274,78 @@ impl ChatTemplate {
     }
 }
 
+/// Text a client wrote that lands where the prompt's markers become
+/// control tokens and that spells one out: the request field that holds it
+/// and the token. Contents are such text only when their places are not
+/// known (`contents_placed` false); everything else the messages carry,
+/// and the tools' definitions, always are.
+fn control_text_among_markers<'t>(
+    tokenizer: &'t Tokenizer,
+    messages: &[Message],
+    tools: Option<&serde_json::Value>,
+    contents_placed: bool,
+) -> Option<(String, &'t str)> {
+    for (i, m) in messages.iter().enumerate() {
+        let at = |field: &str| format!("messages[{i}].{field}");
+        let mut fields: Vec<(String, &str)> = Vec::new();
+        if !contents_placed {
+            fields.push((at("content"), &m.content));
+        }
+        if let Some(r) = &m.reasoning {
+            fields.push((at("reasoning_content"), r));
+        }
+        for (j, c) in m.tool_calls.iter().enumerate() {
+            fields.push((at(&format!("tool_calls[{j}].id")), &c.id));
+            fields.push((at(&format!("tool_calls[{j}].function.name")), &c.name));
+            fields.push((
+                at(&format!("tool_calls[{j}].function.arguments")),
+                &c.arguments,
+            ));
+        }
+        if let Some(id) = &m.tool_call_id {
+            fields.push((at("tool_call_id"), id));
+        }
+        if let Some(name) = &m.name {
+            fields.push((at("name"), name));
+        }
+        if let Some(hit) = fields
+            .into_iter()
+            .find_map(|(param, text)| tokenizer.control_text_in(text).map(|t| (param, t)))
+        {
+            return Some(hit);
+        }
+    }
+    tools.and_then(|t| json_control_text(tokenizer, "tools", t))
+}
+
+/// The first string (key or value) of `value`, a JSON value at `path` of
+/// the request, that spells out a control token: its path and the token.
+/// Request bodies nest at most 128 deep (serde_json's limit), which bounds
+/// the recursion.
+fn json_control_text<'t>(
+    tokenizer: &'t Tokenizer,
+    path: &str,
+    value: &serde_json::Value,
+) -> Option<(String, &'t str)> {
+    match value {
+        serde_json::Value::String(s) => tokenizer
+            .control_text_in(s)
+            .map(|token| (path.to_string(), token)),
+        serde_json::Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, v)| json_control_text(tokenizer, &format!("{path}[{i}]"), v)),
+        serde_json::Value::Object(o) => o.iter().find_map(|(k, v)| {
+            let here = format!("{path}.{k}");
+            match tokenizer.control_text_in(k) {
+                Some(token) => Some((here, token)),
+                None => json_control_text(tokenizer, &here, v),
+            }
+        }),
+        _ => None,
+    }
+}
+
 /// `skeleton` with each `MARK index MARK` replaced by that message's
 /// content (trimmed when `trim`), and the ranges the contents took.
 fn fill(
@@ -305,16 +377,16 @@ pub enum ChatEncodeError {
     /// The template refused the messages.
     #[error("{0}")]
     Template(TokenizerError),
-    /// Message `message`'s `field` holds a control token's text where the
-    /// prompt cannot keep it plain: its content, when the template
-    /// rewrites contents so that where they lie is unknown, or its
-    /// reasoning (always: only contents are placed as plain text).
-    #[error("messages[{message}].{field} holds the text of the control token {token:?}, which this model's chat template does not let fathom keep as plain text")]
-    ControlText {
-        message: usize,
-        field: &'static str,
-        token: String,
-    },
+    /// The request's field `param` (`messages[1].tool_calls[0].function.
+    /// arguments`, `tools[0].function.description`) holds a control
+    /// token's text where the prompt cannot keep it plain: a message's
+    /// content, when the template rewrites contents so that where they lie
+    /// is unknown; always, anything else a client wrote that the template
+    /// writes among its own markers (reasoning, tool calls' ids, names and
+    /// arguments, a tool result's name and call id, the tools'
+    /// definitions), as only contents are placed as plain text.
+    #[error("{param} holds the text of the control token {token:?}, which this model's chat template does not let fathom keep as plain text")]
+    ControlText { param: String, token: String },
     #[error("the prompt has more than {} tokens", .0.limit)]
     TooMany(TooManyTokens),
 }
@@ -324,7 +396,10 @@ pub enum ChatEncodeError {
 /// stays text, so a user cannot close their turn and write another role's;
 /// only the template's own markers become special tokens. When the
 /// template transforms contents so that their places are unknown, a
-/// content holding a control token's text is refused instead.
+/// content holding a control token's text is refused instead; so is
+/// everything else a client wrote that the template writes among its
+/// markers (reasoning, past tool calls, tool results' names, the tools'
+/// definitions) when it spells one out ([`ChatEncodeError::ControlText`]).
 pub fn encode_chat(
     tokenizer: &Tokenizer,
     template: &ChatTemplate,
@@ -357,29 +432,17 @@ pub fn encode_chat_tools(
     let (text, contents) = template
         .render_with_contents(messages, tools, kwargs, add_generation_prompt)
         .map_err(ChatEncodeError::Template)?;
-    // Text a client wrote that lands where the prompt's markers become
-    // control tokens: refused when it spells one out.
-    let control_text = |field: &'static str, text: fn(&Message) -> Option<&str>| {
-        messages.iter().enumerate().find_map(|(message, m)| {
-            let token = tokenizer.control_text_in(text(m)?)?;
-            Some(ChatEncodeError::ControlText {
-                message,
-                field,
-                token: token.to_string(),
-            })
-        })
-    };
-    if let Some(e) = control_text("reasoning_content", |m| m.reasoning.as_deref()) {
-        return Err(e);
+    if let Some((param, token)) =
+        control_text_among_markers(tokenizer, messages, tools, contents.is_some())
+    {
+        return Err(ChatEncodeError::ControlText {
+            param,
+            token: token.to_string(),
+        });
     }
     let special = match &contents {
         Some(ranges) => Special::PlainIn(ranges),
-        None => {
-            if let Some(e) = control_text("content", |m| Some(&m.content)) {
-                return Err(e);
-            }
-            Special::Parse
-        }
+        None => Special::Parse,
     };
     tokenizer
         .encode_bounded(&text, false, special, limit)
