@@ -249,3 +249,86 @@ fn a_vocabularys_heap_stays_within_the_runtime_term() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A Hugging Face directory of a one-layer `model` whose `tokenizer.json`
+/// holds llama.cpp's test vocabulary `vocab` (its tokens, merges and
+/// control tokens, as `convert_hf_to_gguf.py` would have read them), the
+/// vocabulary padded with unused tokens to the model's.
+fn hf_fixture(model: fx::ModelDef, vocab: &str, out: &Path) {
+    let file = GgufFile::open(&root().join("models").join(vocab)).unwrap();
+    let strings = |key: &str| -> Vec<String> {
+        file.get(key)
+            .and_then(MetaValue::as_array)
+            .unwrap()
+            .iter()
+            .map(|v| match v {
+                MetaValue::Str(s) => s.clone(),
+                other => panic!("{key}: {other:?}"),
+            })
+            .collect()
+    };
+    let tokens = strings("tokenizer.ggml.tokens");
+    let types: Vec<i64> = file
+        .get("tokenizer.ggml.token_type")
+        .and_then(MetaValue::as_array)
+        .unwrap()
+        .iter()
+        .map(|v| match v {
+            MetaValue::I32(t) => i64::from(*t),
+            other => panic!("token_type: {other:?}"),
+        })
+        .collect();
+    let model = fx::reshaped(&model, serde_json::json!({ "num_hidden_layers": 1 }));
+    let size = model.text_config()["vocab_size"].as_u64().unwrap() as usize;
+    let mut vocab_map = serde_json::Map::new();
+    let mut added = Vec::new();
+    for (id, text) in tokens.iter().enumerate() {
+        if types[id] == 3 {
+            added.push(serde_json::json!({"id": id, "content": text, "special": true}));
+        } else {
+            vocab_map.insert(text.clone(), id.into());
+        }
+    }
+    for id in tokens.len()..size {
+        vocab_map.insert(format!("[PAD{id}]"), id.into());
+    }
+    let tokenizer = serde_json::json!({
+        "version": "1.0",
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true},
+        "decoder": {"type": "ByteLevel"},
+        "model": {"type": "BPE", "vocab": vocab_map, "merges": strings("tokenizer.ggml.merges")},
+    });
+    std::fs::create_dir_all(out).unwrap();
+    fx::write_hf_dir(&model, out, 1, Data::Sparse).unwrap();
+    std::fs::write(
+        out.join("tokenizer.json"),
+        serde_json::to_vec(&tokenizer).unwrap(),
+    )
+    .unwrap();
+    std::fs::write(out.join("tokenizer_config.json"), "{}").unwrap();
+}
+
+#[test]
+fn a_hugging_face_tokenizers_heap_stays_within_the_runtime_term() {
+    let dir = std::env::temp_dir().join(format!("fathom-hf-vocab-heap-{}", std::process::id()));
+    for (name, model, vocab) in [
+        ("qwen3.5-4b", fx::qwen3_5_4b(), "ggml-vocab-qwen35.gguf"),
+        (
+            "llama-3.1-8b",
+            fx::llama_3_1_8b(),
+            "ggml-vocab-llama-bpe.gguf",
+        ),
+    ] {
+        let out = dir.join(name);
+        hf_fixture(model, vocab, &out);
+        let bytes = std::fs::metadata(out.join("tokenizer.json")).unwrap().len();
+        let m = measure(&out);
+        println!(
+            "{name} (HF, tokenizer.json {bytes} B): heap peak {} B, tables {} B, runtime term {} B ({:.3}x the peak): {}",
+            m.peak, m.tables, m.term, m.term as f64 / m.peak as f64, m.derivation
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
