@@ -1,9 +1,10 @@
 //! The host `runtime` term covers the heap a vocabulary costs: the parsed
 //! GGUF metadata (token, type, score and merge arrays) or a Hugging Face
-//! `tokenizer.json`'s bytes, and the tokenizer's tables, measured in malloc chunks under a counting global allocator
-//! (glibc: the test reads each allocation's usable size) for a small
-//! vocabulary (SmolLM2's 49,152 tokens) and large ones (Qwen3.5's 248,320,
-//! Gemma 4's 262,144 with 514,906 merges, Llama 3's 128,256 with 280,147).
+//! `tokenizer.json`'s bytes, and the tokenizer's tables, measured in malloc
+//! chunks under a counting global allocator (glibc: the test reads each
+//! allocation's usable size) for a small vocabulary (SmolLM2's 49,152
+//! tokens) and large ones (Qwen3.5's 248,320, Gemma 4's 262,144 with
+//! 514,906 merges, Llama 3's 128,256 with 280,147).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
@@ -180,6 +181,41 @@ const TIGHTNESS: f64 = 1.10;
 /// tensor table, the spec, the pre-tokenizer (0.1 to 0.3 MB measured).
 const OTHER_HEAP: u64 = 1 << 20;
 
+/// The term covers the peak, and the tables are counted exactly: never
+/// more than the heap held, and the rest of it is the small
+/// non-vocabulary part.
+fn assert_covered(name: &str, m: &Measured) {
+    assert!(
+        m.peak <= m.term,
+        "{name}: heap peak {} B over the runtime term {} B ({})",
+        m.peak,
+        m.term,
+        m.derivation
+    );
+    assert!(
+        m.tables <= m.peak && m.peak <= m.tables + OTHER_HEAP,
+        "{name}: the plan counts {} B of vocabulary tables, the heap peaked at {} B",
+        m.tables,
+        m.peak
+    );
+}
+
+/// Where the term is the tables and the small fixed part (a vocabulary
+/// the allowance does not cover), it is tight.
+fn assert_tight(name: &str, m: &Measured) {
+    assert!(
+        m.derivation.contains("B vocabulary tables"),
+        "{name}: {}",
+        m.derivation
+    );
+    assert!(
+        m.term as f64 <= m.peak as f64 * TIGHTNESS,
+        "{name}: runtime term {} B over {TIGHTNESS} x the heap peak {} B",
+        m.term,
+        m.peak
+    );
+}
+
 #[test]
 fn a_vocabularys_heap_stays_within_the_runtime_term() {
     let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
@@ -213,21 +249,7 @@ fn a_vocabularys_heap_stays_within_the_runtime_term() {
             m.term as f64 / m.peak as f64,
             m.derivation
         );
-        assert!(
-            m.peak <= m.term,
-            "{name}: heap peak {} B over the runtime term {} B ({})",
-            m.peak,
-            m.term,
-            m.derivation
-        );
-        // The tables are counted exactly: never more than the heap held,
-        // and the rest of it is the small non-vocabulary part.
-        assert!(
-            m.tables <= m.peak && m.peak <= m.tables + OTHER_HEAP,
-            "{name}: the plan counts {} B of vocabulary tables, the heap peaked at {} B",
-            m.tables,
-            m.peak
-        );
+        assert_covered(name, &m);
     }
     // SmolLM2, where the per-entry allowance was measured, keeps it (and
     // the recorded grids their plans); the large vocabularies outgrow it
@@ -239,19 +261,7 @@ fn a_vocabularys_heap_stays_within_the_runtime_term() {
         small.derivation
     );
     for (name, path) in &cases[1..] {
-        let m = measure(path);
-        assert!(
-            m.derivation.contains("B vocabulary tables"),
-            "{}",
-            m.derivation
-        );
-        // There the term is the tables and the small fixed part: tight.
-        assert!(
-            m.term as f64 <= m.peak as f64 * TIGHTNESS,
-            "{name}: runtime term {} B over {TIGHTNESS} x the heap peak {} B",
-            m.term,
-            m.peak
-        );
+        assert_tight(name, &measure(path));
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -346,25 +356,8 @@ fn a_hugging_face_tokenizers_heap_stays_within_the_runtime_term() {
             "{name}: {}",
             m.derivation
         );
-        assert!(
-            m.peak <= m.term,
-            "{name}: heap peak {} B over the runtime term {} B ({})",
-            m.peak,
-            m.term,
-            m.derivation
-        );
-        assert!(
-            m.tables <= m.peak && m.peak <= m.tables + OTHER_HEAP,
-            "{name}: the plan counts {} B of vocabulary tables, the heap peaked at {} B",
-            m.tables,
-            m.peak
-        );
-        assert!(
-            m.term as f64 <= m.peak as f64 * TIGHTNESS,
-            "{name}: runtime term {} B over {TIGHTNESS} x the heap peak {} B",
-            m.term,
-            m.peak
-        );
+        assert_covered(name, &m);
+        assert_tight(name, &m);
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
