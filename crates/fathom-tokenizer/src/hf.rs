@@ -2,6 +2,10 @@
 //! BPE model) and `tokenizer_config.json` (BOS/EOS, `add_bos_token`, chat
 //! template), read the way `convert_hf_to_gguf.py` reads them so that the
 //! result tokenizes like the GGUF file converted from the same directory.
+//! `tokenizer.json`'s vocabulary and merges are walked by
+//! [`fathom_checkpoint::tokenizer_json`], never parsed into a JSON tree: the
+//! plan's runtime term counts this load from the same walk
+//! (docs/memory-plan.md, "A Hugging Face `tokenizer.json`").
 
 use std::borrow::Cow;
 use std::path::Path;
