@@ -14,6 +14,7 @@ use crate::safetensors::{clip, invalid, json_error, parse_raw, show, too_large, 
 use crate::{CheckpointError, ErrorKind, SafetensorsFile, StTensor};
 
 const CONFIG: &str = "config.json";
+const TOKENIZER: &str = "tokenizer.json";
 const INDEX: &str = "model.safetensors.index.json";
 const SINGLE: &str = "model.safetensors";
 const EXTENSION: &str = ".safetensors";
@@ -21,8 +22,9 @@ const EXTENSION: &str = ".safetensors";
 /// What the index's `weight_map` must be, for messages.
 const WEIGHT_MAP: &str = "a non-empty object mapping tensor names to shard file names";
 
-/// `config.json` and the index are kB to a few MB; the bound keeps a wrong
-/// or hostile file from being read whole into memory.
+/// `config.json` and the index are kB to a few MB, `tokenizer.json` tens of
+/// MB at most; the bound keeps a wrong or hostile file from being read whole
+/// into memory.
 const MAX_JSON_BYTES: u64 = 100_000_000;
 
 /// Group sizes and bit widths MLX's affine quantization supports; anything
@@ -118,6 +120,17 @@ impl HfCheckpoint {
         })
     }
 
+    /// `tokenizer.json`'s text (bounded in size like `config.json`), or
+    /// `None` when the directory has none: what the spec counts the
+    /// vocabulary from, with [`crate::tokenizer_json::read`].
+    pub fn tokenizer_json(&self) -> Result<Option<String>, CheckpointError> {
+        let path = self.dir.join(TOKENIZER);
+        if !exists(&path)? {
+            return Ok(None);
+        }
+        read_json_text(&path).map(Some)
+    }
+
     /// The config that describes the language model: `text_config` when
     /// present (multimodal checkpoints nest it), else the root.
     pub fn text_config(&self) -> &serde_json::Value {
@@ -128,9 +141,12 @@ impl HfCheckpoint {
 /// Reads a small JSON file as text, bounded in size.
 fn read_json_text(path: &Path) -> Result<String, CheckpointError> {
     let io = |e| CheckpointError::io(path, e);
-    let mut bytes = Vec::new();
-    crate::open_regular(path)?
-        .take(MAX_JSON_BYTES.saturating_add(1))
+    let file = crate::open_regular(path)?;
+    // Room for the whole file at once (a tokenizer.json is several MB):
+    // no doubling and copying while it is read.
+    let len = file.metadata().map_err(io)?.len();
+    let mut bytes = Vec::with_capacity(len.min(MAX_JSON_BYTES) as usize);
+    file.take(MAX_JSON_BYTES.saturating_add(1))
         .read_to_end(&mut bytes)
         .map_err(io)?;
     let len = u64::try_from(bytes.len()).unwrap_or(u64::MAX);

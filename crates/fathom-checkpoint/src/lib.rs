@@ -10,6 +10,7 @@ pub mod error;
 pub mod gguf;
 pub mod hf;
 pub mod safetensors;
+pub mod tokenizer_json;
 
 use std::path::Path;
 

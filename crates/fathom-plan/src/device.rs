@@ -75,6 +75,7 @@ pub const CALIBRATION_VOCAB: VocabHeader = VocabHeader {
     token_chunks: 1_577_104,
     merge_chunks: 1_569_248,
     merge_part_chunks: 3_132_656,
+    tokenizer_json_bytes: 0,
 };
 
 /// What a running fathom holds besides its vocabulary's tables (code,
@@ -98,8 +99,6 @@ pub fn runtime_fixed_bytes() -> u64 {
 /// chunk ([`fathom_spec::string_heap_bytes`], summed in the header's
 /// `*_chunks`); each other size is a Rust layout the crates holding it
 /// assert at compile time (`MetaValue`, `String`, the map slots):
-/// - parsed metadata: 32 B per array element (`MetaValue`) over the
-///   per-token arrays and the merges, plus the token and merge strings;
 /// - token texts: 24 B (`String`) + its string; token attributes 2 B and
 ///   piece ends 8 B per token; the pieces (one buffer) at most the texts'
 ///   bytes;
@@ -108,9 +107,43 @@ pub fn runtime_fixed_bytes() -> u64 {
 /// - the merge table: a hash table of `((u32, u32), (u32, u32))` slots
 ///   (16 B), built while the merges as read are alive: 48 B
 ///   (`(String, String)`) + the two parts' strings each;
-/// - SentencePiece: an f32 score per token.
+/// - SentencePiece: an f32 score per token;
+/// - GGUF: the parsed metadata, alive throughout: 32 B per array element
+///   (`MetaValue`) over the per-token arrays and the merges, plus the token
+///   and merge strings;
+/// - `tokenizer.json`: the file's bytes (one buffer), alive while the texts,
+///   attributes and merges are read from it and dropped before the id map,
+///   pieces, piece ends and merge table are built: the larger of the two
+///   counts.
 pub fn vocab_heap(v: &VocabHeader) -> u64 {
     let n = v.tokens;
+    let texts = n.saturating_mul(24).saturating_add(v.token_chunks);
+    let attrs = n.saturating_mul(2);
+    let piece_ends = n.saturating_mul(8);
+    let scores = if v.scores_kept {
+        n.saturating_mul(4)
+    } else {
+        0
+    };
+    let pieces = v.token_bytes;
+    let ids = hash_table_bytes(n, 32).saturating_add(v.token_chunks);
+    let (merge_table, merges_read) = if v.merges == 0 {
+        (0, 0)
+    } else {
+        (
+            hash_table_bytes(v.merges, 16),
+            v.merges
+                .saturating_mul(48)
+                .saturating_add(v.merge_part_chunks),
+        )
+    };
+    let read = [texts, attrs, scores, merges_read];
+    let built = [ids, pieces, piece_ends, merge_table];
+    let sum = |parts: &[u64]| parts.iter().fold(0, |a: u64, &b| a.saturating_add(b));
+    if v.tokenizer_json_bytes > 0 {
+        let file = fathom_spec::string_heap_bytes(v.tokenizer_json_bytes);
+        return sum(&read).saturating_add(file.max(sum(&built)));
+    }
     let metadata = v
         .token_arrays
         .saturating_mul(n)
@@ -118,20 +151,9 @@ pub fn vocab_heap(v: &VocabHeader) -> u64 {
         .saturating_mul(32)
         .saturating_add(v.token_chunks)
         .saturating_add(v.merge_chunks);
-    let texts = n.saturating_mul(24).saturating_add(v.token_chunks);
-    let per_token = n.saturating_mul(2 + 8 + if v.scores_kept { 4 } else { 0 });
-    let pieces = v.token_bytes;
-    let ids = hash_table_bytes(n, 32).saturating_add(v.token_chunks);
-    let merges = if v.merges == 0 {
-        0
-    } else {
-        hash_table_bytes(v.merges, 16)
-            .saturating_add(v.merges.saturating_mul(48))
-            .saturating_add(v.merge_part_chunks)
-    };
-    [metadata, texts, per_token, pieces, ids, merges]
-        .into_iter()
-        .fold(0, u64::saturating_add)
+    sum(&read)
+        .saturating_add(sum(&built))
+        .saturating_add(metadata)
 }
 
 /// The allocation of a std `HashMap` made `with_capacity(items)` with
@@ -184,14 +206,20 @@ pub fn runtime(
     let thread_bytes = threads.saturating_mul(RUNTIME_BYTES_PER_THREAD);
     let threads_part = format!("{threads} threads x {} KiB", RUNTIME_BYTES_PER_THREAD >> 10);
     if exact > allowance {
+        let source = match header.tokenizer_json_bytes {
+            0 => format!(
+                " in {} arrays, {} merges of {} B: parsed metadata",
+                header.token_arrays, header.merges, header.merge_bytes
+            ),
+            file => format!(
+                ", {} merges of {} B, from a {file} B tokenizer.json: the file while read",
+                header.merges, header.merge_bytes
+            ),
+        };
         let derivation = format!(
-            "{fixed} B fixed + {tables} B vocabulary tables ({} tokens of {} B in {} arrays, {} \
-             merges of {} B: parsed metadata, texts, id map, pieces, merge table) + {threads_part}",
-            header.tokens,
-            header.token_bytes,
-            header.token_arrays,
-            header.merges,
-            header.merge_bytes,
+            "{fixed} B fixed + {tables} B vocabulary tables ({} tokens of {} B{source}, texts, \
+             id map, pieces, merge table) + {threads_part}",
+            header.tokens, header.token_bytes,
         );
         return (exact.saturating_add(thread_bytes), derivation);
     }

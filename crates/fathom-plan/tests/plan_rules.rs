@@ -163,6 +163,7 @@ fn runtime_counts_a_large_vocabularys_tables_from_the_header() {
         token_chunks: 8_014_880,
         merge_chunks: 4_957_552,
         merge_part_chunks: 9_712_960,
+        tokenizer_json_bytes: 0,
     };
     let tables = vocab_heap(&qwen35);
     let (bytes, derivation) = device::runtime(Device::Cpu, 248_320, 151_387, &qwen35, 2);
@@ -179,6 +180,50 @@ fn runtime_counts_a_large_vocabularys_tables_from_the_header() {
     assert_eq!(
         device::runtime(Device::Cuda, 248_320, 151_387, &qwen35, 2).0,
         0
+    );
+}
+
+/// A `tokenizer.json`'s bytes are alive while its texts, attributes and
+/// merges are read and dropped before the id map, pieces, piece ends and
+/// merge table are built: they count only where they outweigh those, and
+/// never the GGUF metadata's arrays.
+#[test]
+fn runtime_counts_a_tokenizer_json_while_read_and_its_tables_after() {
+    use fathom_plan::device::{self, vocab_heap};
+    let header = |file: u64| VocabHeader {
+        tokens: 1_000,
+        token_bytes: 8_000,
+        token_arrays: 0,
+        merges: 900,
+        merge_bytes: 7_000,
+        scores_kept: false,
+        token_chunks: 32_000,
+        merge_chunks: 0,
+        merge_part_chunks: 57_600,
+        tokenizer_json_bytes: file,
+    };
+    // Read: texts 1,000 x 24 + 32,000, attributes 1,000 x 2, merges
+    // 900 x 48 + 57,600.
+    let read = 56_000 + 2_000 + 100_800;
+    // Built: the id map's 2,048 buckets of 32 B + control bytes + a copy
+    // of the texts, pieces 8,000, piece ends 1,000 x 8, the merge table's
+    // 2,048 buckets of 16 B + control bytes.
+    let built = (2_048 * 33 + 16 + 32_000) + 8_000 + 8_000 + (2_048 * 17 + 16);
+    assert_eq!(vocab_heap(&header(100_000)), read + built);
+    // A file's buffer: its malloc chunk, 8 B of header in 16 B steps.
+    assert_eq!(vocab_heap(&header(1_000_000)), read + 1_000_016);
+    let (_, derivation) = device::runtime(Device::Cpu, 1_000, 0, &header(64 << 20), 2);
+    assert!(
+        derivation.contains(
+            "(1000 tokens of 8000 B, 900 merges of 7000 B, from a 67108864 B tokenizer.json: \
+             the file while read, texts, id map, pieces, merge table)"
+        ),
+        "{derivation}"
+    );
+    // Where the allowance covers it, the allowance stays, byte for byte.
+    assert_eq!(
+        device::runtime(Device::Cpu, 1_000, 0, &header(100_000), 2),
+        device::runtime(Device::Cpu, 1_000, 0, &VocabHeader::default(), 2)
     );
 }
 

@@ -2,6 +2,7 @@
 
 mod gemma4;
 
+use fathom_checkpoint::tokenizer_json::split_merge;
 use fathom_checkpoint::{GgufFile, MetaValue};
 
 use crate::{
@@ -325,14 +326,13 @@ fn vocab_header(file: &GgufFile) -> crate::VocabHeader {
     };
     let tokens = array("tokenizer.ggml.tokens").unwrap_or(&[]);
     let merges = array("tokenizer.ggml.merges").unwrap_or(&[]);
-    // The tokenizer splits a merge at its first space after the first byte.
     let merge_part_chunks = merges
         .iter()
         .filter_map(MetaValue::as_str)
-        .filter_map(|line| {
-            let at = line.as_bytes().iter().skip(1).position(|&b| b == b' ')? + 1;
-            let left = crate::string_heap_bytes(at as u64);
-            Some(left + crate::string_heap_bytes((line.len() - at - 1) as u64))
+        .filter_map(split_merge)
+        .map(|(left, right)| {
+            crate::string_heap_bytes(left.len() as u64)
+                + crate::string_heap_bytes(right.len() as u64)
         })
         .sum::<u64>();
     let n = tokens.len();
@@ -358,6 +358,7 @@ fn vocab_header(file: &GgufFile) -> crate::VocabHeader {
         token_chunks: chunks(tokens),
         merge_chunks: chunks(merges),
         merge_part_chunks,
+        tokenizer_json_bytes: 0,
     }
 }
 

@@ -1,5 +1,7 @@
 //! ModelSpec from a Hugging Face / MLX `config.json` and safetensors headers.
 
+mod vocab;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -156,6 +158,7 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
              hyperparameters, and running it will fail"
         ));
     }
+    let vocab_header = vocab::header(checkpoint, &mut notes);
     Ok(ModelSpec {
         architecture,
         block: family.block_style(true),
@@ -183,7 +186,7 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
         linear: None,
         mtp_layers: 0,
         tokenizer_merges: 0,
-        vocab_header: crate::VocabHeader::default(),
+        vocab_header,
         tied_embeddings,
         tensors,
         source,

@@ -371,19 +371,22 @@ pub struct TensorEntry {
     pub bytes: u64,
 }
 
-/// The sizes of the tokenizer a GGUF header embeds (`tokenizer.ggml.*`),
-/// read from the parsed metadata: what the parsed arrays and the
-/// tokenizer's tables built from them hold.
+/// The sizes of a checkpoint's tokenizer: the one a GGUF header embeds
+/// (`tokenizer.ggml.*`, read from the parsed metadata), or a Hugging Face
+/// directory's `tokenizer.json` (counted in one streaming pass): what the
+/// tokenizer's tables built from them hold, and what is alive beside them
+/// while they are built (the parsed metadata, or the file's bytes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VocabHeader {
-    /// Entries of `tokenizer.ggml.tokens`.
+    /// Entries of `tokenizer.ggml.tokens`; for `tokenizer.json`, the ids
+    /// the vocabulary and added tokens span (unused ids get placeholders).
     pub tokens: u64,
     /// Their strings' bytes, summed.
     pub token_bytes: u64,
     /// Metadata arrays of one element per token (`tokens`, `token_type`,
-    /// `scores`).
+    /// `scores`); 0 for `tokenizer.json`.
     pub token_arrays: u64,
-    /// Entries of `tokenizer.ggml.merges`.
+    /// Entries of `tokenizer.ggml.merges` (`model.merges`).
     pub merges: u64,
     /// Their strings' bytes, summed.
     pub merge_bytes: u64,
@@ -393,11 +396,15 @@ pub struct VocabHeader {
     /// [`string_heap_bytes`] summed over the tokens: what one heap copy of
     /// every token string takes.
     pub token_chunks: u64,
-    /// The same over the merge lines.
+    /// The same over the merge lines the parsed metadata holds (0 for
+    /// `tokenizer.json`, whose lines are not kept).
     pub merge_chunks: u64,
     /// The same over the merges' two parts (a line split at its first space
     /// after the first byte).
     pub merge_part_chunks: u64,
+    /// A Hugging Face `tokenizer.json`'s size: the tokenizer reads it whole
+    /// (and holds no metadata arrays). 0 for a GGUF header.
+    pub tokenizer_json_bytes: u64,
 }
 
 /// The heap a string of `len` bytes takes on its own (a Rust `String`'s
@@ -469,8 +476,9 @@ pub struct ModelSpec {
     /// the runtime's tokenizer tables grow with them as with the tokens.
     #[serde(skip_serializing_if = "is_zero")]
     pub tokenizer_merges: u64,
-    /// The embedded tokenizer's sizes as the header gives them, for the
-    /// runtime term's exact vocabulary tables (GGUF; all zero otherwise).
+    /// The tokenizer's sizes as the header (GGUF) or `tokenizer.json`
+    /// (Hugging Face) gives them, for the runtime term's exact vocabulary
+    /// tables; all zero without either.
     /// Not serialized: the spec JSON reads as before.
     #[serde(skip)]
     pub vocab_header: VocabHeader,

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use fathom_checkpoint::Checkpoint;
 use fathom_fixtures::{self as fx, Data, GgufTensorType, GgufValue, GgufWriter, ModelDef};
-use fathom_spec::{Attention, Family, ModelSpec, SpecError};
+use fathom_spec::{Attention, Family, ModelSpec, SpecError, VocabHeader};
 
 struct TempDir(PathBuf);
 
@@ -189,6 +189,55 @@ fn gemma3_1b() {
         (1_000_000.0, Some(10_000.0))
     );
     assert_eq!(gguf.rope.as_ref().unwrap().local_theta, Some(10_000.0));
+}
+
+/// A Hugging Face directory's `tokenizer.json` is counted for the runtime
+/// term as the tokenizer holds it: the texts of the vocabulary and added
+/// tokens, a placeholder for each unused id, the merges' parts in both
+/// forms, the file's size; entries the tokenizer would refuse count nothing.
+#[test]
+fn an_hf_tokenizer_json_is_counted_for_the_runtime_term() {
+    let dir = TempDir::new("hf-tokenizer-json");
+    fx::write_hf_dir(&fx::tiny_llama(), &dir.0, 1, Data::Sparse).unwrap();
+    let spec = spec_of(&dir.0).unwrap();
+    assert_eq!(
+        spec.vocab_header,
+        VocabHeader::default(),
+        "no tokenizer.json"
+    );
+    let tokenizer = r#"{"added_tokens": [{"id": 5, "content": "<|end|>"}],
+        "model": {"vocab": {"a": 0, "b": 1, "ab": 2, "a\"b": 3, "bad": -1},
+                  "merges": ["a b", ["a\"", "b"], 7]}}"#;
+    std::fs::write(dir.0.join("tokenizer.json"), tokenizer).unwrap();
+    let spec = spec_of(&dir.0).unwrap();
+    assert_eq!(
+        spec.vocab_header,
+        VocabHeader {
+            // Ids 0 to 5, 4 unused: "[PAD5]" stands for it.
+            tokens: 6,
+            token_bytes: 1 + 1 + 2 + 3 + 7 + 6,
+            token_arrays: 0,
+            merges: 2,
+            merge_bytes: 3 + 4,
+            scores_kept: false,
+            token_chunks: 6 * 32,
+            merge_chunks: 0,
+            merge_part_chunks: 4 * 32,
+            tokenizer_json_bytes: tokenizer.len() as u64,
+        }
+    );
+    assert_eq!(spec.tokenizer_merges, 0, "the allowance stays as it was");
+
+    std::fs::write(dir.0.join("tokenizer.json"), "{not json").unwrap();
+    let spec = spec_of(&dir.0).unwrap();
+    assert_eq!(spec.vocab_header, VocabHeader::default());
+    assert!(
+        spec.notes
+            .iter()
+            .any(|n| n.contains("tokenizer.json: not valid JSON") && n.contains("allowance")),
+        "{:?}",
+        spec.notes
+    );
 }
 
 #[test]

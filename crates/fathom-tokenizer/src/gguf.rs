@@ -1,6 +1,7 @@
 //! A tokenizer from GGUF metadata (`tokenizer.ggml.*`), with llama.cpp's
 //! defaults for whatever the file leaves out.
 
+use fathom_checkpoint::tokenizer_json::split_merge;
 use fathom_checkpoint::{GgufFile, MetaValue};
 
 use crate::pretok::{self, PreTokenizer};
@@ -131,13 +132,6 @@ fn token_attr(ty: u64) -> Option<u16> {
 const TOKENS: &str = "tokenizer.ggml.tokens";
 const MERGES: &str = "tokenizer.ggml.merges";
 
-/// Splits a GGUF/HF merge line `"left right"` at the first space after its
-/// first byte, as llama.cpp does (so a left part may start with a space).
-pub(crate) fn split_merge(line: &str) -> Option<(String, String)> {
-    let at = line.as_bytes().iter().skip(1).position(|&b| b == b' ')? + 1;
-    Some((line[..at].to_string(), line[at + 1..].to_string()))
-}
-
 impl Tokenizer {
     /// Reads the tokenizer a GGUF file embeds: `tokenizer.ggml.model` is
     /// `gpt2` (byte-level BPE, pre-tokenizer from `tokenizer.ggml.pre`),
@@ -173,12 +167,13 @@ impl Tokenizer {
                 let line = v
                     .as_str()
                     .ok_or_else(|| meta.invalid(field(), "is not a string"))?;
-                split_merge(line).ok_or_else(|| {
+                let (left, right) = split_merge(line).ok_or_else(|| {
                     meta.invalid(
                         field(),
                         format!("is {line:?}, not two tokens separated by a space"),
                     )
-                })
+                })?;
+                Ok((left.to_string(), right.to_string()))
             }))
         };
         // llama.cpp adds BOS for Gemma 4 even where the file says not to.

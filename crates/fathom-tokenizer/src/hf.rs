@@ -2,13 +2,17 @@
 //! BPE model) and `tokenizer_config.json` (BOS/EOS, `add_bos_token`, chat
 //! template), read the way `convert_hf_to_gguf.py` reads them so that the
 //! result tokenizes like the GGUF file converted from the same directory.
+//! `tokenizer.json`'s vocabulary and merges are walked by
+//! [`fathom_checkpoint::tokenizer_json`], never parsed into a JSON tree: the
+//! plan's runtime term counts this load from the same walk
+//! (docs/memory-plan.md, "A Hugging Face `tokenizer.json`").
 
-use std::collections::HashMap;
+use std::borrow::Cow;
 use std::path::Path;
 
+use fathom_checkpoint::tokenizer_json::{self, merge_parts, Sink};
 use serde_json::Value;
 
-use crate::gguf::split_merge;
 use crate::pretok::{PreTokenizer, GPT2_HF};
 use crate::tokenizer::{attr, ModelParts, Parts, SpecialIds};
 use crate::{Tokenizer, TokenizerError};
@@ -79,6 +83,61 @@ impl Json {
             Some(other) => {
                 Err(self.invalid(format!("{field}.type"), format!("is {other}, not a string")))
             }
+        }
+    }
+}
+
+/// The first pass over the vocabulary and merges: how many there are, the
+/// largest id, and the first entry of each that is not valid.
+#[derive(Default)]
+struct Check {
+    entries: usize,
+    max_id: Option<u64>,
+    bad_token: Option<(String, Value)>,
+    merges: usize,
+    bad_merge: Option<(usize, Value)>,
+}
+
+impl<'a> Sink<'a> for Check {
+    fn token(&mut self, text: Cow<'a, str>, id: Value) {
+        match id.as_u64().filter(|&id| id < MAX_VOCAB) {
+            Some(id) => {
+                self.entries += 1;
+                self.max_id = self.max_id.max(Some(id));
+            }
+            None => {
+                self.bad_token.get_or_insert((text.into_owned(), id));
+            }
+        }
+    }
+
+    fn merge(&mut self, merge: Value) {
+        if merge_parts(&merge).is_none() {
+            self.bad_merge.get_or_insert((self.merges, merge));
+        }
+        self.merges += 1;
+    }
+}
+
+/// The second pass: each token's text at its id (one string of its exact
+/// length), the merges' parts in order, in tables sized by [`Check`].
+struct Place {
+    texts: Vec<String>,
+    attrs: Vec<u16>,
+    merges: Vec<(String, String)>,
+}
+
+impl<'a> Sink<'a> for Place {
+    fn token(&mut self, text: Cow<'a, str>, id: Value) {
+        if let Some(id) = id.as_u64().filter(|&id| id < self.texts.len() as u64) {
+            self.texts[id as usize] = text.into_owned();
+            self.attrs[id as usize] = attr::NORMAL;
+        }
+    }
+
+    fn merge(&mut self, merge: Value) {
+        if let Some((left, right)) = merge_parts(&merge) {
+            self.merges.push((left.to_string(), right.to_string()));
         }
     }
 }
@@ -188,12 +247,33 @@ impl Tokenizer {
     /// normalizer is ignored, as llama.cpp ignores it.
     pub fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
         let tokenizer_path = dir.join("tokenizer.json");
-        let json = Json::read(&tokenizer_path)?.ok_or_else(|| TokenizerError::Missing {
-            file: dir.display().to_string(),
-            field: "tokenizer.json".into(),
-        })?;
+        let file = tokenizer_path.display().to_string();
+        // Read whole: the vocabulary's texts are borrowed from these bytes
+        // until placed, and they are dropped before the tables are built.
+        let bytes = match std::fs::read(&tokenizer_path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(TokenizerError::Missing {
+                    file: dir.display().to_string(),
+                    field: "tokenizer.json".into(),
+                })
+            }
+            Err(source) => return Err(TokenizerError::Io { file, source }),
+        };
+        let json_error = |source| TokenizerError::Json {
+            file: file.clone(),
+            source,
+        };
+        // A first pass checks every entry and counts them, so the second
+        // places them in tables of exactly their size.
+        let mut check = Check::default();
+        let sections = tokenizer_json::read(&bytes, &mut check).map_err(json_error)?;
+        let json = Json {
+            file: file.clone(),
+            root: Value::Object(sections.root),
+        };
         let root = &json.root;
-        let model = root.get("model").ok_or_else(|| json.missing("model"))?;
+        let model = &Value::Object(sections.model.ok_or_else(|| json.missing("model"))?);
         match json.kind(model, "model")? {
             "" | "BPE" => {}
             other => {
@@ -228,25 +308,21 @@ impl Tokenizer {
         }
 
         // Vocabulary and added tokens, by id.
-        let vocab = model
-            .get("vocab")
-            .and_then(Value::as_object)
-            .ok_or_else(|| json.missing("model.vocab"))?;
-        let mut entries: Vec<(u64, String, u16)> = Vec::with_capacity(vocab.len());
-        for (text, id) in vocab {
-            let id = id.as_u64().filter(|&id| id < MAX_VOCAB).ok_or_else(|| {
-                json.invalid(
-                    format!("model.vocab[{text:?}]"),
-                    format!("is {id}, not a token id below {MAX_VOCAB}"),
-                )
-            })?;
-            entries.push((id, text.clone(), attr::NORMAL));
+        if !sections.vocab {
+            return Err(json.missing("model.vocab"));
+        }
+        if let Some((text, id)) = &check.bad_token {
+            return Err(json.invalid(
+                format!("model.vocab[{text:?}]"),
+                format!("is {id}, not a token id below {MAX_VOCAB}"),
+            ));
         }
         let added = match root.get("added_tokens") {
             None | Some(Value::Null) => &[][..],
             Some(Value::Array(a)) => a.as_slice(),
             Some(_) => return Err(json.invalid("added_tokens", "is not an array")),
         };
+        let mut added_tokens: Vec<(u64, &str, u16)> = Vec::with_capacity(added.len());
         for (i, token) in added.iter().enumerate() {
             let field = format!("added_tokens[{i}]");
             let id = token
@@ -274,54 +350,32 @@ impl Tokenizer {
             if json.bool(token, "rstrip", &field, false)? {
                 a |= attr::RSTRIP;
             }
-            entries.push((id, content.to_string(), a));
+            added_tokens.push((id, content, a));
         }
-        let n = entries.iter().map(|e| e.0 + 1).max().unwrap_or(0) as usize;
-        if n > entries.len() + MAX_HOLES {
+        let present = check.entries + added_tokens.len();
+        let n = (check.max_id.into_iter())
+            .chain(added_tokens.iter().map(|t| t.0))
+            .map(|id| id as usize + 1)
+            .max()
+            .unwrap_or(0);
+        if n > present + MAX_HOLES {
             return Err(json.invalid(
                 "model.vocab",
                 format!(
-                    "with added_tokens has {} tokens but ids up to {}; at most {MAX_HOLES} ids may be unused",
-                    entries.len(),
+                    "with added_tokens has {present} tokens but ids up to {}; at most {MAX_HOLES} ids may be unused",
                     n - 1
                 ),
             ));
         }
-        let mut slots: Vec<Option<(String, u16)>> = vec![None; n];
-        for (id, text, a) in entries {
-            // An added token replaces the vocabulary entry of the same id.
-            slots[id as usize] = Some((text, a));
+        if !sections.merges {
+            return Err(json.missing("model.merges"));
         }
-        let (texts, attrs): (Vec<String>, Vec<u16>) = slots
-            .into_iter()
-            .enumerate()
-            // Holes in the id space get placeholders, as the GGUF converter writes.
-            .map(|(i, slot)| slot.unwrap_or_else(|| (format!("[PAD{i}]"), attr::UNUSED)))
-            .unzip();
-
-        let merges = model
-            .get("merges")
-            .and_then(Value::as_array)
-            .ok_or_else(|| json.missing("model.merges"))?
-            .iter()
-            .enumerate()
-            .map(|(i, m)| {
-                let pair = match m {
-                    Value::String(line) => split_merge(line),
-                    Value::Array(p) => match p.as_slice() {
-                        [Value::String(l), Value::String(r)] => Some((l.clone(), r.clone())),
-                        _ => None,
-                    },
-                    _ => None,
-                };
-                pair.ok_or_else(|| {
-                    json.invalid(
-                        format!("model.merges[{i}]"),
-                        format!("is {m}, not a pair of tokens"),
-                    )
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        if let Some((i, m)) = &check.bad_merge {
+            return Err(json.invalid(
+                format!("model.merges[{i}]"),
+                format!("is {m}, not a pair of tokens"),
+            ));
+        }
 
         let mut spec = PreSpec::default();
         match root.get("pre_tokenizer") {
@@ -337,23 +391,43 @@ impl Tokenizer {
         let pre =
             PreTokenizer::new(&spec.patterns).map_err(|e| json.invalid("pre_tokenizer", e))?;
 
+        // The second pass: every token at its id, the merges in order.
+        let mut place = Place {
+            texts: vec![String::new(); n],
+            attrs: vec![attr::UNUSED; n],
+            merges: Vec::with_capacity(check.merges),
+        };
+        tokenizer_json::read(&bytes, &mut place).map_err(json_error)?;
+        drop(bytes);
+        let Place {
+            mut texts,
+            mut attrs,
+            merges,
+        } = place;
+        // An added token replaces the vocabulary entry of the same id.
+        for (id, content, a) in added_tokens {
+            texts[id as usize] = content.to_string();
+            attrs[id as usize] = a;
+        }
+        // Holes in the id space get placeholders, as the GGUF converter writes.
+        for (i, (text, a)) in texts.iter_mut().zip(&attrs).enumerate() {
+            if *a == attr::UNUSED {
+                *text = format!("[PAD{i}]");
+            }
+        }
+
         // tokenizer_config.json: BOS/EOS, add_bos_token, the chat template.
         let config = Json::read(&dir.join("tokenizer_config.json"))?;
         let cfg = config.as_ref().map(|c| &c.root);
-        let index: HashMap<&str, u32> = texts
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.as_str(), i as u32))
-            .collect();
         let mut ids = SpecialIds::default();
         let mut bos_text = None;
         if let Some(config) = &config {
             for (key, slot) in [("bos_token", &mut ids.bos), ("eos_token", &mut ids.eos)] {
                 if let Some(text) = token_content(config.root.get(key)) {
-                    let id = index.get(text).ok_or_else(|| {
+                    let id = texts.iter().position(|t| t == text).ok_or_else(|| {
                         config.invalid(key, format!("is {text:?}, which is not in {}", json.file))
                     })?;
-                    *slot = Some(*id);
+                    *slot = Some(id as u32);
                     if key == "bos_token" {
                         bos_text = Some(text);
                     }

@@ -308,6 +308,42 @@ fn hf_tokenizer_json_encodes() {
         .add_bos());
 }
 
+/// Newer tokenizers write each merge as a pair `["left", "right"]`; the
+/// vocabulary may skip ids, which become unused placeholders; keys with
+/// escapes (`"\""`) are read like the others.
+#[test]
+fn hf_pair_merges_and_id_holes_read_like_lines() {
+    let lines = load_hf("lines", &hf_tokenizer(), Some(&hf_config())).unwrap();
+    let mut pairs = hf_tokenizer();
+    pairs["model"]["merges"] = HF_MERGES
+        .iter()
+        .map(|m| json!(m.split(' ').collect::<Vec<_>>()))
+        .collect();
+    // Three unused ids before the added tokens.
+    for token in pairs["added_tokens"].as_array_mut().unwrap() {
+        token["id"] = json!(token["id"].as_u64().unwrap() + 3);
+    }
+    let pairs = load_hf("pairs", &pairs, Some(&hf_config())).unwrap();
+    assert_eq!(pairs.vocab_size(), lines.vocab_size() + 3);
+    let n = 256 + HF_MERGES.len() as u32;
+    assert_eq!(pairs.token_text(n), Some("[PAD265]"));
+    assert_eq!(id(&pairs, "<|bos|>"), id(&lines, "<|bos|>") + 3);
+    let quote = id(&lines, "\"");
+    assert_eq!(lines.token_bytes(quote), b"\"");
+    for text in ["hello world", "say \"hello\" \\ world", "héllo\n wörld"] {
+        let shift = |ids: Vec<u32>| -> Vec<u32> {
+            ids.into_iter()
+                .map(|i| if i >= n { i - 3 } else { i })
+                .collect()
+        };
+        assert_eq!(
+            shift(pairs.encode(text, true, true)),
+            lines.encode(text, true, true),
+            "{text:?}"
+        );
+    }
+}
+
 #[test]
 fn hf_split_and_digits_pre_tokenizers() {
     let mut tokenizer = hf_tokenizer();
