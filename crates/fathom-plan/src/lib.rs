@@ -236,8 +236,10 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64, nccl: u64)
     );
     let converted = converted_vector_bytes(spec);
     let resident_weights = spec.weights_bytes().saturating_add(converted);
-    let layout = (inputs.device == Device::Cuda)
-        .then(|| cuda::DeviceLayout::new(resident_weights, &activations.buffers, &kv.groups));
+    let layout = (inputs.device == Device::Cuda).then(|| {
+        let states = recurrent.as_ref().map_or(0, |r| r.bytes);
+        cuda::DeviceLayout::new(resident_weights, &activations.buffers, &kv.groups, states)
+    });
     let backend = device::backend(
         inputs.device,
         inputs.rocm_inflight_raw.as_deref(),

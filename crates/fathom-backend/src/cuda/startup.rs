@@ -125,6 +125,7 @@ impl CudaBackend {
             seqs: up.seqs,
             groups: n_groups as u64,
             table_stride: up.table_stride,
+            slots: up.slots,
         };
         let (step_off, idx_off, wts_off) = (up.step.offset, up.index.offset, up.weights.offset);
         let (x16_off, w16_off) = (
