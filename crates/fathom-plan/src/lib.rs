@@ -178,8 +178,8 @@ pub struct MemoryPlan {
     pub tensor_parallel: Option<tensor_parallel::TensorParallel>,
     /// The CUDA backend's one allocation as the plan carved it (the
     /// backend allocates this, computed nowhere else); `None` off CUDA.
-    /// Not in the JSON: its size less the weights and KV is the backend
-    /// term.
+    /// Not in the JSON: its size less the weights, the KV and the
+    /// recurrent state is the backend term.
     #[serde(skip)]
     pub device_layout: Option<cuda::DeviceLayout>,
     /// Which tensors sit on the GPU and which on the host (`cuda` plans

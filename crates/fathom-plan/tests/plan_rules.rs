@@ -488,8 +488,8 @@ mod serve {
     }
 
     /// The backend term of a GPU plan as the backend's carve gives it:
-    /// everything the allocation holds besides weights, arena and KV, plus
-    /// what the driver and libraries take outside it.
+    /// everything the allocation holds besides weights, arena, KV and
+    /// recurrent state, plus what the driver and libraries take outside it.
     pub(super) fn carved_backend(plan: &fathom_plan::MemoryPlan) -> u64 {
         use fathom_plan::cuda::DeviceLayout;
         let resident = plan.weights_bytes + plan.converted_bytes;
