@@ -66,6 +66,12 @@ fn abi_header() -> String {
             }
         }
     }
+    // The gated delta rule's kernels: X(head dim) for each the Rust side
+    // loads.
+    h.push_str("\n\n#define LIN_DELTA_KERNELS(X)");
+    for dim in abi::LIN_HEAD_DIMS {
+        let _ = write!(h, " X({dim})");
+    }
     h.push_str("\n\n");
     let _ = writeln!(h, "#define QK {}", fathom_ggml::blocks::QK);
     let _ = writeln!(h, "#define QK_K {}", fathom_ggml::blocks::QK_K);

@@ -161,22 +161,25 @@ struct RopeAngles {
 };
 
 // One head of `dim` values at x made ready for attention by a warp: roped
-// (rope: the angles, for q and k heads; null for v), then each value
-// rounded to what the cache will hold (round) and left in hs (the warp's
-// shared row), written to xo and stored in the cache at dst (each when
-// given). rope_kv's work, and the fused decode attention's.
+// (rope: the angles, for q and k heads; null for v; only the first `rot`
+// values when rot > 0, the rest passing through: partial rope), then each
+// value rounded to what the cache will hold (round) and left in hs (the
+// warp's shared row), written to xo and stored in the cache at dst (each
+// when given). rope_kv's work, and the fused decode attention's.
 __device__ __forceinline__ void ready_head(const float* x, float* hs, int dim, const RopeAngles* rope, int neox,
-                                           bool round, int dtype, float* xo, uint8_t* dst) {
+                                           bool round, int dtype, float* xo, uint8_t* dst, int rot = 0) {
   const int lane = threadIdx.x % WARP;
   if (!rope) {
     for (int i = lane; i < dim; i += WARP) hs[i] = x[i];
   } else {
-    for (int i = lane; i < dim / 2; i += WARP) {
-      const int a = neox ? i : 2 * i, b = neox ? i + dim / 2 : 2 * i + 1;
+    const int r = rot > 0 ? rot : dim;
+    for (int i = lane; i < r / 2; i += WARP) {
+      const int a = neox ? i : 2 * i, b = neox ? i + r / 2 : 2 * i + 1;
       const float x0 = x[a], x1 = x[b], c = rope->c[i], sn = rope->s[i];
       hs[a] = x0 * c - x1 * sn;
       hs[b] = x0 * sn + x1 * c;
     }
+    for (int i = r + lane; i < dim; i += WARP) hs[i] = x[i];
   }
   __syncwarp();
   for (int i0 = 0; i0 < dim; i0 += WARP) {  // the same trip count for every lane

@@ -30,11 +30,14 @@ __device__ __forceinline__ void rope_head(const float* src, float* dst, double p
   }
 }
 
-// Rope of head blockIdx.y of row blockIdx.x at position pos[blockIdx.x].
+// Rope of head blockIdx.y of row blockIdx.x at position pos[blockIdx.x]:
+// its first `rot` values rotate among themselves (frequencies over rot,
+// NeoX pairs within them), the rest pass through (partial rope, Qwen3.5;
+// rot = head_dim rotates the whole head).
 extern "C" __global__ void rope(float* x, const int* pos, int n_heads, int head_dim, double theta,
-                                int neox, const float* freqs) { FATHOM_PDL();
+                                int neox, const float* freqs, int rot) { FATHOM_PDL();
   float* hd = x + ((size_t)blockIdx.x * n_heads + blockIdx.y) * head_dim;
-  rope_head(hd, hd, (double)pos[blockIdx.x], head_dim, theta, neox, freqs, threadIdx.x, blockDim.x);
+  rope_head(hd, hd, (double)pos[blockIdx.x], rot, theta, neox, freqs, threadIdx.x, blockDim.x);
 }
 
 // Rounds three runs of values in place (a: na values, then b, then c; a
@@ -77,10 +80,11 @@ extern "C" __global__ void __launch_bounds__(256) kv_write(StepDesc st, KvDesc k
 // heads a block (a block a head made a 512-token step 39 us a layer: tiny
 // blocks in a dozen waves); block (row, y) takes heads 4y .. 4y + 3 of q's
 // n_heads, then k's n_kv_heads, then v's. RK_WARPS (the heads a block) and
-// ATT_MAX_DIM come from fathom_abi.h.
+// ATT_MAX_DIM come from fathom_abi.h. `rot`: the leading values of each q
+// and k head that rotate (partial rope, as `rope`; key_dim for all).
 extern "C" __global__ void __launch_bounds__(RK_WARPS * 32) rope_kv(
     StepDesc st, KvDesc kv, float* q, float* k, float* v, int n_heads, int n_kv_heads, int key_dim,
-    int value_dim, double theta, int neox, const float* freqs, int store) {
+    int value_dim, double theta, int neox, const float* freqs, int store, int rot) {
   __shared__ float heads[RK_WARPS][ATT_MAX_DIM];
   const int warp = threadIdx.x / WARP;
   const int row = blockIdx.x, h = blockIdx.y * RK_WARPS + warp;
@@ -91,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(RK_WARPS * 32) rope_kv(
   // angles of the row's pairs (one position, one key_dim for every q and k
   // head) and this head's cache row.
   __shared__ RopeAngles angles;
-  angles.compute(st.row_pos[row], key_dim, pow(theta, -2.0 / key_dim), freqs);
+  angles.compute(st.row_pos[row], rot, pow(theta, -2.0 / rot), freqs);
   const bool live = h < n_heads + 2 * n_kv_heads;
   const bool round = !is_q || kv.dtype == KV_F16;
   uint8_t* dst = live && store && !is_q ? kv_row_at(kv, st, row, is_v) + g * kv_head_bytes(kv.dtype, dim) : nullptr;
@@ -99,5 +103,5 @@ extern "C" __global__ void __launch_bounds__(RK_WARPS * 32) rope_kv(
   __syncthreads();
   if (!live) return;  // a whole warp: only warp syncs below
   float* x = (is_q ? q : is_v ? v : k) + ((size_t)row * (is_q ? n_heads : n_kv_heads) + g) * dim;
-  ready_head(x, heads[warp], dim, is_v ? nullptr : &angles, neox, round, kv.dtype, x, dst);
+  ready_head(x, heads[warp], dim, is_v ? nullptr : &angles, neox, round, kv.dtype, x, dst, rot);
 }

@@ -286,19 +286,10 @@ impl Model {
             what: what.to_string(),
         };
         let hybrid = spec.linear.is_some() || spec.rope.as_ref().is_some_and(|r| r.dims.is_some());
-        if hybrid && !backend.runs_hybrid() {
-            return Err(unsupported(
-                "linear-attention layers, gated attention and partial rope",
-            ));
-        }
         let scaled_rows = spec.block.value_norm || spec.final_logit_softcap.is_some();
         let gpt_oss = spec.family == fathom_spec::Family::GptOss;
-        if gpt_oss && !backend.runs_gpt_oss() {
-            return Err(unsupported(
-                "attention sinks, YaRN rope, MXFP4 experts with biases and the clamped SwiGLU \
-                 (run it with --device cpu)",
-            ));
-        }
+        // A placement's refusals first: a split backend runs neither kind,
+        // and the split, not the backend, is what to change.
         if let Some(p) = placement {
             if gpt_oss {
                 return Err(EngineError::Placement(
@@ -310,7 +301,7 @@ impl Model {
             if hybrid {
                 return Err(EngineError::Placement(
                     "a hybrid linear-attention model cannot be split between the GPU and the \
-                     host yet (its layers run on the CPU only)"
+                     host yet (run it wholly on the GPU or with --device cpu)"
                         .into(),
                 ));
             }
@@ -335,6 +326,17 @@ impl Model {
                         .join(", ")
                 )));
             }
+        }
+        if hybrid && !backend.runs_hybrid() {
+            return Err(unsupported(
+                "linear-attention layers, gated attention and partial rope",
+            ));
+        }
+        if gpt_oss && !backend.runs_gpt_oss() {
+            return Err(unsupported(
+                "attention sinks, YaRN rope, MXFP4 experts with biases and the clamped SwiGLU \
+                 (run it with --device cpu)",
+            ));
         }
         if scaled_rows && !backend.runs_scaled_rows() {
             return Err(unsupported(

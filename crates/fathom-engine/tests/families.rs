@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::families::{family, gemma4_shaped, Family, Format};
+use common::families::{family, gemma4_shaped, qwen3_5_shaped, Family, Format};
 use common::{compare, engine, inputs, numpy_logits, smollm2};
 use fathom_checkpoint::Checkpoint;
 use fathom_fixtures::{self as fx, GgufTensorType, ModelDef};
@@ -77,23 +77,6 @@ fn gemma3_with_sliding_window_layers() {
 #[test]
 fn qwen3_5_hybrid_linear_and_gated_attention() {
     check_model("qwen35", "Qwen3.5-4B", &qwen3_5_shaped());
-}
-
-fn qwen3_5_shaped() -> ModelDef {
-    fx::reshaped(
-        &fx::tiny_qwen3_5(),
-        serde_json::json!({
-            "hidden_size": 512,
-            "num_attention_heads": 16,
-            "num_key_value_heads": 4,
-            "head_dim": 256,
-            "linear_num_key_heads": 16,
-            "linear_num_value_heads": 32,
-            "linear_key_head_dim": 128,
-            "linear_value_head_dim": 128,
-            "mrope_section": [11, 11, 10],
-        }),
-    )
 }
 
 /// Qwen3.5 MoE: the hybrid layers with routed experts (top-2 of 4,

@@ -185,3 +185,27 @@ fn a_gemma4_split_is_refused_by_name() {
         "{e}"
     );
 }
+
+/// Qwen3.5 runs wholly on the CPU or wholly on the GPU: a split between
+/// the two is refused at load by name (before the split backend's lack of
+/// the hybrid ops is), and tensor parallelism at planning.
+#[test]
+fn a_hybrid_model_is_refused_a_split_and_tensor_parallelism() {
+    let d = dir("hybrid");
+    let path = d.join("qwen35.gguf");
+    Format::Gguf(T::F32).write(&fathom_fixtures::tiny_qwen3_5(), &path, 5);
+    let e = match split(&path, &path, &layers(1)) {
+        Ok(_) => panic!("a hybrid model ran split"),
+        Err(e) => e,
+    };
+    assert!(
+        e.contains("hybrid linear-attention model cannot be split"),
+        "{e}"
+    );
+    let spec = ModelSpec::from_checkpoint(&Checkpoint::open(&path).unwrap()).unwrap();
+    let e = MemoryPlan::with_tensor_parallel(&spec, inputs(Device::Cuda), 2)
+        .expect_err("tensor parallelism planned a hybrid model")
+        .to_string();
+    let _ = std::fs::remove_dir_all(&d);
+    assert!(e.contains("linear-attention"), "{e}");
+}

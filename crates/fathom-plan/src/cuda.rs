@@ -146,8 +146,8 @@ pub struct Region {
 /// whose logits are projected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct UploadLayout {
-    /// `4 × tokens + 2 × seqs + groups × seqs × table_stride` u32s (see
-    /// [`StepWords`]).
+    /// `4 × tokens + 2 × seqs + groups × seqs × table_stride + slots`
+    /// u32s (see [`StepWords`]).
     pub step: Region,
     /// `tokens` u32 row indices.
     pub index: Region,
@@ -157,6 +157,9 @@ pub struct UploadLayout {
     pub seqs: u64,
     /// Page-table entries per sequence: the most blocks any group holds.
     pub table_stride: u64,
+    /// Recurrent-state slot words: one per sequence of a step for a hybrid
+    /// model, none otherwise.
+    pub slots: u64,
 }
 
 /// Where each part of a step's upload lies in the step area, in u32 words
@@ -167,6 +170,8 @@ pub struct StepWords {
     pub seqs: u64,
     pub groups: u64,
     pub table_stride: u64,
+    /// [`UploadLayout::slots`].
+    pub slots: u64,
 }
 
 impl StepWords {
@@ -187,8 +192,14 @@ impl StepWords {
     pub fn projected(&self) -> u64 {
         self.token_ids() + self.tokens
     }
-    pub fn total(&self) -> u64 {
+    /// Each sequence's recurrent-state slot (hybrid models), `slots`
+    /// words: a linear-attention kernel finds its sequences' states
+    /// through them, so a replayed step reads this step's slots.
+    pub fn state_slots(&self) -> u64 {
         self.projected() + self.tokens
+    }
+    pub fn total(&self) -> u64 {
+        self.state_slots() + self.slots
     }
 }
 
@@ -202,6 +213,9 @@ pub struct DeviceLayout {
     pub arena: Region,
     /// One region per KV group.
     pub kv: Vec<Region>,
+    /// A hybrid model's recurrent states (the plan's `recurrent_state`
+    /// term, f32 slots as `RecurrentPlan` lays them out); empty otherwise.
+    pub recurrent: Region,
     pub blas_workspace: Region,
     pub upload: UploadLayout,
     /// Prefill's f16 (or bf16) copy of a matmul's input rows: the step's
@@ -223,8 +237,14 @@ pub struct DeviceLayout {
 
 impl DeviceLayout {
     /// The carve for `weights_bytes` of resident weights (as stored, plus
-    /// what is converted at load), the device side of `arena` and `kv`.
-    pub fn new(weights_bytes: u64, arena: &[ArenaBuffer], kv: &[KvGroup]) -> Self {
+    /// what is converted at load), the device side of `arena`, `kv` and a
+    /// hybrid model's `recurrent_bytes` of state (0 for other models).
+    pub fn new(
+        weights_bytes: u64,
+        arena: &[ArenaBuffer],
+        kv: &[KvGroup],
+        recurrent_bytes: u64,
+    ) -> Self {
         let weights = Region {
             offset: 0,
             bytes: align(weights_bytes.saturating_add(WEIGHT_SLACK), ALIGN),
@@ -243,17 +263,20 @@ impl DeviceLayout {
         };
         let arena_region = region(arena_bytes);
         let kv_regions: Vec<Region> = kv.iter().map(|g| region(g.bytes)).collect();
+        let recurrent = region(recurrent_bytes);
         let blas_workspace = region(BLAS_WORKSPACE);
         let rows_of = |id: Buf| arena.iter().find(|b| b.id == id).map(|b| b.rows);
         let tokens = rows_of(Buf::Residual).unwrap_or(1).max(1);
         // One logits row per sequence of a step.
         let seqs = rows_of(Buf::Logits).unwrap_or(tokens).clamp(1, tokens);
         let table_stride = kv.iter().map(|g| g.blocks_per_sequence).max().unwrap_or(0);
+        let slots = if recurrent_bytes > 0 { seqs } else { 0 };
         let words = StepWords {
             tokens,
             seqs,
             groups: kv.len() as u64,
             table_stride,
+            slots,
         };
         let upload = UploadLayout {
             step: region(words.total().saturating_mul(4)),
@@ -262,6 +285,7 @@ impl DeviceLayout {
             tokens,
             seqs,
             table_stride,
+            slots,
         };
         // The widest input a matmul of the step reads.
         let widest_input = arena
@@ -282,6 +306,7 @@ impl DeviceLayout {
             weights,
             arena: arena_region,
             kv: kv_regions,
+            recurrent,
             blas_workspace,
             upload,
             activation_staging,

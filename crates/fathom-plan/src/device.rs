@@ -289,20 +289,22 @@ pub fn backend(
     }
 }
 
-/// The CUDA backend term: what the device holds besides weights, KV and
-/// the arena — the context, the kernels, cuBLAS's handle and workspace,
+/// The CUDA backend term: what the device holds besides weights, KV, the
+/// recurrent state (their own terms) and the arena — the context, the kernels, cuBLAS's handle and workspace,
 /// the decode-step graphs,
 /// the upload area, prefill staging, split attention's partials, and the
 /// allocation's alignment padding.
 fn cuda_backend(l: &DeviceLayout, weights: u64) -> (u64, String) {
     let kv: u64 = l.kv.iter().map(|r| r.bytes).sum();
     let upload = l.upload.step.bytes + l.upload.index.bytes + l.upload.weights.bytes;
-    // Everything of the allocation that is not weights, arena or KV.
+    // Everything of the allocation that is not weights, arena, KV or
+    // recurrent state.
     let in_allocation = l
         .size
         .saturating_sub(weights)
         .saturating_sub(l.arena.bytes)
-        .saturating_sub(kv);
+        .saturating_sub(kv)
+        .saturating_sub(l.recurrent.bytes);
     let staging = l.activation_staging.bytes + l.weight_staging.bytes;
     let partials = l.attention_partials.bytes;
     let padding = in_allocation

@@ -178,8 +178,8 @@ pub struct MemoryPlan {
     pub tensor_parallel: Option<tensor_parallel::TensorParallel>,
     /// The CUDA backend's one allocation as the plan carved it (the
     /// backend allocates this, computed nowhere else); `None` off CUDA.
-    /// Not in the JSON: its size less the weights and KV is the backend
-    /// term.
+    /// Not in the JSON: its size less the weights, the KV and the
+    /// recurrent state is the backend term.
     #[serde(skip)]
     pub device_layout: Option<cuda::DeviceLayout>,
     /// Which tensors sit on the GPU and which on the host (`cuda` plans
@@ -236,8 +236,10 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64, nccl: u64)
     );
     let converted = converted_vector_bytes(spec);
     let resident_weights = spec.weights_bytes().saturating_add(converted);
-    let layout = (inputs.device == Device::Cuda)
-        .then(|| cuda::DeviceLayout::new(resident_weights, &activations.buffers, &kv.groups));
+    let layout = (inputs.device == Device::Cuda).then(|| {
+        let states = recurrent.as_ref().map_or(0, |r| r.bytes);
+        cuda::DeviceLayout::new(resident_weights, &activations.buffers, &kv.groups, states)
+    });
     let backend = device::backend(
         inputs.device,
         inputs.rocm_inflight_raw.as_deref(),

@@ -502,7 +502,12 @@ impl MemoryPlan {
         // (alignment, the allocation's rounding) follows the pool's regions.
         if self.inputs.device == Device::Cuda {
             let resident = self.weights_bytes.saturating_add(self.converted_bytes);
-            let layout = DeviceLayout::new(resident, &self.activation_detail, &self.kv_detail);
+            let layout = DeviceLayout::new(
+                resident,
+                &self.activation_detail,
+                &self.kv_detail,
+                self.recurrent_bytes,
+            );
             let backend = device::backend(Device::Cuda, None, Some((&layout, resident)));
             self.device_layout = Some(layout);
             self.backend_bytes = backend.fixed_bytes;

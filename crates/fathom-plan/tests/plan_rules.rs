@@ -525,7 +525,7 @@ mod serve {
         assert!(!workload.plan.fits, "1 byte of memory cannot hold it");
     }
 
-    fn cuda(max_tokens: u64, batch: u64, available: u64) -> PlanInputs {
+    pub(super) fn cuda(max_tokens: u64, batch: u64, available: u64) -> PlanInputs {
         PlanInputs {
             device: Device::Cuda,
             ..inputs(max_tokens, batch, available)
@@ -533,14 +533,23 @@ mod serve {
     }
 
     /// The backend term of a GPU plan as the backend's carve gives it:
-    /// everything the allocation holds besides weights, arena and KV, plus
-    /// what the driver and libraries take outside it.
-    fn carved_backend(plan: &fathom_plan::MemoryPlan) -> u64 {
+    /// everything the allocation holds besides weights, arena, KV and
+    /// recurrent state, plus what the driver and libraries take outside it.
+    pub(super) fn carved_backend(plan: &fathom_plan::MemoryPlan) -> u64 {
         use fathom_plan::cuda::DeviceLayout;
         let resident = plan.weights_bytes + plan.converted_bytes;
-        let l = DeviceLayout::new(resident, &plan.activation_detail, &plan.kv_detail);
+        let l = DeviceLayout::new(
+            resident,
+            &plan.activation_detail,
+            &plan.kv_detail,
+            plan.recurrent_bytes,
+        );
         let kv: u64 = l.kv.iter().map(|r| r.bytes).sum();
-        DeviceLayout::outside_allocation() + l.size - resident - l.arena.bytes - kv
+        DeviceLayout::outside_allocation() + l.size
+            - resident
+            - l.arena.bytes
+            - kv
+            - l.recurrent.bytes
     }
 
     #[test]
@@ -710,6 +719,34 @@ fn qwen3_5_4b_recurrent_state_by_hand() {
     // The total carries the term: the same plan without it is that much less.
     let sum: u64 = plan.terms.iter().map(|t| t.bytes).sum();
     assert_eq!(plan.total_bytes, sum);
+}
+
+/// On a GPU the state is carved from the one allocation, once: the device
+/// layout holds a region of exactly the `recurrent_state` term (after the
+/// KV, apart from the backend term, which it does not inflate), and the
+/// step area one slot word per sequence of a step; a model without linear
+/// layers gets neither.
+#[test]
+fn a_gpu_carves_the_recurrent_state_once() {
+    let spec = qwen3_5_4b("gpu-carve");
+    let plan = MemoryPlan::new(&spec, serve::cuda(4096, 4, 64 * GIB)).unwrap();
+    let l = plan.device_layout.as_ref().expect("a CUDA plan carves");
+    assert_eq!(l.recurrent.bytes, 4 * 52_690_944);
+    assert_eq!(l.recurrent.bytes, plan.recurrent_bytes);
+    let kv_end = l.kv.iter().map(|r| r.offset + r.bytes).max().unwrap();
+    assert!(l.recurrent.offset >= kv_end && l.recurrent.offset + l.recurrent.bytes <= l.size);
+    assert_eq!(l.upload.slots, l.upload.seqs);
+    assert_eq!(plan.backend_bytes, serve::carved_backend(&plan));
+    let sum: u64 = plan.terms.iter().map(|t| t.bytes).sum();
+    assert_eq!(plan.total_bytes, sum);
+
+    let stateless = ModelSpec {
+        linear: None,
+        ..spec.clone()
+    };
+    let plan = MemoryPlan::new(&stateless, serve::cuda(4096, 4, 64 * GIB)).unwrap();
+    let l = plan.device_layout.as_ref().unwrap();
+    assert_eq!((l.recurrent.bytes, l.upload.slots), (0, 0));
 }
 
 /// The term does not grow with the context, so the largest context that

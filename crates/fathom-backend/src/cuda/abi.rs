@@ -86,6 +86,14 @@ constants! {
     /// Threads of a greedy scan block, and the values a thread loads at once.
     GREEDY_THREADS: u32 = 256;
     GREEDY_BATCH: usize = 8;
+    /// Taps a linear-attention convolution may have (`linear_conv` holds a
+    /// channel's taps and its window in registers; Qwen3.5 has 4).
+    LIN_MAX_TAPS: usize = 8;
+    /// Warps of a `gated_delta_<D>` block, and state rows (value indices)
+    /// each warp holds in registers: a block takes `LIN_WARPS × LIN_ROWS`
+    /// rows of one (sequence, value head)'s state.
+    LIN_WARPS: usize = 4;
+    LIN_ROWS: usize = 4;
     /// KV cache dtypes as the kernels number them (`kv_dtype_id`).
     KV_F16: i32 = 0;
     KV_BF16: i32 = 1;
@@ -108,6 +116,11 @@ pub const ATT_DTYPES: [&str; 4] = ["f16", "bf16", "f32", "q8_0"];
 pub const ATT_VPL: [usize; 4] = [2, 4, 8, 16];
 /// Query heads a block of the split attention kernels takes at once.
 pub const ATT_HEADS: [usize; 4] = [1, 2, 4, 8];
+
+/// Head dims of the linear-attention layers' kernels (`gated_delta_<D>`,
+/// a lane holding `D / 32` values of each state row; `linear_conv` takes a
+/// head a block): the generated `LIN_DELTA_KERNELS` lists them.
+pub const LIN_HEAD_DIMS: [usize; 4] = [32, 64, 128, 256];
 
 /// Whether the split attention kernel of `vpl` value dims a lane and
 /// `heads` query heads a block is compiled: at 16 value dims a lane only

@@ -374,7 +374,8 @@ impl CudaBackend {
         let mut qp = self.buf(io.q, rows * s.n_heads * s.key_dim * 4);
         let mut kp = self.buf(io.k, rows * s.n_kv_heads * s.key_dim * 4);
         let mut vp = self.buf(io.v, rows * s.n_kv_heads * s.value_dim * 4);
-        let mut freqs = self.rope_freqs(rope, s.key_dim);
+        let rotated = Self::rope_rotated(rope, s.key_dim);
+        let mut freqs = self.rope_freqs(rope, rotated);
         let mut kv = self.kv_desc(layer, shape);
         if rows == 0 || !self.ready() {
             return;
@@ -396,10 +397,11 @@ impl CudaBackend {
         let (mut theta, mut neox, mut store) = (rope.theta as f64, rope.neox as i32, early as i32);
         // A decode step (a token a sequence) on the split kernels, without
         // a ring: attention ropes, rounds and stores what it reads itself
-        // (where its registers allow: `ATT_ROPE_FITS` in attention_split.cu).
+        // (where its registers allow: `ATT_ROPE_FITS` in attention_split.cu;
+        // whole heads only: a partial rope goes through rope_kv).
         let kernel = self
             .row_kernel(&s, Self::attended_keys(&s, step), kv.dtype)
-            .filter(|k| k.ropes);
+            .filter(|k| k.ropes && rotated == s.key_dim);
         if let (true, true, Some(kernel)) = (early, step.seqs.iter().all(|q| q.tokens == 1), kernel)
         {
             let rope = AttRope {
@@ -412,6 +414,7 @@ impl CudaBackend {
             self.attention_of(layer, shape, step, io, readied);
             return;
         }
+        let mut rot = rotated as i32;
         let f = self.k.rope_kv;
         self.launch(
             f,
@@ -421,7 +424,7 @@ impl CudaBackend {
                 1,
             ),
             32 * RK_WARPS as u32,
-            &mut args![st, kv, qp, kp, vp, nh, nkv, dk, dv, theta, neox, freqs, store],
+            &mut args![st, kv, qp, kp, vp, nh, nkv, dk, dv, theta, neox, freqs, store, rot],
         );
         self.attention_of(layer, shape, step, io, Readied::ByRopeKv);
         if !early {

@@ -1,4 +1,5 @@
-//! Element-wise ops and row gathers (`elementwise.cu`).
+//! Element-wise ops and row gathers (`elementwise.cu`), with the gates of
+//! hybrid models' attention and shared expert.
 
 use std::ffi::c_void;
 
@@ -19,8 +20,7 @@ impl CudaBackend {
         }
         let (mut w, mut n) = (width as i32, n as i64);
         let f = self.k.add_bias;
-        let grid = Self::grid_for(n as usize, 256).min(4096);
-        self.launch(f, (grid, 1, 1), 256, &mut args![xp, bp, w, n]);
+        self.launch_values(f, n as usize, &mut args![xp, bp, w, n]);
     }
 
     pub(super) fn add(&mut self, dst: Buf, src: Buf, rows: usize, width: usize) {
@@ -32,8 +32,7 @@ impl CudaBackend {
         }
         let mut n = n as i64;
         let f = self.k.add;
-        let grid = Self::grid_for(n as usize, 256).min(4096);
-        self.launch(f, (grid, 1, 1), 256, &mut args![d, s, n]);
+        self.launch_values(f, n as usize, &mut args![d, s, n]);
     }
 
     pub(super) fn gather_rows(&mut self, src: Buf, src_rows: &[usize], width: usize, dst: Buf) {
@@ -67,8 +66,7 @@ impl CudaBackend {
         }
         let (mut n, mut a) = (n as i64, act_id(act));
         let f = self.k.glu;
-        let grid = Self::grid_for(n as usize, 256).min(4096);
-        self.launch(f, (grid, 1, 1), 256, &mut args![g, u, n, a]);
+        self.launch_values(f, n as usize, &mut args![g, u, n, a]);
     }
 
     /// `x[r] *= factor` (Gemma 4's layer output scale).
@@ -103,7 +101,62 @@ impl CudaBackend {
         }
         let mut n = n as i64;
         let f = self.k.fill_zero;
-        let grid = Self::grid_for(n as usize, 256).min(4096);
-        self.launch(f, (grid, 1, 1), 256, &mut args![xp, n]);
+        self.launch_values(f, n as usize, &mut args![xp, n]);
+    }
+
+    /// One launch of an element-wise kernel over `n` values (a grid-stride
+    /// loop in each).
+    fn launch_values(&mut self, f: sys::CUfunction, n: usize, args: &mut [(*mut c_void, usize)]) {
+        let grid = Self::grid_for(n, 256).min(4096);
+        self.launch(f, (grid, 1, 1), 256, args);
+    }
+
+    pub(super) fn split_gated_heads(
+        &mut self,
+        x: Buf,
+        rows: usize,
+        heads: usize,
+        head_dim: usize,
+        [a, b]: [Buf; 2],
+    ) {
+        let n = rows * heads * head_dim;
+        let mut xp = self.buf(x, 2 * n * 4);
+        let (mut ap, mut bp) = (self.buf(a, n * 4), self.buf(b, n * 4));
+        if n == 0 || !self.ready() {
+            return;
+        }
+        let (mut hd, mut n) = (head_dim as i32, n as i64);
+        let f = self.k.split_heads;
+        self.launch_values(f, n as usize, &mut args![xp, ap, bp, hd, n]);
+    }
+
+    pub(super) fn add_gated_rows(
+        &mut self,
+        dst: Buf,
+        src: Buf,
+        gate: Buf,
+        rows: usize,
+        width: usize,
+    ) {
+        let n = rows * width;
+        let (mut d, mut s) = (self.buf(dst, n * 4), self.buf(src, n * 4));
+        let mut g = self.buf(gate, rows * 4);
+        if n == 0 || !self.ready() {
+            return;
+        }
+        let (mut w, mut n) = (width as i32, n as i64);
+        let f = self.k.add_gated_rows;
+        self.launch_values(f, n as usize, &mut args![d, s, g, w, n]);
+    }
+
+    pub(super) fn sigmoid_gate(&mut self, gate: Buf, x: Buf, rows: usize, width: usize) {
+        let n = rows * width;
+        let (mut g, mut xp) = (self.buf(gate, n * 4), self.buf(x, n * 4));
+        if n == 0 || !self.ready() {
+            return;
+        }
+        let mut n = n as i64;
+        let f = self.k.sigmoid_gate;
+        self.launch_values(f, n as usize, &mut args![g, xp, n]);
     }
 }

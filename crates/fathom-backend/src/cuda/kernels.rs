@@ -5,7 +5,9 @@ use std::ffi::CString;
 
 use cudarc::driver::{result, sys};
 
-use super::abi::{att_split_compiled, ATT_DTYPES, ATT_HEADS, ATT_VPL, GLU_GELU_TANH, GLU_SILU};
+use super::abi::{
+    att_split_compiled, ATT_DTYPES, ATT_HEADS, ATT_VPL, GLU_GELU_TANH, GLU_SILU, LIN_HEAD_DIMS,
+};
 use super::device_err;
 use crate::{BackendError, Glu, WeightType};
 
@@ -109,6 +111,13 @@ pub(super) struct Kernels {
     pub(super) route_experts: sys::CUfunction,
     pub(super) greedy_scan: sys::CUfunction,
     pub(super) greedy_merge: sys::CUfunction,
+    /// Hybrid models: `split_heads`, `add_gated_rows`, `sigmoid_gate`,
+    /// the convolution and `gated_delta_<D>` by `LIN_HEAD_DIMS` index.
+    pub(super) split_heads: sys::CUfunction,
+    pub(super) add_gated_rows: sys::CUfunction,
+    pub(super) sigmoid_gate: sys::CUfunction,
+    pub(super) linear_conv: sys::CUfunction,
+    pub(super) gated_delta: [sys::CUfunction; LIN_HEAD_DIMS.len()],
 }
 
 impl Kernels {
@@ -210,6 +219,17 @@ impl Kernels {
             route_experts: get("route_experts")?,
             greedy_scan: get("greedy_scan")?,
             greedy_merge: get("greedy_merge")?,
+            split_heads: get("split_heads")?,
+            add_gated_rows: get("add_gated_rows")?,
+            sigmoid_gate: get("sigmoid_gate")?,
+            linear_conv: get("linear_conv")?,
+            gated_delta: {
+                let mut t = [std::ptr::null_mut(); LIN_HEAD_DIMS.len()];
+                for (f, d) in t.iter_mut().zip(LIN_HEAD_DIMS) {
+                    *f = get(&format!("gated_delta_{d}"))?;
+                }
+                t
+            },
         })
     }
 }

@@ -3,7 +3,7 @@
 //! **One allocation.** [`CudaBackend::new`] makes a single `cuMemAlloc`
 //! and carves it, in this order: weights (a bump pointer, in load order),
 //! the activation arena (at the plan's offsets), the KV storage of every
-//! group, cuBLAS's workspace (handed to cuBLAS with `cublasSetWorkspace`
+//! group, a hybrid model's recurrent states, cuBLAS's workspace (handed to cuBLAS with `cublasSetWorkspace`
 //! so it allocates none of its own), and a small upload area for what the
 //! host sends per op (page tables, positions, token ids, row lists).
 //! Nothing is allocated afterwards: no stream-ordered pools, no per-op
@@ -44,6 +44,7 @@ mod elementwise;
 mod greedy;
 pub(super) mod kernels;
 mod launch;
+mod linear;
 mod matvec;
 mod moe;
 pub mod nccl;
@@ -81,7 +82,8 @@ use cudarc::driver::{result, sys, CudaContext, DriverError};
 
 use crate::{
     AttentionIo, AttentionShape, Backend, BackendError, Buf, DeviceMemory, Glu, HostMatrix,
-    KvLayout, MatrixId, RopeParams, RoutedFfn, Step, VectorId,
+    KvLayout, LinearIo, LinearShape, LinearWeights, MatrixId, RopeParams, RoutedFfn, Step,
+    VectorId,
 };
 
 fn device_err(what: &str, e: DriverError) -> BackendError {
@@ -112,6 +114,9 @@ pub struct CudaBackend {
     arena: [Option<(u64, u64)>; Buf::ALL.len()],
     kv: KvLayout,
     kv_base: Vec<u64>,
+    /// Device address of a hybrid model's recurrent states
+    /// (`kv.recurrent`'s slots; `linear`).
+    recurrent: u64,
     slots: Vec<Option<(usize, usize)>>,
     upload: Upload,
     matrices: Vec<DevMatrix>,
@@ -444,6 +449,34 @@ impl Backend for CudaBackend {
 
     fn softcap(&mut self, x: Buf, cap: f32, rows: usize, width: usize) {
         CudaBackend::softcap(self, x, cap, rows, width)
+    }
+
+    fn runs_hybrid(&self) -> bool {
+        true
+    }
+
+    fn gated_delta_rule(
+        &mut self,
+        linear_layer: usize,
+        shape: &LinearShape,
+        weights: &LinearWeights,
+        step: &Step,
+        states: &[usize],
+        io: LinearIo,
+    ) {
+        CudaBackend::gated_delta_rule(self, linear_layer, shape, weights, step, states, io)
+    }
+
+    fn split_heads(&mut self, x: Buf, rows: usize, heads: usize, head_dim: usize, a: Buf, b: Buf) {
+        self.split_gated_heads(x, rows, heads, head_dim, [a, b])
+    }
+
+    fn add_gated_rows(&mut self, dst: Buf, src: Buf, gate: Buf, rows: usize, width: usize) {
+        CudaBackend::add_gated_rows(self, dst, src, gate, rows, width)
+    }
+
+    fn sigmoid_gate(&mut self, gate: Buf, x: Buf, rows: usize, width: usize) {
+        CudaBackend::sigmoid_gate(self, gate, x, rows, width)
     }
 
     fn logits(&mut self, rows: usize, width: usize) -> &mut [f32] {

@@ -42,15 +42,26 @@ impl CudaBackend {
         }
     }
 
+    /// The values of each `head_dim` head that `rope` rotates (its
+    /// `rotated` part, else all), checked to be even and within the head.
+    pub(super) fn rope_rotated(rope: &RopeParams, head_dim: usize) -> usize {
+        let rot = rope.rotated.unwrap_or(head_dim);
+        assert!(
+            rot.is_multiple_of(2) && (2..=head_dim).contains(&rot),
+            "rope: {rot} rotated values of a {head_dim}-value head (an even count, at most the head)"
+        );
+        rot
+    }
+
     /// Device address of a rope's frequency factors (0 for none), checked
-    /// to cover a head's pairs.
-    pub(super) fn rope_freqs(&self, rope: &RopeParams, head_dim: usize) -> u64 {
+    /// to cover the pairs of the `rotated` values of a head.
+    pub(super) fn rope_freqs(&self, rope: &RopeParams, rotated: usize) -> u64 {
         rope.freqs.map_or(0, |v| {
             let (p, l) = self.vectors[v.0 as usize];
             assert!(
-                l >= head_dim / 2,
+                l >= rotated / 2,
                 "rope: {l} frequency factors for {} pairs",
-                head_dim / 2
+                rotated / 2
             );
             p
         })
@@ -80,25 +91,27 @@ impl CudaBackend {
             "rope: head_dim {head_dim} is odd"
         );
         let mut xp = self.buf(x, step.rows * n_heads * head_dim * 4);
-        let mut freqs = self.rope_freqs(rope, head_dim);
+        let rotated = Self::rope_rotated(rope, head_dim);
+        let mut freqs = self.rope_freqs(rope, rotated);
         if step.rows == 0 || !self.ready() {
             return;
         }
         let d = self.upload_step(step, None);
         let mut pos = d.row_pos;
-        let (mut nh, mut hd, mut theta, mut neox) = (
+        let (mut nh, mut hd, mut theta, mut neox, mut rot) = (
             n_heads as i32,
             head_dim as i32,
             rope.theta as f64,
             rope.neox as i32,
+            rotated as i32,
         );
         let f = self.k.rope;
-        let threads = (head_dim / 2).next_multiple_of(32).min(1024) as u32;
+        let threads = (rotated / 2).next_multiple_of(32).min(1024) as u32;
         self.launch(
             f,
             (step.rows as u32, n_heads as u32, 1),
             threads,
-            &mut args![xp, pos, nh, hd, theta, neox, freqs],
+            &mut args![xp, pos, nh, hd, theta, neox, freqs, rot],
         );
     }
 

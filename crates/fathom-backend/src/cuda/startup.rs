@@ -36,7 +36,8 @@ impl CudaBackend {
     /// Creates the context on device `ordinal`, loads the kernels and
     /// cuBLAS, and makes the one allocation `layout` carves (the plan's
     /// `device_layout`: weights, the device side of `arena`, the KV groups
-    /// of `kv`, cuBLAS's workspace, the upload area and staging).
+    /// and recurrent state of `kv`, cuBLAS's workspace, the upload area and
+    /// staging).
     pub fn new(
         ordinal: usize,
         arena: &[ArenaBuffer],
@@ -57,6 +58,17 @@ impl CudaBackend {
                      computed from this plan",
                     layout.kv.len(),
                     kv.groups.len()
+                ),
+            });
+        }
+        let states = kv.recurrent.as_ref().map_or(0, |r| r.bytes);
+        if layout.recurrent.bytes != states {
+            return Err(BackendError::Device {
+                backend: "cuda",
+                message: format!(
+                    "the device layout carves {} bytes of recurrent state for the plan's {states} \
+                     (recurrent_state): it was not computed from this plan",
+                    layout.recurrent.bytes
                 ),
             });
         }
@@ -125,6 +137,7 @@ impl CudaBackend {
             seqs: up.seqs,
             groups: n_groups as u64,
             table_stride: up.table_stride,
+            slots: up.slots,
         };
         let (step_off, idx_off, wts_off) = (up.step.offset, up.index.offset, up.weights.offset);
         let (x16_off, w16_off) = (
@@ -183,6 +196,7 @@ impl CudaBackend {
             weights_end: layout.weights.bytes,
             arena: arena_abs,
             kv_base: kv_offsets.iter().map(|o| base + o).collect(),
+            recurrent: base + layout.recurrent.offset,
             kv,
             slots: slots_of_layers,
             upload: Upload {

@@ -9,14 +9,17 @@ use super::CudaBackend;
 use crate::Step;
 
 /// Parts of the step area (`CudaBackend::stage`): rows and sequences,
-/// token ids, projected rows, then one per KV group's page tables.
+/// token ids, projected rows, recurrent-state slots, then one per KV
+/// group's page tables.
 pub(super) const STAGED_ROWS: usize = 0;
 
 pub(super) const STAGED_TOKENS: usize = 1;
 
 pub(super) const STAGED_PROJECTED: usize = 2;
 
-pub(super) const STAGED_FIXED: usize = 3;
+pub(super) const STAGED_SLOTS: usize = 3;
+
+pub(super) const STAGED_FIXED: usize = 4;
 
 /// Where the uploads go (device addresses), sized for `tokens` rows and
 /// `seqs` sequences of `table_stride` blocks.
@@ -156,6 +159,20 @@ impl CudaBackend {
         } else {
             self.stage(STAGED_TOKENS, w.token_ids() as usize, rows)
         }
+    }
+
+    /// Stages each sequence's recurrent-state slot (a hybrid model's
+    /// linear layers read them; every layer stages the same words, so
+    /// nothing is issued between them).
+    pub(super) fn stage_slots(&mut self, slots: &[u32]) -> u64 {
+        let w = self.upload.words;
+        assert!(
+            slots.len() as u64 <= w.slots,
+            "{} state slots; {} planned",
+            slots.len(),
+            w.slots
+        );
+        self.stage(STAGED_SLOTS, w.state_slots() as usize, slots)
     }
 
     /// Uploads an expert's row indices (and weights) for its gather /

@@ -170,11 +170,12 @@ pub(crate) fn test_attention(
                 Some(r) => {
                     h.b.attend(layer, &shape, &step, IO, r);
                     let positions: Vec<usize> = step.positions().collect();
+                    let rot = r.rotated.unwrap_or(dk);
                     let roped = |x: &[f32], heads: usize| -> Vec<f32> {
                         x.chunks(heads * dk)
                             .zip(&positions)
                             .flat_map(|(row, &p)| {
-                                rope_ref(row, heads, dk, p, r.theta, r.neox, None)
+                                rope_partial_ref(row, dk, rot, p, r.theta, r.neox, None)
                             })
                             .map(|v| v as f32)
                             .collect()
@@ -227,11 +228,13 @@ pub(crate) fn test_attention(
 
 /// The rope an attention case runs `attend` with: both pairings.
 pub(crate) fn attention_rope(label: &str) -> RopeParams {
+    let qwen3_5 = label.starts_with("Qwen3.5");
     RopeParams {
         theta: 500_000.0,
-        neox: label.starts_with("Llama"),
+        neox: label.starts_with("Llama") || qwen3_5,
         freqs: None,
-        rotated: None,
+        // Qwen3.5 rotates a quarter of each 256-value head.
+        rotated: qwen3_5.then_some(64),
         yarn: None,
     }
 }
@@ -297,6 +300,27 @@ pub(crate) fn attention_cases() -> Vec<(String, AttentionShape, KvLayout, [usize
             llama,
             KvLayout {
                 groups: vec![group(dtype, 8, 128, 128, 2, None, 12)],
+                dtype,
+                layer_groups: vec![Some(0), Some(0)],
+                recurrent: None,
+            },
+            [0, 1],
+        ));
+        // Qwen3.5's gated attention layers: 16 heads over 4 KV heads of 256,
+        // a partial rope (`attention_rope`).
+        out.push((
+            "Qwen3.5 16/4x256".to_string(),
+            AttentionShape {
+                n_heads: 16,
+                n_kv_heads: 4,
+                key_dim: 256,
+                value_dim: 256,
+                window: None,
+                scale: 1.0 / 16.0,
+                sinks: None,
+            },
+            KvLayout {
+                groups: vec![group(dtype, 4, 256, 256, 2, None, 12)],
                 dtype,
                 layer_groups: vec![Some(0), Some(0)],
                 recurrent: None,

@@ -213,6 +213,27 @@ pub(crate) fn rope_ref(
     out
 }
 
+/// [`rope_ref`] of the first `rotated` values of each `hd`-value head of
+/// `x`, the rest passed through (partial rope; `rotated == hd` is the
+/// whole head).
+pub(crate) fn rope_partial_ref(
+    x: &[f32],
+    hd: usize,
+    rotated: usize,
+    pos: usize,
+    theta: f32,
+    neox: bool,
+    freqs: Option<&[f32]>,
+) -> Vec<f64> {
+    x.chunks(hd)
+        .flat_map(|head| {
+            let mut out = rope_ref(&head[..rotated], 1, rotated, pos, theta, neox, freqs);
+            out.extend(head[rotated..].iter().map(|&v| v as f64));
+            out
+        })
+        .collect()
+}
+
 pub(crate) fn test_rope(h: &mut Harness, rng: &mut Rng) {
     let tables: Vec<Vec<u32>> = Vec::new();
     let seqs = [
@@ -239,10 +260,28 @@ pub(crate) fn test_rope(h: &mut Harness, rng: &mut Rng) {
     let positions: Vec<usize> = step.positions().collect();
     let factors: Vec<f32> = (0..256).map(|i| 1.0 + (i % 7) as f32).collect();
     let fid = h.b.load_vector(&factors).expect("loads");
-    for (label, heads, hd, theta, neox, freqs) in [
-        ("SmolLM2 9x64 normal", 9, 64, 100_000.0, false, None),
-        ("Qwen 16x128 neox", 16, 128, 1_000_000.0, true, None),
-        ("Llama3 32x128 freqs", 32, 128, 500_000.0, false, Some(fid)),
+    for (label, heads, hd, theta, neox, freqs, rotated) in [
+        ("SmolLM2 9x64 normal", 9, 64, 100_000.0, false, None, None),
+        ("Qwen 16x128 neox", 16, 128, 1_000_000.0, true, None, None),
+        (
+            "Llama3 32x128 freqs",
+            32,
+            128,
+            500_000.0,
+            false,
+            Some(fid),
+            None,
+        ),
+        // Qwen3.5: a quarter of each head rotates.
+        (
+            "Qwen3.5 16x256 partial 64",
+            16,
+            256,
+            1e7,
+            true,
+            None,
+            Some(64),
+        ),
         (
             "Gemma4 global 16x512",
             16,
@@ -250,6 +289,7 @@ pub(crate) fn test_rope(h: &mut Harness, rng: &mut Rng) {
             1_000_000.0,
             true,
             Some(fid),
+            None,
         ),
     ] {
         let width = heads * hd;
@@ -264,16 +304,17 @@ pub(crate) fn test_rope(h: &mut Harness, rng: &mut Rng) {
                 theta,
                 neox,
                 freqs,
-                rotated: None,
+                rotated,
                 yarn: None,
             },
         );
         let got = h.get(Buf::Q, step.rows, width);
         let f = freqs.map(|_| &factors[..]);
+        let rot = rotated.unwrap_or(hd);
         let want: Vec<f64> = x
             .chunks(width)
             .zip(&positions)
-            .flat_map(|(r, &p)| rope_ref(r, heads, hd, p, theta, neox, f))
+            .flat_map(|(r, &p)| rope_partial_ref(r, hd, rot, p, theta, neox, f))
             .collect();
         h.check("rope", label, &got, &want, TOL_ROPE);
     }

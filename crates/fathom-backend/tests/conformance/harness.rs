@@ -85,7 +85,8 @@ pub(crate) fn cuda_backend(arena: &[ArenaBuffer], kv: &KvLayout) -> Option<CudaB
         skip("no CUDA driver or device (cuda::probe found none)".into());
         return None;
     };
-    let layout = DeviceLayout::new(WEIGHTS, arena, &kv.groups);
+    let states = kv.recurrent.as_ref().map_or(0, |r| r.bytes);
+    let layout = DeviceLayout::new(WEIGHTS, arena, &kv.groups, states);
     match CudaBackend::new(0, arena, kv.clone(), &layout) {
         Ok(b) => Some(b),
         Err(e) => {

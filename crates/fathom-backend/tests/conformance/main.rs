@@ -23,6 +23,9 @@
 //! - rope 1e-9: angles in f64 then an f32 sine (~1e-6 absolute each).
 //! - attention 1e-8: K/V rounded to the cache dtype on both sides (the
 //!   reference rounds the same way), then f32 online softmax against f64.
+//! - gated delta rule 1e-8: f32 convolution, norms and state against f64,
+//!   the state carried over a few steps (a wrong tap, head or slot is
+//!   ≥1e-2).
 
 use std::sync::Arc;
 
@@ -60,12 +63,14 @@ const TOL_MATMUL: f64 = 5e-4;
 const TOL_EXACT: f64 = 1e-10;
 const TOL_ROPE: f64 = 1e-9;
 const TOL_ATTN: f64 = 1e-8;
+const TOL_LINEAR: f64 = 1e-8;
 
 mod attention;
 mod cuda_only;
 mod elementwise;
 mod greedy;
 mod harness;
+mod linear;
 mod matmul;
 mod moe;
 mod weights;
@@ -74,6 +79,7 @@ use attention::*;
 use elementwise::*;
 use greedy::*;
 use harness::*;
+use linear::*;
 use matmul::*;
 use moe::*;
 use weights::*;
@@ -97,8 +103,16 @@ fn conformance() {
         test_moe(&mut h, &mut rng);
         test_routed_experts(&mut h, &mut rng);
         test_greedy(&mut h, &mut rng);
+        test_gates(&mut h, &mut rng);
         failures.extend(h.finish());
         ran += 1;
+    }
+    for (label, shape) in linear_cases() {
+        for b in backends(&linear_kv(&shape)) {
+            let mut h = Harness::new(b);
+            test_gated_delta_rule(&mut h, &mut rng, label, shape);
+            failures.extend(h.finish());
+        }
     }
     for (label, shape, kv, layers) in attention_cases() {
         let dtype = kv.dtype;

@@ -184,3 +184,23 @@ fn attention_shape(hidden: u64, heads: u64, kv_heads: u64, head_dim: u64) -> ser
         "num_hidden_layers": 2,
     })
 }
+
+/// tiny-qwen3.5 in Qwen3.5-4B's head shapes (16 heads over 4 KV heads of
+/// 256; 16 key and 32 value heads of 128 in the linear layers) at hidden
+/// 512.
+pub fn qwen3_5_shaped() -> ModelDef {
+    fx::reshaped(
+        &fx::tiny_qwen3_5(),
+        serde_json::json!({
+            "hidden_size": 512,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 4,
+            "head_dim": 256,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 32,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "mrope_section": [11, 11, 10],
+        }),
+    )
+}
