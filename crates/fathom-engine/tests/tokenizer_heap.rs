@@ -62,6 +62,18 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// llama.cpp's test vocabulary `vocab` in models/, which
+/// scripts/fetch-vocab.sh puts there.
+fn vocab_path(vocab: &str) -> PathBuf {
+    let path = root().join("models").join(vocab);
+    assert!(
+        path.exists(),
+        "{}: run scripts/fetch-vocab.sh first",
+        path.display()
+    );
+    path
+}
+
 fn meta_to_value(v: &MetaValue) -> GgufValue {
     match v {
         MetaValue::U8(x) => GgufValue::U8(*x),
@@ -87,12 +99,7 @@ fn meta_to_value(v: &MetaValue) -> GgufValue {
 /// unused tokens to the model's vocabulary (as `fathom bench fixture
 /// --vocab` writes them).
 fn fixture(model: fx::ModelDef, vocab: &str, out: &Path) {
-    let path = root().join("models").join(vocab);
-    assert!(
-        path.exists(),
-        "{}: run scripts/fetch-vocab.sh first",
-        path.display()
-    );
+    let path = vocab_path(vocab);
     let model = fx::reshaped(&model, serde_json::json!({ "num_hidden_layers": 1 }));
     let size = model.text_config()["vocab_size"].as_u64().unwrap() as usize;
     let file = GgufFile::open(&path).unwrap();
@@ -271,7 +278,7 @@ fn a_vocabularys_heap_stays_within_the_runtime_term() {
 /// control tokens, as `convert_hf_to_gguf.py` would have read them), the
 /// vocabulary padded with unused tokens to the model's.
 fn hf_fixture(model: fx::ModelDef, vocab: &str, out: &Path) {
-    let file = GgufFile::open(&root().join("models").join(vocab)).unwrap();
+    let file = GgufFile::open(&vocab_path(vocab)).unwrap();
     let strings = |key: &str| -> Vec<String> {
         file.get(key)
             .and_then(MetaValue::as_array)

@@ -89,8 +89,7 @@ impl CudaBackend {
             return;
         }
         let (mut a, mut n) = (a, n as i64);
-        let grid = Self::grid_for(n as usize, 256).min(4096);
-        self.launch(f, (grid, 1, 1), 256, &mut args![xp, a, n]);
+        self.launch_values(f, n as usize, &mut args![xp, a, n]);
     }
 
     pub(super) fn zero(&mut self, x: Buf, rows: usize, width: usize) {
