@@ -58,6 +58,11 @@ fn tool_grammars_accept_valid_calls_and_refuse_others() {
             "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"kelvin\"}}\n</tool_call>",
         ),
         (
+            ToolFormat::QwenXml,
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nSaint-\u{c9}tienne <Paris>\nnorth\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>",
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\nkelvin\n</parameter>\n</function>\n</tool_call>",
+        ),
+        (
             ToolFormat::Llama3,
             "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"unit\": \"fahrenheit\"}}",
             "{\"name\": \"get_time\", \"parameters\": {}}",
