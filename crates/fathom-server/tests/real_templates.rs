@@ -98,33 +98,43 @@ fn history() -> Vec<Message> {
     ]
 }
 
-/// The prompt the server renders for `messages` (with `tools` when given)
-/// through `source`, as `encode_chat_tools` renders it; `vocab` also
-/// tokenizes it as the server does and checks the tokens spell the text.
-fn render(
-    source: &str,
-    bos: &str,
-    vocab: Option<&fathom_engine::Tokenizer>,
-    messages: &[Message],
-    tools: Option<&ToolRequest>,
-    kwargs: Option<&TemplateKwargs>,
-) -> String {
-    let format = ToolFormat::detect(Some(source));
-    let prepared = tools.map(|req| tools::prepare(format, messages, req));
-    let (messages, tools) = match &prepared {
-        Some(p) => (&p.messages[..], p.tools.as_ref()),
-        None => (messages, None),
-    };
-    let template = ChatTemplate::new(source, bos, "").expect("the template compiles");
-    let (text, _) = template
-        .render_with_contents(messages, tools, kwargs, true)
-        .unwrap_or_else(|e| panic!("the template refused the messages: {e}"));
-    if let Some(tok) = vocab {
-        let ids = encode_chat_tools(tok, &template, messages, tools, kwargs, true, 1 << 20)
-            .unwrap_or_else(|e| panic!("encode_chat_tools: {e}"));
-        assert_eq!(tok.decode(&ids, true), text, "the tokens spell the prompt");
+/// A real template with what the server renders it with: the text of the
+/// BOS token, and the vocabulary that tokenizes the prompt (where the test
+/// has it).
+struct Real<'v> {
+    source: String,
+    bos: &'static str,
+    vocab: Option<&'v fathom_engine::Tokenizer>,
+}
+
+impl Real<'_> {
+    /// The prompt the server renders for `messages` (with `tools` when
+    /// given), as `encode_chat_tools` renders it; with a vocabulary it also
+    /// tokenizes it as the server does and checks the tokens spell the text.
+    fn render(
+        &self,
+        messages: &[Message],
+        tools: Option<&ToolRequest>,
+        kwargs: Option<&TemplateKwargs>,
+    ) -> String {
+        let format = ToolFormat::detect(Some(&self.source));
+        let prepared = tools.map(|req| tools::prepare(format, messages, req));
+        let (messages, tools) = match &prepared {
+            Some(p) => (&p.messages[..], p.tools.as_ref()),
+            None => (messages, None),
+        };
+        let template =
+            ChatTemplate::new(&self.source, self.bos, "").expect("the template compiles");
+        let (text, _) = template
+            .render_with_contents(messages, tools, kwargs, true)
+            .unwrap_or_else(|e| panic!("the template refused the messages: {e}"));
+        if let Some(tok) = self.vocab {
+            let ids = encode_chat_tools(tok, &template, messages, tools, kwargs, true, 1 << 20)
+                .unwrap_or_else(|e| panic!("encode_chat_tools: {e}"));
+            assert_eq!(tok.decode(&ids, true), text, "the tokens spell the prompt");
+        }
+        text
     }
-    text
 }
 
 /// Asserts that `parts` appear in `text` in this order, without overlap.
@@ -151,9 +161,13 @@ fn gpt_oss_renders_harmony_with_the_functions_namespace() {
         ReasoningFormat::detect(Some(&source)),
         Some(ReasoningFormat::Harmony)
     );
-    let bos = "<|startoftext|>";
+    let t = Real {
+        source: source.clone(),
+        bos: "<|startoftext|>",
+        vocab: None,
+    };
 
-    let text = render(&source, bos, None, &greeting(), None, None);
+    let text = t.render(&greeting(), None, None);
     in_order(
         &text,
         &[
@@ -173,17 +187,14 @@ fn gpt_oss_renders_harmony_with_the_functions_namespace() {
         "{date}"
     );
     // reasoning_effort from chat_template_kwargs.
-    let low = render(
-        &source,
-        bos,
-        None,
+    let low = t.render(
         &greeting(),
         None,
         Some(&kwargs(json!({"reasoning_effort": "low"}))),
     );
     assert!(low.contains("Reasoning: low\n"), "{low}");
 
-    let text = render(&source, bos, None, &greeting(), Some(&functions()), None);
+    let text = t.render(&greeting(), Some(&functions()), None);
     in_order(
         &text,
         &[
@@ -197,7 +208,7 @@ fn gpt_oss_renders_harmony_with_the_functions_namespace() {
     );
     assert!(text.ends_with("<|start|>assistant"), "{text}");
 
-    let text = render(&source, bos, None, &history(), Some(&functions()), None);
+    let text = t.render(&history(), Some(&functions()), None);
     in_order(
         &text,
         &[
@@ -228,8 +239,13 @@ fn qwen35_renders_its_xml_calls_and_opens_the_thinking() {
         }
     );
     let vocab = vocabulary("ggml-vocab-qwen35.gguf");
+    let t = Real {
+        source: source.clone(),
+        bos: "",
+        vocab: Some(&vocab),
+    };
 
-    let text = render(&source, "", Some(&vocab), &greeting(), None, None);
+    let text = t.render(&greeting(), None, None);
     assert_eq!(
         text,
         "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nWhat is the capital of Norway?<|im_end|>\n<|im_start|>assistant\n<think>\n"
@@ -237,21 +253,14 @@ fn qwen35_renders_its_xml_calls_and_opens_the_thinking() {
     // The prompt leaves the model inside its thinking, unless turned off.
     assert!(reasoning.opened_by(&text));
     let off = kwargs(json!({"enable_thinking": false}));
-    let text = render(&source, "", Some(&vocab), &greeting(), None, Some(&off));
+    let text = t.render(&greeting(), None, Some(&off));
     assert!(
         text.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
         "{text}"
     );
     assert!(!reasoning.opened_by(&text));
 
-    let text = render(
-        &source,
-        "",
-        Some(&vocab),
-        &greeting(),
-        Some(&functions()),
-        None,
-    );
+    let text = t.render(&greeting(), Some(&functions()), None);
     in_order(
         &text,
         &[
@@ -269,14 +278,7 @@ fn qwen35_renders_its_xml_calls_and_opens_the_thinking() {
     );
     assert!(text.ends_with("<|im_start|>assistant\n<think>\n"), "{text}");
 
-    let text = render(
-        &source,
-        "",
-        Some(&vocab),
-        &history(),
-        Some(&functions()),
-        None,
-    );
+    let text = t.render(&history(), Some(&functions()), None);
     in_order(
         &text,
         &[
@@ -301,14 +303,7 @@ fn qwen35_renders_its_xml_calls_and_opens_the_thinking() {
     // A reasoning turn after the last user message keeps its thinking.
     let mut ongoing = history();
     ongoing.truncate(4);
-    let text = render(
-        &source,
-        "",
-        Some(&vocab),
-        &ongoing,
-        Some(&functions()),
-        None,
-    );
+    let text = t.render(&ongoing, Some(&functions()), None);
     in_order(
         &text,
         &[
@@ -339,6 +334,11 @@ fn gemma4_renders_turns_thinking_and_the_generic_functions() {
     .zip(&results)
     {
         let source = template(name);
+        let t = Real {
+            source: source.clone(),
+            bos: "<bos>",
+            vocab: Some(&vocab),
+        };
         // Gemma 4 writes calls as `<|tool_call>call:NAME{...}<tool_call|>`,
         // which fathom does not read: its functions go the generic way.
         assert_eq!(
@@ -357,7 +357,7 @@ fn gemma4_renders_turns_thinking_and_the_generic_functions() {
         );
 
         // Unset, thinking is off: the model's turn opens an empty thought.
-        let text = render(&source, "<bos>", Some(&vocab), &greeting(), None, None);
+        let text = t.render(&greeting(), None, None);
         assert_eq!(
             text,
             "<bos><|turn>system\nYou are terse.<turn|>\n<|turn>user\nWhat is the capital of Norway?<turn|>\n<|turn>model\n<|channel>thought\n<channel|>",
@@ -365,7 +365,7 @@ fn gemma4_renders_turns_thinking_and_the_generic_functions() {
         );
         assert!(!reasoning.opened_by(&text), "{name}");
         let on = kwargs(json!({"enable_thinking": true}));
-        let text = render(&source, "<bos>", Some(&vocab), &greeting(), None, Some(&on));
+        let text = t.render(&greeting(), None, Some(&on));
         assert!(
             text.starts_with("<bos><|turn>system\n<|think|>\nYou are terse.<turn|>\n"),
             "{name}: {text}"
@@ -374,14 +374,7 @@ fn gemma4_renders_turns_thinking_and_the_generic_functions() {
 
         // The generic format: the functions in the system message, the
         // history rewritten as JSON turns.
-        let text = render(
-            &source,
-            "<bos>",
-            Some(&vocab),
-            &history(),
-            Some(&functions()),
-            None,
-        );
+        let text = t.render(&history(), Some(&functions()), None);
         in_order(
             &text,
             &[
