@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/fetch-model.sh
-# llama.cpp's Gemma 4 test vocabulary and its tokenizer cases (fathom-tokenizer's gemma4_vocab test).
+# llama.cpp's test vocabularies, Gemma 4's tokenizer cases and the real chat templates of gpt-oss,
+# Qwen3.5 and Gemma 4 (gemma4_vocab, tokenizer_heap, fathom-server's real_templates).
 scripts/fetch-vocab.sh
 # nvcc for the CUDA kernels build.rs compiles (pinned PyPI wheels; fast when present).
 scripts/install-cuda-toolchain.sh

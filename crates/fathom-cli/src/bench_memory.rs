@@ -719,18 +719,9 @@ fn cuda_cell_result(
     })
 }
 
-/// `2026-11-30` for a Unix time, by the civil-from-days algorithm.
+/// `2026-11-30` for a Unix time.
 fn utc_date(unix: u64) -> String {
-    let days = (unix / 86_400) as i64;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = fathom_tokenizer::civil_date(unix);
     format!("{year:04}-{month:02}-{day:02}")
 }
 

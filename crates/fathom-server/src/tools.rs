@@ -2,10 +2,15 @@
 //! constraint its answer decodes under, and how the answer is read back
 //! into OpenAI's `tool_calls`.
 //!
-//! Three formats, chosen from the model's chat template:
+//! Five formats, chosen from the model's chat template:
 //! - **Hermes** (Qwen2.5, Qwen3, Hermes and others whose template writes
 //!   `<tool_call>`): the template renders `tools`; a call is
 //!   `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`.
+//! - **Qwen XML** (Qwen3.5 and Qwen3-Coder, whose template writes
+//!   `<tool_call>` with `<function=`): the template renders `tools`; a call
+//!   is `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>
+//!   \n...</function>\n</tool_call>`, a value the text of a string and the
+//!   JSON of anything else (vLLM's `qwen3_coder` parser reads it so).
 //! - **Llama 3** (Llama 3.1/3.2, whose template knows `<|python_tag|>`):
 //!   the template renders `tools`; a call is a JSON object
 //!   `{"name": ..., "parameters": {...}}`, maybe after `<|python_tag|>`.
@@ -41,6 +46,7 @@ use crate::reasoning::{self, CALL, CHANNEL, MESSAGE, START};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ToolFormat {
     Hermes,
+    QwenXml,
     Llama3,
     Harmony,
     Generic,
@@ -54,6 +60,8 @@ impl ToolFormat {
         };
         if reasoning::is_harmony(t) {
             ToolFormat::Harmony
+        } else if t.contains("<tool_call>") && t.contains("<function=") {
+            ToolFormat::QwenXml
         } else if t.contains("<tool_call>") {
             ToolFormat::Hermes
         } else if t.contains("<|python_tag|>") || (t.contains("tools") && t.contains("<|eom_id|>"))
@@ -67,6 +75,7 @@ impl ToolFormat {
     pub fn name(self) -> &'static str {
         match self {
             ToolFormat::Hermes => "hermes",
+            ToolFormat::QwenXml => "qwen_xml",
             ToolFormat::Llama3 => "llama3",
             ToolFormat::Harmony => "harmony",
             ToolFormat::Generic => "generic",
@@ -137,10 +146,12 @@ pub fn prepare(format: ToolFormat, messages: &[Message], req: &ToolRequest) -> P
             messages: generic_messages(messages, req),
             tools: None,
         },
-        ToolFormat::Hermes | ToolFormat::Llama3 | ToolFormat::Harmony => Prepared {
-            messages: messages.to_vec(),
-            tools: Some(template_tools(req)),
-        },
+        ToolFormat::Hermes | ToolFormat::QwenXml | ToolFormat::Llama3 | ToolFormat::Harmony => {
+            Prepared {
+                messages: messages.to_vec(),
+                tools: Some(template_tools(req)),
+            }
+        }
     }
 }
 
@@ -177,15 +188,26 @@ pub fn grammar(format: ToolFormat, req: &ToolRequest, reasoning: usize) -> Optio
         }
         ToolFormat::Hermes => must_call.then(|| {
             let schema = calls_schema(&allowed, "arguments");
-            let call = format!(
-                "\"<tool_call>\\n\" {} \"\\n</tool_call>\"",
-                lark_json(&schema)
-            );
-            Grammar::Lark(if req.parallel {
-                format!("start: call (\"\\n\" call)*\ncall: {call}\n")
-            } else {
-                format!("start: {call}\n")
-            })
+            tagged_calls(
+                &format!(
+                    "\"<tool_call>\\n\" {} \"\\n</tool_call>\"",
+                    lark_json(&schema)
+                ),
+                req.parallel,
+            )
+        }),
+        ToolFormat::QwenXml => must_call.then(|| {
+            let calls: Vec<String> = allowed
+                .iter()
+                .map(|t| {
+                    format!(
+                        "{} {} \"</function>\\n</tool_call>\"",
+                        lark_literal(&format!("<tool_call>\n<function={}>\n", t.name)),
+                        xml_parameters(&t.parameters)
+                    )
+                })
+                .collect();
+            tagged_calls(&calls.join(" | "), req.parallel)
         }),
         ToolFormat::Llama3 => must_call.then(|| {
             let schema = calls_schema(&allowed, "parameters");
@@ -219,6 +241,135 @@ pub fn grammar(format: ToolFormat, req: &ToolRequest, reasoning: usize) -> Optio
             )
         }),
     }
+}
+
+/// The grammar of an answer that is one call (`call`, a Lark expression),
+/// or with `parallel` several, one per line.
+fn tagged_calls(call: &str, parallel: bool) -> Grammar {
+    Grammar::Lark(if parallel {
+        format!("start: call (\"\\n\" call)*\ncall: {call}\n")
+    } else {
+        format!("start: call\ncall: {call}\n")
+    })
+}
+
+/// `text` as a Lark string literal (JSON's escapes are Lark's).
+fn lark_literal(text: &str) -> String {
+    Value::String(text.to_string()).to_string()
+}
+
+/// The Lark expression of a Qwen XML call's parameters under `schema` (a
+/// function's `parameters`): each property in the schema's order, the
+/// required ones always, the others maybe. A string's value is its text,
+/// any text that does not hold a line starting with `<` (so the lexeme
+/// that ends at `\n</parameter>\n` is unambiguous); a choice of strings
+/// (`enum`, `const`) one of them bare; any other value JSON valid for its
+/// schema.
+fn xml_parameters(schema: &Value) -> String {
+    let required: Vec<&str> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map_or_else(Vec::new, |r| r.iter().filter_map(Value::as_str).collect());
+    let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
+        return String::new();
+    };
+    properties
+        .iter()
+        .map(|(key, sub)| {
+            let open = lark_literal(&format!("<parameter={key}>\n"));
+            let param = if is_plain_string(sub) {
+                format!("({open} /(?:[^\\n]|\\n[^<])*\\n<\\/parameter>\\n/)")
+            } else {
+                // The template writes a string bare (`| string`), so a
+                // choice of strings is a choice of bare texts.
+                let value = match string_choices(sub) {
+                    Some(choices) => format!(
+                        "({})",
+                        choices
+                            .iter()
+                            .map(|c| lark_literal(c))
+                            .collect::<Vec<_>>()
+                            .join(" | ")
+                    ),
+                    None => lark_json(sub),
+                };
+                format!("({open} {value} \"\\n</parameter>\\n\")")
+            };
+            if required.contains(&key.as_str()) {
+                param
+            } else {
+                format!("{param}?")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Whether `schema` is a string with no constraint on its text, which the
+/// Qwen XML format writes bare; a string with an `enum`, `const` or
+/// `pattern` is constrained as JSON, quotes included.
+fn is_plain_string(schema: &Value) -> bool {
+    schema.get("type").and_then(Value::as_str) == Some("string")
+        && ["enum", "const", "pattern"]
+            .iter()
+            .all(|k| schema.get(k).is_none())
+}
+
+/// The strings `schema` allows when it is an `enum` or `const` of strings
+/// only.
+fn string_choices(schema: &Value) -> Option<Vec<&str>> {
+    let values = match (schema.get("enum"), schema.get("const")) {
+        (Some(Value::Array(values)), None) => values.iter().collect::<Vec<_>>(),
+        (None, Some(value)) => vec![value],
+        _ => return None,
+    };
+    let choices: Vec<&str> = values.iter().filter_map(|v| v.as_str()).collect();
+    (!choices.is_empty() && choices.len() == values.len()).then_some(choices)
+}
+
+/// A Qwen XML call's body (between `<tool_call>` and `</tool_call>`): the
+/// function's name and its arguments, each value typed by the function's
+/// schema in `req` (a plain string is its text; anything else its JSON,
+/// or Python's `True`, `False`, `None` as the template writes them, else
+/// the text).
+fn xml_call(body: &str, req: &ToolRequest) -> Option<(String, Value)> {
+    let inner = body.trim().strip_prefix("<function=")?;
+    let close = inner.find('>')?;
+    let name = inner[..close].trim();
+    let mut rest = inner[close + 1..]
+        .trim()
+        .strip_suffix("</function>")?
+        .trim();
+    let properties = req
+        .tools
+        .iter()
+        .find(|t| t.name == name)
+        .and_then(|t| t.parameters.get("properties"));
+    let mut args = Map::new();
+    while let Some(param) = rest.strip_prefix("<parameter=") {
+        let close = param.find('>')?;
+        let key = param[..close].trim();
+        let value = &param[close + 1..];
+        let end = value.find("</parameter>")?;
+        let raw = &value[..end];
+        let raw = raw.strip_prefix('\n').unwrap_or(raw);
+        let raw = raw.strip_suffix('\n').unwrap_or(raw);
+        let schema = properties.and_then(|p| p.get(key));
+        let typed = if schema.is_some_and(is_plain_string) {
+            Value::String(raw.to_string())
+        } else {
+            match raw.trim() {
+                "True" => Value::Bool(true),
+                "False" => Value::Bool(false),
+                "None" => Value::Null,
+                t => serde_json::from_str(t).unwrap_or_else(|_| Value::String(raw.to_string())),
+            }
+        };
+        args.insert(key.to_string(), typed);
+        rest = value[end + "</parameter>".len()..].trim_start();
+    }
+    rest.is_empty()
+        .then(|| (name.to_string(), Value::Object(args)))
 }
 
 /// The generic format's conversation: the functions and the answer's
@@ -333,19 +484,26 @@ pub fn parse(format: ToolFormat, text: &str, req: &ToolRequest, id_hex: &str) ->
             }
             _ => content = text.to_string(),
         },
-        ToolFormat::Hermes => {
+        ToolFormat::Hermes | ToolFormat::QwenXml => {
             let mut rest = text;
             while let Some(start) = rest.find("<tool_call>") {
                 let after = &rest[start + "<tool_call>".len()..];
                 let Some(end) = after.find("</tool_call>") else {
                     break;
                 };
-                let parsed = serde_json::from_str::<Value>(after[..end].trim()).ok();
-                match parsed.as_ref().and_then(|v| {
-                    let name = v.get("name")?.as_str()?;
-                    let args = v.get("arguments").or_else(|| v.get("parameters"))?;
-                    known(name).then(|| (name.to_string(), args.clone()))
-                }) {
+                let body = &after[..end];
+                let call = if format == ToolFormat::QwenXml {
+                    xml_call(body, req)
+                } else {
+                    serde_json::from_str::<Value>(body.trim())
+                        .ok()
+                        .and_then(|v| {
+                            let name = v.get("name")?.as_str()?.to_string();
+                            let args = v.get("arguments").or_else(|| v.get("parameters"))?;
+                            Some((name, args.clone()))
+                        })
+                };
+                match call.filter(|(name, _)| known(name)) {
                     Some(call) => {
                         content.push_str(&rest[..start]);
                         calls.push(call);
@@ -500,6 +658,39 @@ mod tests {
             ToolFormat::detect(Some("{%- if tools %}{% endif %}<|python_tag|>")),
             ToolFormat::Llama3
         );
+        assert_eq!(
+            ToolFormat::detect(Some("{{- '<tool_call>\\n<function=' + tool_call.name }}")),
+            ToolFormat::QwenXml
+        );
+    }
+
+    #[test]
+    fn qwen_xml_calls_are_read_with_their_schema_types() {
+        let mut r = req(ToolChoice::Auto);
+        r.tools.push(Tool {
+            name: "plan".into(),
+            description: None,
+            parameters: json!({"type": "object", "properties": {"days": {"type": "integer"}, "note": {"type": "string"}, "tags": {"type": "array"}, "ok": {"type": "boolean"}}}),
+            strict: false,
+        });
+        let text = "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=plan>\n<parameter=days>\n3\n</parameter>\n<parameter=note>\n42\nand <b>more</b>\n</parameter>\n<parameter=tags>\n[\"a\", \"b\"]\n</parameter>\n<parameter=ok>\nTrue\n</parameter>\n</function>\n</tool_call>";
+        let a = parse(ToolFormat::QwenXml, text, &r, "q");
+        assert_eq!(a.content.as_deref(), Some("Let me check."));
+        assert_eq!(a.calls.len(), 2);
+        assert_eq!(a.calls[0].name, "get_weather");
+        assert_eq!(a.calls[0].arguments, r#"{"city":"New York"}"#);
+        assert_eq!(a.calls[1].name, "plan");
+        assert_eq!(
+            a.calls[1].arguments,
+            r#"{"days":3,"note":"42\nand <b>more</b>","tags":["a","b"],"ok":true}"#
+        );
+        // An unknown function, or a body that is not the XML form, stays text.
+        let odd = "<tool_call>\n<function=launch>\n</function>\n</tool_call>";
+        let a = parse(ToolFormat::QwenXml, odd, &r, "q");
+        assert!(a.calls.is_empty());
+        assert_eq!(a.content.as_deref(), Some(odd));
+        let broken = "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</tool_call>";
+        assert!(parse(ToolFormat::QwenXml, broken, &r, "q").calls.is_empty());
     }
 
     #[test]

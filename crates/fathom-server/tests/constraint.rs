@@ -58,6 +58,11 @@ fn tool_grammars_accept_valid_calls_and_refuse_others() {
             "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"unit\": \"kelvin\"}}\n</tool_call>",
         ),
         (
+            ToolFormat::QwenXml,
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nSaint-\u{c9}tienne <Paris>\nnorth\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>",
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=unit>\nkelvin\n</parameter>\n</function>\n</tool_call>",
+        ),
+        (
             ToolFormat::Llama3,
             "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"unit\": \"fahrenheit\"}}",
             "{\"name\": \"get_time\", \"parameters\": {}}",
@@ -138,6 +143,40 @@ fn json_schemas_walk_the_compact_layout_and_gbnf_compiles() {
         .compile(&Grammar::Gbnf("root ::= missing".into()))
         .unwrap_err();
     assert!(e.message.contains("missing"), "{e:?}");
+}
+
+#[test]
+fn qwen_xml_calls_may_leave_out_optional_parameters_and_come_in_parallel() {
+    let tok = tokenizer();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let req = ToolRequest {
+        tools: vec![Tool {
+            name: "forecast".into(),
+            description: None,
+            parameters: json!({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}),
+            strict: true,
+        }],
+        choice: ToolChoice::Required,
+        parallel: true,
+    };
+    let grammar = tools::grammar(ToolFormat::QwenXml, &req, 1000).unwrap();
+    let two = "<tool_call>\n<function=forecast>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=forecast>\n<parameter=city>\nBergen\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk(&mut state, &tok, two);
+    assert_eq!(ok, n, "the two calls were refused at token {ok}");
+    assert!(state.is_stopped() || state.is_accepting());
+    let read = tools::parse(ToolFormat::QwenXml, two, &req, "p");
+    assert_eq!(read.calls.len(), 2);
+    assert_eq!(read.calls[1].arguments, r#"{"city":"Bergen","days":3}"#);
+    // An integer parameter takes JSON only; the required one cannot go.
+    for bad in [
+        "<tool_call>\n<function=forecast>\n<parameter=city>\nOslo\n</parameter>\n<parameter=days>\nthree\n</parameter>",
+        "<tool_call>\n<function=forecast>\n<parameter=days>\n3\n</parameter>",
+    ] {
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, bad);
+        assert!(ok < n, "{bad:?} went through");
+    }
 }
 
 #[test]

@@ -4,6 +4,7 @@
 use std::ops::Range;
 
 use minijinja::syntax::SyntaxConfig;
+use minijinja::value::{Kwargs, ValueKind};
 use minijinja::{context, Environment, Error, ErrorKind, Value};
 
 use crate::{Special, Tokenizer, TokenizerError, TooManyTokens};
@@ -161,6 +162,8 @@ impl ChatTemplate {
                 Err(Error::new(ErrorKind::InvalidOperation, message))
             },
         );
+        env.add_filter("tojson", tojson);
+        env.add_function("strftime_now", strftime_now);
         env.add_template_owned(NAME, source.to_string())
             .map_err(template_error)?;
         Ok(ChatTemplate {
@@ -272,6 +275,221 @@ impl ChatTemplate {
             })
             .map_err(template_error)
     }
+}
+
+/// The `tojson` filter as Hugging Face defines it for chat templates
+/// (`json.dumps(x, ensure_ascii=False, indent=indent)`): Python's
+/// separators (`", "`, `": "`; `","` and a new line per item with an
+/// indent), key order kept, no HTML escaping; the keywords `indent` and
+/// `ensure_ascii` as Python's. minijinja's own escapes `<`, `>`, `&` and
+/// `'` (as `\u003c` and so on, for HTML), which is not the text models
+/// were trained on: a tool description `"zone (<Area>/<City>)"` in Qwen's
+/// tool list, a past call's arguments in gpt-oss's.
+fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
+    kwargs.assert_all_used()?;
+    let mut out = String::new();
+    write_json(value, indent.map(|n| n.min(64)), 0, &mut out)?;
+    if ensure_ascii == Some(true) {
+        // Outside strings JSON is ASCII: every other character is in one.
+        let mut units = [0u16; 2];
+        out = out
+            .chars()
+            .map(|c| match c {
+                ' '..='~' | '\n' => c.to_string(),
+                _ => c
+                    .encode_utf16(&mut units)
+                    .iter()
+                    .map(|u| format!("\\u{u:04x}"))
+                    .collect(),
+            })
+            .collect();
+    }
+    Ok(Value::from_safe_string(out))
+}
+
+/// Nesting `tojson` writes at most: request values nest at most 128 deep
+/// (serde_json's limit); a template could build deeper ones.
+const MAX_JSON_DEPTH: usize = 256;
+
+/// Appends `value` to `out` as [`tojson`] writes it, `depth` levels in.
+fn write_json(
+    value: &Value,
+    indent: Option<usize>,
+    depth: usize,
+    out: &mut String,
+) -> Result<(), Error> {
+    if depth > MAX_JSON_DEPTH {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: the value nests more than {MAX_JSON_DEPTH} deep"),
+        ));
+    }
+    let quote = |s: &str| serde_json::Value::String(s.to_string()).to_string();
+    // What goes before an item of a list or map: its separator from the
+    // previous one, then with an indent a new line at the item's depth.
+    let item = |out: &mut String, i: usize| {
+        if i > 0 {
+            out.push(',');
+            if indent.is_none() {
+                out.push(' ');
+            }
+        }
+        if let Some(n) = indent {
+            out.push('\n');
+            out.extend(std::iter::repeat_n(' ', n * (depth + 1)));
+        }
+    };
+    let close = |out: &mut String, items: usize, end: char| {
+        if let (Some(n), true) = (indent, items > 0) {
+            out.push('\n');
+            out.extend(std::iter::repeat_n(' ', n * depth));
+        }
+        out.push(end);
+    };
+    match value.kind() {
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),
+        ValueKind::Number => out.push_str(&value.to_string()),
+        ValueKind::String => out.push_str(&quote(value.as_str().unwrap_or_default())),
+        ValueKind::Map => {
+            out.push('{');
+            let mut n = 0;
+            for key in value.try_iter()? {
+                item(out, n);
+                out.push_str(&quote(
+                    &key.as_str().map_or_else(|| key.to_string(), String::from),
+                ));
+                out.push_str(": ");
+                write_json(&value.get_item(&key)?, indent, depth + 1, out)?;
+                n += 1;
+            }
+            close(out, n, '}');
+        }
+        ValueKind::Seq | ValueKind::Iterable => {
+            out.push('[');
+            let mut n = 0;
+            for v in value.try_iter()? {
+                item(out, n);
+                write_json(&v, indent, depth + 1, out)?;
+                n += 1;
+            }
+            close(out, n, ']');
+        }
+        kind => {
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: a {kind} value has no JSON form"),
+            ))
+        }
+    }
+    Ok(())
+}
+
+/// `strftime_now(format)`, the clock Hugging Face gives templates (gpt-oss's
+/// writes `Current date: ` with `"%Y-%m-%d"`, Llama 3.2's `"%d %b %Y"`):
+/// the time now in UTC, through the directives chat templates use. Any
+/// other directive is an error that names it.
+fn strftime_now(format: String) -> Result<String, Error> {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    strftime(&format, secs)
+}
+
+/// The UTC calendar date (year, month 1–12, day 1–31) of `secs` seconds
+/// after the Unix epoch, by Howard Hinnant's civil-from-days algorithm:
+/// the clock templates read, and the date reports carry.
+pub fn civil_date(secs: u64) -> (u64, u64, u64) {
+    let z = secs / 86_400 + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
+/// `format` with its directives filled in for `secs` seconds after the
+/// Unix epoch (UTC).
+fn strftime(format: &str, secs: u64) -> Result<String, Error> {
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+    ];
+    let days = secs / 86_400;
+    let (hour, minute, second) = (secs % 86_400 / 3600, secs % 3600 / 60, secs % 60);
+    let (year, month, day) = civil_date(secs);
+    let month_name = MONTHS[(month - 1) as usize];
+    let weekday = DAYS[(days % 7) as usize];
+    let mut out = String::with_capacity(format.len() + 16);
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        // `%-d`: glibc's unpadded form, which templates use too.
+        let mut d = chars.next();
+        let unpadded = d == Some('-');
+        if unpadded {
+            d = chars.next();
+        }
+        let num = |v: u64| {
+            if unpadded {
+                v.to_string()
+            } else {
+                format!("{v:02}")
+            }
+        };
+        match d {
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&num(year % 100)),
+            Some('m') => out.push_str(&num(month)),
+            Some('d') => out.push_str(&num(day)),
+            Some('H') => out.push_str(&num(hour)),
+            Some('M') => out.push_str(&num(minute)),
+            Some('S') => out.push_str(&num(second)),
+            Some('B') => out.push_str(month_name),
+            Some('b') => out.push_str(&month_name[..3]),
+            Some('A') => out.push_str(weekday),
+            Some('a') => out.push_str(&weekday[..3]),
+            Some('%') => out.push('%'),
+            other => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!(
+                        "strftime_now: the directive %{} in {format:?} is not supported (known: %Y %y %m %d %H %M %S %B %b %A %a %%, %-d and the like)",
+                        other.map_or(String::new(), String::from)
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// Text a client wrote that lands where the prompt's markers become
@@ -447,4 +665,47 @@ pub fn encode_chat_tools(
     tokenizer
         .encode_bounded(&text, false, special, limit)
         .map_err(ChatEncodeError::TooMany)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strftime_fills_the_directives_templates_use() {
+        // 1,700,000,000 s: Tuesday 14 November 2023, 22:13:20 UTC.
+        let at = 1_700_000_000;
+        assert_eq!(strftime("%Y-%m-%d", at).unwrap(), "2023-11-14");
+        assert_eq!(strftime("%d %b %Y", at).unwrap(), "14 Nov 2023");
+        assert_eq!(
+            strftime("%A, %B %-d, %y %H:%M:%S %a 100%%", at).unwrap(),
+            "Tuesday, November 14, 23 22:13:20 Tue 100%"
+        );
+        assert_eq!(strftime("%Y-%m-%d", 0).unwrap(), "1970-01-01");
+        // 29 February 2024.
+        assert_eq!(strftime("%d.%m.%Y", 1_709_164_800).unwrap(), "29.02.2024");
+        let e = strftime("%Q", at).unwrap_err().to_string();
+        assert!(e.contains("%Q"), "{e}");
+    }
+
+    #[test]
+    fn tojson_writes_python_separators_unescaped() {
+        let t = ChatTemplate::new(
+            "{{ messages[0].tool_calls[0].function.arguments | tojson }}|{{ [1, {'a': '<b> & c\u{e9}'}] | tojson(indent=2) }}|{{ ['\u{e9}\u{1f600}'] | tojson(ensure_ascii=true) }}",
+            "",
+            "",
+        )
+        .unwrap();
+        let mut m = Message::new("assistant", "");
+        m.tool_calls.push(ToolCall {
+            id: "c".into(),
+            name: "f".into(),
+            arguments: r#"{"city": "Oslo", "days": [1, 2], "x": {}}"#.into(),
+        });
+        let out = t.render(&[m], false).unwrap();
+        assert_eq!(
+            out,
+            "{\"city\": \"Oslo\", \"days\": [1, 2], \"x\": {}}|[\n  1,\n  {\n    \"a\": \"<b> & c\u{e9}\"\n  }\n]|[\"\\u00e9\\ud83d\\ude00\"]"
+        );
+    }
 }

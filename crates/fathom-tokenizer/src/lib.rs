@@ -15,8 +15,8 @@ mod tokenizer;
 mod unicode;
 
 pub use chat::{
-    encode_chat, encode_chat_tools, json_to_template, ChatEncodeError, ChatTemplate, Message,
-    TemplateKwargs, ToolCall,
+    civil_date, encode_chat, encode_chat_tools, json_to_template, ChatEncodeError, ChatTemplate,
+    Message, TemplateKwargs, ToolCall,
 };
 pub use stream::StreamDecoder;
 pub use tokenizer::{Special, Tokenizer, TooManyTokens};
