@@ -8,7 +8,9 @@
 #   FATHOM         a release `fathom` built elsewhere (the GPU machine needs no Rust)
 #   LLAMA_BIN_DIR  llama.cpp's CUDA tools (build-llamacpp-cuda.sh); llama-quantize makes the Q4_K_M file
 # Env: ROUNDS (2) alternating rounds; REPS (3) repetitions inside each run; FILES to pick a subset
-# (space-separated; the default five, or also llama8b-q4_0.gguf): only those files are written.
+# (space-separated; the default five, or also llama8b-q4_0.gguf, qwen35-4b-q8_0.gguf, qwen35moe-q4_k.gguf (the
+# Qwen3.5-35B-A3B shape cut to 10 of its 40 layers) and gemma4-q4_k.gguf (Gemma 4 31B cut to 12 of 60 layers)):
+# only those files are written.
 set -uo pipefail
 fathom=${1:?usage: cuda-speed.sh FATHOM LLAMA_BIN_DIR WORK_DIR OUT_DIR}
 llama=${2:?llama bin dir}
@@ -31,6 +33,9 @@ wants smollm2-q4_1.gguf && fixture smollm2-135m Q4_1 smollm2-q4_1.gguf
 wants llama8b-q8_0.gguf && fixture llama-3.1-8b Q8_0 llama8b-q8_0.gguf
 wants llama8b-q4_0.gguf && fixture llama-3.1-8b Q4_0 llama8b-q4_0.gguf
 wants qwen3moe-q4_0.gguf && fixture qwen3-30b-a3b Q4_0 qwen3moe-q4_0.gguf
+wants qwen35-4b-q8_0.gguf && fixture qwen3.5-4b Q8_0 qwen35-4b-q8_0.gguf
+wants qwen35moe-q4_k.gguf && fixture qwen3.5-35b-a3b Q4_K qwen35moe-q4_k.gguf 10
+wants gemma4-q4_k.gguf && fixture gemma-4-31b Q4_K gemma4-q4_k.gguf 12
 if wants llama8b-q4_k_m.gguf && [[ ! -f "$work/llama8b-q4_k_m.gguf" ]]; then
     "$llama/llama-quantize" "$work/llama8b-f16.gguf" "$work/llama8b-q4_k_m.gguf" Q4_K_M 16 >/dev/null 2>&1
 fi
