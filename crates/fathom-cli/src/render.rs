@@ -41,6 +41,7 @@ fn term_label(name: &str) -> &'static str {
         "nccl_library" => "NCCL library",
         "device_contexts" => "Device contexts",
         "host_kv" => "Host layers' KV",
+        "host_recurrent_state" => "Host layers' state",
         "host_activations" => "Host activations",
         _ => "Other",
     }

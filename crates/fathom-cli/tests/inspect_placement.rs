@@ -241,6 +241,11 @@ fn every_fixture_family_is_placed_as_the_engine_runs_it_or_refused_by_name() {
             host_linear > 0,
             "{name}: {host_terms:?}"
         );
+        if host_linear > 0 {
+            let out = fathom(&[&["inspect", model][..], &cuda].concat(), &[]);
+            let text = stdout(&out);
+            assert!(text.contains("Host layers' state"), "{name}: {text}");
+        }
         println!(
             "{name}: {} of {} layers on the GPU, experts of {} on the host; host terms {host_terms:?}",
             placed.gpu_layers, placed.n_layers, placed.cpu_moe_layers
