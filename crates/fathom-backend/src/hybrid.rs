@@ -9,6 +9,9 @@
 //! input and router logits to its experts and their output back). Every
 //! other op runs on the current side; a weight op checks that its weight
 //! lives there. Weight ids are this backend's own, mapped to each side's.
+//! Like its KV, a linear-attention layer's recurrent state lives on the
+//! side that runs the layer: each side holds its own layers' states (the
+//! engine numbers them among the side's layers) in slots of the same ids.
 
 use crate::cpu::CpuBackend;
 use crate::{

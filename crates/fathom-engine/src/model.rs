@@ -272,17 +272,18 @@ impl Loader<'_> {
 
 /// Whether the engine runs `spec`, a family it knows, on a backend of
 /// `features` (`backend`: its device's name and how many devices it
-/// spreads the model over, for the refusal), split between the GPU and the
-/// host as `placement` says when given: the refusals of the device that
+/// spreads the model over, for the refusal), split between the GPU and
+/// the host as `placement` says when given: the device's refusals that
 /// [`Model::load`] makes before it reads a weight, each naming the family
-/// and what stands in the way. `inspect` asks the same of a device's
+/// and what stands in the way. `inspect` asks the same of the device's
 /// [`Features::of`], so that it never plans (and places) a model the load
-/// would refuse there. A split runs every
-/// family both of its sides run (the placement keeps each layer's
-/// attention, norms and dense FFN on one side, its routed experts on one
-/// side, and each linear-attention layer's recurrent state with the
-/// layer); only an `--override-tensor` that tears such a group apart is
-/// refused.
+/// would refuse there.
+///
+/// A split runs every family both of its sides run: the placement keeps
+/// each layer's attention, norms and dense FFN on one side, its routed
+/// experts on one side, and a linear-attention layer's recurrent state
+/// with the layer. Only an `--override-tensor` that tears such a group
+/// apart is refused.
 pub fn check_runs(
     spec: &ModelSpec,
     features: Features,

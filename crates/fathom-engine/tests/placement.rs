@@ -293,3 +293,42 @@ fn a_hybrid_model_is_refused_tensor_parallelism() {
     let _ = std::fs::remove_dir_all(&d);
     assert!(e.contains("linear-attention"), "{e}");
 }
+
+/// Plan = allocation on both sides for a split hybrid model: at every
+/// layer boundary of Qwen3.5 (batch 3), the host's CPU backend allocates
+/// exactly the host plan's `host_recurrent_state` and the device's KV
+/// layout carries exactly the states the device plan carves (the CUDA
+/// backend refuses a layout whose carve differs); together they are the
+/// unsplit plan's `recurrent_state`.
+#[test]
+fn each_side_allocates_the_recurrent_state_its_plan_counts() {
+    let d = dir("state-bytes");
+    let path = d.join("qwen35.gguf");
+    Format::Gguf(T::F32).write(&fathom_fixtures::tiny_qwen3_5(), &path, 5);
+    let spec = ModelSpec::from_checkpoint(&Checkpoint::open(&path).unwrap()).unwrap();
+    let whole = MemoryPlan::new(&spec, schedule_inputs(Device::Cuda)).unwrap();
+    assert!(whole.recurrent_bytes > 0);
+    for g in 0..spec.layers.len() as u64 {
+        let plan =
+            MemoryPlan::with_placement(&spec, schedule_inputs(Device::Cuda), &layers(g)).unwrap();
+        let placed = plan.placement.clone().unwrap();
+        let host_term = plan
+            .host
+            .as_ref()
+            .unwrap()
+            .terms
+            .iter()
+            .find(|t| t.name == "host_recurrent_state")
+            .map_or(0, |t| t.bytes);
+        let host_kv = Engine::host_kv_layout(&spec, &plan).unwrap();
+        let host = CpuBackend::new(2, &placed.host_arena, host_kv).unwrap();
+        assert_eq!(host.recurrent_bytes() as u64, host_term, "-ngl {g}");
+        let device_kv = Engine::kv_layout(&spec, &plan);
+        let device_states = device_kv.recurrent.as_ref().map_or(0, |r| r.bytes);
+        let carve = plan.device_layout.as_ref().unwrap().recurrent.bytes;
+        assert_eq!(device_states, carve, "-ngl {g}");
+        assert_eq!(carve, plan.recurrent_bytes, "-ngl {g}");
+        assert_eq!(carve + host_term, whole.recurrent_bytes, "-ngl {g}");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}

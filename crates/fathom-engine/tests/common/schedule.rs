@@ -7,10 +7,10 @@ use fathom_engine::{Engine, ScoreRows, Segment};
 /// sampled, so both devices run the same inputs): three prompts of 13, 20
 /// and 6 tokens prefilled in chunks of up to 8 tokens, two of them sharing
 /// steps, then 4 steps decoding all three together (one-token steps: the
-/// decode kernels, replayed as graphs). Token ids below `vocab` (below
-/// 763 they are what they are: the ids are at most 762). Rows in step
-/// order; every sequence is released at the end, so a second run reuses
-/// their KV blocks and state slots.
+/// decode kernels, replayed as graphs). Token ids are taken modulo
+/// `vocab`, which changes none of them from 763 up (they are at most 762).
+/// Rows in step order; every sequence is released at the end, so a second
+/// run reuses their KV blocks and state slots.
 pub fn schedule_logits(engine: &mut Engine, vocab: u32) -> Vec<Vec<f32>> {
     let prompts: Vec<Vec<u32>> = [(13u32, 5u32), (20, 19), (6, 33)]
         .iter()
