@@ -244,7 +244,11 @@ fn every_fixture_family_is_placed_as_the_engine_runs_it_or_refused_by_name() {
         if host_linear > 0 {
             let out = fathom(&[&["inspect", model][..], &cuda].concat(), &[]);
             let text = stdout(&out);
-            assert!(text.contains("Host layers' state"), "{name}: {text}");
+            assert!(
+                text.contains("Host layers' state")
+                    && text.contains("cpu (attention, KV and recurrent state)"),
+                "{name}: {text}"
+            );
         }
         println!(
             "{name}: {} of {} layers on the GPU, experts of {} on the host; host terms {host_terms:?}",

@@ -147,7 +147,8 @@ impl PlacementRequest {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LayerPlace {
     pub layer: u64,
-    /// Where the layer runs (its attention and KV).
+    /// Where the layer runs (its attention and KV, or a linear-attention
+    /// layer's recurrent state).
     pub place: Place,
     /// Where its routed expert tensors sit (MoE only).
     #[serde(skip_serializing_if = "Option::is_none")]
