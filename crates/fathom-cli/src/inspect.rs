@@ -5,9 +5,8 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 use clap::Args;
-use fathom_backend::Features;
 use fathom_checkpoint::Checkpoint;
-use fathom_plan::{quant, Device, MemoryPlan};
+use fathom_plan::{quant, MemoryPlan};
 use fathom_spec::ModelSpec;
 use serde::Serialize;
 
@@ -77,15 +76,6 @@ pub fn run(args: &InspectArgs) -> Result<ExitCode> {
         .unwrap_or_else(|| planning::default_context(&spec));
     let inputs = args.plan.inputs(max_tokens, args.batch)?;
     let n = args.plan.tensor_parallel;
-    // A model the device's backend would refuse at load is refused here,
-    // by the same rule, rather than planned (and placed) as if it ran.
-    // rocm and metal are planning targets: their plans are the answer.
-    let device = inputs.device;
-    if matches!(device, Device::Cpu | Device::Cuda) {
-        let devices = n as usize;
-        let features = Features::of(device, devices);
-        fathom_engine::check_runs(&spec, features, (device.name(), devices), None)?;
-    }
     if args.recommend_quant && n != 1 {
         bail!("--recommend-quant weighs whole-model weights against one device's memory: drop it, or --tensor-parallel {n}");
     }

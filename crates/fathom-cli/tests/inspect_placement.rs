@@ -153,8 +153,8 @@ fn placement_flags_need_one_cuda_device_and_valid_values() {
 /// no group apart, and a model larger than the device is split with the
 /// host layers' KV and (Qwen3.5) recurrent state counted on the host — or
 /// refuses by name: gpt-oss, which the CUDA backend does not run yet,
-/// exits 1 naming the family, the backend and `--device cpu`, where it is
-/// planned.
+/// exits 1 naming the family, the backend and `--device cpu` (and so does
+/// `generate`, before it plans a load), and is planned on the CPU.
 #[test]
 fn every_fixture_family_is_placed_as_the_engine_runs_it_or_refused_by_name() {
     use fathom_backend::Features;
@@ -190,6 +190,15 @@ fn every_fixture_family_is_placed_as_the_engine_runs_it_or_refused_by_name() {
                 err.contains("gpt_oss models cannot run on the cuda backend")
                     && err.contains("--device cpu"),
                 "{name}: {err}"
+            );
+            // generate refuses it the same way, before planning a load.
+            let gen = [&["generate", model, "-p", "hi", "-n", "1"][..], &cuda].concat();
+            let out = fathom(&gen, &[]);
+            assert_eq!(out.status.code(), Some(1), "{name}: {}", stderr(&out));
+            assert!(
+                stderr(&out).contains("gpt_oss models cannot run on the cuda backend"),
+                "{name}: {}",
+                stderr(&out)
             );
             let on_cpu = [
                 "--device", "cpu", "--memory", "64G", "-c", "4096", "-t", "2",
