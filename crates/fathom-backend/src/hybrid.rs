@@ -9,11 +9,14 @@
 //! input and router logits to its experts and their output back). Every
 //! other op runs on the current side; a weight op checks that its weight
 //! lives there. Weight ids are this backend's own, mapped to each side's.
+//! Like its KV, a linear-attention layer's recurrent state lives on the
+//! side that runs the layer: each side holds its own layers' states (the
+//! engine numbers them among the side's layers) in slots of the same ids.
 
 use crate::cpu::CpuBackend;
 use crate::{
     AttentionIo, AttentionShape, Backend, BackendError, Buf, DeviceMemory, Glu, HostMatrix,
-    MatrixId, Place, RopeParams, RoutedFfn, Step, VectorId,
+    LinearIo, LinearShape, LinearWeights, MatrixId, Place, RopeParams, RoutedFfn, Step, VectorId,
 };
 
 /// The host's CPU backend and a device backend driven as one.
@@ -27,9 +30,10 @@ pub struct Hybrid<D> {
     vectors: Vec<(Place, VectorId)>,
     /// Whether the device has run an op since the step's embedding.
     device_in_step: bool,
-    /// Room for a MoE layer's expert ids as its side knows them (sized at
-    /// load, reused each step).
+    /// Room for a MoE layer's expert ids (and gpt-oss's expert biases) as
+    /// its side knows them (sized at load, reused each step).
     experts: Vec<[MatrixId; 3]>,
+    expert_biases: Vec<[VectorId; 3]>,
 }
 
 impl<D: Backend> Hybrid<D> {
@@ -44,6 +48,7 @@ impl<D: Backend> Hybrid<D> {
             vectors: Vec::new(),
             device_in_step: false,
             experts: Vec::new(),
+            expert_biases: Vec::new(),
         }
     }
 
@@ -82,6 +87,14 @@ impl<D: Backend> Hybrid<D> {
             self.side.name()
         );
         inner
+    }
+
+    /// `shape` with its sinks as the current side holds them.
+    fn shape_here(&self, shape: &AttentionShape) -> AttentionShape {
+        AttentionShape {
+            sinks: shape.sinks.map(|s| self.vector(s)),
+            ..*shape
+        }
     }
 
     /// `rope` with its factors as the current side holds them.
@@ -149,6 +162,11 @@ impl<D: Backend> Backend for Hybrid<D> {
             Place::Cuda => self.device.load_vector(values)?,
         };
         self.vectors.push((side, inner));
+        // gpt-oss's expert biases are three vectors an expert.
+        let room = self.vectors.len().div_ceil(3);
+        if self.expert_biases.capacity() < room {
+            self.expert_biases.reserve(room);
+        }
         Ok(VectorId(self.vectors.len() as u32 - 1))
     }
 
@@ -264,11 +282,13 @@ impl<D: Backend> Backend for Hybrid<D> {
     }
 
     fn attention(&mut self, layer: usize, shape: &AttentionShape, step: &Step, io: AttentionIo) {
-        self.here().attention(layer, shape, step, io)
+        let shape = self.shape_here(shape);
+        self.here().attention(layer, &shape, step, io)
     }
 
     fn kv_write(&mut self, layer: usize, step: &Step, k: Buf, v: Buf, shape: &AttentionShape) {
-        self.here().kv_write(layer, step, k, v, shape)
+        let shape = self.shape_here(shape);
+        self.here().kv_write(layer, step, k, v, &shape)
     }
 
     fn attend(
@@ -279,8 +299,8 @@ impl<D: Backend> Backend for Hybrid<D> {
         io: AttentionIo,
         rope: &RopeParams,
     ) {
-        let rope = self.rope_here(rope);
-        self.here().attend(layer, shape, step, io, &rope)
+        let (shape, rope) = (self.shape_here(shape), self.rope_here(rope));
+        self.here().attend(layer, &shape, step, io, &rope)
     }
 
     fn route_experts(
@@ -325,16 +345,88 @@ impl<D: Backend> Backend for Hybrid<D> {
         let mut experts = std::mem::take(&mut self.experts);
         experts.clear();
         experts.extend(ffn.experts.iter().map(|e| e.map(|m| self.matrix(m))));
+        let mut biases = std::mem::take(&mut self.expert_biases);
+        biases.clear();
+        if let Some(all) = ffn.biases {
+            biases.extend(all.iter().map(|b| b.map(|v| self.vector(v))));
+        }
         let inner = RoutedFfn {
             experts: &experts,
+            biases: ffn.biases.map(|_| biases.as_slice()),
             ..*ffn
         };
         self.here().routed_experts(&inner, x, rows, out);
         self.experts = experts;
+        self.expert_biases = biases;
     }
 
     fn zero(&mut self, x: Buf, rows: usize, width: usize) {
         self.here().zero(x, rows, width)
+    }
+
+    /// What both sides run: a layer may run on either.
+    fn runs_gpt_oss(&self) -> bool {
+        self.host.runs_gpt_oss() && self.device.runs_gpt_oss()
+    }
+
+    fn runs_hybrid(&self) -> bool {
+        self.host.runs_hybrid() && self.device.runs_hybrid()
+    }
+
+    /// Each side holds the states of its own layers, in slots of the same
+    /// ids (the engine numbers `linear_layer` among the side's layers).
+    fn gated_delta_rule(
+        &mut self,
+        linear_layer: usize,
+        shape: &LinearShape,
+        weights: &LinearWeights,
+        step: &Step,
+        states: &[usize],
+        io: LinearIo,
+    ) {
+        let weights = LinearWeights {
+            conv: self.vector(weights.conv),
+            dt_bias: self.vector(weights.dt_bias),
+            decay: self.vector(weights.decay),
+        };
+        self.here()
+            .gated_delta_rule(linear_layer, shape, &weights, step, states, io)
+    }
+
+    fn split_heads(&mut self, x: Buf, rows: usize, heads: usize, head_dim: usize, a: Buf, b: Buf) {
+        self.here().split_heads(x, rows, heads, head_dim, a, b)
+    }
+
+    fn add_gated_rows(&mut self, dst: Buf, src: Buf, gate: Buf, rows: usize, width: usize) {
+        self.here().add_gated_rows(dst, src, gate, rows, width)
+    }
+
+    fn sigmoid_gate(&mut self, gate: Buf, x: Buf, rows: usize, width: usize) {
+        self.here().sigmoid_gate(gate, x, rows, width)
+    }
+
+    fn runs_scaled_rows(&self) -> bool {
+        self.host.runs_scaled_rows() && self.device.runs_scaled_rows()
+    }
+
+    fn head_norm_unweighted(
+        &mut self,
+        x: Buf,
+        eps: f32,
+        rows: usize,
+        width: usize,
+        head_dim: usize,
+    ) {
+        self.here()
+            .head_norm_unweighted(x, eps, rows, width, head_dim)
+    }
+
+    fn scale(&mut self, x: Buf, factor: f32, rows: usize, width: usize) {
+        self.here().scale(x, factor, rows, width)
+    }
+
+    fn softcap(&mut self, x: Buf, cap: f32, rows: usize, width: usize) {
+        self.here().softcap(x, cap, rows, width)
     }
 
     fn logits(&mut self, rows: usize, width: usize) -> &mut [f32] {

@@ -34,7 +34,7 @@ pub use fathom_kernels::ops::Yarn;
 pub use fathom_kernels::WeightType;
 pub use fathom_plan::activations::Buf;
 pub use host::{HostBytes, HostMatrix, MatrixStorage, MatrixView};
-pub use registry::{devices, open, DeviceKind};
+pub use registry::{devices, open, DeviceKind, Features};
 
 /// A greedy sampler's pick from one row of logits, `[plain, with banned]`:
 /// the index of the first largest value, NaN skipped (0 when there is

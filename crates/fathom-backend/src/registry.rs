@@ -21,6 +21,53 @@ pub struct DeviceKind {
     pub runs: bool,
 }
 
+/// The model features beyond the common ops that a device's backend runs:
+/// what its [`Backend::runs_hybrid`], [`Backend::runs_gpt_oss`] and
+/// [`Backend::runs_scaled_rows`] answer (they read [`Features::of`]), known
+/// before a backend is opened, so that `inspect` refuses a model the
+/// device would refuse at load, by the same rule
+/// (`fathom_engine::check_runs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Features {
+    /// Linear-attention layers, gated attention and partial rope (Qwen3.5).
+    pub hybrid: bool,
+    /// Attention sinks, YaRN rope, the clamped SwiGLU and expert biases.
+    pub gpt_oss: bool,
+    /// Values normed without a weight, layer output scales and a logit
+    /// softcap (Gemma 4).
+    pub scaled_rows: bool,
+}
+
+impl Features {
+    /// None of them: what a tensor-parallel group runs yet
+    /// ([`crate::parallel::TensorParallel`] keeps the trait's answers).
+    pub const NONE: Features = Features {
+        hybrid: false,
+        gpt_oss: false,
+        scaled_rows: false,
+    };
+
+    /// The features of the backend that runs a model on `devices` of
+    /// `device` (one, or a tensor-parallel group); none where this build
+    /// runs no models (rocm and metal are planning targets).
+    pub const fn of(device: Device, devices: usize) -> Features {
+        let all = Features {
+            hybrid: true,
+            gpt_oss: true,
+            scaled_rows: true,
+        };
+        match device {
+            _ if devices > 1 => Features::NONE,
+            Device::Cpu => all,
+            Device::Cuda => Features {
+                gpt_oss: false,
+                ..all
+            },
+            Device::Rocm | Device::Metal => Features::NONE,
+        }
+    }
+}
+
 /// Every device kind the plan knows, in `Device::ALL` order.
 pub fn devices() -> Vec<DeviceKind> {
     Device::ALL

@@ -100,20 +100,16 @@ fn write_fixture(args: &FixtureArgs) -> Result<ExitCode> {
         args.experts_type.is_none(),
         "--experts-type: only the gpt-oss shapes take it"
     );
-    let shapes = [
-        ("smollm2-135m", fx::smollm2_135m as fn() -> fx::ModelDef),
-        ("llama-3.1-8b", fx::llama_3_1_8b),
-        ("qwen3-30b-a3b", fx::qwen3_30b_a3b),
-        ("gemma3-1b", fx::gemma3_1b),
-        ("gemma-4-31b", fx::gemma_4_31b),
-        ("qwen3.5-4b", fx::qwen3_5_4b),
-        ("qwen3.5-35b-a3b", fx::qwen3_5_35b_a3b),
-    ];
-    let Some((_, shape)) = shapes.iter().find(|(n, _)| *n == args.like) else {
+    let Some((_, shape)) = fx::LIKE.iter().find(|(n, _)| *n == args.like) else {
         anyhow::bail!(
             "--like {:?}: expected one of {}",
             args.like,
-            shapes.map(|(n, _)| n).join(", ")
+            fx::LIKE
+                .iter()
+                .map(|(n, _)| *n)
+                .chain(fx::GPT_OSS_LIKE.iter().map(|(n, _)| *n))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     };
     let ty = fx::GgufTensorType::ALL
@@ -175,11 +171,14 @@ fn fixture_type(name: &str) -> Result<fathom_fixtures::GgufTensorType> {
 /// matrices in --type.
 fn write_gpt_oss_fixture(args: &FixtureArgs) -> Result<ExitCode> {
     use fathom_fixtures as fx;
-    let mut shape = match args.like.as_str() {
-        "gpt-oss-20b" => fx::gpt_oss_20b(),
-        "gpt-oss-120b" => fx::gpt_oss_120b(),
-        other => anyhow::bail!("--like {other:?}: expected gpt-oss-20b or gpt-oss-120b"),
+    let Some((_, shape)) = fx::GPT_OSS_LIKE.iter().find(|(n, _)| *n == args.like) else {
+        anyhow::bail!(
+            "--like {:?}: expected {}",
+            args.like,
+            fx::GPT_OSS_LIKE.map(|(n, _)| n).join(" or ")
+        );
     };
+    let mut shape = shape();
     let ty = fixture_type(&args.weight_type)?;
     if let Some(experts) = &args.experts_type {
         shape.experts_type = fixture_type(experts)?;

@@ -2,6 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use fathom_backend::Features;
 use fathom_plan::placement::{GpuLayers, PlacementRequest, TensorOverride};
 use fathom_plan::{env, rocm, Device, KvDtype, MemoryPlan, PlanInputs};
 use fathom_spec::ModelSpec;
@@ -83,11 +84,13 @@ impl PlacementArgs {
         spec: &ModelSpec,
         inputs: PlanInputs,
     ) -> Result<MemoryPlan> {
-        match self.request_for(plan, &inputs)? {
+        let planned = match self.request_for(plan, &inputs)? {
             Some(request) => MemoryPlan::with_placement(spec, inputs, &request)
-                .context("computing the memory plan"),
-            None => plan.plan(spec, inputs),
-        }
+                .context("computing the memory plan")?,
+            None => plan.plan(spec, inputs)?,
+        };
+        check_runs(spec, &planned.inputs, plan.tensor_parallel)?;
+        Ok(planned)
     }
 
     /// The placement request when the plan may place the model between
@@ -153,6 +156,22 @@ impl PlanArgs {
             },
         })
     }
+}
+
+/// Refuses a model the device's backend does not run (gpt-oss on cuda, a
+/// hybrid model or Gemma 4 over several GPUs), by the rule the load
+/// applies (`fathom_engine::check_runs` with the device's `Features`),
+/// after the plan's own refusals and before any plan or placement is
+/// printed as if it ran. rocm and metal are planning targets: their plans
+/// are the answer.
+pub fn check_runs(spec: &ModelSpec, inputs: &PlanInputs, tensor_parallel: u64) -> Result<()> {
+    let device = inputs.device;
+    if matches!(device, Device::Cpu | Device::Cuda) {
+        let devices = tensor_parallel as usize;
+        let features = Features::of(device, devices);
+        fathom_engine::check_runs(spec, features, (device.name(), devices), None)?;
+    }
+    Ok(())
 }
 
 /// `--device`: `auto` picks cuda when NVML finds a GPU (and the binary has

@@ -41,6 +41,7 @@ fn term_label(name: &str) -> &'static str {
         "nccl_library" => "NCCL library",
         "device_contexts" => "Device contexts",
         "host_kv" => "Host layers' KV",
+        "host_recurrent_state" => "Host layers' state",
         "host_activations" => "Host activations",
         _ => "Other",
     }
@@ -148,13 +149,19 @@ pub fn plan_text(model: &Path, format: &str, spec: &ModelSpec, plan: &MemoryPlan
         tensor_parallel_text(&mut out, tp);
     }
     if let Some(placed) = &plan.placement {
-        placement_text(&mut out, placed);
+        placement_text(&mut out, placed, spec);
     }
     out
 }
 
-/// Where the placement puts each layer, runs of alike layers on one line.
-fn placement_text(out: &mut String, p: &Placement) {
+/// Where the placement puts each layer, runs of alike layers on one line
+/// (a hybrid model's linear layers take their recurrent state along).
+fn placement_text(out: &mut String, p: &Placement, spec: &ModelSpec) {
+    let held = if spec.linear.is_some() {
+        "attention, KV and recurrent state"
+    } else {
+        "attention and KV"
+    };
     let _ = writeln!(
         out,
         "
@@ -187,7 +194,7 @@ Placement ({}): {} of {} layers on the GPU, {} on the host; embeddings {}, outpu
         };
         let _ = writeln!(
             out,
-            "  layers {:>3}-{:<3}  {} (attention and KV){experts}: {} on the GPU, {} on the host",
+            "  layers {:>3}-{:<3}  {} ({held}){experts}: {} on the GPU, {} on the host",
             first.layer,
             last.layer,
             first.place.name(),

@@ -154,6 +154,7 @@ pub fn run(args: &ServeArgs) -> Result<ExitCode> {
         )
         .context("computing the serve plan")?,
     };
+    planning::check_runs(&opened.spec, &served.plan.inputs, args.plan.tensor_parallel)?;
     if let Some(code) = session::preflight(&model, &opened, &served.plan, &args.preflight) {
         return Ok(code);
     }

@@ -144,3 +144,139 @@ fn placement_flags_need_one_cuda_device_and_valid_values() {
         assert!(stderr(&out).contains(want), "{args:?}: {}", stderr(&out));
     }
 }
+
+/// Every family `fathom bench fixture --like` makes, header-only at its
+/// real shape (Q8_0; gpt-oss's experts MXFP4), on a 3 GiB device at 4,096
+/// tokens: `inspect --device cuda` either prints a placement the engine
+/// accepts — the engine's own load-time rule (`fathom_engine::check_runs`,
+/// with the CUDA backend's features) takes the same placement, which puts
+/// no group apart, and a model larger than the device is split with the
+/// host layers' KV and (Qwen3.5) recurrent state counted on the host — or
+/// refuses by name: gpt-oss, which the CUDA backend does not run yet,
+/// exits 1 naming the family, the backend and `--device cpu` (and so does
+/// `generate`, before it plans a load), and is planned on the CPU.
+#[test]
+fn every_fixture_family_is_placed_as_the_engine_runs_it_or_refused_by_name() {
+    use fathom_backend::Features;
+    use fathom_checkpoint::Checkpoint;
+    use fathom_plan::placement::{Place, PlacementRequest};
+    use fathom_plan::{Available, Device, KvDtype, MemoryPlan, PlanInputs};
+    use fathom_spec::ModelSpec;
+
+    let dir = TempDir::new("place-families");
+    let cuda = [
+        "--device", "cuda", "--memory", "3G", "-c", "4096", "-t", "2",
+    ];
+    let mut files: Vec<(&str, std::path::PathBuf)> = Vec::new();
+    for (name, shape) in fx::LIKE {
+        let path = dir.0.join(format!("{name}.gguf"));
+        fx::write_gguf(&shape(), &path, GgufTensorType::Q8_0, Data::Sparse).unwrap();
+        files.push((name, path));
+    }
+    for (name, shape) in fx::GPT_OSS_LIKE {
+        let path = dir.0.join(format!("{name}.gguf"));
+        fx::write_gpt_oss_gguf(&shape(), GgufTensorType::Q8_0, &path, Data::Sparse).unwrap();
+        files.push((name, path));
+    }
+    let mut split = Vec::new();
+    for (name, path) in &files {
+        let spec = ModelSpec::from_checkpoint(&Checkpoint::open(path).unwrap()).unwrap();
+        let model = path.to_str().unwrap();
+        if spec.family == fathom_spec::Family::GptOss {
+            let out = fathom(&[&["inspect", model][..], &cuda].concat(), &[]);
+            let err = stderr(&out);
+            assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+            assert!(
+                err.contains("gpt_oss models cannot run on the cuda backend")
+                    && err.contains("--device cpu"),
+                "{name}: {err}"
+            );
+            // generate refuses it the same way, before planning a load.
+            let gen = [&["generate", model, "-p", "hi", "-n", "1"][..], &cuda].concat();
+            let out = fathom(&gen, &[]);
+            assert_eq!(out.status.code(), Some(1), "{name}: {}", stderr(&out));
+            assert!(
+                stderr(&out).contains("gpt_oss models cannot run on the cuda backend"),
+                "{name}: {}",
+                stderr(&out)
+            );
+            let on_cpu = [
+                "--device", "cpu", "--memory", "64G", "-c", "4096", "-t", "2",
+            ];
+            inspect_json(path, &on_cpu, &[]);
+            continue;
+        }
+        let v = inspect_json(path, &cuda, &[]);
+        let p = &v["placement"];
+        assert!(p["apart"].is_null(), "{name}: {p}");
+        let inputs = PlanInputs {
+            context: 4096,
+            batch: 1,
+            device: Device::Cuda,
+            kv_dtype: KvDtype::F16,
+            max_tokens_per_step: 512,
+            threads: 2,
+            headroom_factor: 1.0,
+            rocm_inflight_raw: None,
+            host_available: None,
+            available: Available {
+                bytes: 3 * GIB,
+                source: "--memory".into(),
+            },
+        };
+        let plan = MemoryPlan::with_placement(&spec, inputs, &PlacementRequest::default()).unwrap();
+        let placed = plan.placement.as_ref().unwrap();
+        assert_eq!(placed.gpu_layers, u(p, "gpu_layers"), "{name}");
+        assert_eq!(placed.cpu_moe_layers, u(p, "cpu_moe_layers"), "{name}");
+        fathom_engine::check_runs(
+            &spec,
+            Features::of(Device::Cuda, 1),
+            ("cuda", 1),
+            Some(placed),
+        )
+        .unwrap_or_else(|e| panic!("{name}: the engine refuses inspect's placement: {e}"));
+        let host_terms: Vec<&str> = v["host"]["terms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["name"].as_str().unwrap())
+            .collect();
+        let host_layers = placed.layers.iter().filter(|l| l.place == Place::Cpu);
+        let host_linear = host_layers
+            .filter(|l| spec.layers[l.layer as usize].attention == fathom_spec::Attention::Linear)
+            .count();
+        assert_eq!(
+            host_terms.contains(&"host_recurrent_state"),
+            host_linear > 0,
+            "{name}: {host_terms:?}"
+        );
+        if host_linear > 0 {
+            let out = fathom(&[&["inspect", model][..], &cuda].concat(), &[]);
+            let text = stdout(&out);
+            assert!(
+                text.contains("Host layers' state")
+                    && text.contains("cpu (attention, KV and recurrent state)"),
+                "{name}: {text}"
+            );
+        }
+        println!(
+            "{name}: {} of {} layers on the GPU, experts of {} on the host; host terms {host_terms:?}",
+            placed.gpu_layers, placed.n_layers, placed.cpu_moe_layers
+        );
+        if placed.is_split() {
+            split.push(*name);
+        }
+    }
+    // The shapes larger than 3 GiB at Q8_0 are the ones split.
+    assert_eq!(
+        split,
+        [
+            "llama-3.1-8b",
+            "qwen3-30b-a3b",
+            "gemma-4-31b",
+            "qwen3.5-4b",
+            "qwen3.5-35b-a3b"
+        ],
+        "split placements"
+    );
+}

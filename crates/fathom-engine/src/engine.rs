@@ -241,9 +241,11 @@ impl Engine {
             None => plan.kv_detail.clone(),
         };
         Ok(Engine {
+            // One state slot per sequence, the same id on both sides of a
+            // split (each side holds its own layers' states there).
             kv: KvBlocks::new(
                 &kv_groups,
-                plan.recurrent_detail.as_ref().map(|r| r.sequences),
+                fathom_plan::recurrent::plan(&model.spec, i.batch).map(|r| r.sequences),
             ),
             candidates: vec![(0, 0.0); rows(Buf::Sampler)],
             histories: (0..i.batch)
@@ -686,6 +688,8 @@ fn side_kv_layout(
         groups: fathom_plan::kv::plan(&side_spec, i.context, i.batch, i.kv_dtype).groups,
         dtype: i.kv_dtype,
         layer_groups: fathom_plan::kv::layer_groups(&side_spec),
-        recurrent: plan.recurrent_detail.clone(),
+        // The recurrent states of the side's own linear-attention layers,
+        // as its plan counts them.
+        recurrent: fathom_plan::recurrent::plan(&side_spec, i.batch),
     }
 }

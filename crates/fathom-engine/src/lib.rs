@@ -25,7 +25,7 @@ pub use fathom_tokenizer::{ChatTemplate, Message, Tokenizer};
 pub use kv::{BlockCounts, SeqKv};
 pub use logprob::TokenLogprob;
 pub use mask::TokenMask;
-pub use model::Segment;
+pub use model::{check_runs, Segment};
 pub use sampler::{Sampler, SamplingParams};
 pub use step::plan_step;
 pub use stop::OutputText;

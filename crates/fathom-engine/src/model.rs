@@ -12,7 +12,7 @@
 //! output, FFN down) are summed over the devices before the residual add.
 
 use fathom_backend::{
-    AttentionIo, AttentionShape, Backend, Buf, Glu, HostMatrix, LinearIo, LinearShape,
+    AttentionIo, AttentionShape, Backend, Buf, Features, Glu, HostMatrix, LinearIo, LinearShape,
     LinearWeights, MatrixId, RopeParams, RoutedFfn, Split, Step, StepSeq, VectorId,
 };
 use fathom_checkpoint::Checkpoint;
@@ -84,7 +84,8 @@ struct Attend {
 
 /// A hybrid model's linear-attention layer (Qwen3.5's gated delta rule).
 struct Linear {
-    /// Which of the model's linear layers: its state's place in a slot.
+    /// Which of its side's linear layers (all the model's unless a
+    /// placement splits it): its state's place in a slot there.
     index: usize,
     shape: LinearShape,
     weights: LinearWeights,
@@ -157,6 +158,12 @@ struct Loader<'a> {
     matrices: Vec<HostMatrix>,
     /// Devices the backend spreads the model over.
     devices: usize,
+    /// The side the next weights load on.
+    place: Place,
+    /// Linear-attention layers loaded so far on each side (indexed by
+    /// `Place`): a side holds the recurrent states of its own layers only,
+    /// numbered among them.
+    linear_layers: [usize; 2],
 }
 
 /// Where a placement puts the model's weight groups.
@@ -185,6 +192,7 @@ impl Places<'_> {
 impl Loader<'_> {
     /// The next weights load on `place`.
     fn at(&mut self, place: Place) {
+        self.place = place;
         self.backend.switch_to(place, &[], 0);
     }
 
@@ -262,6 +270,109 @@ impl Loader<'_> {
     }
 }
 
+/// Whether the engine runs `spec`, a family it knows, on a backend of
+/// `features` (`backend`: its device's name and how many devices it
+/// spreads the model over, for the refusal), split between the GPU and
+/// the host as `placement` says when given: the device's refusals that
+/// [`Model::load`] makes before it reads a weight, each naming the family
+/// and what stands in the way. `inspect` asks the same of the device's
+/// [`Features::of`], so that it never plans (and places) a model the load
+/// would refuse there.
+///
+/// A split runs every family both of its sides run: the placement keeps
+/// each layer's attention, norms and dense FFN on one side, its routed
+/// experts on one side, and a linear-attention layer's recurrent state
+/// with the layer. Only an `--override-tensor` that tears such a group
+/// apart is refused.
+pub fn check_runs(
+    spec: &ModelSpec,
+    features: Features,
+    (backend, devices): (&str, usize),
+    placement: Option<&Placement>,
+) -> Result<(), EngineError> {
+    if let Some(p) = placement.filter(|p| !p.apart.is_empty()) {
+        return Err(EngineError::Placement(format!(
+            "--override-tensor put {} apart from the rest of its group ({}); a run \
+             places a layer's attention, norms and dense FFN together, its routed \
+             experts together, and the output head with its norm: widen the pattern",
+            p.apart.len(),
+            p.apart
+                .iter()
+                .take(3)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ")
+        )));
+    }
+    let unsupported = |what: &str| EngineError::UnsupportedOnBackend {
+        family: spec.family.name().to_string(),
+        backend: match devices {
+            1 => backend.to_string(),
+            n => format!("{n}-device tensor-parallel {backend}"),
+        },
+        what: what.to_string(),
+    };
+    let hybrid = spec.linear.is_some() || spec.rope.as_ref().is_some_and(|r| r.dims.is_some());
+    if hybrid && !features.hybrid {
+        return Err(unsupported(
+            "linear-attention layers, gated attention and partial rope",
+        ));
+    }
+    if spec.family == fathom_spec::Family::GptOss && !features.gpt_oss {
+        return Err(unsupported(
+            "attention sinks, YaRN rope, MXFP4 experts with biases and the clamped SwiGLU",
+        ));
+    }
+    let scaled_rows = spec.block.value_norm || spec.final_logit_softcap.is_some();
+    if scaled_rows && !features.scaled_rows {
+        return Err(unsupported(
+            "values normed without a weight, layer output scales and a logit softcap",
+        ));
+    }
+    Ok(())
+}
+
+/// The refusals of a model the engine runs on no device: an unknown
+/// family, and the variants of a known one it does not run yet (`inspect`
+/// plans them all the same).
+fn check_family(spec: &ModelSpec) -> Result<(), EngineError> {
+    if !spec.is_known_family() || spec.layers.is_empty() {
+        return Err(EngineError::UnsupportedFamily {
+            architecture: spec.architecture.clone(),
+        });
+    }
+    if spec.family == fathom_spec::Family::Gemma4 {
+        gemma4_runs(spec)?;
+    }
+    Ok(())
+}
+
+/// Refuses the Gemma 4 variants whose extra pieces the forward pass does not
+/// run: per-layer token embeddings and KV shared across layers (E2B, E4B)
+/// and the mixture of experts (26B-A4B), each with its own error.
+fn gemma4_runs(spec: &ModelSpec) -> Result<(), EngineError> {
+    let refuse = |what: &str| EngineError::UnsupportedVariant {
+        family: spec.family.name().to_string(),
+        what: what.to_string(),
+    };
+    if spec
+        .tensors
+        .iter()
+        .any(|t| t.name == "per_layer_token_embd.weight")
+    {
+        return Err(refuse("per-layer token embeddings (E2B/E4B)"));
+    }
+    if spec.layers.iter().any(|l| l.attention == Attention::None) {
+        return Err(refuse(
+            "KV shared across layers (shared_kv_layers, E2B/E4B)",
+        ));
+    }
+    if spec.n_experts > 0 {
+        return Err(refuse("a mixture of experts (26B-A4B)"));
+    }
+    Ok(())
+}
+
 impl Model {
     /// Reads the weights' headers and hands every weight to `backend`, on
     /// the side `placement` puts it when the plan splits the model between
@@ -272,82 +383,20 @@ impl Model {
         backend: &mut dyn Backend,
         placement: Option<&Placement>,
     ) -> Result<Self, EngineError> {
-        if !spec.is_known_family() || spec.layers.is_empty() {
-            return Err(EngineError::UnsupportedFamily {
-                architecture: spec.architecture.clone(),
-            });
-        }
-        let unsupported = |what: &str| EngineError::UnsupportedOnBackend {
-            family: spec.family.name().to_string(),
-            backend: match backend.devices() {
-                1 => backend.name().to_string(),
-                n => format!("{n}-device tensor-parallel {}", backend.name()),
-            },
-            what: what.to_string(),
+        check_family(&spec)?;
+        let features = Features {
+            hybrid: backend.runs_hybrid(),
+            gpt_oss: backend.runs_gpt_oss(),
+            scaled_rows: backend.runs_scaled_rows(),
         };
-        let hybrid = spec.linear.is_some() || spec.rope.as_ref().is_some_and(|r| r.dims.is_some());
-        let scaled_rows = spec.block.value_norm || spec.final_logit_softcap.is_some();
-        let gpt_oss = spec.family == fathom_spec::Family::GptOss;
-        // A placement's refusals first: a split backend runs neither kind,
-        // and the split, not the backend, is what to change.
-        if let Some(p) = placement {
-            if gpt_oss {
-                return Err(EngineError::Placement(
-                    "a gpt-oss model cannot be split between the GPU and the host yet (it runs \
-                     on the CPU only)"
-                        .into(),
-                ));
-            }
-            if hybrid {
-                return Err(EngineError::Placement(
-                    "a hybrid linear-attention model cannot be split between the GPU and the \
-                     host yet (run it wholly on the GPU or with --device cpu)"
-                        .into(),
-                ));
-            }
-            if scaled_rows {
-                return Err(EngineError::Placement(
-                    "a Gemma 4 model cannot be split between the GPU and the host yet (it runs \
-                     on the GPU alone or on the CPU)"
-                        .into(),
-                ));
-            }
-            if !p.apart.is_empty() {
-                return Err(EngineError::Placement(format!(
-                    "--override-tensor put {} apart from the rest of its group ({}); a run \
-                     places a layer's attention, norms and dense FFN together, its routed \
-                     experts together, and the output head with its norm: widen the pattern",
-                    p.apart.len(),
-                    p.apart
-                        .iter()
-                        .take(3)
-                        .cloned()
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )));
-            }
-        }
-        if hybrid && !backend.runs_hybrid() {
-            return Err(unsupported(
-                "linear-attention layers, gated attention and partial rope",
-            ));
-        }
-        if gpt_oss && !backend.runs_gpt_oss() {
-            return Err(unsupported(
-                "attention sinks, YaRN rope, MXFP4 experts with biases and the clamped SwiGLU \
-                 (run it with --device cpu)",
-            ));
-        }
-        if scaled_rows && !backend.runs_scaled_rows() {
-            return Err(unsupported(
-                "values normed without a weight, layer output scales and a logit softcap",
-            ));
-        }
+        check_runs(
+            &spec,
+            features,
+            (backend.name(), backend.devices()),
+            placement,
+        )?;
         let places = Places(placement);
         let files = WeightFiles::open(checkpoint)?;
-        if spec.family == fathom_spec::Family::Gemma4 {
-            gemma4_runs(&spec, &files)?;
-        }
         let naming = match checkpoint {
             Checkpoint::Gguf(_) => Naming::Gguf,
             Checkpoint::Hf(_) => {
@@ -376,6 +425,8 @@ impl Model {
             converted: 0,
             matrices: Vec::new(),
             devices,
+            place: Place::Cuda,
+            linear_layers: [0; 2],
         };
         let embed_split = loader.split(Role::Embedding, 0);
         let (embed_place, output_place) = (places.embeddings(), places.output());
@@ -851,12 +902,11 @@ struct LayerGlobals {
     yarn: Option<fathom_backend::Yarn>,
 }
 
-/// Layer `i`'s linear attention: its projections, convolution taps,
-/// decay parameters and output norm.
+/// A linear-attention layer: its projections, convolution taps, decay
+/// parameters and output norm, on the loader's side.
 fn load_linear(
     loader: &mut Loader,
     spec: &ModelSpec,
-    i: usize,
     shape: fathom_spec::LinearAttention,
     n: &crate::names::LinearNames,
 ) -> Result<Linear, EngineError> {
@@ -873,10 +923,9 @@ fn load_linear(
     let taps = loader.files.flat(&n.conv, channels, shape.conv_kernel)?;
     loader.converted += taps.len() * 4;
     let conv = loader.backend.load_vector(&taps)?;
-    let index = spec.layers[..i]
-        .iter()
-        .filter(|l| l.attention == Attention::Linear)
-        .count();
+    let side = loader.place as usize;
+    let index = loader.linear_layers[side];
+    loader.linear_layers[side] += 1;
     Ok(Linear {
         index,
         weights: LinearWeights {
@@ -894,16 +943,17 @@ fn load_linear(
     })
 }
 
-/// A gpt-oss layer's router bias and per-expert biases (the merged
-/// `[n_expert, width]` tensors, a row an expert), converted to f32.
+/// A gpt-oss layer's router bias (with the router, on `place`) and
+/// per-expert biases (the merged `[n_expert, width]` tensors, a row an
+/// expert, with the experts on `experts_place`), converted to f32.
 fn load_moe_biases(
     loader: &mut Loader,
     n: &crate::names::GptOssNames,
-    experts: usize,
-    ffn: usize,
-    d: usize,
+    (experts, ffn, d): (usize, usize, usize),
+    (place, experts_place): (Place, Place),
 ) -> Result<MoeBiases, EngineError> {
     let router = loader.vector(&n.router_bias, experts, false)?;
+    loader.at(experts_place);
     let mut rows = Vec::with_capacity(3);
     for (name, width) in [(&n.gate_bias, ffn), (&n.up_bias, ffn), (&n.down_bias, d)] {
         let all = loader.files.flat(name, experts, width)?;
@@ -914,6 +964,7 @@ fn load_moe_biases(
             .collect::<Result<Vec<_>, _>>()?;
         rows.push(ids);
     }
+    loader.at(place);
     let experts = (0..experts)
         .map(|e| [rows[0][e], rows[1][e], rows[2][e]])
         .collect();
@@ -1021,7 +1072,12 @@ fn load_layer(
             }),
         };
         let biases = if loader.files.has(&n.gpt_oss.router_bias) {
-            Some(load_moe_biases(loader, &n.gpt_oss, e_n, f, d)?)
+            Some(load_moe_biases(
+                loader,
+                &n.gpt_oss,
+                (e_n, f, d),
+                (place, experts_place),
+            )?)
         } else {
             None
         };
@@ -1045,7 +1101,7 @@ fn load_layer(
     };
     let mixer = match (l.attention, spec.linear) {
         (Attention::Linear, Some(shape)) => {
-            Mixer::Linear(load_linear(loader, spec, i, shape, &n.linear)?)
+            Mixer::Linear(load_linear(loader, spec, shape, &n.linear)?)
         }
         _ => {
             let gated = spec.block.gated_attention;
@@ -1118,26 +1174,4 @@ fn load_layer(
             None
         },
     })
-}
-
-/// Refuses the Gemma 4 variants whose extra pieces the forward pass does not
-/// run: per-layer token embeddings and KV shared across layers (E2B, E4B)
-/// and the mixture of experts (26B-A4B), each with its own error.
-fn gemma4_runs(spec: &ModelSpec, files: &WeightFiles) -> Result<(), EngineError> {
-    let refuse = |what: &str| EngineError::UnsupportedVariant {
-        family: spec.family.name().to_string(),
-        what: what.to_string(),
-    };
-    if files.has("per_layer_token_embd.weight") {
-        return Err(refuse("per-layer token embeddings (E2B/E4B)"));
-    }
-    if spec.layers.iter().any(|l| l.attention == Attention::None) {
-        return Err(refuse(
-            "KV shared across layers (shared_kv_layers, E2B/E4B)",
-        ));
-    }
-    if spec.n_experts > 0 {
-        return Err(refuse("a mixture of experts (26B-A4B)"));
-    }
-    Ok(())
 }

@@ -11,10 +11,11 @@ use std::path::{Path, PathBuf};
 
 use common::compare;
 use common::families::{family, qwen3_5_shaped, Format, FAMILIES, HF_FORMATS};
+use common::schedule::schedule_logits;
 use fathom_checkpoint::Checkpoint;
 use fathom_engine::{Engine, Sampler, ScoreRows, Segment, Tokenizer};
 use fathom_fixtures::{self as fx, Data, GgufTensorType as T};
-use fathom_plan::placement::{GpuLayers, PlacementRequest};
+use fathom_plan::placement::{GpuLayers, PlacementRequest, TensorOverride};
 use fathom_plan::{Available, Device, KvDtype, MemoryPlan, PlanInputs};
 use fathom_spec::ModelSpec;
 
@@ -441,78 +442,32 @@ fn gpu_and_host_split_matches_the_all_gpu_run() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// Every logits row of a fixed schedule of steps (the tokens fed, not
-/// sampled, so both devices run the same inputs): three prompts of 13, 20
-/// and 6 tokens prefilled in chunks of up to 8 tokens, two of them sharing
-/// steps, then 4 steps decoding all three together (one-token steps: the
-/// decode kernels, replayed as graphs). Rows in step order.
-fn hybrid_schedule_logits(engine: &mut Engine) -> Vec<Vec<f32>> {
-    let prompts: Vec<Vec<u32>> = [(13u32, 5u32), (20, 19), (6, 33)]
-        .iter()
-        .map(|&(n, seed)| (0..n).map(|j| (j * seed + 3) % 1000).collect())
-        .collect();
-    let decode = 4;
-    let mut seqs: Vec<_> = prompts
-        .iter()
-        .map(|p| {
-            let mut seq = engine.open_sequence(&[]);
-            assert!(engine.reserve(&mut seq, p.len() + decode));
-            seq
-        })
-        .collect();
-    // Per step, per segment: (sequence, token range).
-    let mut steps: Vec<Vec<(usize, std::ops::Range<usize>)>> = vec![
-        vec![(0, 0..8)],
-        vec![(0, 8..13), (1, 0..3)],
-        vec![(1, 3..11)],
-        vec![(1, 11..18)],
-        vec![(1, 18..20), (2, 0..6)],
-    ];
-    let extended: Vec<Vec<u32>> = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| {
-            let more = (0..decode as u32).map(|j| (j * 71 + 17 * i as u32 + 1) % 1000);
-            p.iter().copied().chain(more).collect()
-        })
-        .collect();
-    for d in 0..decode {
-        steps.push(
-            (0..3)
-                .map(|i| (i, prompts[i].len() + d..prompts[i].len() + d + 1))
-                .collect(),
-        );
+/// The largest max_rel over the rows of `gpu` against `cpu` (NaN if any
+/// is) and their mean KL divergence from the CPU's.
+fn rows_agreement(gpu: &[Vec<f32>], cpu: &[Vec<f32>]) -> (f32, f64) {
+    assert_eq!(cpu.len(), gpu.len());
+    let (mut worst, mut kld) = (0f32, 0f64);
+    for (g, c) in gpu.iter().zip(cpu) {
+        let a = compare(g, c);
+        worst = if a.max_rel.is_nan() {
+            f32::NAN
+        } else {
+            worst.max(a.max_rel)
+        };
+        kld += kl_divergence(c, g) / cpu.len() as f64;
     }
-    let mut rows = Vec::new();
-    for step in &steps {
-        // Segments in sequence order (each step lists its sequences so).
-        let mut segments: Vec<Segment> = seqs
-            .iter_mut()
-            .enumerate()
-            .filter_map(|(i, seq)| {
-                let (_, r) = step.iter().find(|(j, _)| *j == i)?;
-                Some(Segment {
-                    seq,
-                    tokens: &extended[i][r.clone()],
-                })
-            })
-            .collect();
-        let wanted: Vec<ScoreRows> = step
-            .iter()
-            .enumerate()
-            .map(|(k, (_, r))| ScoreRows {
-                segment: k,
-                rows: 0..r.len(),
-            })
-            .collect();
-        engine
-            .step_scoring(&mut segments, &wanted, &mut |_, _, l| rows.push(l.to_vec()))
-            .unwrap();
+    (worst, kld)
+}
+
+/// Mean KL divergence of the GPU's rows from the CPU's that a format
+/// allows: F32 differs by summation order, Q8_0 by the CPU's 8-bit
+/// activations.
+fn kld_tolerance(ty: T) -> f64 {
+    if ty == T::F32 {
+        1e-4
+    } else {
+        5e-3
     }
-    for seq in &mut seqs {
-        engine.release(seq);
-    }
-    rows
 }
 
 /// KL divergence of softmax(`q`) from softmax(`p`), in nats.
@@ -553,22 +508,11 @@ fn hybrid_models_match_the_cpu_through_chunks_and_batched_decode() {
             Format::Gguf(ty).write(model, &path, 7);
             let run = |device| {
                 let mut e = placed_engine(&path, inputs(device, 64, 3, 8), None, tokenizer(&d));
-                hybrid_schedule_logits(&mut e)
+                schedule_logits(&mut e, 1024)
             };
             let (cpu, gpu) = (run(Device::Cpu), run(Device::Cuda));
-            assert_eq!(cpu.len(), gpu.len());
-            let (mut worst, mut kld) = (0f32, 0f64);
-            for (g, c) in gpu.iter().zip(&cpu) {
-                let a = compare(g, c);
-                worst = if a.max_rel.is_nan() {
-                    f32::NAN
-                } else {
-                    worst.max(a.max_rel)
-                };
-                kld += kl_divergence(c, g) / cpu.len() as f64;
-            }
-            let kld_tol = if ty == T::F32 { 1e-4 } else { 5e-3 };
-            let tol = tolerance(ty.name());
+            let (worst, kld) = rows_agreement(&gpu, &cpu);
+            let (tol, kld_tol) = (tolerance(ty.name()), kld_tolerance(ty));
             println!(
                 "{name:<10} {:<5} {} rows: max_rel {worst:.2e} (tolerance {tol}), mean KLD {kld:.2e} (tolerance {kld_tol})",
                 ty.name(),
@@ -579,6 +523,88 @@ fn hybrid_models_match_the_cpu_through_chunks_and_batched_decode() {
                     "{name} {}: max_rel {worst:e}, mean KLD {kld:e}",
                     ty.name()
                 ));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&d);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Qwen3.5 dense and MoE and Gemma 4 split between the GPU and the host
+/// against the CPU backend unsplit, in F32 and Q8_0: at the middle layer
+/// boundary (`-ngl 2`: the first two layers on the host, Qwen3.5's two
+/// linear layers there with their recurrent states, Gemma 4's sliding and
+/// global layer with their KV), one middle layer alone on the host
+/// (`-ot blk.1.=cpu`: each side numbers its linear layers apart), and the
+/// MoE's experts on the host (`--cpu-moe`). Every logits row of the
+/// chunked-prefill and batched-decode schedule (three sequences, prefill
+/// chunks of up to 8 tokens, one-token decode steps replayed as graphs),
+/// run twice on the split engine (the second reusing the released state
+/// slots on both sides), is within the format's `tolerance` of the largest
+/// CPU logit, and the mean KL divergence within [`kld_tolerance`].
+#[test]
+fn split_hybrid_and_gemma4_models_match_the_cpu() {
+    if !gpu() {
+        return;
+    }
+    let d = dir("split-families");
+    let mut failures = Vec::new();
+    let models = [
+        ("qwen35", qwen3_5_shaped(), false),
+        ("qwen35moe", fx::tiny_qwen3_5_moe(), true),
+        ("gemma4", common::families::gemma4_shaped(), false),
+    ];
+    for (name, model, moe) in &models {
+        let mut requests = vec![
+            (
+                "-ngl 2",
+                PlacementRequest {
+                    gpu_layers: GpuLayers::Count(2),
+                    ..PlacementRequest::default()
+                },
+            ),
+            (
+                "-ot blk.1.=cpu",
+                PlacementRequest {
+                    overrides: TensorOverride::parse("blk\\.1\\.=cpu").unwrap(),
+                    ..PlacementRequest::default()
+                },
+            ),
+        ];
+        if *moe {
+            requests.push((
+                "--cpu-moe",
+                PlacementRequest {
+                    cpu_moe_layers: u64::MAX,
+                    ..PlacementRequest::default()
+                },
+            ));
+        }
+        for ty in [T::F32, T::Q8_0] {
+            let path = d.join(format!("{name}-{}.gguf", ty.name()));
+            Format::Gguf(ty).write(model, &path, 7);
+            let engine = |device, request| {
+                placed_engine(&path, inputs(device, 64, 3, 8), request, tokenizer(&d))
+            };
+            let cpu = schedule_logits(&mut engine(Device::Cpu, None), 1024);
+            let (tol, kld_tol) = (tolerance(ty.name()), kld_tolerance(ty));
+            for (flag, request) in &requests {
+                let mut split = engine(Device::Cuda, Some(request));
+                for round in ["first run", "second run"] {
+                    let gpu = schedule_logits(&mut split, 1024);
+                    let (worst, kld) = rows_agreement(&gpu, &cpu);
+                    println!(
+                        "{name:<10} {:<5} {flag:<15} {round:<10}: {} rows, max_rel {worst:.2e} (tolerance {tol}), mean KLD {kld:.2e} (tolerance {kld_tol})",
+                        ty.name(),
+                        cpu.len()
+                    );
+                    if !(worst < tol && kld < kld_tol) {
+                        failures.push(format!(
+                            "{name} {} {flag} {round}: max_rel {worst:e}, mean KLD {kld:e}",
+                            ty.name()
+                        ));
+                    }
+                }
             }
         }
     }

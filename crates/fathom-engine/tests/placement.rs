@@ -7,13 +7,15 @@
 //! layer's crossing to its experts and back, and each side's own KV are
 //! the code a CUDA + CPU split runs. Each op runs the same kernels on the
 //! same values as unsplit, so the logits must be equal to the bit. The
-//! CUDA + CPU split against the all-GPU run is a GPU test (cuda_vs_cpu.rs).
+//! CUDA + CPU split against the all-GPU run and the CPU is a GPU test
+//! (cuda_vs_cpu.rs).
 
 mod common;
 
 use std::path::{Path, PathBuf};
 
 use common::families::{Format, FAMILIES};
+use common::schedule::schedule_logits;
 use fathom_backend::cpu::CpuBackend;
 use fathom_backend::hybrid::Hybrid;
 use fathom_checkpoint::Checkpoint;
@@ -53,6 +55,16 @@ fn whole(path: &Path, gguf: &Path) -> Engine {
 
 /// The engine of `path` placed as `request` asks, both sides on the CPU.
 fn split(path: &Path, gguf: &Path, request: &PlacementRequest) -> Result<Engine, String> {
+    split_with(path, gguf, request, inputs)
+}
+
+/// [`split`] planned with `inputs`.
+fn split_with(
+    path: &Path,
+    gguf: &Path,
+    request: &PlacementRequest,
+    inputs: fn(Device) -> PlanInputs,
+) -> Result<Engine, String> {
     let checkpoint = Checkpoint::open(path).unwrap();
     let spec = ModelSpec::from_checkpoint(&checkpoint).unwrap();
     let plan = MemoryPlan::with_placement(&spec, inputs(Device::Cuda), request).unwrap();
@@ -175,37 +187,148 @@ fn an_override_that_splits_a_layer_is_refused_by_name() {
     );
 }
 
-/// A Gemma 4 model split between the GPU and the host is refused at load,
-/// naming the family and what does run it (the GPU alone, the CPU).
-#[test]
-fn a_gemma4_split_is_refused_by_name() {
-    let e = refusal("gemma4", &fathom_fixtures::tiny_gemma4(), &layers(2));
-    assert!(
-        e.contains("Gemma 4") && e.contains("split between the GPU and the host"),
-        "{e}"
-    );
+/// Batch 3, steps of 8: the schedule's chunked prefills and batched decode.
+fn schedule_inputs(device: Device) -> PlanInputs {
+    PlanInputs {
+        batch: 3,
+        max_tokens_per_step: 8,
+        ..inputs(device)
+    }
 }
 
-/// Qwen3.5 runs wholly on the CPU or wholly on the GPU: a split between
-/// the two is refused at load by name (before the split backend's lack of
-/// the hybrid ops is), and tensor parallelism at planning.
+/// The families a split runs beyond [`FAMILIES`]: Qwen3.5 dense and MoE
+/// (linear-attention layers, each side holding the recurrent states of its
+/// own layers; gated attention; partial rope; the gated shared expert),
+/// Gemma 4 (unweighted value norms, layer scalars, the logit softcap) and
+/// gpt-oss (attention sinks, YaRN, expert biases, MXFP4 experts), in F32
+/// and Q8_0: at every layer boundary, with one middle layer alone on the
+/// host (so each side numbers its linear layers apart), and for the MoE
+/// models with the experts on the host (all layers', the first's). Every
+/// logits row of the chunked-prefill and batched-decode schedule equals the
+/// unsplit run's to the bit, and again on a second run of the same engine,
+/// whose sequences reuse the released state slots (each side must start a
+/// sequence at position 0 from zero states, whatever the slot held).
 #[test]
-fn a_hybrid_model_is_refused_a_split_and_tensor_parallelism() {
-    let d = dir("hybrid");
+fn hybrid_gemma4_and_gpt_oss_splits_equal_the_unsplit_run() {
+    let d = dir("more-families");
+    let gpt_oss = fathom_fixtures::gpt_oss_tiny();
+    let models: [(&str, Option<ModelDef>, bool); 4] = [
+        ("qwen35", Some(fathom_fixtures::tiny_qwen3_5()), false),
+        ("qwen35moe", Some(fathom_fixtures::tiny_qwen3_5_moe()), true),
+        ("gemma4", Some(fathom_fixtures::tiny_gemma4()), false),
+        ("gpt_oss", None, true),
+    ];
+    let mut failures = Vec::new();
+    let mut runs = 0;
+    for (name, model, moe) in &models {
+        for ty in [T::F32, T::Q8_0] {
+            let path = d.join(format!("{name}-{}.gguf", ty.name()));
+            match model {
+                Some(m) => Format::Gguf(ty).write(m, &path, 5),
+                None => {
+                    let data = fathom_fixtures::Data::Random { seed: 5 };
+                    fathom_fixtures::write_gpt_oss_gguf(&gpt_oss, ty, &path, data).unwrap();
+                }
+            }
+            let spec = ModelSpec::from_checkpoint(&Checkpoint::open(&path).unwrap()).unwrap();
+            let vocab = spec.vocab as u32;
+            let n = spec.layers.len() as u64;
+            let tokenizer = || tokenizer(&path);
+            let mut one = common::engine(&path, schedule_inputs(Device::Cpu), Some(tokenizer()));
+            let expected = schedule_logits(&mut one, vocab);
+            let mut requests: Vec<(String, PlacementRequest)> =
+                (0..n).map(|g| (format!("-ngl {g}"), layers(g))).collect();
+            requests.push((
+                "-ot blk.1.=cpu".into(),
+                PlacementRequest {
+                    overrides: TensorOverride::parse("blk\\.1\\.=cpu").unwrap(),
+                    ..PlacementRequest::default()
+                },
+            ));
+            if *moe {
+                for (flag, cpu_moe_layers) in [("--cpu-moe", u64::MAX), ("--n-cpu-moe 1", 1)] {
+                    let request = PlacementRequest {
+                        gpu_layers: GpuLayers::All,
+                        cpu_moe_layers,
+                        ..PlacementRequest::default()
+                    };
+                    requests.push((flag.into(), request));
+                }
+            }
+            for (flag, request) in requests {
+                let label = format!("{name} {} {flag}", ty.name());
+                let mut engine = split_with(&path, &path, &request, schedule_inputs)
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                runs += 1;
+                for round in ["first run", "second run (slots reused)"] {
+                    let got = schedule_logits(&mut engine, vocab);
+                    if got != expected {
+                        let worst = got
+                            .iter()
+                            .zip(&expected)
+                            .map(|(g, e)| common::compare(g, e).max_rel)
+                            .fold(0f32, f32::max);
+                        failures.push(format!("{label}, {round}: rows differ, max_rel {worst:e}"));
+                    }
+                }
+                println!("{label}: {} rows equal twice", expected.len());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&d);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(runs >= 40, "only {runs} split runs");
+}
+
+/// A hybrid model still refuses tensor parallelism, at planning.
+#[test]
+fn a_hybrid_model_is_refused_tensor_parallelism() {
+    let d = dir("hybrid-tp");
     let path = d.join("qwen35.gguf");
     Format::Gguf(T::F32).write(&fathom_fixtures::tiny_qwen3_5(), &path, 5);
-    let e = match split(&path, &path, &layers(1)) {
-        Ok(_) => panic!("a hybrid model ran split"),
-        Err(e) => e,
-    };
-    assert!(
-        e.contains("hybrid linear-attention model cannot be split"),
-        "{e}"
-    );
     let spec = ModelSpec::from_checkpoint(&Checkpoint::open(&path).unwrap()).unwrap();
     let e = MemoryPlan::with_tensor_parallel(&spec, inputs(Device::Cuda), 2)
         .expect_err("tensor parallelism planned a hybrid model")
         .to_string();
     let _ = std::fs::remove_dir_all(&d);
     assert!(e.contains("linear-attention"), "{e}");
+}
+
+/// Plan = allocation on both sides for a split hybrid model: at every
+/// layer boundary of Qwen3.5 (batch 3), the host's CPU backend allocates
+/// exactly the host plan's `host_recurrent_state` and the device's KV
+/// layout carries exactly the states the device plan carves (the CUDA
+/// backend refuses a layout whose carve differs); together they are the
+/// unsplit plan's `recurrent_state`.
+#[test]
+fn each_side_allocates_the_recurrent_state_its_plan_counts() {
+    let d = dir("state-bytes");
+    let path = d.join("qwen35.gguf");
+    Format::Gguf(T::F32).write(&fathom_fixtures::tiny_qwen3_5(), &path, 5);
+    let spec = ModelSpec::from_checkpoint(&Checkpoint::open(&path).unwrap()).unwrap();
+    let whole = MemoryPlan::new(&spec, schedule_inputs(Device::Cuda)).unwrap();
+    assert!(whole.recurrent_bytes > 0);
+    for g in 0..spec.layers.len() as u64 {
+        let plan =
+            MemoryPlan::with_placement(&spec, schedule_inputs(Device::Cuda), &layers(g)).unwrap();
+        let placed = plan.placement.clone().unwrap();
+        let host_term = plan
+            .host
+            .as_ref()
+            .unwrap()
+            .terms
+            .iter()
+            .find(|t| t.name == "host_recurrent_state")
+            .map_or(0, |t| t.bytes);
+        let host_kv = Engine::host_kv_layout(&spec, &plan).unwrap();
+        let host = CpuBackend::new(2, &placed.host_arena, host_kv).unwrap();
+        assert_eq!(host.recurrent_bytes() as u64, host_term, "-ngl {g}");
+        let device_kv = Engine::kv_layout(&spec, &plan);
+        let device_states = device_kv.recurrent.as_ref().map_or(0, |r| r.bytes);
+        let carve = plan.device_layout.as_ref().unwrap().recurrent.bytes;
+        assert_eq!(device_states, carve, "-ngl {g}");
+        assert_eq!(carve, plan.recurrent_bytes, "-ngl {g}");
+        assert_eq!(carve + host_term, whole.recurrent_bytes, "-ngl {g}");
+    }
+    let _ = std::fs::remove_dir_all(&d);
 }

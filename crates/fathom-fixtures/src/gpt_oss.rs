@@ -43,6 +43,10 @@ pub struct GptOssShape {
     pub conditioned: bool,
 }
 
+/// The gpt-oss shapes `fathom bench fixture --like NAME` writes, by name.
+pub const GPT_OSS_LIKE: [crate::Like<GptOssShape>; 2] =
+    [("gpt-oss-20b", gpt_oss_20b), ("gpt-oss-120b", gpt_oss_120b)];
+
 /// gpt-oss-20b (openai/gpt-oss-20b's config.json): 24 layers of 2880,
 /// 64 query and 8 KV heads of 64, 32 experts of 2880 with 4 used, a
 /// 201,088-token vocabulary (o200k_harmony), windows of 128 on every

@@ -26,6 +26,7 @@ pub use gguf::{GgufTensorInfo, GgufTensorType, GgufValue, GgufWriter};
 pub use gguf_model::{gguf_writer, write_gguf};
 pub use gpt_oss::{
     gpt_oss_120b, gpt_oss_20b, gpt_oss_tiny, gpt_oss_writer, write_gpt_oss_gguf, GptOssShape,
+    GPT_OSS_LIKE,
 };
 pub use grid::{
     cuda_memory_grid_models, memory_grid_models, write_grid_model, write_runnable_gguf, GridModel,
@@ -36,9 +37,13 @@ pub use mlx::mlx_quantize;
 pub use models::{
     gemma3_1b, gemma3_4b_multimodal_text, gemma_4_31b, llama_3_1_70b, llama_3_1_8b, qwen2_5_7b,
     qwen3_30b_a3b, qwen3_5_35b_a3b, qwen3_5_4b, reshaped, smollm2_135m, tiny_gemma3, tiny_gemma4,
-    tiny_llama, tiny_qwen2, tiny_qwen3, tiny_qwen3_5, tiny_qwen3_5_moe, tiny_qwen3_moe,
+    tiny_llama, tiny_qwen2, tiny_qwen3, tiny_qwen3_5, tiny_qwen3_5_moe, tiny_qwen3_moe, LIKE,
 };
 pub use random::{random_token_ids, Rng};
+
+/// A shape `fathom bench fixture --like NAME` writes: its name and what
+/// describes it ([`LIKE`], [`GPT_OSS_LIKE`]).
+pub type Like<T> = (&'static str, fn() -> T);
 pub use safetensors::write_safetensors;
 
 /// Element type of a safetensors tensor.

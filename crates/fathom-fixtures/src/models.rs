@@ -58,6 +58,18 @@ pub fn llama_3_1_8b() -> ModelDef {
     decoder_model("Llama-3.1-8B", Family::Llama, llama_3_1_8b_config())
 }
 
+/// The real shapes `fathom bench fixture --like NAME` writes, by name
+/// (gpt-oss's take their own writer: [`crate::GPT_OSS_LIKE`]).
+pub const LIKE: [crate::Like<ModelDef>; 7] = [
+    ("smollm2-135m", smollm2_135m),
+    ("llama-3.1-8b", llama_3_1_8b),
+    ("qwen3-30b-a3b", qwen3_30b_a3b),
+    ("gemma3-1b", gemma3_1b),
+    ("gemma-4-31b", gemma_4_31b),
+    ("qwen3.5-4b", qwen3_5_4b),
+    ("qwen3.5-35b-a3b", qwen3_5_35b_a3b),
+];
+
 /// Llama-3.1-8B's block at 70B: 80 layers of 8192, 64 heads over 8 KV
 /// heads, BF16, untied (about 141 GB): the shape tensor parallelism is for.
 pub fn llama_3_1_70b() -> ModelDef {

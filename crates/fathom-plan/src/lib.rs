@@ -458,6 +458,15 @@ impl MemoryPlan {
                 ),
             });
         }
+        // The host's linear-attention layers keep their state beside their
+        // KV; the device plan's `recurrent_state` counts the device's.
+        if let Some(r) = recurrent::plan(host_spec, inputs.batch) {
+            extra.push(Term {
+                name: "host_recurrent_state",
+                bytes: r.bytes,
+                derivation: format!("the host layers' state: {}", r.derivation(host_spec)),
+            });
+        }
         let host_layers_rope = if host_layers > 0 {
             whole
                 .tensors

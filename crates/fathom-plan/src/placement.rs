@@ -147,7 +147,8 @@ impl PlacementRequest {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct LayerPlace {
     pub layer: u64,
-    /// Where the layer runs (its attention and KV).
+    /// Where the layer runs (its attention and KV, or a linear-attention
+    /// layer's recurrent state).
     pub place: Place,
     /// Where its routed expert tensors sit (MoE only).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -236,6 +237,22 @@ impl Placement {
         }
         s
     }
+}
+
+/// Whether `t` is the tensor whose place is its layer's (where its
+/// attention runs, and with it the layer's KV or recurrent state): the q
+/// projection, or a linear-attention layer's q/k/v projection, which has no
+/// q of its own (Qwen3.5's `attn_qkv`).
+fn places_layer(t: &fathom_spec::TensorEntry, role: Role) -> bool {
+    role == Role::Query || t.name.ends_with(".attn_qkv.weight")
+}
+
+/// Whether `t` is a routed expert tensor, which may sit apart from its
+/// layer: the experts' matrices, and gpt-oss's per-expert biases (loaded
+/// with the experts; the down projection's, added after a tensor-parallel
+/// all-reduce, is classified with the norms).
+fn is_expert(t: &fathom_spec::TensorEntry, role: Role) -> bool {
+    matches!(role, Role::ExpertsIn | Role::ExpertsDown) || t.name.ends_with("_exps.bias")
 }
 
 /// One point along the placement order: routed experts of layers
@@ -343,7 +360,7 @@ pub(crate) fn place(
     for t in &spec.tensors {
         let c = classify(t);
         let mut at = match (c.role, c.layer) {
-            (Role::ExpertsIn | Role::ExpertsDown, Some(i)) => expert_place(i as u64),
+            (role, Some(i)) if is_expert(t, role) => expert_place(i as u64),
             (_, Some(i)) => layer_place(i as u64),
             (Role::Embedding, None) => embeddings,
             _ => Place::Cuda,
@@ -360,10 +377,11 @@ pub(crate) fn place(
         }
         match (c.role, c.layer.and_then(|i| layers.get_mut(i))) {
             (_, Some(l)) => {
-                // KV sits where the layer's attention runs: with its q.
+                // KV (a linear layer's recurrent state) sits where the
+                // layer's attention runs: with its q (its q/k/v).
                 match c.role {
-                    Role::Query => l.place = at,
-                    Role::ExpertsIn | Role::ExpertsDown => l.experts = Some(at),
+                    _ if places_layer(t, c.role) => l.place = at,
+                    _ if is_expert(t, c.role) => l.experts = Some(at),
                     _ => {}
                 }
                 match at {
@@ -392,7 +410,7 @@ pub(crate) fn place(
         .filter(|(t, &at)| {
             let c = classify(t);
             let group = match (c.role, c.layer.and_then(|i| layers.get(i))) {
-                (Role::ExpertsIn | Role::ExpertsDown, Some(l)) => l.experts.unwrap_or(l.place),
+                (role, Some(l)) if is_expert(t, role) => l.experts.unwrap_or(l.place),
                 (_, Some(l)) => l.place,
                 (Role::Embedding, None) => embeddings,
                 (Role::OutputHead | Role::Norm, None) => output,

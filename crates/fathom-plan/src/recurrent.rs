@@ -37,13 +37,16 @@ pub struct RecurrentPlan {
     pub bytes: u64,
 }
 
-/// `None` for a model without linear-attention layers.
+/// `None` for a model without linear-attention layers. Under a placement
+/// between GPU and host each side's spec counts the layers it runs: a
+/// layer run on the other side (`kv_elsewhere`) keeps its state there, as
+/// its KV would be.
 pub fn plan(spec: &ModelSpec, sequences: u64) -> Option<RecurrentPlan> {
     let linear = spec.linear?;
     let layers = spec
         .layers
         .iter()
-        .filter(|l| l.attention == Attention::Linear)
+        .filter(|l| l.attention == Attention::Linear && !l.kv_elsewhere)
         .count() as u64;
     if layers == 0 {
         return None;

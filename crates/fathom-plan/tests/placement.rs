@@ -293,3 +293,114 @@ fn serving_a_split_model_pools_the_workload_on_both_sides() {
         (80 - n) * 4 * 4096 * per_token_layer
     );
 }
+
+/// A hybrid model's recurrent state stays with its layer. Qwen3.5-4B
+/// (Q4_K), 32 layers, every 4th (3, 7, …, 31) full attention; 2 sequences
+/// of 8,192 tokens, `--gpu-layers 20`: the host runs layers 0–11 (9
+/// linear, 3 full), the GPU layers 12–31 (15 linear; 5 full: 15, 19, 23,
+/// 27, 31). A linear layer's state is (3 × 8,192 conv + 32 × 128 × 128
+/// delta) f32 values = 2,195,456 bytes a sequence (plan_rules.rs derives
+/// it), so the device's `recurrent_state` is 15 × 2,195,456 × 2 =
+/// 65,863,680 bytes and the host's `host_recurrent_state` 9 × 2,195,456 ×
+/// 2 = 39,518,208: together the unsplit plan's 24 layers' 105,381,888. The
+/// full layers' KV is 4 KV heads × (256 + 256) × 2 B = 4,096 B a token: 5 ×
+/// 4,096 × 8,192 × 2 on the device, 3 × on the host. The device's carve
+/// holds exactly its state; each side's total is the sum of its terms.
+#[test]
+fn qwen3_5_recurrent_state_is_planned_on_the_side_of_its_layer() {
+    let (_dir, spec) = gguf(&fx::qwen3_5_4b(), "qwen35-state");
+    let two = |device_bytes| PlanInputs {
+        batch: 2,
+        ..inputs(device_bytes)
+    };
+    let per_layer = 2_195_456u64;
+    let p = MemoryPlan::with_placement(&spec, two(64 * GIB), &gpu_layers(20)).unwrap();
+    let placed_at = p.placement.as_ref().unwrap();
+    assert_eq!(placed_at.gpu_layers, 20);
+    assert_eq!(p.recurrent_bytes, 15 * per_layer * 2);
+    assert_eq!(p.recurrent_bytes, 65_863_680);
+    let r = p.recurrent_detail.as_ref().unwrap();
+    assert_eq!((r.layers, r.sequences), (15, 2));
+    assert_eq!(host_term(&p, "host_recurrent_state"), 9 * per_layer * 2);
+    assert_eq!(host_term(&p, "host_recurrent_state"), 39_518_208);
+    let whole = MemoryPlan::new(&spec, two(64 * GIB)).unwrap();
+    assert_eq!(whole.recurrent_bytes, 105_381_888);
+    assert_eq!(
+        p.recurrent_bytes + host_term(&p, "host_recurrent_state"),
+        whole.recurrent_bytes
+    );
+    assert_eq!(p.kv_bytes, 5 * 4096 * 8192 * 2);
+    assert_eq!(host_term(&p, "host_kv"), 3 * 4096 * 8192 * 2);
+    let layout = p.device_layout.as_ref().unwrap();
+    assert_eq!(layout.recurrent.bytes, p.recurrent_bytes);
+    let device_sum: u64 = p.terms.iter().map(|t| t.bytes).sum();
+    assert_eq!(p.total_bytes, device_sum);
+    let host = p.host.as_ref().unwrap();
+    assert_eq!(
+        host.total_bytes,
+        host.terms.iter().map(|t| t.bytes).sum::<u64>()
+    );
+    let derivation = &host
+        .terms
+        .iter()
+        .find(|t| t.name == "host_recurrent_state")
+        .unwrap()
+        .derivation;
+    assert!(
+        derivation.contains("9 linear-attention layers"),
+        "{derivation}"
+    );
+
+    // At every boundary the two sides' states make the whole model's; with
+    // no linear layer on a side, that side has no state term at all.
+    for g in 0..=32u64 {
+        let p = MemoryPlan::with_placement(&spec, two(64 * GIB), &gpu_layers(g)).unwrap();
+        let host = host_term(&p, "host_recurrent_state");
+        assert_eq!(p.recurrent_bytes + host, whole.recurrent_bytes, "-ngl {g}");
+        let linear_on_gpu = (32 - g..32).filter(|i| (i + 1) % 4 != 0).count() as u64;
+        assert_eq!(p.recurrent_bytes, linear_on_gpu * per_layer * 2, "-ngl {g}");
+        assert_eq!(
+            p.terms.iter().any(|t| t.name == "recurrent_state"),
+            linear_on_gpu > 0,
+            "-ngl {g}"
+        );
+    }
+
+    // auto under a device that holds half the model moves whole layers,
+    // their states with them.
+    let auto = MemoryPlan::with_placement(
+        &spec,
+        two(whole.total_bytes / 2),
+        &PlacementRequest::default(),
+    )
+    .unwrap();
+    let n = auto.placement.as_ref().unwrap().gpu_layers;
+    assert!(auto.fits && (1..32).contains(&n), "{n} GPU layers");
+    let linear_on_gpu = (32 - n..32).filter(|i| (i + 1) % 4 != 0).count() as u64;
+    assert_eq!(auto.recurrent_bytes, linear_on_gpu * per_layer * 2);
+    assert_eq!(
+        host_term(&auto, "host_recurrent_state"),
+        (24 - linear_on_gpu) * per_layer * 2
+    );
+}
+
+/// Qwen3.5-35B-A3B's experts on the host (`--cpu-moe`): every layer runs on
+/// the GPU, so the device holds all 30 linear layers' states and the host
+/// none (no `host_recurrent_state` term), while the host holds the experts.
+#[test]
+fn qwen3_5_moe_experts_on_the_host_leave_every_state_on_the_gpu() {
+    let (_dir, spec) = gguf(&fx::qwen3_5_35b_a3b(), "qwen35moe-state");
+    let cpu_moe = PlacementRequest {
+        cpu_moe_layers: u64::MAX,
+        ..PlacementRequest::default()
+    };
+    let p = placed(&spec, 64 * GIB, &cpu_moe);
+    let placed_at = p.placement.as_ref().unwrap();
+    assert_eq!((placed_at.gpu_layers, placed_at.cpu_moe_layers), (40, 40));
+    assert!(placed_at.host_weights_bytes > placed_at.device_weights_bytes);
+    let whole = MemoryPlan::new(&spec, inputs(64 * GIB)).unwrap();
+    assert_eq!(p.recurrent_detail.as_ref().unwrap().layers, 30);
+    assert_eq!(p.recurrent_bytes, whole.recurrent_bytes);
+    let host = p.host.as_ref().unwrap();
+    assert!(!host.terms.iter().any(|t| t.name == "host_recurrent_state"));
+}

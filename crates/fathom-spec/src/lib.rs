@@ -250,9 +250,9 @@ pub struct Layer {
     pub key_dim: u64,
     pub value_dim: u64,
     /// The layer runs on the other side of a placement between GPU and
-    /// host: this side holds none of its KV, but its attention still
-    /// numbers the KV groups as in the whole model (false in a checkpoint's
-    /// spec).
+    /// host: this side holds none of its KV (nor a linear-attention
+    /// layer's recurrent state), but its attention still numbers the KV
+    /// groups as in the whole model (false in a checkpoint's spec).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub kv_elsewhere: bool,
 }

@@ -10,7 +10,7 @@ mod linear;
 use fathom_kernels::{ops, Pool};
 use fathom_plan::activations::ArenaBuffer;
 use fathom_plan::available::proc_kib;
-use fathom_plan::KvDtype;
+use fathom_plan::{Device, KvDtype};
 
 pub use arena::Route;
 use arena::{routes, Arena};
@@ -19,9 +19,9 @@ use linear::RecurrentStore;
 
 use crate::parallel::Reduce;
 use crate::{
-    AttentionIo, AttentionShape, Backend, BackendError, Buf, DeviceMemory, Glu, HostMatrix,
-    KvLayout, LinearIo, LinearShape, LinearWeights, MatrixId, MatrixView, RopeParams, Step,
-    VectorId,
+    AttentionIo, AttentionShape, Backend, BackendError, Buf, DeviceMemory, Features, Glu,
+    HostMatrix, KvLayout, LinearIo, LinearShape, LinearWeights, MatrixId, MatrixView, RopeParams,
+    Step, VectorId,
 };
 
 /// The kernel family the CPU backend runs ("portable", "avx2" or
@@ -412,11 +412,11 @@ impl Backend for CpuBackend {
     }
 
     fn runs_hybrid(&self) -> bool {
-        true
+        Features::of(Device::Cpu, 1).hybrid
     }
 
     fn runs_gpt_oss(&self) -> bool {
-        true
+        Features::of(Device::Cpu, 1).gpt_oss
     }
 
     fn gated_delta_rule(
@@ -489,7 +489,7 @@ impl Backend for CpuBackend {
     }
 
     fn runs_scaled_rows(&self) -> bool {
-        true
+        Features::of(Device::Cpu, 1).scaled_rows
     }
 
     fn head_norm_unweighted(

@@ -80,10 +80,12 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 
+use fathom_plan::Device;
+
 use crate::{
-    AttentionIo, AttentionShape, Backend, BackendError, Buf, DeviceMemory, Glu, HostMatrix,
-    KvLayout, LinearIo, LinearShape, LinearWeights, MatrixId, RopeParams, RoutedFfn, Step,
-    VectorId,
+    AttentionIo, AttentionShape, Backend, BackendError, Buf, DeviceMemory, Features, Glu,
+    HostMatrix, KvLayout, LinearIo, LinearShape, LinearWeights, MatrixId, RopeParams, RoutedFfn,
+    Step, VectorId,
 };
 
 fn device_err(what: &str, e: DriverError) -> BackendError {
@@ -428,8 +430,12 @@ impl Backend for CudaBackend {
         CudaBackend::zero(self, x, rows, width)
     }
 
+    fn runs_gpt_oss(&self) -> bool {
+        Features::of(Device::Cuda, 1).gpt_oss
+    }
+
     fn runs_scaled_rows(&self) -> bool {
-        true
+        Features::of(Device::Cuda, 1).scaled_rows
     }
 
     fn head_norm_unweighted(
@@ -452,7 +458,7 @@ impl Backend for CudaBackend {
     }
 
     fn runs_hybrid(&self) -> bool {
-        true
+        Features::of(Device::Cuda, 1).hybrid
     }
 
     fn gated_delta_rule(
