@@ -12,7 +12,9 @@
 //! template's `<think>` block, whose text must come back as
 //! `reasoning_content`, and write gpt-oss's harmony messages (reasoning,
 //! answer, tool calls) under a harmony template, where a `response_format`
-//! answer may reason first and its JSON is the final channel's body.
+//! answer may reason first and its JSON is the final channel's body; and
+//! under Qwen3.5's real template, whose prompt opens the thinking, a
+//! constrained call or JSON comes after the thinking closes.
 
 mod common;
 
@@ -887,8 +889,9 @@ fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() 
     );
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("reasoning_format"), "{}", r.body);
-    // thinking_budget_tokens bounds harmony's analysis channel: refused
-    // here rather than ignored.
+    // thinking_budget_tokens bounds harmony's analysis channel or a
+    // thinking block the prompt opens; this template opens none (the
+    // model opens its own): refused rather than ignored.
     let r = server.post(
         "/v1/chat/completions",
         &body(json!({"thinking_budget_tokens": 16})).to_string(),
@@ -1631,4 +1634,141 @@ fn control_token_texts_in_past_tool_calls_and_tool_definitions_are_refused_namin
             "{e}"
         );
     }
+}
+
+/// Issue 35: Qwen3.5's real template (fetched by `scripts/fetch-vocab.sh`)
+/// on the SmolLM2 weights ends its prompt inside `<think>`. `logit_bias`
+/// makes the stand-in think " the" forever: a required call, a named one
+/// and a `response_format` answer still come, after the thinking closes at
+/// `thinking_budget_tokens` (default half of `max_tokens`); the thinking
+/// comes back as `reasoning_content`, the call as `tool_calls`, the JSON
+/// as `content`, whole and streamed. With thinking off the prompt closes
+/// the block itself: the call comes at once, and a budget is refused.
+#[test]
+fn an_opened_thinking_block_closes_before_the_constrained_call_or_json() {
+    let dir = common::TempDir::new("serve-opened-thinking");
+    let path = common::smollm2()
+        .parent()
+        .unwrap()
+        .join("templates/Qwen3.5-4B.jinja");
+    let template = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run scripts/fetch-vocab.sh, which fetches the real chat templates",
+            path.display()
+        )
+    });
+    let model = smollm2_with_template(&dir, "smollm2-qwen35.gguf", &template);
+    let server = Server::start_model(&model, &["-c", "2048"], &[]);
+    // Every parameter bounded, so " the" cannot run on inside the call.
+    let tools = json!([{"type": "function", "function": {
+        "name": "forecast", "description": "The weather of the coming days",
+        "parameters": {"type": "object", "properties": {
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["days", "unit"], "additionalProperties": false}}}]);
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                        "required": ["n"], "additionalProperties": false});
+    let ask = |extra: Value| {
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "Think, then answer."}],
+                  "temperature": 0, "max_tokens": 100,
+                  "logit_bias": {THE.to_string(): 20}}),
+            extra,
+        )
+    };
+    let thought = |v: &Value| -> usize {
+        let r = v["choices"][0]["message"]["reasoning_content"]
+            .as_str()
+            .unwrap_or("");
+        let words: Vec<&str> = r.split_whitespace().collect();
+        assert!(words.iter().all(|w| *w == "the"), "{v}");
+        words.len()
+    };
+    // One call: after it, the stand-in would rather start another than end.
+    let required = json!({"tools": tools, "tool_choice": "required", "thinking_budget_tokens": 8,
+                          "parallel_tool_calls": false});
+    // Without a budget, half of max_tokens: the rest holds the call, which
+    // takes this vocabulary some 60 tokens.
+    let named = json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "forecast"}},
+                       "parallel_tool_calls": false, "max_tokens": 200});
+    for (extra, most) in [(required.clone(), 8), (named, 100)] {
+        let v = chat(&server, ask(extra));
+        let choice = &v["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+        assert!(choice["message"]["content"].is_null(), "{v}");
+        let n = thought(&v);
+        assert!(
+            n <= most && n + 1 >= most,
+            "{n} words of thought, bound {most}: {v}"
+        );
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{v}");
+        check_call(&calls[0], &tools);
+    }
+    // Streamed: the thinking as reasoning deltas, then the call.
+    let whole = chat(&server, ask(required.clone()));
+    let (events, reasoning, content) =
+        streamed_parts(&server, ask(with_fields(required, json!({"stream": true}))));
+    assert_eq!(
+        reasoning, whole["choices"][0]["message"]["reasoning_content"],
+        "{events:?}"
+    );
+    assert_eq!(content, "", "{events:?}");
+    let call = events
+        .iter()
+        .find_map(|e| e["choices"][0]["delta"]["tool_calls"][0]["function"]["name"].as_str())
+        .expect("a streamed call");
+    assert_eq!(call, "forecast");
+
+    // response_format: the thinking, then the JSON as content.
+    let format = json!({"response_format": {"type": "json_schema",
+                        "json_schema": {"name": "n", "schema": schema}}});
+    for (budget, most) in [(json!(8), 8), (json!(0), 0), (json!(null), 50)] {
+        let body = ask(with_fields(
+            format.clone(),
+            json!({"thinking_budget_tokens": budget}),
+        ));
+        let v = chat(&server, body.clone());
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        let n = thought(&v);
+        assert!(
+            n <= most && n + 1 >= most,
+            "{n} words of thought, bound {most}: {v}"
+        );
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(
+            validate(&[(schema.clone(), content.to_string())]).is_empty(),
+            "{v}"
+        );
+        streams_as_whole(&server, body);
+    }
+    // A budget alone bounds a free answer, which goes on after it.
+    let v = chat(
+        &server,
+        ask(json!({"thinking_budget_tokens": 8, "max_tokens": 40})),
+    );
+    assert!((7..=8).contains(&thought(&v)), "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 40, "{v}");
+
+    // Thinking off: the template closes the block; the call comes at once.
+    let off = json!({"chat_template_kwargs": {"enable_thinking": false}});
+    let v = chat(
+        &server,
+        ask(with_fields(
+            off.clone(),
+            json!({"tools": tools, "tool_choice": "required", "parallel_tool_calls": false}),
+        )),
+    );
+    let message = &v["choices"][0]["message"];
+    assert!(message.get("reasoning_content").is_none(), "{v}");
+    check_call(&message["tool_calls"][0], &tools);
+    let r = server.post(
+        "/v1/chat/completions",
+        &ask(with_fields(off, json!({"thinking_budget_tokens": 8}))).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = r.json();
+    assert_eq!(e["error"]["param"], "thinking_budget_tokens", "{e}");
+    assert_eq!(e["error"]["code"], "unsupported_parameter", "{e}");
 }

@@ -3,20 +3,39 @@
 //! vocabulary spells them) compile, accept the calls they describe token
 //! by token (as the model's tokenizer splits them) and refuse others; the
 //! cache hands out independent states; GBNF's folded classes keep their
-//! language.
+//! language. Over the real Qwen3.5 vocabulary and template (fetched by
+//! `scripts/fetch-vocab.sh`), whose prompt leaves the model inside
+//! `<think>`: a constrained call or JSON comes after the thinking closes,
+//! and the thinking is bounded.
 
 use std::path::Path;
 
 use fathom_checkpoint::Checkpoint;
 use fathom_server::api::{Tool, ToolChoice, ToolRequest};
 use fathom_server::constraint::{ConstraintState, Constraints, Grammar};
+use fathom_server::reasoning::{ReasoningFormat, ReasoningSplit};
 use fathom_server::tools::{self, ToolFormat};
+use fathom_tokenizer::{encode_chat_tools, ChatTemplate, Message};
 use serde_json::json;
 
 fn tokenizer() -> fathom_engine::Tokenizer {
-    let model =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    fathom_engine::load_tokenizer(&Checkpoint::open(&model).unwrap()).unwrap()
+    vocabulary("SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+fn models() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")
+}
+
+/// The vocabulary of `models/name`.
+fn vocabulary(name: &str) -> fathom_engine::Tokenizer {
+    let path = models().join(name);
+    let checkpoint = Checkpoint::open(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run scripts/fetch-vocab.sh, which fetches the vocabularies",
+            path.display()
+        )
+    });
+    fathom_engine::load_tokenizer(&checkpoint).unwrap()
 }
 
 /// Feeds `text` token by token; returns how many tokens the masks allowed
@@ -403,4 +422,231 @@ fn harmony_required_calls_are_one_or_several_as_parallel_tool_calls_says() {
     let (ok, n) = walk(&mut state, &tok, call);
     assert_eq!(ok, n);
     assert!(state.is_accepting());
+}
+
+/// The Qwen3.5 vocabulary, and the close of the thinking block that the
+/// real template's prompt (with tools, thinking on) leaves open, as the
+/// server finds it: the reasoning format told from the template, and its
+/// prompt's last tokens.
+fn qwen35() -> (fathom_engine::Tokenizer, &'static str) {
+    let tok = vocabulary("ggml-vocab-qwen35.gguf");
+    let path = models().join("templates/Qwen3.5-4B.jinja");
+    let source = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run scripts/fetch-vocab.sh, which fetches the real chat templates",
+            path.display()
+        )
+    });
+    let template = ChatTemplate::new(&source, "", "").unwrap();
+    let req = request(ToolChoice::Required);
+    let format = ToolFormat::detect(Some(&source));
+    assert_eq!(format, ToolFormat::QwenXml);
+    let prepared = tools::prepare(format, &[Message::new("user", "Weather in Oslo?")], &req);
+    let ids = encode_chat_tools(
+        &tok,
+        &template,
+        &prepared.messages,
+        prepared.tools.as_ref(),
+        None,
+        true,
+        1 << 20,
+    )
+    .unwrap();
+    let tail = tok.decode(&ids[ids.len() - 8..], true);
+    let reasoning = ReasoningFormat::detect(Some(&source)).unwrap();
+    assert!(reasoning.opened_by(&tail), "{tail:?}");
+    let ReasoningFormat::Block { close, .. } = reasoning else {
+        panic!("{reasoning:?}")
+    };
+    (tok, close)
+}
+
+/// `then` after the thinking the prompt opened, bounded to `reasoning`
+/// tokens, as the server wraps a constraint there.
+fn after_thinking(close: &'static str, reasoning: usize, then: Grammar) -> Grammar {
+    Grammar::Thinking {
+        close,
+        reasoning,
+        then: Box::new(then),
+    }
+}
+
+const QWEN_CALL: &str = "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>";
+
+/// Issue 35: Qwen3.5's prompt ends inside `<think>`. A required call is
+/// the rest of the thinking (any text without `</think>`: code with
+/// closing tags, `<`, even the call's own markup), `</think>`, then the
+/// call; the answer cannot end before the block closes, nor put anything
+/// but the call after it. Split and read back as the server does, the
+/// thinking is the reasoning and the call a tool call.
+#[test]
+fn a_call_after_an_opened_think_block_comes_after_its_close() {
+    let (tok, close) = qwen35();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let eog: Vec<u32> = tok.end_of_generation_ids().collect();
+    let req = request(ToolChoice::Required);
+    let grammar = after_thinking(
+        close,
+        1000,
+        tools::grammar(ToolFormat::QwenXml, &req, 1000).unwrap(),
+    );
+    let thought = "The user wants Oslo's weather; 1 < 2, <b>bold</b>, a <tool_call> tag, </thinking> and </th>.";
+    let answer = format!("{thought}\n</think>\n\n{QWEN_CALL}");
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk(&mut state, &tok, &answer);
+    assert_eq!(ok, n, "refused at token {ok}: {answer:?}");
+    state.compute_mask().unwrap();
+    assert!(
+        eog.iter().any(|&id| state.mask().allows(id)),
+        "the call may end"
+    );
+    let split = ReasoningSplit::split(
+        ReasoningFormat::detect(Some("<think>")).unwrap(),
+        true,
+        &answer,
+    );
+    assert_eq!(split.reasoning, thought);
+    let read = tools::parse(ToolFormat::QwenXml, &split.content, &req, "t");
+    assert_eq!(read.content, None);
+    assert_eq!(read.calls.len(), 1);
+    assert_eq!(
+        read.calls[0].arguments,
+        r#"{"city":"Oslo","unit":"celsius"}"#
+    );
+
+    // The call inside the thinking is thinking: the answer may not end there.
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk(&mut state, &tok, QWEN_CALL);
+    assert_eq!(ok, n);
+    state.compute_mask().unwrap();
+    assert!(
+        !eog.iter().any(|&id| state.mask().allows(id)),
+        "the answer ended inside the thinking"
+    );
+    // After the close: the call, nothing else.
+    for bad in [
+        "Sure.\n</think>\n\nIt is sunny.".to_string(),
+        format!("Sure.\n</think>\n\n\n\n{QWEN_CALL}"),
+        QWEN_CALL
+            .replace("celsius", "kelvin")
+            .replace("<tool_call>", "x</think><tool_call>"),
+    ] {
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, &bad);
+        assert!(ok < n, "{bad:?} went through");
+    }
+    // A budget of 0 closes the block at once.
+    let grammar = after_thinking(
+        close,
+        0,
+        tools::grammar(ToolFormat::QwenXml, &req, 0).unwrap(),
+    );
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk(&mut state, &tok, &format!("</think>\n\n{QWEN_CALL}"));
+    assert_eq!(ok, n);
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk(&mut state, &tok, &format!("Hm.</think>\n\n{QWEN_CALL}"));
+    assert!(ok < n, "thinking went through with a budget of 0");
+}
+
+/// Issue 35: `response_format` (a schema, `json_object`) and a GBNF
+/// `grammar` after the thinking Qwen3.5's prompt opened: the JSON or the
+/// grammar's text follows `</think>`; JSON at once, inside the thinking,
+/// never completes the answer.
+#[test]
+fn json_and_grammars_after_an_opened_think_block_follow_its_close() {
+    let (tok, close) = qwen35();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"], "additionalProperties": false});
+    let json = "{\"name\": \"Ada\", \"age\": 36}";
+    for (then, good, bad) in [
+        (
+            Grammar::JsonSchema(schema.clone()),
+            format!("A person: Ada.\n</think>\n\n{json}"),
+            "A person.\n</think>\n\n{\"name\": \"Ada\"}".to_string(),
+        ),
+        (
+            Grammar::JsonObject,
+            format!("An object.</think>{json}"),
+            "An object.</think>[1]".to_string(),
+        ),
+        (
+            Grammar::Gbnf("root ::= \"yes\" | \"no\"".into()),
+            "Is it? Yes.\n</think>\n\nyes".to_string(),
+            "Is it? Yes.\n</think>\n\nmaybe".to_string(),
+        ),
+    ] {
+        let grammar = after_thinking(close, 1000, then);
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, &good);
+        assert_eq!(ok, n, "{good:?} was refused at token {ok}");
+        assert!(state.is_stopped() || state.is_accepting(), "{good:?}");
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, &bad);
+        assert!(ok < n || !state.is_accepting(), "{bad:?} went through");
+        // The JSON alone is thinking text: not a complete answer.
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, json);
+        assert_eq!(ok, n);
+        assert!(
+            !state.is_accepting(),
+            "{json} ended the answer inside the thinking"
+        );
+    }
+    // A GBNF grammar that is not valid still says so.
+    let e = c
+        .compile(&after_thinking(
+            close,
+            10,
+            Grammar::Gbnf("root ::= missing".into()),
+        ))
+        .unwrap_err();
+    assert!(e.message.contains("missing"), "{e:?}");
+}
+
+/// Issue 35: the thinking Qwen3.5's prompt opened is bounded, as
+/// harmony's analysis message is. A "model" that would think " the"
+/// forever gets `</think>` forced once the bound's tokens are spent, then
+/// what the constraint asks for: the call, the JSON, or (a budget on a
+/// free answer) anything.
+#[test]
+fn an_opened_think_block_ends_at_its_bound_and_the_constrained_part_follows() {
+    let (tok, close) = qwen35();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let the = tok.encode(" the", false, false);
+    assert_eq!(the.len(), 1);
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": false});
+    for bound in [1, 7, 20] {
+        for (what, then, want) in [
+            (
+                "tools",
+                tools::grammar(ToolFormat::QwenXml, &request(ToolChoice::Required), bound).unwrap(),
+                "<tool_call>\n<function=get_weather>",
+            ),
+            (
+                "response_format",
+                Grammar::JsonSchema(schema.clone()),
+                "{\"n\": ",
+            ),
+            ("free", fathom_server::reasoning::free_text(), " the"),
+        ] {
+            let mut state = c.compile(&after_thinking(close, bound, then)).unwrap();
+            let text = run_on(&mut state, &tok, the[0], 100);
+            let end = text
+                .find(close)
+                .unwrap_or_else(|| panic!("{what} {bound}: no close in {text:?}"));
+            let thought = text[..end].matches(" the").count();
+            assert_eq!(
+                text[..end],
+                " the".repeat(thought),
+                "{what} {bound}: {text:?}"
+            );
+            assert!(
+                thought <= bound && thought + 1 >= bound,
+                "{what} {bound}: {thought} tokens of thought in {text:?}"
+            );
+            let after = text[end + close.len()..].trim_start_matches('\n');
+            assert!(after.starts_with(want), "{what} {bound}: {text:?}");
+        }
+    }
 }
