@@ -341,6 +341,11 @@ pub fn lark_json(schema: &Value) -> String {
     format!("%json {}", with_json_options(schema.clone()))
 }
 
+/// `text` as a Lark string literal (JSON's escapes are Lark's).
+pub fn lark_literal(text: &str) -> String {
+    Value::String(text.to_string()).to_string()
+}
+
 /// llguidance's message, without its internal context lines.
 fn describe(e: &str) -> String {
     let first = e.lines().next().unwrap_or(e).trim();

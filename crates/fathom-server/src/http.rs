@@ -981,7 +981,11 @@ fn prepare(
     let wanted = match &request.constraint {
         None => {
             let tool_grammar = match (&request.tools, &request.prompt) {
-                (Some(req), Prompt::Chat(_)) => tools::grammar(format, req, reasoning_bound),
+                (Some(req), Prompt::Chat(_)) => tools::grammar(format, req, reasoning_bound)
+                    .map_err(|e| {
+                        ApiError::invalid("tools", format!("tools cannot be enforced: {e}"))
+                            .with_code("invalid_grammar")
+                    })?,
                 _ => None,
             };
             match tool_grammar {

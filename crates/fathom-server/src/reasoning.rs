@@ -25,9 +25,7 @@
 //! of them reaches `reasoning_content` or `content`, apart from the tool
 //! calls' own.
 
-use serde_json::Value;
-
-use crate::constraint::{lark_json, Grammar};
+use crate::constraint::{lark_json, lark_literal, Grammar};
 
 /// The markers of one family's thinking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,7 +150,7 @@ pub fn harmony_grammar(last_rules: &str, reasoning: usize) -> Grammar {
 /// token and force the call or the JSON inside the thinking, where the
 /// reasoning split files it as reasoning.
 pub fn thinking_grammar(close: &str, then: &str, reasoning: usize) -> String {
-    let literal = Value::String(close.to_string());
+    let literal = lark_literal(close);
     // llguidance counts a nested grammar's tokens from the token before
     // the one that enters it; at the answer's first token there is none,
     // and the thought would get one token more than its bound (so a bound
@@ -195,7 +193,7 @@ fn thought_rule(stop: &str, reasoning: usize) -> String {
 /// without `stop` is such pieces, save one that ends in a prefix of
 /// `stop` (the piece would need one more character): a thought cannot end
 /// in `</` right before its `</think>`.
-fn pieces_without(stop: &str) -> String {
+pub(crate) fn pieces_without(stop: &str) -> String {
     let hex = |c: char| format!("\\x{{{:X}}}", c as u32);
     let chars: Vec<char> = stop.chars().collect();
     let first = hex(chars[0]);
