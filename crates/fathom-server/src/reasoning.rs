@@ -151,10 +151,11 @@ pub fn harmony_grammar(last_rules: &str, reasoning: usize) -> Grammar {
 /// reasoning split files it as reasoning.
 pub fn thinking_grammar(close: &str, then: &str, reasoning: usize) -> String {
     let literal = lark_literal(close);
-    // llguidance counts a nested grammar's tokens from the token before
-    // the one that enters it; at the answer's first token there is none,
-    // and the thought would get one token more than its bound (so a bound
-    // of 1 leaves none: llguidance's `max_tokens=0` is the empty text).
+    // A nested grammar that llguidance enters at the answer's very first
+    // token takes one token more than its `max_tokens` (measured: N + 1;
+    // after a forced prefix, as harmony's thought, exactly N), so the
+    // rule asks one less. A bound of 1 therefore leaves none:
+    // `max_tokens=0` is the empty text.
     let (thought, rule) = match reasoning {
         0 => ("", String::new()),
         n => ("thought ", thought_rule(close, n - 1)),
