@@ -12,7 +12,9 @@
 //! template's `<think>` block, whose text must come back as
 //! `reasoning_content`, and write gpt-oss's harmony messages (reasoning,
 //! answer, tool calls) under a harmony template, where a `response_format`
-//! answer may reason first and its JSON is the final channel's body.
+//! answer may reason first and its JSON is the final channel's body; and
+//! under Qwen3.5's real template, whose prompt opens the thinking, a
+//! constrained call or JSON comes after the thinking closes.
 
 mod common;
 
@@ -620,6 +622,17 @@ fn check_call(call: &Value, tools: &Value) -> (String, Value) {
     (name, serde_json::from_str(args_text).unwrap())
 }
 
+/// Asserts that the answer `v` is one call and nothing else, in OpenAI's
+/// shape, its arguments valid ([`check_call`]); returns (name, arguments).
+fn one_call(v: &Value, tools: &Value) -> (String, Value) {
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    assert!(choice["message"]["content"].is_null(), "{v}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{v}");
+    check_call(&calls[0], tools)
+}
+
 #[test]
 fn tool_calls_round_trip_required_named_auto_and_none() {
     let server = Server::start(&["-c", "2048"], &[]);
@@ -634,13 +647,7 @@ fn tool_calls_round_trip_required_named_auto_and_none() {
     };
     // required: always a valid call, at any temperature.
     for (seed, temperature) in [(1, 0.0), (2, 0.8), (3, 1.4), (4, 1.4)] {
-        let v = ask(json!("required"), temperature, seed);
-        let choice = &v["choices"][0];
-        assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
-        assert!(choice["message"]["content"].is_null(), "{v}");
-        let calls = choice["message"]["tool_calls"].as_array().unwrap();
-        assert_eq!(calls.len(), 1, "{v}");
-        check_call(&calls[0], &tools);
+        one_call(&ask(json!("required"), temperature, seed), &tools);
     }
     // A named function: that one.
     let v = ask(
@@ -813,6 +820,27 @@ fn smollm2_with_template(dir: &common::TempDir, name: &str, template: &str) -> P
     model
 }
 
+/// A server of SmolLM2 with the real chat template `name` (which
+/// `scripts/fetch-vocab.sh` puts in `models/templates/`), in a folder
+/// `tag` that lives as long as the server is used.
+fn real_template_server(tag: &str, name: &str) -> (common::TempDir, Server) {
+    let path = common::smollm2()
+        .parent()
+        .unwrap()
+        .join("templates")
+        .join(name);
+    let template = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run scripts/fetch-vocab.sh, which fetches the real chat templates",
+            path.display()
+        )
+    });
+    let dir = common::TempDir::new(tag);
+    let model = smollm2_with_template(&dir, &format!("smollm2-{tag}.gguf"), &template);
+    let server = Server::start_model(&model, &["-c", "2048"], &[]);
+    (dir, server)
+}
+
 /// What the thinking and the harmony stand-ins both answer: `body(extra)`
 /// asks (with `extra`'s fields) for an answer that a grammar makes two
 /// lowercase words of reasoning and then "Done.". Whole, the words come
@@ -887,8 +915,9 @@ fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() 
     );
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("reasoning_format"), "{}", r.body);
-    // thinking_budget_tokens bounds harmony's analysis channel: refused
-    // here rather than ignored.
+    // thinking_budget_tokens bounds harmony's analysis channel or a
+    // thinking block the prompt opens; this template opens none (the
+    // model opens its own): refused rather than ignored.
     let r = server.post(
         "/v1/chat/completions",
         &body(json!({"thinking_budget_tokens": 16})).to_string(),
@@ -1409,6 +1438,17 @@ fn past_reasoning_reaches_the_template_under_the_names_templates_read() {
     }
 }
 
+/// How many words the answer `v`'s `reasoning_content` has (none when it
+/// has none), each one of `words`.
+fn reasoning_words(v: &Value, words: &[&str]) -> usize {
+    let r = v["choices"][0]["message"]["reasoning_content"]
+        .as_str()
+        .unwrap_or("");
+    let found: Vec<&str> = r.split_whitespace().collect();
+    assert!(found.iter().all(|w| words.contains(w)), "{v}");
+    found.len()
+}
+
 /// SmolLM2's token " the", and "analysis" (as harmony's channel name
 /// follows `<|channel|>`).
 const THE: u32 = 260;
@@ -1439,14 +1479,7 @@ fn a_harmony_answers_reasoning_is_bounded_so_the_constrained_message_comes() {
     };
     // The reasoning's words ("the", and "analysis" where the bias finds
     // it first), one token each.
-    let thought = |v: &Value| -> usize {
-        let r = v["choices"][0]["message"]["reasoning_content"]
-            .as_str()
-            .unwrap_or("");
-        let words: Vec<&str> = r.split_whitespace().collect();
-        assert!(words.iter().all(|w| ["the", "analysis"].contains(w)), "{v}");
-        words.len()
-    };
+    let thought = |v: &Value| reasoning_words(v, &["the", "analysis"]);
     for (budget, most) in [(None, 50), (Some(8), 8), (Some(0), 0)] {
         let extra = match budget {
             Some(b) => json!({"thinking_budget_tokens": b}),
@@ -1631,4 +1664,185 @@ fn control_token_texts_in_past_tool_calls_and_tool_definitions_are_refused_namin
             "{e}"
         );
     }
+}
+
+/// Issue 35: Qwen3.5's real template (fetched by `scripts/fetch-vocab.sh`)
+/// on the SmolLM2 weights ends its prompt inside `<think>`. `logit_bias`
+/// makes the stand-in think " the" forever: a required call, a named one
+/// and a `response_format` answer still come, after the thinking closes at
+/// `thinking_budget_tokens` (default half of `max_tokens`); the thinking
+/// comes back as `reasoning_content`, the call as `tool_calls`, the JSON
+/// as `content`, whole and streamed. With thinking off the prompt closes
+/// the block itself: the call comes at once, and a budget is refused.
+#[test]
+fn an_opened_thinking_block_closes_before_the_constrained_call_or_json() {
+    let (_dir, server) = real_template_server("serve-opened-thinking", "Qwen3.5-4B.jinja");
+    // Every parameter bounded, so " the" cannot run on inside the call.
+    let tools = json!([{"type": "function", "function": {
+        "name": "forecast", "description": "The weather of the coming days",
+        "parameters": {"type": "object", "properties": {
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["days", "unit"], "additionalProperties": false}}}]);
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                        "required": ["n"], "additionalProperties": false});
+    let ask = |extra: Value| {
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "Think, then answer."}],
+                  "temperature": 0, "max_tokens": 100,
+                  "logit_bias": {THE.to_string(): 20}}),
+            extra,
+        )
+    };
+    let thought = |v: &Value| reasoning_words(v, &["the"]);
+    // One call: after it, the stand-in would rather start another than end.
+    let required = json!({"tools": tools, "tool_choice": "required", "thinking_budget_tokens": 8,
+                          "parallel_tool_calls": false});
+    // Without a budget, half of max_tokens: the rest holds the call, which
+    // takes this vocabulary some 60 tokens.
+    let named = json!({"tools": tools, "tool_choice": {"type": "function", "function": {"name": "forecast"}},
+                       "parallel_tool_calls": false, "max_tokens": 200});
+    for (extra, most) in [(required.clone(), 8), (named, 100)] {
+        let v = chat(&server, ask(extra));
+        let n = thought(&v);
+        assert!(
+            n <= most && n + 1 >= most,
+            "{n} words of thought, bound {most}: {v}"
+        );
+        one_call(&v, &tools);
+    }
+    // Streamed: the thinking as reasoning deltas, then the call.
+    let whole = chat(&server, ask(required.clone()));
+    let (events, reasoning, content) =
+        streamed_parts(&server, ask(with_fields(required, json!({"stream": true}))));
+    assert_eq!(
+        reasoning, whole["choices"][0]["message"]["reasoning_content"],
+        "{events:?}"
+    );
+    assert_eq!(content, "", "{events:?}");
+    let call = events
+        .iter()
+        .find_map(|e| e["choices"][0]["delta"]["tool_calls"][0]["function"]["name"].as_str())
+        .expect("a streamed call");
+    assert_eq!(call, "forecast");
+
+    // response_format: the thinking, then the JSON as content.
+    let format = json!({"response_format": {"type": "json_schema",
+                        "json_schema": {"name": "n", "schema": schema}}});
+    for (budget, most) in [(json!(8), 8), (json!(0), 0), (json!(null), 50)] {
+        let body = ask(with_fields(
+            format.clone(),
+            json!({"thinking_budget_tokens": budget}),
+        ));
+        let v = chat(&server, body.clone());
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        let n = thought(&v);
+        assert!(
+            n <= most && n + 1 >= most,
+            "{n} words of thought, bound {most}: {v}"
+        );
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(
+            validate(&[(schema.clone(), content.to_string())]).is_empty(),
+            "{v}"
+        );
+        streams_as_whole(&server, body);
+    }
+    // A budget alone bounds a free answer, which goes on after it.
+    let v = chat(
+        &server,
+        ask(json!({"thinking_budget_tokens": 8, "max_tokens": 40})),
+    );
+    assert!((7..=8).contains(&thought(&v)), "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 40, "{v}");
+
+    // Thinking off: the template closes the block; the call comes at once.
+    let off = json!({"chat_template_kwargs": {"enable_thinking": false}});
+    let v = chat(
+        &server,
+        ask(with_fields(
+            off.clone(),
+            json!({"tools": tools, "tool_choice": "required", "parallel_tool_calls": false}),
+        )),
+    );
+    let message = &v["choices"][0]["message"];
+    assert!(message.get("reasoning_content").is_none(), "{v}");
+    check_call(&message["tool_calls"][0], &tools);
+    let r = server.post(
+        "/v1/chat/completions",
+        &ask(with_fields(off, json!({"thinking_budget_tokens": 8}))).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = r.json();
+    assert_eq!(e["error"]["param"], "thinking_budget_tokens", "{e}");
+    assert_eq!(e["error"]["code"], "unsupported_parameter", "{e}");
+}
+
+/// Issue 35: Gemma 4's real template (fetched by `scripts/fetch-vocab.sh`)
+/// on the SmolLM2 weights: the template declares the functions, a required
+/// or named call is constrained to Gemma 4's own syntax
+/// (`<|tool_call>call:NAME{...}<tool_call|>`) and comes back as OpenAI's
+/// `tool_calls`, whole and streamed, its arguments valid for the schema;
+/// the call and its result go back through the template.
+#[test]
+fn gemma4s_own_call_syntax_round_trips_through_the_server() {
+    let (_dir, server) = real_template_server("serve-gemma4-tools", "google-gemma-4-31B-it.jinja");
+    let tools = weather_tools();
+    let ask = |extra: Value| {
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "What is the weather like in Paris today?"}],
+                   "tools": tools, "tool_choice": "required", "parallel_tool_calls": false,
+                   "max_tokens": 120}),
+            extra,
+        )
+    };
+    for (seed, temperature) in [(1, 0.0), (2, 0.8), (3, 1.3)] {
+        let v = chat(
+            &server,
+            ask(json!({"seed": seed, "temperature": temperature})),
+        );
+        one_call(&v, &tools);
+    }
+    let v = chat(
+        &server,
+        ask(json!({"tool_choice": {"type": "function", "function": {"name": "search"}}})),
+    );
+    let call = v["choices"][0]["message"]["tool_calls"][0].clone();
+    let (name, _) = check_call(&call, &tools);
+    assert_eq!(name, "search");
+    // Streamed: the call's head, then its arguments.
+    let r = server.post(
+        "/v1/chat/completions",
+        &ask(json!({"stream": true})).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let (events, done) = sse_events(&r.body);
+    assert!(done);
+    let deltas: Vec<&Value> = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].get(0))
+        .collect();
+    assert_eq!(deltas.len(), 2, "{events:?}");
+    let streamed = json!({"id": deltas[0]["id"], "type": "function", "function": {
+        "name": deltas[0]["function"]["name"], "arguments": deltas[1]["function"]["arguments"]}});
+    check_call(&streamed, &tools);
+    // The call and its result go back; the history is rendered in
+    // Gemma 4's syntax (longer than the question alone) and answered.
+    let history = json!([
+        {"role": "user", "content": "What is the weather like in Paris today?"},
+        {"role": "assistant", "content": null, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call["id"], "content": "{\"temperature\": 21}"},
+    ]);
+    let v = chat(
+        &server,
+        json!({"messages": history, "tools": tools, "max_tokens": 16, "temperature": 0}),
+    );
+    let asked = chat(&server, ask(json!({"max_tokens": 1})));
+    assert!(
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+            > asked["usage"]["prompt_tokens"].as_u64().unwrap() + 10,
+        "{v}"
+    );
 }

@@ -115,7 +115,8 @@ pub struct GenerationRequest {
     /// (`chat_template_kwargs`, e.g. `{"enable_thinking": false}`).
     pub template_kwargs: Option<serde_json::Map<String, Value>>,
     /// Chat only: `thinking_budget_tokens` (llama-server's name), the most
-    /// tokens a harmony (gpt-oss) answer's analysis message may take;
+    /// tokens the model's thinking may take: a harmony (gpt-oss) answer's
+    /// analysis message, or the rest of a thinking block the prompt opened;
     /// `usize::MAX` for -1 (no bound of its own). `None` when not given.
     pub thinking_budget: Option<usize>,
 }

@@ -47,6 +47,50 @@ pub enum Grammar {
     Gbnf(String),
     /// A grammar in llguidance's Lark syntax (the server's own, for tool calls).
     Lark(String),
+    /// `then`, after the rest of a thinking block that the prompt opened:
+    /// at most `reasoning` tokens of text without `close`, then `close`
+    /// ([`crate::reasoning::thinking_grammar`]).
+    Thinking {
+        close: &'static str,
+        reasoning: usize,
+        then: Box<Grammar>,
+    },
+}
+
+impl Grammar {
+    /// The grammar as an item of a Lark grammar: JSON as `%json {...}`,
+    /// a grammar as a nested `%lark {...}`.
+    fn lark_item(&self) -> Result<String, CompileError> {
+        Ok(match self {
+            Grammar::JsonObject => lark_json(&serde_json::json!({"type": "object"})),
+            Grammar::JsonSchema(schema) => lark_json(schema),
+            Grammar::Gbnf(_) | Grammar::Lark(_) | Grammar::Thinking { .. } => {
+                format!("%lark {{\n{}\n}}", self.lark()?)
+            }
+        })
+    }
+
+    /// A GBNF, Lark or thinking grammar's Lark text.
+    fn lark(&self) -> Result<String, CompileError> {
+        match self {
+            Grammar::Gbnf(text) => crate::gbnf::to_lark(text).map_err(|message| CompileError {
+                message: format!("the grammar is not valid GBNF: {message}"),
+            }),
+            Grammar::Lark(text) => Ok(text.clone()),
+            Grammar::Thinking {
+                close,
+                reasoning,
+                then,
+            } => Ok(crate::reasoning::thinking_grammar(
+                close,
+                &then.lark_item()?,
+                *reasoning,
+            )),
+            Grammar::JsonObject | Grammar::JsonSchema(_) => {
+                Ok(format!("start: {}\n", self.lark_item()?))
+            }
+        }
+    }
 }
 
 /// Why a constraint could not be compiled: a 400 naming `param`.
@@ -187,16 +231,10 @@ impl Constraints {
                     TopLevelGrammar::from_json_schema(schema),
                 )
             }
-            Grammar::Gbnf(text) => {
-                let lark = crate::gbnf::to_lark(text).map_err(|message| CompileError {
-                    message: format!("the grammar is not valid GBNF: {message}"),
-                })?;
+            Grammar::Gbnf(_) | Grammar::Lark(_) | Grammar::Thinking { .. } => {
+                let lark = grammar.lark()?;
                 (format!("lark:{lark}"), TopLevelGrammar::from_lark(lark))
             }
-            Grammar::Lark(text) => (
-                format!("lark:{text}"),
-                TopLevelGrammar::from_lark(text.clone()),
-            ),
         };
         let cached = {
             let cache = self.cache.lock().expect("constraint cache");
@@ -301,6 +339,11 @@ fn strip_guidance(schema: &mut Value) {
 /// with the server's JSON options ([`with_json_options`]): `%json {...}`.
 pub fn lark_json(schema: &Value) -> String {
     format!("%json {}", with_json_options(schema.clone()))
+}
+
+/// `text` as a Lark string literal (JSON's escapes are Lark's).
+pub fn lark_literal(text: &str) -> String {
+    Value::String(text.to_string()).to_string()
 }
 
 /// llguidance's message, without its internal context lines.

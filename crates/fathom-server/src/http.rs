@@ -949,42 +949,58 @@ fn prepare(
         // The parser takes echo on /v1/completions only.
         Prompt::Chat(_) => String::new(),
     });
+    // A thinking model's chat prompt may leave it inside a thinking block
+    // (Qwen3.5's template opens one): the answer starts there.
+    let thinking = match request.prompt {
+        Prompt::Chat(_) => ReasoningFormat::detect(model.tokenizer.chat_template()).map(|f| {
+            // The prompt's last tokens, markers included.
+            let tail = &prompt[prompt.len().saturating_sub(REASONING_TAIL_TOKENS)..];
+            (f, f.opened_by(&model.tokenizer.decode(tail, true)))
+        }),
+        _ => None,
+    };
+    let opened = match thinking {
+        Some((ReasoningFormat::Block { close, .. }, true)) => Some(close),
+        _ => None,
+    };
     // A harmony model's chat answer: its analysis message is bounded
     // (`thinking_budget_tokens`, else half of max_tokens) wherever a
-    // constraint follows it, so the constrained message always comes.
+    // constraint follows it, so the constrained message always comes; so
+    // is a block the prompt opened, which a constraint must let close
+    // before its own part begins.
     let harmony = format == ToolFormat::Harmony && matches!(request.prompt, Prompt::Chat(_));
-    if request.thinking_budget.is_some() && !harmony {
+    if request.thinking_budget.is_some() && !harmony && opened.is_none() {
         return Err(ApiError::invalid(
             "thinking_budget_tokens",
-            "thinking_budget_tokens bounds the analysis channel of a harmony (gpt-oss) chat template; this model's template does not write one",
+            "thinking_budget_tokens bounds the model's thinking: the analysis channel of a harmony (gpt-oss) chat template, or a thinking block the chat template opens for the model (Qwen3.5's with thinking on); this prompt opens none",
         )
         .with_code("unsupported_parameter"));
     }
     let reasoning_bound = reasoning::reasoning_bound(request.thinking_budget, max_tokens);
-    let constraint = match &request.constraint {
+    let bounded = request.thinking_budget.is_some_and(|b| b != usize::MAX);
+    let wanted = match &request.constraint {
         None => {
             let tool_grammar = match (&request.tools, &request.prompt) {
-                (Some(req), Prompt::Chat(_)) => tools::grammar(format, req, reasoning_bound),
+                (Some(req), Prompt::Chat(_)) => tools::grammar(format, req, reasoning_bound)
+                    .map_err(|e| {
+                        ApiError::invalid("tools", format!("tools cannot be enforced: {e}"))
+                            .with_code("invalid_grammar")
+                    })?,
                 _ => None,
             };
             match tool_grammar {
-                Some(grammar) => Some(compile(
-                    shared,
-                    model,
-                    "tools",
-                    "invalid_grammar",
-                    &grammar,
-                )?),
+                Some(grammar) => Some(("tools", "invalid_grammar", grammar)),
                 // A budget on an answer otherwise free (-1 leaves it free).
-                None if harmony && request.thinking_budget.is_some_and(|b| b != usize::MAX) => {
-                    Some(compile(
-                        shared,
-                        model,
-                        "thinking_budget_tokens",
-                        "invalid_grammar",
-                        &reasoning::harmony_bounded(reasoning_bound),
-                    )?)
-                }
+                None if harmony && bounded => Some((
+                    "thinking_budget_tokens",
+                    "invalid_grammar",
+                    reasoning::harmony_bounded(reasoning_bound),
+                )),
+                None if opened.is_some() && bounded => Some((
+                    "thinking_budget_tokens",
+                    "invalid_grammar",
+                    reasoning::free_text(),
+                )),
                 None => None,
             }
         }
@@ -1007,7 +1023,7 @@ fn prepare(
                 OutputConstraint::JsonSchema(schema) => {
                     (Grammar::JsonSchema(schema.clone()), "invalid_schema")
                 }
-                OutputConstraint::Gbnf(_) if request.thinking_budget.is_some() => {
+                OutputConstraint::Gbnf(_) if harmony && request.thinking_budget.is_some() => {
                     return Err(ApiError::invalid(
                         "thinking_budget_tokens",
                         "thinking_budget_tokens cannot bound an answer that a GBNF grammar writes whole, its reasoning included: bound the reasoning in the grammar",
@@ -1016,18 +1032,27 @@ fn prepare(
                 }
                 OutputConstraint::Gbnf(text) => (Grammar::Gbnf(text.clone()), "invalid_grammar"),
             };
-            Some(compile(shared, model, param, code, &grammar)?)
+            Some((*param, code, grammar))
         }
     };
+    let constraint = match wanted {
+        Some((param, code, grammar)) => {
+            // Inside an opened block, the constrained part follows the
+            // rest of the thinking and its close.
+            let grammar = match opened {
+                Some(close) => Grammar::Thinking {
+                    close,
+                    reasoning: reasoning_bound,
+                    then: Box::new(grammar),
+                },
+                None => grammar,
+            };
+            Some(compile(shared, model, param, code, &grammar)?)
+        }
+        None => None,
+    };
     let tools = request.tools.clone().map(|t| (format, t));
-    let reasoning = ReasoningFormat::detect(model.tokenizer.chat_template())
-        .filter(|_| request.split_reasoning)
-        .map(|f| {
-            // The prompt's last tokens, markers included: does it leave
-            // the model inside a thinking block?
-            let tail = &prompt[prompt.len().saturating_sub(REASONING_TAIL_TOKENS)..];
-            (f, f.opened_by(&model.tokenizer.decode(tail, true)))
-        });
+    let reasoning = thinking.filter(|_| request.split_reasoning);
     Ok(Prepared {
         request,
         prompt,

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod constraint;
 pub mod gbnf;
+pub mod gemma4;
 pub mod http;
 pub mod job;
 pub mod logprobs;

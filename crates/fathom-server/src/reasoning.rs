@@ -25,7 +25,7 @@
 //! of them reaches `reasoning_content` or `content`, apart from the tool
 //! calls' own.
 
-use crate::constraint::{lark_json, Grammar};
+use crate::constraint::{lark_json, lark_literal, Grammar};
 
 /// The markers of one family's thinking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,11 +127,7 @@ pub fn reasoning_bound(requested: Option<usize>, max_tokens: usize) -> usize {
 /// that define `last`, the message that must follow (a tool call,
 /// [`crate::tools`]; the final channel's JSON, [`harmony_final_json`]; any
 /// message but another analysis, [`harmony_bounded`]). With `reasoning`
-/// 0 there is no analysis message. The reasoning is pieces that each end
-/// where a `<` may start its `<|end|>` (one greedy lexeme would swallow
-/// that `<` and refuse the `|` after it), in a nested grammar whose
-/// `max_tokens` llguidance enforces: once the pieces have taken that many
-/// tokens, only `<|end|>` may follow.
+/// 0 there is no analysis message.
 pub fn harmony_grammar(last_rules: &str, reasoning: usize) -> Grammar {
     if reasoning == 0 {
         return Grammar::Lark(format!("start: last\n{last_rules}"));
@@ -139,12 +135,75 @@ pub fn harmony_grammar(last_rules: &str, reasoning: usize) -> Grammar {
     Grammar::Lark(format!(
         "start: (analysis \"{START}assistant\")? last\n\
          analysis: \"{CHANNEL}analysis{MESSAGE}\" thought \"{END}\"\n\
-         thought[max_tokens={reasoning}]: %lark {{\n\
-         start: THOUGHT*\n\
-         THOUGHT: /[^<]+|<[^|]/\n\
-         }}\n\
-         {last_rules}"
+         {}\
+         {last_rules}",
+        thought_rule("<|", reasoning)
     ))
+}
+
+/// The Lark grammar of an answer that starts inside a thinking block the
+/// prompt opened (Qwen3.5's template ends in `<think>\n`): the rest of
+/// the thinking, at most `reasoning` tokens of text that never holds
+/// `close`, then `close`, up to two newlines, and `then` (a Lark item:
+/// `%json {...}`, `%lark {...}`). With `reasoning` 0 the block closes at
+/// once. Without this, a constraint would start at the answer's first
+/// token and force the call or the JSON inside the thinking, where the
+/// reasoning split files it as reasoning.
+pub fn thinking_grammar(close: &str, then: &str, reasoning: usize) -> String {
+    let literal = lark_literal(close);
+    // A nested grammar that llguidance enters at the answer's very first
+    // token takes one token more than its `max_tokens` (measured: N + 1;
+    // after a forced prefix, as harmony's thought, exactly N), so the
+    // rule asks one less. A bound of 1 therefore leaves none:
+    // `max_tokens=0` is the empty text.
+    let (thought, rule) = match reasoning {
+        0 => ("", String::new()),
+        n => ("thought ", thought_rule(close, n - 1)),
+    };
+    format!("start: {thought}{literal} sep last\nsep: (\"\\n\" \"\\n\"?)?\nlast: {then}\n{rule}")
+}
+
+/// Any text: what follows a bounded thinking block when nothing else
+/// constrains the answer (`thinking_budget_tokens` alone).
+pub fn free_text() -> Grammar {
+    Grammar::Lark("start: REST\nREST: /(?s:.*)/\n".into())
+}
+
+/// The Lark rule `thought`: text of at most `reasoning` tokens that never
+/// holds `stop` (a marker that ends it: `</think>`, or `<|` for harmony,
+/// whose bodies end at any of its markers). The text is pieces that each
+/// end where `stop` may begin (one greedy lexeme would swallow the
+/// marker's first bytes and refuse the rest), in a nested grammar whose
+/// `max_tokens` llguidance enforces: once the pieces have taken that many
+/// tokens, only what follows the rule may come.
+fn thought_rule(stop: &str, reasoning: usize) -> String {
+    format!(
+        "thought[max_tokens={reasoning}]: %lark {{\n\
+         start: THOUGHT*\n\
+         THOUGHT: /{}/\n\
+         }}\n",
+        pieces_without(stop)
+    )
+}
+
+/// A regex of the pieces of a text that never holds `stop` (two
+/// characters or more, its first not repeated in it), each cut where
+/// `stop` could begin: a run free of its first character, or a run of
+/// that character and a proper prefix of the rest of `stop` closed by a
+/// character that neither continues `stop` nor starts it again. Any text
+/// without `stop` is such pieces, save one that ends in a prefix of
+/// `stop` (the piece would need one more character): a thought cannot end
+/// in `</` right before its `</think>`.
+pub(crate) fn pieces_without(stop: &str) -> String {
+    let hex = |c: char| format!("\\x{{{:X}}}", c as u32);
+    let chars: Vec<char> = stop.chars().collect();
+    let first = hex(chars[0]);
+    let mut alternatives = vec![format!("[^{first}]+")];
+    for k in 1..chars.len() {
+        let prefix: String = chars[1..k].iter().map(|&c| hex(c)).collect();
+        alternatives.push(format!("{first}+{prefix}[^{}{first}]", hex(chars[k])));
+    }
+    alternatives.join("|")
 }
 
 /// A harmony answer whose final message is a JSON value valid against

@@ -2,7 +2,7 @@
 //! constraint its answer decodes under, and how the answer is read back
 //! into OpenAI's `tool_calls`.
 //!
-//! Five formats, chosen from the model's chat template:
+//! Six formats, chosen from the model's chat template:
 //! - **Hermes** (Qwen2.5, Qwen3, Hermes and others whose template writes
 //!   `<tool_call>`): the template renders `tools`; a call is
 //!   `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`.
@@ -22,6 +22,10 @@
 //!   generation at a call's `<|call|>`; with `parallel_tool_calls` a
 //!   required call may be followed by more, each a message of its own
 //!   (`<|start|>assistant...`).
+//! - **Gemma 4** (whose template writes `<|tool_call>call:`): the template
+//!   renders `tools`; a call is `<|tool_call>call:NAME{KEY:VALUE,...}
+//!   <tool_call|>` in Gemma's own value syntax ([`crate::gemma4`]), several
+//!   back to back.
 //! - **Generic** (templates with no tool support, such as SmolLM2's): the
 //!   functions are described in the system message and the answer is
 //!   always constrained to one JSON object, `{"tool_call": {"name",
@@ -39,7 +43,8 @@ use fathom_tokenizer::ToolCall;
 use serde_json::{json, Map, Value};
 
 use crate::api::{Tool, ToolChoice, ToolRequest};
-use crate::constraint::{lark_json, Grammar};
+use crate::constraint::{lark_json, lark_literal, Grammar};
+use crate::gemma4;
 use crate::reasoning::{self, CALL, CHANNEL, MESSAGE, START};
 
 /// How a model writes function calls.
@@ -49,6 +54,7 @@ pub enum ToolFormat {
     QwenXml,
     Llama3,
     Harmony,
+    Gemma4,
     Generic,
 }
 
@@ -60,6 +66,8 @@ impl ToolFormat {
         };
         if reasoning::is_harmony(t) {
             ToolFormat::Harmony
+        } else if t.contains(gemma4::OPEN) {
+            ToolFormat::Gemma4
         } else if t.contains("<tool_call>") && t.contains("<function=") {
             ToolFormat::QwenXml
         } else if t.contains("<tool_call>") {
@@ -78,6 +86,7 @@ impl ToolFormat {
             ToolFormat::QwenXml => "qwen_xml",
             ToolFormat::Llama3 => "llama3",
             ToolFormat::Harmony => "harmony",
+            ToolFormat::Gemma4 => "gemma4",
             ToolFormat::Generic => "generic",
         }
     }
@@ -146,23 +155,40 @@ pub fn prepare(format: ToolFormat, messages: &[Message], req: &ToolRequest) -> P
             messages: generic_messages(messages, req),
             tools: None,
         },
-        ToolFormat::Hermes | ToolFormat::QwenXml | ToolFormat::Llama3 | ToolFormat::Harmony => {
-            Prepared {
-                messages: messages.to_vec(),
-                tools: Some(template_tools(req)),
-            }
-        }
+        ToolFormat::Hermes
+        | ToolFormat::QwenXml
+        | ToolFormat::Llama3
+        | ToolFormat::Harmony
+        | ToolFormat::Gemma4 => Prepared {
+            messages: messages.to_vec(),
+            tools: Some(template_tools(req)),
+        },
     }
 }
 
 /// The constraint of the answer to `req` in `format`, if it has one;
 /// `reasoning`: the most tokens a harmony answer's analysis message may
 /// take ([`reasoning::harmony_grammar`]), known once the request's
-/// `max_tokens` is.
-pub fn grammar(format: ToolFormat, req: &ToolRequest, reasoning: usize) -> Option<Grammar> {
+/// `max_tokens` is. An error names a function's schema that the format
+/// cannot enforce (Gemma 4's, [`crate::gemma4`]).
+pub fn grammar(
+    format: ToolFormat,
+    req: &ToolRequest,
+    reasoning: usize,
+) -> Result<Option<Grammar>, String> {
     let must_call = !matches!(req.choice, ToolChoice::Auto);
     let allowed = allowed(req);
-    match format {
+    if format == ToolFormat::Gemma4 {
+        if !must_call {
+            return Ok(None);
+        }
+        let functions: Vec<(&str, &Value)> = allowed
+            .iter()
+            .map(|t| (t.name.as_str(), &t.parameters))
+            .collect();
+        return gemma4::calls_grammar(&functions, req.parallel).map(|g| Some(Grammar::Lark(g)));
+    }
+    Ok(match format {
         ToolFormat::Generic => {
             let calls: Vec<Value> = allowed
                 .iter()
@@ -240,7 +266,8 @@ pub fn grammar(format: ToolFormat, req: &ToolRequest, reasoning: usize) -> Optio
                 reasoning,
             )
         }),
-    }
+        ToolFormat::Gemma4 => None,
+    })
 }
 
 /// The grammar of an answer that is one call (`call`, a Lark expression),
@@ -251,11 +278,6 @@ fn tagged_calls(call: &str, parallel: bool) -> Grammar {
     } else {
         format!("start: call\ncall: {call}\n")
     })
-}
-
-/// `text` as a Lark string literal (JSON's escapes are Lark's).
-fn lark_literal(text: &str) -> String {
-    Value::String(text.to_string()).to_string()
 }
 
 /// The Lark expression of a Qwen XML call's parameters under `schema` (a
@@ -516,23 +538,18 @@ pub fn parse(format: ToolFormat, text: &str, req: &ToolRequest, id_hex: &str) ->
             }
             content.push_str(rest);
         }
-        ToolFormat::Harmony => {
-            let mut rest = text;
-            while let Some((span, name, args)) = harmony_call(rest) {
-                let call = serde_json::from_str::<Value>(args.trim())
-                    .ok()
-                    .filter(|_| known(name));
-                match call {
-                    Some(args) => {
-                        content.push_str(&rest[..span.start]);
-                        calls.push((name.to_string(), args));
-                    }
-                    None => content.push_str(&rest[..span.end]),
-                }
-                rest = &rest[span.end..];
-            }
-            content.push_str(rest);
-        }
+        ToolFormat::Gemma4 => read_calls(text, gemma4::next_call, &known, &mut content, &mut calls),
+        ToolFormat::Harmony => read_calls(
+            text,
+            |rest| {
+                harmony_call(rest).map(|(span, name, args)| {
+                    (span, name, serde_json::from_str::<Value>(args.trim()).ok())
+                })
+            },
+            &known,
+            &mut content,
+            &mut calls,
+        ),
         ToolFormat::Llama3 => {
             let body = text.trim();
             let body = body.strip_prefix("<|python_tag|>").unwrap_or(body).trim();
@@ -579,6 +596,31 @@ pub fn parse(format: ToolFormat, text: &str, req: &ToolRequest, id_hex: &str) ->
             })
             .collect(),
     }
+}
+
+/// The calls `next` finds in `text` (each its span, its function's name,
+/// and its arguments, `None` when they do not parse) go to `calls`, and
+/// the text around them to `content`; a call that does not parse, or to a
+/// function `known` does not know, stays text.
+fn read_calls<'t>(
+    text: &'t str,
+    next: impl Fn(&'t str) -> Option<(std::ops::Range<usize>, &'t str, Option<Value>)>,
+    known: &dyn Fn(&str) -> bool,
+    content: &mut String,
+    calls: &mut Vec<(String, Value)>,
+) {
+    let mut rest = text;
+    while let Some((span, name, args)) = next(rest) {
+        match args.filter(|_| known(name)) {
+            Some(args) => {
+                content.push_str(&rest[..span.start]);
+                calls.push((name.to_string(), args));
+            }
+            None => content.push_str(&rest[..span.end]),
+        }
+        rest = &rest[span.end..];
+    }
+    content.push_str(rest);
 }
 
 /// The first harmony message in `text` addressed to a function: its span
@@ -662,6 +704,41 @@ mod tests {
             ToolFormat::detect(Some("{{- '<tool_call>\\n<function=' + tool_call.name }}")),
             ToolFormat::QwenXml
         );
+        assert_eq!(
+            ToolFormat::detect(Some("{{- '<|tool_call>call:' + function['name'] + '{' -}}")),
+            ToolFormat::Gemma4
+        );
+    }
+
+    #[test]
+    fn gemma4_calls_are_read_and_the_rest_is_content() {
+        let r = req(ToolChoice::Auto);
+        let text = "Checking.<|tool_call>call:get_weather{city:<|\"|>New York<|\"|>}<tool_call|><|tool_call>call:now{}<tool_call|>";
+        let a = parse(ToolFormat::Gemma4, text, &r, "g");
+        assert_eq!(a.content.as_deref(), Some("Checking."));
+        assert_eq!(
+            a.calls
+                .iter()
+                .map(|c| (c.name.as_str(), c.arguments.as_str()))
+                .collect::<Vec<_>>(),
+            [("get_weather", r#"{"city":"New York"}"#), ("now", "{}")]
+        );
+        // Unknown functions and broken calls stay text.
+        for odd in [
+            "<|tool_call>call:launch{}<tool_call|>",
+            "<|tool_call>call:now{a:}<tool_call|>",
+        ] {
+            let a = parse(ToolFormat::Gemma4, odd, &r, "g");
+            assert!(a.calls.is_empty(), "{odd}");
+            assert_eq!(a.content.as_deref(), Some(odd));
+        }
+        assert!(grammar(ToolFormat::Gemma4, &r, 0).unwrap().is_none());
+        let Some(Grammar::Lark(lark)) =
+            grammar(ToolFormat::Gemma4, &req(ToolChoice::Required), 0).unwrap()
+        else {
+            panic!()
+        };
+        assert!(lark.contains("<|tool_call>call:get_weather"), "{lark}");
     }
 
     #[test]
@@ -775,7 +852,7 @@ mod tests {
         );
         assert_eq!(p.messages[3].role, "user");
         assert_eq!(p.messages[3].content, "Result of get_weather: 22 C");
-        let Some(Grammar::JsonSchema(schema)) = grammar(ToolFormat::Generic, &r, 0) else {
+        let Some(Grammar::JsonSchema(schema)) = grammar(ToolFormat::Generic, &r, 0).unwrap() else {
             panic!()
         };
         // Named: one branch, the call, no response.
@@ -785,7 +862,7 @@ mod tests {
         );
         let p = prepare(ToolFormat::Generic, &history[1..2], &req(ToolChoice::Auto));
         let Some(Grammar::JsonSchema(schema)) =
-            grammar(ToolFormat::Generic, &req(ToolChoice::Auto), 0)
+            grammar(ToolFormat::Generic, &req(ToolChoice::Auto), 0).unwrap()
         else {
             panic!()
         };
@@ -801,8 +878,11 @@ mod tests {
             &req(ToolChoice::Auto),
         );
         assert!(p.tools.is_some());
-        assert!(grammar(ToolFormat::Hermes, &req(ToolChoice::Auto), 0).is_none());
-        let Some(Grammar::Lark(lark)) = grammar(ToolFormat::Hermes, &req(ToolChoice::Required), 0)
+        assert!(grammar(ToolFormat::Hermes, &req(ToolChoice::Auto), 0)
+            .unwrap()
+            .is_none());
+        let Some(Grammar::Lark(lark)) =
+            grammar(ToolFormat::Hermes, &req(ToolChoice::Required), 0).unwrap()
         else {
             panic!()
         };
@@ -810,7 +890,8 @@ mod tests {
             lark.contains("<tool_call>") && lark.contains("%json"),
             "{lark}"
         );
-        let Some(Grammar::Lark(lark)) = grammar(ToolFormat::Llama3, &req(ToolChoice::Required), 0)
+        let Some(Grammar::Lark(lark)) =
+            grammar(ToolFormat::Llama3, &req(ToolChoice::Required), 0).unwrap()
         else {
             panic!()
         };
@@ -882,9 +963,11 @@ mod tests {
             &req(ToolChoice::Auto),
         );
         assert!(p.tools.is_some());
-        assert!(grammar(ToolFormat::Harmony, &req(ToolChoice::Auto), 100).is_none());
+        assert!(grammar(ToolFormat::Harmony, &req(ToolChoice::Auto), 100)
+            .unwrap()
+            .is_none());
         let named = req(ToolChoice::Function("now".into()));
-        let Some(Grammar::Lark(lark)) = grammar(ToolFormat::Harmony, &named, 100) else {
+        let Some(Grammar::Lark(lark)) = grammar(ToolFormat::Harmony, &named, 100).unwrap() else {
             panic!()
         };
         assert!(
@@ -895,7 +978,7 @@ mod tests {
             "{lark}"
         );
         // No budget: no analysis message.
-        let Some(Grammar::Lark(lark)) = grammar(ToolFormat::Harmony, &named, 0) else {
+        let Some(Grammar::Lark(lark)) = grammar(ToolFormat::Harmony, &named, 0).unwrap() else {
             panic!()
         };
         assert!(!lark.contains("analysis"), "{lark}");
@@ -909,6 +992,7 @@ mod tests {
             (ToolFormat::Hermes, "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\"}}\n</tool_call>"),
             (ToolFormat::Llama3, "{\"name\": \"now\", \"parameters\": {}}; {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}"),
             (ToolFormat::Harmony, "<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}<|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}"),
+            (ToolFormat::Gemma4, "<|tool_call>call:now{}<tool_call|><|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>}<tool_call|>"),
         ];
         for (format, text) in two {
             let mut r = req(ToolChoice::Auto);

@@ -3,26 +3,33 @@
 //! vocabulary spells them) compile, accept the calls they describe token
 //! by token (as the model's tokenizer splits them) and refuse others; the
 //! cache hands out independent states; GBNF's folded classes keep their
-//! language.
+//! language. Over the real Qwen3.5 vocabulary and template (fetched by
+//! `scripts/fetch-vocab.sh`), whose prompt leaves the model inside
+//! `<think>`: a constrained call or JSON comes after the thinking closes,
+//! and the thinking is bounded.
 
-use std::path::Path;
+mod common;
 
-use fathom_checkpoint::Checkpoint;
+use common::{template, vocabulary};
 use fathom_server::api::{Tool, ToolChoice, ToolRequest};
 use fathom_server::constraint::{ConstraintState, Constraints, Grammar};
+use fathom_server::reasoning::{ReasoningFormat, ReasoningSplit};
 use fathom_server::tools::{self, ToolFormat};
+use fathom_tokenizer::{encode_chat_tools, ChatTemplate, Message};
 use serde_json::json;
 
 fn tokenizer() -> fathom_engine::Tokenizer {
-    let model =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    fathom_engine::load_tokenizer(&Checkpoint::open(&model).unwrap()).unwrap()
+    vocabulary("SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 
 /// Feeds `text` token by token; returns how many tokens the masks allowed
-/// before one was refused (all of them: the text is accepted).
+/// before one was refused (all of them: the text is accepted), and how
+/// many there are.
 fn walk(state: &mut ConstraintState, tok: &fathom_engine::Tokenizer, text: &str) -> (usize, usize) {
-    let ids = tok.encode(text, false, false);
+    walk_ids(state, &tok.encode(text, false, false))
+}
+
+fn walk_ids(state: &mut ConstraintState, ids: &[u32]) -> (usize, usize) {
     for (i, &id) in ids.iter().enumerate() {
         state.compute_mask().unwrap();
         if !state.mask().allows(id) {
@@ -78,7 +85,7 @@ fn tool_grammars_accept_valid_calls_and_refuse_others() {
             "{\"response\": \"It is sunny.\"}",
         ),
     ] {
-        let grammar = tools::grammar(format, &request(ToolChoice::Required), 1000)
+        let grammar = tools::grammar(format, &request(ToolChoice::Required), 1000).unwrap()
             .expect("required calls are constrained");
         let mut state = c.compile(&grammar).unwrap_or_else(|e| panic!("{format:?}: {e:?}"));
         let (ok, n) = walk(&mut state, &tok, good);
@@ -91,13 +98,14 @@ fn tool_grammars_accept_valid_calls_and_refuse_others() {
         assert!(ok < n, "{format:?}: an invalid call went through");
     }
     // Harmony: the reasoning may be left out.
-    let grammar = tools::grammar(ToolFormat::Harmony, &request(ToolChoice::Required), 1000);
+    let grammar =
+        tools::grammar(ToolFormat::Harmony, &request(ToolChoice::Required), 1000).unwrap();
     let mut state = c.compile(&grammar.unwrap()).unwrap();
     let call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\", \"unit\": \"celsius\"}";
     let (ok, n) = walk(&mut state, &tok, call);
     assert_eq!(ok, n);
     // auto in the generic format: a response is fine too.
-    let grammar = tools::grammar(ToolFormat::Generic, &request(ToolChoice::Auto), 1000);
+    let grammar = tools::grammar(ToolFormat::Generic, &request(ToolChoice::Auto), 1000).unwrap();
     let mut state = c.compile(&grammar.unwrap()).unwrap();
     let (ok, n) = walk(&mut state, &tok, "{\"response\": \"It is sunny.\"}");
     assert_eq!(ok, n);
@@ -159,7 +167,9 @@ fn qwen_xml_calls_may_leave_out_optional_parameters_and_come_in_parallel() {
         choice: ToolChoice::Required,
         parallel: true,
     };
-    let grammar = tools::grammar(ToolFormat::QwenXml, &req, 1000).unwrap();
+    let grammar = tools::grammar(ToolFormat::QwenXml, &req, 1000)
+        .unwrap()
+        .unwrap();
     let two = "<tool_call>\n<function=forecast>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=forecast>\n<parameter=city>\nBergen\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
     let mut state = c.compile(&grammar).unwrap();
     let (ok, n) = walk(&mut state, &tok, two);
@@ -206,7 +216,9 @@ fn tool_call_arguments_are_compact_json_in_every_format() {
             "}}",
         ),
     ] {
-        let grammar = tools::grammar(format, &request(ToolChoice::Required), 1000).unwrap();
+        let grammar = tools::grammar(format, &request(ToolChoice::Required), 1000)
+            .unwrap()
+            .unwrap();
         let mut state = c.compile(&grammar).unwrap();
         let (ok, n) = walk(&mut state, &tok, &format!("{head}{args}{tail}"));
         assert_eq!(
@@ -299,6 +311,27 @@ fn run_on(
     tok.decode(&ids, true)
 }
 
+/// Where `end` (the thought's end marker) starts in `text`, which
+/// `run_on` wrote preferring " the": the thought before it is " the" only,
+/// `bound` tokens of it or one less.
+#[track_caller]
+fn bounded_thought(text: &str, end: &str, bound: usize, what: &str) -> usize {
+    let at = text
+        .find(end)
+        .unwrap_or_else(|| panic!("{what} {bound}: no {end} in {text:?}"));
+    let thought = text[..at].matches(" the").count();
+    assert_eq!(
+        text[..at],
+        " the".repeat(thought),
+        "{what} {bound}: {text:?}"
+    );
+    assert!(
+        thought <= bound && thought + 1 >= bound,
+        "{what} {bound}: {thought} tokens of thought in {text:?}"
+    );
+    at
+}
+
 /// Issue 35: a harmony answer's analysis message is bounded. A "model"
 /// that would write " the" forever gets `<|end|>` forced once the bound's
 /// tokens are spent, then the message the constraint asks for: the final
@@ -320,7 +353,9 @@ fn a_harmony_analysis_message_ends_at_its_bound_and_the_constrained_message_foll
             ),
             (
                 "tools",
-                tools::grammar(ToolFormat::Harmony, &request(ToolChoice::Required), bound).unwrap(),
+                tools::grammar(ToolFormat::Harmony, &request(ToolChoice::Required), bound)
+                    .unwrap()
+                    .unwrap(),
                 "<|start|>assistant<|channel|>commentary to=functions.get_weather",
             ),
             (
@@ -333,19 +368,7 @@ fn a_harmony_analysis_message_ends_at_its_bound_and_the_constrained_message_foll
             let (ok, n) = walk(&mut state, &tok, "<|channel|>analysis<|message|>");
             assert_eq!(ok, n, "{what} {bound}");
             let text = run_on(&mut state, &tok, the[0], 120);
-            let end = text
-                .find("<|end|>")
-                .unwrap_or_else(|| panic!("{what} {bound}: no end in {text:?}"));
-            let thought = text[..end].matches(" the").count();
-            assert_eq!(
-                text[..end],
-                " the".repeat(thought),
-                "{what} {bound}: {text:?}"
-            );
-            assert!(
-                thought <= bound && thought + 1 >= bound,
-                "{what} {bound}: {thought} tokens of thought in {text:?}"
-            );
+            let end = bounded_thought(&text, "<|end|>", bound, what);
             assert!(
                 text[end..].starts_with(&format!("<|end|>{want}")),
                 "{what} {bound}: {text:?}"
@@ -376,7 +399,9 @@ fn harmony_required_calls_are_one_or_several_as_parallel_tool_calls_says() {
     let two = format!("{call}<|start|>assistant{call}");
     let mut parallel = request(ToolChoice::Required);
     parallel.parallel = true;
-    let grammar = tools::grammar(ToolFormat::Harmony, &parallel, 100).unwrap();
+    let grammar = tools::grammar(ToolFormat::Harmony, &parallel, 100)
+        .unwrap()
+        .unwrap();
     let mut state = c.compile(&grammar).unwrap();
     let (ok, n) = walk(&mut state, &tok, &two);
     assert_eq!(ok, n, "two calls were refused at token {ok}");
@@ -392,7 +417,9 @@ fn harmony_required_calls_are_one_or_several_as_parallel_tool_calls_says() {
         &format!("{call}<|call|><|start|>assistant{call}"),
     );
     assert!(ok < n, "a call went through after <|call|>");
-    let single = tools::grammar(ToolFormat::Harmony, &request(ToolChoice::Required), 100).unwrap();
+    let single = tools::grammar(ToolFormat::Harmony, &request(ToolChoice::Required), 100)
+        .unwrap()
+        .unwrap();
     let mut state = c.compile(&single).unwrap();
     let (ok, n) = walk(&mut state, &tok, &two);
     assert!(
@@ -403,4 +430,353 @@ fn harmony_required_calls_are_one_or_several_as_parallel_tool_calls_says() {
     let (ok, n) = walk(&mut state, &tok, call);
     assert_eq!(ok, n);
     assert!(state.is_accepting());
+}
+
+/// The Qwen3.5 vocabulary, and the close of the thinking block that the
+/// real template's prompt (with tools, thinking on) leaves open, as the
+/// server finds it: the reasoning format told from the template, and its
+/// prompt's last tokens.
+fn qwen35() -> (fathom_engine::Tokenizer, &'static str) {
+    let tok = vocabulary("ggml-vocab-qwen35.gguf");
+    let source = template("Qwen3.5-4B.jinja");
+    let template = ChatTemplate::new(&source, "", "").unwrap();
+    let req = request(ToolChoice::Required);
+    let format = ToolFormat::detect(Some(&source));
+    assert_eq!(format, ToolFormat::QwenXml);
+    let prepared = tools::prepare(format, &[Message::new("user", "Weather in Oslo?")], &req);
+    let ids = encode_chat_tools(
+        &tok,
+        &template,
+        &prepared.messages,
+        prepared.tools.as_ref(),
+        None,
+        true,
+        1 << 20,
+    )
+    .unwrap();
+    let tail = tok.decode(&ids[ids.len() - 8..], true);
+    let reasoning = ReasoningFormat::detect(Some(&source)).unwrap();
+    assert!(reasoning.opened_by(&tail), "{tail:?}");
+    let ReasoningFormat::Block { close, .. } = reasoning else {
+        panic!("{reasoning:?}")
+    };
+    (tok, close)
+}
+
+/// `then` after the thinking the prompt opened, bounded to `reasoning`
+/// tokens, as the server wraps a constraint there.
+fn after_thinking(close: &'static str, reasoning: usize, then: Grammar) -> Grammar {
+    Grammar::Thinking {
+        close,
+        reasoning,
+        then: Box::new(then),
+    }
+}
+
+const QWEN_CALL: &str = "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>";
+
+/// Issue 35: Qwen3.5's prompt ends inside `<think>`. A required call is
+/// the rest of the thinking (any text without `</think>`: code with
+/// closing tags, `<`, even the call's own markup), `</think>`, then the
+/// call; the answer cannot end before the block closes, nor put anything
+/// but the call after it. Split and read back as the server does, the
+/// thinking is the reasoning and the call a tool call.
+#[test]
+fn a_call_after_an_opened_think_block_comes_after_its_close() {
+    let (tok, close) = qwen35();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let eog: Vec<u32> = tok.end_of_generation_ids().collect();
+    let req = request(ToolChoice::Required);
+    let grammar = after_thinking(
+        close,
+        1000,
+        tools::grammar(ToolFormat::QwenXml, &req, 1000)
+            .unwrap()
+            .unwrap(),
+    );
+    let thought = "The user wants Oslo's weather; 1 < 2, <b>bold</b>, a <tool_call> tag, </thinking> and </th>.";
+    let answer = format!("{thought}\n</think>\n\n{QWEN_CALL}");
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk(&mut state, &tok, &answer);
+    assert_eq!(ok, n, "refused at token {ok}: {answer:?}");
+    state.compute_mask().unwrap();
+    assert!(
+        eog.iter().any(|&id| state.mask().allows(id)),
+        "the call may end"
+    );
+    let split = ReasoningSplit::split(
+        ReasoningFormat::detect(Some("<think>")).unwrap(),
+        true,
+        &answer,
+    );
+    assert_eq!(split.reasoning, thought);
+    let read = tools::parse(ToolFormat::QwenXml, &split.content, &req, "t");
+    assert_eq!(read.content, None);
+    assert_eq!(read.calls.len(), 1);
+    assert_eq!(
+        read.calls[0].arguments,
+        r#"{"city":"Oslo","unit":"celsius"}"#
+    );
+
+    // The call inside the thinking is thinking: the answer may not end there.
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk(&mut state, &tok, QWEN_CALL);
+    assert_eq!(ok, n);
+    state.compute_mask().unwrap();
+    assert!(
+        !eog.iter().any(|&id| state.mask().allows(id)),
+        "the answer ended inside the thinking"
+    );
+    // After the close: the call, nothing else.
+    for bad in [
+        "Sure.\n</think>\n\nIt is sunny.".to_string(),
+        format!("Sure.\n</think>\n\n\n\n{QWEN_CALL}"),
+        QWEN_CALL
+            .replace("celsius", "kelvin")
+            .replace("<tool_call>", "x</think><tool_call>"),
+    ] {
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, &bad);
+        assert!(ok < n, "{bad:?} went through");
+    }
+    // A budget of 0 closes the block at once.
+    let grammar = after_thinking(
+        close,
+        0,
+        tools::grammar(ToolFormat::QwenXml, &req, 0)
+            .unwrap()
+            .unwrap(),
+    );
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk(&mut state, &tok, &format!("</think>\n\n{QWEN_CALL}"));
+    assert_eq!(ok, n);
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk(&mut state, &tok, &format!("Hm.</think>\n\n{QWEN_CALL}"));
+    assert!(ok < n, "thinking went through with a budget of 0");
+}
+
+/// Issue 35: `response_format` (a schema, `json_object`) and a GBNF
+/// `grammar` after the thinking Qwen3.5's prompt opened: the JSON or the
+/// grammar's text follows `</think>`; JSON at once, inside the thinking,
+/// never completes the answer.
+#[test]
+fn json_and_grammars_after_an_opened_think_block_follow_its_close() {
+    let (tok, close) = qwen35();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"], "additionalProperties": false});
+    let json = "{\"name\": \"Ada\", \"age\": 36}";
+    for (then, good, bad) in [
+        (
+            Grammar::JsonSchema(schema.clone()),
+            format!("A person: Ada.\n</think>\n\n{json}"),
+            "A person.\n</think>\n\n{\"name\": \"Ada\"}".to_string(),
+        ),
+        (
+            Grammar::JsonObject,
+            format!("An object.</think>{json}"),
+            "An object.</think>[1]".to_string(),
+        ),
+        (
+            Grammar::Gbnf("root ::= \"yes\" | \"no\"".into()),
+            "Is it? Yes.\n</think>\n\nyes".to_string(),
+            "Is it? Yes.\n</think>\n\nmaybe".to_string(),
+        ),
+    ] {
+        let grammar = after_thinking(close, 1000, then);
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, &good);
+        assert_eq!(ok, n, "{good:?} was refused at token {ok}");
+        assert!(state.is_stopped() || state.is_accepting(), "{good:?}");
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, &bad);
+        assert!(ok < n || !state.is_accepting(), "{bad:?} went through");
+        // The JSON alone is thinking text: not a complete answer.
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, json);
+        assert_eq!(ok, n);
+        assert!(
+            !state.is_accepting(),
+            "{json} ended the answer inside the thinking"
+        );
+    }
+    // A GBNF grammar that is not valid still says so.
+    let e = c
+        .compile(&after_thinking(
+            close,
+            10,
+            Grammar::Gbnf("root ::= missing".into()),
+        ))
+        .unwrap_err();
+    assert!(e.message.contains("missing"), "{e:?}");
+}
+
+/// Issue 35: the thinking Qwen3.5's prompt opened is bounded, as
+/// harmony's analysis message is. A "model" that would think " the"
+/// forever gets `</think>` forced once the bound's tokens are spent, then
+/// what the constraint asks for: the call, the JSON, or (a budget on a
+/// free answer) anything.
+#[test]
+fn an_opened_think_block_ends_at_its_bound_and_the_constrained_part_follows() {
+    let (tok, close) = qwen35();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let the = tok.encode(" the", false, false);
+    assert_eq!(the.len(), 1);
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": false});
+    for bound in [1, 7, 20] {
+        for (what, then, want) in [
+            (
+                "tools",
+                tools::grammar(ToolFormat::QwenXml, &request(ToolChoice::Required), bound)
+                    .unwrap()
+                    .unwrap(),
+                "<tool_call>\n<function=get_weather>",
+            ),
+            (
+                "response_format",
+                Grammar::JsonSchema(schema.clone()),
+                "{\"n\": ",
+            ),
+            ("free", fathom_server::reasoning::free_text(), " the"),
+        ] {
+            let mut state = c.compile(&after_thinking(close, bound, then)).unwrap();
+            let text = run_on(&mut state, &tok, the[0], 100);
+            let end = bounded_thought(&text, close, bound, what);
+            let after = text[end + close.len()..].trim_start_matches('\n');
+            assert!(after.starts_with(want), "{what} {bound}: {text:?}");
+        }
+    }
+}
+
+/// `walk` over `text` as the model writes it: the vocabulary's marker
+/// tokens whole.
+fn walk_special(
+    state: &mut ConstraintState,
+    tok: &fathom_engine::Tokenizer,
+    text: &str,
+) -> (usize, usize) {
+    walk_ids(state, &tok.encode(text, false, true))
+}
+
+/// Issue 35: Gemma 4's own call syntax over its real vocabulary, where
+/// `<|tool_call>`, `<tool_call|>` and the string quote `<|"|>` are single
+/// tokens. A required call is the function's arguments in Gemma's value
+/// syntax, keys in the template's order, valid for the parameters: nested
+/// objects and arrays, enums, bounded numbers and strings; the call ends
+/// where `<|tool_response>` (an end-of-generation token) may follow.
+#[test]
+fn gemma4_required_calls_follow_the_schema_in_gemmas_syntax() {
+    let tok = vocabulary("ggml-vocab-gemma-4.gguf");
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    for marker in ["<|tool_call>", "<tool_call|>", "<|\"|>", "<|tool_response>"] {
+        assert_eq!(tok.encode(marker, false, true).len(), 1, "{marker}");
+    }
+    let response = tok.encode("<|tool_response>", false, true)[0];
+    assert!(tok.end_of_generation(response));
+    let req = ToolRequest {
+        tools: vec![
+            Tool {
+                name: "plan_trip".into(),
+                description: None,
+                parameters: json!({"type": "object", "properties": {
+                    "city": {"type": "string"},
+                    "days": {"type": "integer", "minimum": 1, "maximum": 14},
+                    "unit": {"enum": ["celsius", "fahrenheit"]},
+                    "stops": {"type": "array", "items": {"type": "object", "properties": {
+                        "name": {"type": "string", "maxLength": 20}, "nights": {"type": "integer"}},
+                        "required": ["name"]}, "maxItems": 3},
+                    "Budget": {"type": ["number", "null"]},
+                    "notes": {"type": "string"}},
+                    "required": ["city", "days", "unit"]}),
+                strict: true,
+            },
+            Tool {
+                name: "now".into(),
+                description: None,
+                parameters: json!({"type": "object", "properties": {}}),
+                strict: true,
+            },
+        ],
+        choice: ToolChoice::Required,
+        parallel: false,
+    };
+    let grammar = tools::grammar(ToolFormat::Gemma4, &req, 0)
+        .unwrap()
+        .unwrap();
+    let q = "<|\"|>";
+    let good = [
+        format!("<|tool_call>call:plan_trip{{Budget:1200.5,city:{q}Saint-Étienne, <near> Lyon{q},days:3,stops:[{{name:{q}Lyon{q},nights:2}},{{name:{q}Annecy{q}}}],unit:{q}celsius{q}}}<tool_call|>"),
+        format!("<|tool_call>call:plan_trip{{city:{q}Oslo{q},days:14,notes:{q}a \"b\" {{c}}{q},unit:{q}fahrenheit{q}}}<tool_call|>"),
+        format!("<|tool_call>call:plan_trip{{Budget:null,city:{q}Oslo{q},days:1,stops:[],unit:{q}celsius{q}}}<tool_call|>"),
+        "<|tool_call>call:now{}<tool_call|>".to_string(),
+    ];
+    for text in &good {
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk_special(&mut state, &tok, text);
+        assert_eq!(ok, n, "{text:?} was refused at token {ok}");
+        state.compute_mask().unwrap();
+        assert!(state.mask().allows(response), "{text:?} may end");
+        // What the grammar takes is what the server reads back.
+        let read = tools::parse(ToolFormat::Gemma4, text, &req, "g");
+        assert_eq!(read.calls.len(), 1, "{text:?}");
+        assert_eq!(read.content, None);
+    }
+    let read = tools::parse(ToolFormat::Gemma4, &good[0], &req, "g");
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&read.calls[0].arguments).unwrap(),
+        json!({"Budget": 1200.5, "city": "Saint-Étienne, <near> Lyon", "days": 3,
+               "stops": [{"name": "Lyon", "nights": 2}, {"name": "Annecy"}], "unit": "celsius"})
+    );
+    let bad = [
+        // Out of the enum, out of bounds, a required one missing, keys out
+        // of the template's order, JSON's syntax, a string holding `<|`,
+        // too long a name, too many stops, text before the call.
+        format!("<|tool_call>call:plan_trip{{city:{q}Oslo{q},days:3,unit:{q}kelvin{q}}}<tool_call|>"),
+        format!("<|tool_call>call:plan_trip{{city:{q}Oslo{q},days:15,unit:{q}celsius{q}}}<tool_call|>"),
+        format!("<|tool_call>call:plan_trip{{city:{q}Oslo{q},unit:{q}celsius{q}}}<tool_call|>"),
+        format!("<|tool_call>call:plan_trip{{days:3,city:{q}Oslo{q},unit:{q}celsius{q}}}<tool_call|>"),
+        "<|tool_call>call:plan_trip{\"city\": \"Oslo\", \"days\": 3, \"unit\": \"celsius\"}<tool_call|>".to_string(),
+        format!("<|tool_call>call:plan_trip{{city:{q}Oslo<|turn>{q},days:3,unit:{q}celsius{q}}}<tool_call|>"),
+        format!("<|tool_call>call:plan_trip{{city:{q}Oslo{q},days:3,stops:[{{name:{q}Abcdefghijklmnopqrstu{q}}}],unit:{q}celsius{q}}}<tool_call|>"),
+        format!("<|tool_call>call:plan_trip{{city:{q}Oslo{q},days:3,stops:[{{name:{q}a{q}}},{{name:{q}b{q}}},{{name:{q}c{q}}},{{name:{q}d{q}}}],unit:{q}celsius{q}}}<tool_call|>"),
+        "Sure.<|tool_call>call:now{}<tool_call|>".to_string(),
+        "<|tool_call>call:launch{}<tool_call|>".to_string(),
+    ];
+    for text in &bad {
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk_special(&mut state, &tok, text);
+        assert!(ok < n, "{text:?} went through");
+    }
+    // parallel_tool_calls: calls back to back.
+    let two = format!("{}{}", good[3], good[1]);
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk_special(&mut state, &tok, &two);
+    assert!(
+        ok < n,
+        "a second call went through without parallel_tool_calls"
+    );
+    let parallel = ToolRequest {
+        parallel: true,
+        ..req.clone()
+    };
+    let grammar = tools::grammar(ToolFormat::Gemma4, &parallel, 0)
+        .unwrap()
+        .unwrap();
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk_special(&mut state, &tok, &two);
+    assert_eq!(ok, n, "two calls were refused at token {ok}");
+    assert_eq!(
+        tools::parse(ToolFormat::Gemma4, &two, &parallel, "g")
+            .calls
+            .len(),
+        2
+    );
+    // A schema keyword the lowering cannot enforce is named.
+    let mut odd = req.clone();
+    odd.tools[1].parameters =
+        json!({"type": "object", "properties": {"at": {"type": "string", "format": "date-time"}}});
+    let e = tools::grammar(ToolFormat::Gemma4, &odd, 0).unwrap_err();
+    assert!(
+        e.contains("function now's parameters.properties.at: `format`"),
+        "{e}"
+    );
 }

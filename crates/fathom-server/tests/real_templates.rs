@@ -8,41 +8,14 @@
 //! functions; a history where the assistant reasoned and called a
 //! function, the function answered and the user asked again.
 
-use std::path::Path;
+mod common;
 
-use fathom_checkpoint::Checkpoint;
+use common::{template, vocabulary};
 use fathom_server::api::{Tool, ToolChoice, ToolRequest};
 use fathom_server::reasoning::ReasoningFormat;
 use fathom_server::tools::{self, ToolFormat};
 use fathom_tokenizer::{encode_chat_tools, ChatTemplate, Message, TemplateKwargs, ToolCall};
 use serde_json::json;
-
-fn models() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")
-}
-
-/// The template `name` from `models/templates/`.
-fn template(name: &str) -> String {
-    let path = models().join("templates").join(name);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}; run scripts/fetch-vocab.sh, which fetches the real chat templates",
-            path.display()
-        )
-    })
-}
-
-/// The vocabulary `name` from `models/` (fetched with the templates).
-fn vocabulary(name: &str) -> fathom_engine::Tokenizer {
-    let path = models().join(name);
-    let checkpoint = Checkpoint::open(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e}; run scripts/fetch-vocab.sh, which fetches the vocabularies",
-            path.display()
-        )
-    });
-    fathom_engine::load_tokenizer(&checkpoint).unwrap()
-}
 
 /// Two functions with JSON-schema parameters.
 fn functions() -> ToolRequest {
@@ -315,7 +288,7 @@ fn qwen35_renders_its_xml_calls_and_opens_the_thinking() {
 }
 
 #[test]
-fn gemma4_renders_turns_thinking_and_the_generic_functions() {
+fn gemma4_renders_turns_thinking_and_its_own_function_calls() {
     let vocab = vocabulary("ggml-vocab-gemma-4.gguf");
     // Each template with how it writes a function's result given natively:
     // the current one as a response block in the model's turn, the
@@ -339,11 +312,10 @@ fn gemma4_renders_turns_thinking_and_the_generic_functions() {
             bos: "<bos>",
             vocab: Some(&vocab),
         };
-        // Gemma 4 writes calls as `<|tool_call>call:NAME{...}<tool_call|>`,
-        // which fathom does not read: its functions go the generic way.
+        // Gemma 4 writes calls as `<|tool_call>call:NAME{...}<tool_call|>`.
         assert_eq!(
             ToolFormat::detect(Some(&source)),
-            ToolFormat::Generic,
+            ToolFormat::Gemma4,
             "{name}"
         );
         let reasoning = ReasoningFormat::detect(Some(&source)).expect("Gemma 4 thinks");
@@ -372,45 +344,36 @@ fn gemma4_renders_turns_thinking_and_the_generic_functions() {
         );
         assert!(text.ends_with("<|turn>model\n"), "{name}: {text}");
 
-        // The generic format: the functions in the system message, the
-        // history rewritten as JSON turns.
+        // The template declares the functions and writes the history's
+        // call and result in Gemma 4's own syntax.
         let text = t.render(&history(), Some(&functions()), None);
         in_order(
             &text,
             &[
-                "<bos><|turn>system\nYou are terse.\n\nYou can call these functions",
-                "- get_weather: Current weather of a city\n  arguments: {\"type\":\"object\"",
-                "- get_time: Local time in a time zone (<Area>/<City>) & its offset",
-                "<turn|>\n<|turn>user\nWeather in Oslo?<turn|>\n",
-                "<|turn>model\n{\"tool_call\":{\"name\":\"get_weather\",\"arguments\":{\"city\":\"Oslo\",\"unit\":\"celsius\"}}}<turn|>\n",
-                &format!("<|turn>user\nResult of get_weather: {RESULT}<turn|>\n"),
+                "<bos><|turn>system\nYou are terse.<|tool>declaration:get_weather{description:<|\"|>Current weather of a city<|\"|>",
+                "city:{description:<|\"|>City name<|\"|>,type:<|\"|>STRING<|\"|>}",
+                "<tool|><|tool>declaration:get_time{description:<|\"|>Local time in a time zone (<Area>/<City>) & its offset<|\"|>",
+                "<tool|><turn|>\n",
+                "<|turn>user\nWeather in Oslo?<turn|>\n",
+                "<|turn>model\n<|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>,unit:<|\"|>celsius<|\"|>}<tool_call|>",
+                result,
                 "<|turn>user\nAnd in Bergen?<turn|>\n<|turn>model\n<|channel>thought\n<channel|>",
             ],
         );
+        assert!(!text.contains("You can call these functions"), "{name}");
         assert!(
             text.ends_with("<|turn>model\n<|channel>thought\n<channel|>"),
             "{name}"
         );
-
-        // The template's own function declarations and history render
-        // through fathom's engine too (dictsort, upper, map, get, default),
-        // though the server does not hand it `tools`.
-        let template = ChatTemplate::new(&source, "<bos>", "").unwrap();
-        let native = tools::template_tools(&functions());
-        let text = template
-            .render_tools(&history(), Some(&native), true)
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        in_order(
-            &text,
-            &[
-                "<|tool>declaration:get_weather{description:<|\"|>Current weather of a city<|\"|>",
-                "city:{description:<|\"|>City name<|\"|>,type:<|\"|>STRING<|\"|>}",
-                "<tool|><|tool>declaration:get_time{",
-                "<tool|><turn|>\n",
-                "<|turn>model\n<|tool_call>call:get_weather{city:<|\"|>Oslo<|\"|>,unit:<|\"|>celsius<|\"|>}<tool_call|>",
-                result,
-                "<|turn>user\nAnd in Bergen?<turn|>\n<|turn>model\n",
-            ],
+        // What the model writes in that syntax is read back as the call.
+        let answer = "<|tool_call>call:get_weather{city:<|\"|>Bergen<|\"|>,unit:<|\"|>celsius<|\"|>}<tool_call|>";
+        let read = tools::parse(ToolFormat::Gemma4, answer, &functions(), "x");
+        assert_eq!(read.content, None, "{name}");
+        assert_eq!(read.calls.len(), 1, "{name}");
+        assert_eq!(read.calls[0].name, "get_weather");
+        assert_eq!(
+            read.calls[0].arguments,
+            r#"{"city":"Bergen","unit":"celsius"}"#
         );
     }
 }

@@ -1,0 +1,33 @@
+//! The test vocabularies and real chat templates `scripts/fetch-vocab.sh`
+//! puts in `models/`.
+
+use std::path::{Path, PathBuf};
+
+use fathom_checkpoint::Checkpoint;
+
+fn models() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models")
+}
+
+/// The vocabulary of `models/name`.
+pub fn vocabulary(name: &str) -> fathom_engine::Tokenizer {
+    let path = models().join(name);
+    let checkpoint = Checkpoint::open(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run scripts/fetch-vocab.sh, which fetches the vocabularies",
+            path.display()
+        )
+    });
+    fathom_engine::load_tokenizer(&checkpoint).unwrap()
+}
+
+/// The chat template `name` from `models/templates/`.
+pub fn template(name: &str) -> String {
+    let path = models().join("templates").join(name);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run scripts/fetch-vocab.sh, which fetches the real chat templates",
+            path.display()
+        )
+    })
+}
