@@ -2,7 +2,8 @@
 // weight type: mv1_* (one token through up to three matrices a launch, as
 // segments or in one wave of equal warps: matvec_balanced), mvglu1_* (gate
 // and up with the activation), their int8-activation forms mv1x8_* and
-// mvglu1x8_* (Q8_0, Q4_0, Q4_K, Q6_K), and mv_* / mvglu_* (several tokens).
+// mvglu1x8_* (Q8_0, Q4_0, Q4_K, Q6_K, MXFP4: MXFP4 has no f32 forms), and
+// mv_* / mvglu_* (several tokens).
 // Launched from src/cuda/matvec.rs.
 
 #include "common.cuh"
@@ -204,6 +205,7 @@ FATHOM_ONE_TOKEN_KERNELS(x8, q8_0, T_Q8_0, true)
 FATHOM_ONE_TOKEN_KERNELS(x8, q4_0, T_Q4_0, true)
 FATHOM_ONE_TOKEN_KERNELS(x8, q4_k, T_Q4_K, true)
 FATHOM_ONE_TOKEN_KERNELS(x8, q6_k, T_Q6_K, true)
+FATHOM_ONE_TOKEN_KERNELS(x8, mxfp4, T_MXFP4, true)
 
 FATHOM_WEIGHT_TYPES(FATHOM_MATVEC_KERNELS)
 FATHOM_FEW_TOKEN_KERNELS(f32, T_F32)

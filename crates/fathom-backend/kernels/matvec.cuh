@@ -99,7 +99,7 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
     const float s = warp_sum(acc[t]), s2 = GLU ? warp_sum(acc2[t]) : 0.0f;
     if (split == 1) {
       if (lane == 0 && t < ntok && r < w.rows)
-        out[(size_t)t * w.rows + r] = GLU ? glu_act(s, act) * s2 : s;
+        out[(size_t)t * w.rows + r] = GLU ? glu_value(s, s2, act) : s;
     } else if (lane == 0) {
       parts[warp][t][0] = s;
       if (GLU) parts[warp][t][GLU ? 1 : 0] = s2;
@@ -113,6 +113,6 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
       s += parts[warp + k][lane][0];
       if (GLU) s2 += parts[warp + k][lane][GLU ? 1 : 0];
     }
-    out[(size_t)lane * w.rows + r] = GLU ? glu_act(s, act) * s2 : s;
+    out[(size_t)lane * w.rows + r] = GLU ? glu_value(s, s2, act) : s;
   }
 }

@@ -115,7 +115,10 @@ pub(crate) fn cuda_attention_splits() {
         (5, true),
         (40, true),
     ] {
-        for (label, shape, mut kv, layers) in attention_cases() {
+        for (label, shape, mut kv, layers) in attention_cases()
+            .into_iter()
+            .chain(gpt_oss_attention_cases())
+        {
             // Plan partials as for a long context: the conformance groups'
             // 128 tokens would not be split.
             for g in &mut kv.groups {
