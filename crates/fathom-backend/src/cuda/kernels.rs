@@ -78,7 +78,8 @@ pub(super) struct Kernels {
     pub(super) mvglu: [sys::CUfunction; N_KINDS],
     /// One token on int8 activations (`quantize_x8`): Q8_0, Q4_0, Q4_K, Q6_K
     /// and MXFP4 only (null for the other kinds; MXFP4 has no f32 `mv1` or
-    /// `mvglu1`: its one-token products always take these).
+    /// `mvglu1`, and no `mvglu1x8`: its one-token products always take
+    /// `mv1x8`, a gate and up pair unfused).
     pub(super) mv1x8: [sys::CUfunction; N_KINDS],
     pub(super) mvglu1x8: [sys::CUfunction; N_KINDS],
     pub(super) quantize_x8: sys::CUfunction,
@@ -170,11 +171,10 @@ impl Kernels {
         use WeightType::{BF16, F16, F32, MXFP4, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0};
         // Kinds with int8-activation kernels (`HasX8` in quant.cuh).
         let x8_table = |prefix: &str| some(prefix, &[Q8_0, Q4_0, Q4_K, Q6_K, MXFP4]);
-        // Kinds with routed-expert kernels: the int8-activation ones but
-        // MXFP4 (gpt-oss's experts have biases, which the routed kernels do
-        // not add: they take the gather path), and these on f32 activations.
+        // Kinds with routed-expert kernels: the int8-activation ones, and
+        // these on f32 activations.
         let routed_table = |prefix: &str| -> Result<[sys::CUfunction; N_KINDS], BackendError> {
-            let mut out = some(&format!("{prefix}x8"), &[Q8_0, Q4_0, Q4_K, Q6_K])?;
+            let mut out = x8_table(&format!("{prefix}x8"))?;
             for ty in [F16, BF16, Q5_K] {
                 let kind = kind_of_type(ty);
                 out[kind] = get(&format!("{prefix}_{}", KINDS[kind]))?;
@@ -187,7 +187,7 @@ impl Kernels {
             mvglu1: table("mvglu1", false)?,
             mvglu: some("mvglu", &[F32, F16, BF16])?,
             mv1x8: x8_table("mv1x8")?,
-            mvglu1x8: x8_table("mvglu1x8")?,
+            mvglu1x8: some("mvglu1x8", &[Q8_0, Q4_0, Q4_K, Q6_K])?,
             quantize_x8: get("quantize_x8")?,
             moe_gate_up: routed_table("moe_gate_up")?,
             moe_down: routed_table("moe_down")?,

@@ -410,8 +410,12 @@ impl CudaBackend {
     ) {
         let (g, u) = (self.matrices[gate.0 as usize], self.matrices[up.0 as usize]);
         let fused = rows <= MV_MAX_TOKENS
-            && (rows == 1
-                || (self.mma_few_kernel(&g, rows).is_none() && !self.k.mvglu[g.kind].is_null()))
+            && if rows == 1 {
+                // Every kind but MXFP4 (gate and up apart) has them.
+                !self.k.mvglu1[g.kind].is_null()
+            } else {
+                self.mma_few_kernel(&g, rows).is_none() && !self.k.mvglu[g.kind].is_null()
+            }
             && g.kind == u.kind
             && g.kind != kind_of_type(WeightType::F32)
             && (g.arg.rows, g.arg.cols) == (u.arg.rows, u.arg.cols)

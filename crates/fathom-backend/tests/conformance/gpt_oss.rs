@@ -140,13 +140,20 @@ pub(crate) fn test_gpt_oss_rope(h: &mut Harness, rng: &mut Rng) {
     h.check("rope", "gpt-oss 64x64 yarn", &got, &want, TOL_ROPE);
 }
 
-/// gpt-oss's MoE: MXFP4 experts with per-expert gate, up and down biases
-/// through the clamped SwiGLU, the router's logits plus its bias, top-k by
-/// logit weighted by a softmax over the k (route_experts, normalized) — one
-/// row, a few, and more than the few-row kernels take — against
-/// [`routed_ref`].
-pub(crate) fn test_gpt_oss_experts(h: &mut Harness, rng: &mut Rng) {
-    let (ne, k, d, f) = ROUTED;
+/// A gpt-oss MoE layer for the tests: MXFP4 experts ([`ROUTED`]'s shape),
+/// per expert its gate, up and down biases, and the router's bias.
+pub(crate) struct GptOssMoe {
+    pub(crate) experts: Experts,
+    pub(crate) biases: ExpertBiases,
+    pub(crate) router_bias: Vec<f32>,
+    pub(crate) router: VectorId,
+}
+
+pub(crate) fn load_gpt_oss_moe<B: Backend + ?Sized>(
+    h: &mut Harness<B>,
+    rng: &mut Rng,
+) -> GptOssMoe {
+    let (ne, _, d, f) = ROUTED;
     let experts = load_experts(h, rng, (WeightType::MXFP4, WeightType::MXFP4));
     let mut biases = ExpertBiases {
         ids: Vec::new(),
@@ -154,34 +161,70 @@ pub(crate) fn test_gpt_oss_experts(h: &mut Harness, rng: &mut Rng) {
     };
     for _ in 0..ne {
         let v = [uniform(rng, f), uniform(rng, f), uniform(rng, d)];
-        let id = |h: &mut Harness, v: &[f32]| h.b.load_vector(v).expect("loads");
-        biases.ids.push([id(h, &v[0]), id(h, &v[1]), id(h, &v[2])]);
+        let mut id = |v: &[f32]| h.b.load_vector(v).expect("loads");
+        biases.ids.push([id(&v[0]), id(&v[1]), id(&v[2])]);
         biases.values.push(v);
     }
     let router_bias = uniform(rng, ne);
-    let rb = h.b.load_vector(&router_bias).expect("loads");
+    let router = h.b.load_vector(&router_bias).expect("loads");
+    GptOssMoe {
+        experts,
+        biases,
+        router_bias,
+        router,
+    }
+}
+
+/// `rows` random rows through `moe` as gpt-oss's layer runs it: the
+/// router's bias added to random logits, route_experts (normalized: the
+/// softmax over the chosen k), the biased experts through the clamped
+/// SwiGLU into BranchOut. Returns x and the biased logits.
+pub(crate) fn gpt_oss_route_and_run<B: Backend + ?Sized>(
+    h: &mut Harness<B>,
+    rng: &mut Rng,
+    moe: &GptOssMoe,
+    rows: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let (ne, k, d, f) = ROUTED;
+    let logits: Vec<f32> = uniform(rng, rows * ne).iter().map(|v| v * 4.0).collect();
+    h.set(Buf::RouterLogits, &logits, ne);
+    h.b.add_bias(Buf::RouterLogits, moe.router, rows, ne);
+    let x: Vec<f32> = uniform(rng, rows * d).iter().map(|v| v * 4.0).collect();
+    h.set(Buf::Norm, &x, d);
+    h.b.route_experts(Buf::RouterLogits, rows, ne, k, true);
+    let ffn = RoutedFfn {
+        experts: &moe.experts.ids,
+        k,
+        act: Glu::SwigluOai,
+        width: d,
+        ffn_width: f,
+        biases: Some(&moe.biases.ids),
+    };
+    h.b.routed_experts(&ffn, Buf::Norm, rows, Buf::BranchOut);
+    let biased = logits
+        .chunks(ne)
+        .flat_map(|row| row.iter().zip(&moe.router_bias).map(|(l, b)| l + b))
+        .collect();
+    (x, biased)
+}
+
+/// gpt-oss's MoE ([`gpt_oss_route_and_run`]) — one row (on CUDA the
+/// device's routes), a few, and more than the few-row kernels take —
+/// against [`routed_ref`].
+pub(crate) fn test_gpt_oss_experts(h: &mut Harness, rng: &mut Rng) {
+    let d = ROUTED.2;
+    let moe = load_gpt_oss_moe(h, rng);
     for rows in [1, 3, 20] {
-        let logits: Vec<f32> = uniform(rng, rows * ne).iter().map(|v| v * 4.0).collect();
-        h.set(Buf::RouterLogits, &logits, ne);
-        h.b.add_bias(Buf::RouterLogits, rb, rows, ne);
-        let x: Vec<f32> = uniform(rng, rows * d).iter().map(|v| v * 4.0).collect();
-        h.set(Buf::Norm, &x, d);
-        h.b.route_experts(Buf::RouterLogits, rows, ne, k, true);
-        let ffn = RoutedFfn {
-            experts: &experts.ids,
-            k,
-            act: Glu::SwigluOai,
-            width: d,
-            ffn_width: f,
-            biases: Some(&biases.ids),
-        };
-        h.b.routed_experts(&ffn, Buf::Norm, rows, Buf::BranchOut);
+        let (x, logits) = gpt_oss_route_and_run(h, rng, &moe, rows);
         let got = h.get(Buf::BranchOut, rows, d);
-        let biased: Vec<f32> = logits
-            .chunks(ne)
-            .flat_map(|row| row.iter().zip(&router_bias).map(|(l, b)| l + b))
-            .collect();
-        let want = routed_ref(&experts, Some(&biases), Glu::SwigluOai, &x, &biased, rows);
+        let want = routed_ref(
+            &moe.experts,
+            Some(&moe.biases),
+            Glu::SwigluOai,
+            &x,
+            &logits,
+            rows,
+        );
         h.check(
             "routed_experts",
             &format!("gpt-oss MXFP4 16 experts top-4 biased x{rows}"),
