@@ -21,12 +21,12 @@ pub(crate) fn cuda_routed_experts_equal_the_gather_path() {
         let experts = load_experts(&mut h, &mut rng, kinds);
         let routed = kinds.0 != WeightType::Q4_1;
         device_routing_equals_gather(&mut h, &mut rng, &experts.label, routed, |h, rng| {
-            route_and_run(h, rng, &experts, 1);
+            route_and_run(h, rng, &experts, Glu::Silu, None, 1);
         });
     }
     let moe = load_gpt_oss_moe(&mut h, &mut rng);
     device_routing_equals_gather(&mut h, &mut rng, "gpt-oss MXFP4", true, |h, rng| {
-        gpt_oss_route_and_run(h, rng, &moe, 1);
+        route_and_run(h, rng, &moe.experts, Glu::SwigluOai, Some(&moe.biases()), 1);
     });
     h.b.use_device_routing(true);
 }

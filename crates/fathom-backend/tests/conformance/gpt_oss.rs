@@ -13,18 +13,8 @@ pub(crate) fn test_gpt_oss_matmul(h: &mut Harness, rng: &mut Rng) {
     let (m, values) = random_matrix(rng, Ok(WeightType::MXFP4), rows, cols);
     let id = h.b.load_matrix(m).expect("loads");
     for n in [1, 2, 3, 8, 9, 16, 37, 64] {
-        let x = uniform(rng, n * cols);
-        h.set(Buf::FfnGate, &x, cols);
-        h.b.matmul(id, Buf::FfnGate, n, Buf::FfnUp);
-        let got = h.get(Buf::FfnUp, n, rows);
-        let want = reference_matmul(&values, rows, cols, &x, n);
-        h.check(
-            "matmul",
-            &format!("MXFP4 gpt-oss expert 2880x2880 x{n}"),
-            &got,
-            &want,
-            TOL_MATMUL,
-        );
+        let case = format!("MXFP4 gpt-oss expert 2880x2880 x{n}");
+        check_matmul(h, rng, (id, &values), (rows, cols), n, &case);
     }
 }
 
@@ -175,47 +165,27 @@ pub(crate) fn load_gpt_oss_moe<B: Backend + ?Sized>(
     }
 }
 
-/// `rows` random rows through `moe` as gpt-oss's layer runs it: the
-/// router's bias added to random logits, route_experts (normalized: the
-/// softmax over the chosen k), the biased experts through the clamped
-/// SwiGLU into BranchOut. Returns x and the biased logits.
-pub(crate) fn gpt_oss_route_and_run<B: Backend + ?Sized>(
-    h: &mut Harness<B>,
-    rng: &mut Rng,
-    moe: &GptOssMoe,
-    rows: usize,
-) -> (Vec<f32>, Vec<f32>) {
-    let (ne, k, d, f) = ROUTED;
-    let logits: Vec<f32> = uniform(rng, rows * ne).iter().map(|v| v * 4.0).collect();
-    h.set(Buf::RouterLogits, &logits, ne);
-    h.b.add_bias(Buf::RouterLogits, moe.router, rows, ne);
-    let x: Vec<f32> = uniform(rng, rows * d).iter().map(|v| v * 4.0).collect();
-    h.set(Buf::Norm, &x, d);
-    h.b.route_experts(Buf::RouterLogits, rows, ne, k, true);
-    let ffn = RoutedFfn {
-        experts: &moe.experts.ids,
-        k,
-        act: Glu::SwigluOai,
-        width: d,
-        ffn_width: f,
-        biases: Some(&moe.biases.ids),
-    };
-    h.b.routed_experts(&ffn, Buf::Norm, rows, Buf::BranchOut);
-    let biased = logits
-        .chunks(ne)
-        .flat_map(|row| row.iter().zip(&moe.router_bias).map(|(l, b)| l + b))
-        .collect();
-    (x, biased)
+impl GptOssMoe {
+    /// Its biases as [`route_and_run`] takes them.
+    pub(crate) fn biases(&self) -> MoeBiases<'_> {
+        MoeBiases {
+            experts: &self.biases,
+            router: self.router,
+            router_values: &self.router_bias,
+        }
+    }
 }
 
-/// gpt-oss's MoE ([`gpt_oss_route_and_run`]) — one row (on CUDA the
-/// device's routes), a few, and more than the few-row kernels take —
-/// against [`routed_ref`].
+/// gpt-oss's MoE as its layer runs it ([`route_and_run`] with the biases,
+/// the routes normalized: a softmax over the chosen k; the clamped SwiGLU)
+/// — one row (on CUDA the device's routes), a few, and more than the
+/// few-row kernels take — against [`routed_ref`].
 pub(crate) fn test_gpt_oss_experts(h: &mut Harness, rng: &mut Rng) {
     let d = ROUTED.2;
     let moe = load_gpt_oss_moe(h, rng);
     for rows in [1, 3, 20] {
-        let (x, logits) = gpt_oss_route_and_run(h, rng, &moe, rows);
+        let biases = moe.biases();
+        let (x, logits) = route_and_run(h, rng, &moe.experts, Glu::SwigluOai, Some(&biases), rows);
         let got = h.get(Buf::BranchOut, rows, d);
         let want = routed_ref(
             &moe.experts,

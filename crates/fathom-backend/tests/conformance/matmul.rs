@@ -133,21 +133,29 @@ pub(crate) fn test_matmul<B: Backend + ?Sized>(
             let (m, values) = random_matrix(rng, kind, rows, cols);
             let id = h.b.load_matrix(m).expect("loads");
             for &n in tokens.iter().filter(|&&n| !only_prefill || n > 8) {
-                let x = uniform(rng, n * cols);
-                h.set(Buf::FfnGate, &x, cols);
-                h.b.matmul(id, Buf::FfnGate, n, Buf::FfnUp);
-                let got = h.get(Buf::FfnUp, n, rows);
-                let want = reference_matmul(&values, rows, cols, &x, n);
-                h.check(
-                    "matmul",
-                    &format!("{} {label} x{n}", kind_name(kind)),
-                    &got,
-                    &want,
-                    TOL_MATMUL,
-                );
+                let case = format!("{} {label} x{n}", kind_name(kind));
+                check_matmul(h, rng, (id, &values), (rows, cols), n, &case);
             }
         }
     }
+}
+
+/// `n` random rows through matrix `id` (`rows × cols`, of `values`)
+/// against the f64 reference.
+pub(crate) fn check_matmul<B: Backend + ?Sized>(
+    h: &mut Harness<B>,
+    rng: &mut Rng,
+    (id, values): (MatrixId, &[f32]),
+    (rows, cols): (usize, usize),
+    n: usize,
+    case: &str,
+) {
+    let x = uniform(rng, n * cols);
+    h.set(Buf::FfnGate, &x, cols);
+    h.b.matmul(id, Buf::FfnGate, n, Buf::FfnUp);
+    let got = h.get(Buf::FfnUp, n, rows);
+    let want = reference_matmul(values, rows, cols, &x, n);
+    h.check("matmul", case, &got, &want, TOL_MATMUL);
 }
 
 pub(crate) fn glu_ref(g: f64, u: f64, act: Glu) -> f64 {

@@ -140,30 +140,49 @@ pub(crate) fn load_experts<B: Backend + ?Sized>(
     }
 }
 
-/// Routes `rows` random rows, then runs the routed experts over them into
-/// BranchOut; returns x and the router logits used.
+/// gpt-oss's additions to a MoE layer: per-expert biases, and the
+/// router's bias (loaded, and its values).
+pub(crate) struct MoeBiases<'a> {
+    pub(crate) experts: &'a ExpertBiases,
+    pub(crate) router: VectorId,
+    pub(crate) router_values: &'a [f32],
+}
+
+/// Routes `rows` random rows (random router logits, plus the router's bias
+/// with `biases`), then runs the routed experts over them into BranchOut
+/// through `act` (with the experts' biases where given); returns x and the
+/// router logits used.
 pub(crate) fn route_and_run<B: Backend + ?Sized>(
     h: &mut Harness<B>,
     rng: &mut Rng,
     experts: &Experts,
+    act: Glu,
+    biases: Option<&MoeBiases>,
     rows: usize,
 ) -> (Vec<f32>, Vec<f32>) {
     let (ne, k, d, f) = ROUTED;
-    let logits: Vec<f32> = uniform(rng, rows * ne).iter().map(|v| v * 4.0).collect();
+    let mut logits: Vec<f32> = uniform(rng, rows * ne).iter().map(|v| v * 4.0).collect();
     h.set(Buf::RouterLogits, &logits, ne);
+    if let Some(b) = biases {
+        h.b.add_bias(Buf::RouterLogits, b.router, rows, ne);
+        for row in logits.chunks_mut(ne) {
+            row.iter_mut()
+                .zip(b.router_values)
+                .for_each(|(l, b)| *l += b);
+        }
+    }
     let x = uniform(rng, rows * d);
     h.set(Buf::Norm, &x, d);
     h.b.route_experts(Buf::RouterLogits, rows, ne, k, true);
-    let out = Buf::BranchOut;
     let ffn = RoutedFfn {
         experts: &experts.ids,
         k,
-        act: Glu::Silu,
+        act,
         width: d,
         ffn_width: f,
-        biases: None,
+        biases: biases.map(|b| b.experts.ids.as_slice()),
     };
-    h.b.routed_experts(&ffn, Buf::Norm, rows, out);
+    h.b.routed_experts(&ffn, Buf::Norm, rows, Buf::BranchOut);
     (x, logits)
 }
 
@@ -224,7 +243,7 @@ pub(crate) fn test_routed_experts(h: &mut Harness, rng: &mut Rng) {
     for kinds in routed_kinds() {
         let experts = load_experts(h, rng, kinds);
         for rows in [1, 3] {
-            let (x, logits) = route_and_run(h, rng, &experts, rows);
+            let (x, logits) = route_and_run(h, rng, &experts, Glu::Silu, None, rows);
             let got = h.get(Buf::BranchOut, rows, d);
             let want = routed_ref(&experts, None, Glu::Silu, &x, &logits, rows);
             h.check(
