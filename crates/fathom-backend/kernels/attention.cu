@@ -11,11 +11,13 @@
 // Each warp takes every ATT_WARPS-th run of 32 key positions: one position
 // a lane (its full dot product with q from shared memory), then an
 // online-softmax update of its own output, lanes split by value dims. The
-// warps' (max, sum, output) states are merged at the end. ATT_WARPS and
-// ATT_MAX_DIM come from fathom_abi.h.
+// warps' (max, sum, output) states are merged at the end, with the head's
+// sink logit (gpt-oss; `sinks` null for none) in the denominator. ATT_WARPS
+// and ATT_MAX_DIM come from fathom_abi.h.
 extern "C" __global__ void __launch_bounds__(ATT_WARPS * 32)
 attention(StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out,
-          int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale) { FATHOM_PDL();
+          int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale,
+          const float* sinks) { FATHOM_PDL();
   __shared__ float qs[ATT_MAX_DIM];
   __shared__ float part_acc[ATT_WARPS][ATT_MAX_DIM];
   __shared__ float part_m[ATT_WARPS], part_l[ATT_WARPS];
@@ -100,6 +102,7 @@ attention(StepDesc st, KvDesc kv, const float* q, const float* k, const float* v
     f[w] = part_l[w] > 0.0f ? expf(part_m[w] - mt) : 0.0f;
     lt += part_l[w] * f[w];
   }
+  if (sinks) lt += expf(sinks[h] - mt);
   const float inv = 1.0f / lt;
   float* o = out + ((size_t)row * n_heads + h) * value_dim;
   for (int i = threadIdx.x; i < value_dim; i += blockDim.x) {

@@ -18,18 +18,37 @@
 // take: their head rows in shared memory (and RopeAngles' pairs) are this
 // long.
 
+// YaRN rope scaling (gpt-oss; `struct RopeYarn` in src/cuda/abi.rs), as
+// llama.cpp's rope_yarn with ext_factor 1: pair i's angle blends p x freq
+// (weight mix) and p x freq x freq_scale (weight 1 - mix), mix falling
+// linearly from 1 at pair `low` to 0 at pair `high`; its cosine and sine
+// are scaled by mscale. freq_scale 1 is plain rope, computed as without.
+struct RopeYarn {
+  float freq_scale, low, high, mscale;
+};
+
 // The cosine and sine of pair i's angle at position p for the pair's
-// frequency freq (before the model's per-pair factors `freqs`, if any),
-// the angle in f64 (at positions in the tens of thousands an f32 angle is
-// off by hundredths of a radian).
-__device__ __forceinline__ void rope_sincos(double p, double freq, int i, const float* freqs, float* cf,
-                                            float* sf) {
+// frequency freq (before the model's per-pair factors `freqs`, if any, and
+// YaRN), the angle in f64 (at positions in the tens of thousands an f32
+// angle is off by hundredths of a radian).
+__device__ __forceinline__ void rope_sincos(double p, double freq, int i, const float* freqs,
+                                            const RopeYarn& yarn, float* cf, float* sf) {
   if (freqs) freq /= (double)freqs[i];
+  const bool scaled = yarn.freq_scale != 1.0f;
+  if (scaled) {
+    const double y = ((double)i - yarn.low) / fmax((double)yarn.high - yarn.low, 0.001);
+    const double mix = 1.0 - fmin(fmax(y, 0.0), 1.0);
+    freq *= (double)yarn.freq_scale * (1.0 - mix) + mix;
+  }
   // Reduce to [-pi, pi] in f64, then the fast f32 sine (absolute error
   // ~1e-6 there): library sincos keeps a large-argument path in local memory.
   double angle = p * freq;
   angle -= 6.283185307179586 * rint(angle * 0.15915494309189535);
   __sincosf((float)angle, sf, cf);
+  if (scaled) {
+    *sf *= yarn.mscale;
+    *cf *= yarn.mscale;
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -142,14 +161,14 @@ struct RopeAngles {
   // host), by squaring: a few f64 multiplies where pow took ~2 us of a
   // decode step's attention block before its first key load (the block is
   // not resident before the kernel ahead of it ends at long contexts).
-  __device__ __noinline__ void compute(int pos, int dim, double ratio, const float* freqs) {
+  __device__ __noinline__ void compute(int pos, int dim, double ratio, const float* freqs, RopeYarn yarn) {
     for (int i = threadIdx.x; i < dim / 2; i += blockDim.x) {
       double freq = 1.0, r = ratio;
       for (int e = i; e; e >>= 1) {
         if (e & 1) freq *= r;
         r *= r;
       }
-      rope_sincos((double)pos, freq, i, freqs, &c[i], &s[i]);
+      rope_sincos((double)pos, freq, i, freqs, yarn, &c[i], &s[i]);
     }
   }
   // Threads that compute: the ones past them are free to prefetch
@@ -293,12 +312,14 @@ __device__ __forceinline__ void att_ready_row(const StepDesc& st, const KvDesc& 
 // (max, sum, unnormalized output) in the partials. Warp w's head h has its
 // max at m[w * heads + h] and sum at l[w * heads + h] (-inf and 0 for a
 // warp that saw no key) and its unnormalized output values from
-// o + (w * heads + h) * stride, all in shared memory.
+// o + (w * heads + h) * stride, all in shared memory; maxima in log2 units.
+// A whole row's output takes each head's sink logit (gpt-oss; `sinks` null
+// for none) into its denominator; a piece leaves that to attention_merge.
 template <int WARPS>
 __device__ __forceinline__ void att_write_merged(const float* m, const float* l, const float* o, int heads,
                                                  int stride, int nq, int h0, int row, int n_heads, int value_dim,
                                                  int split, int nsplit, float* __restrict__ out,
-                                                 float* __restrict__ part, uint8_t* x8) {
+                                                 float* __restrict__ part, uint8_t* x8, const float* sinks) {
   for (int h = 0; h < nq; h++) {
     float mt = -INFINITY;
 #pragma unroll
@@ -316,6 +337,7 @@ __device__ __forceinline__ void att_write_merged(const float* m, const float* l,
       o_part[1] = lt;
     }
     if (nsplit > 1 && !(lt > 0.0f)) continue;
+    if (nsplit == 1 && sinks) lt += exp2f(sinks[h0 + h] * 1.4426950408889634f - mt);
     const float inv = 1.0f / lt;
     for (int i = threadIdx.x; i < value_dim; i += blockDim.x) {
       float sum = 0.0f;
@@ -338,6 +360,7 @@ struct AttRope {
   const float* freqs;
   int neox;
   int fused;
+  RopeYarn yarn;
 };
 
 // ---------------------------------------------------------------------------

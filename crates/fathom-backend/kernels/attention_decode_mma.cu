@@ -62,7 +62,8 @@ template <int D>
 __device__ void attention_decode_mma_body(StepDesc st, KvDesc kv, const float* __restrict__ q,
                                           const float* __restrict__ k, const float* __restrict__ v,
                                           float* __restrict__ out, float* __restrict__ part, uint8_t* x8, int n_heads,
-                                          int n_kv_heads, int window, float scale, const RopeAngles* rope, int neox) {
+                                          int n_kv_heads, int window, float scale, const RopeAngles* rope, int neox,
+                                          const float* sinks) {
   constexpr int G = ATT_DEC_GROUP;
   constexpr int KW = D / 32;  // 16-byte K loads a lane a key (dims 32j + 8t)
   constexpr int VW = D / 64;  // 16-byte V loads a lane a key (dims (D / 8) r ..)
@@ -202,7 +203,7 @@ __device__ void attention_decode_mma_body(StepDesc st, KvDesc kv, const float* _
   }
   __syncthreads();
   att_write_merged<ATT_MMA_WARPS>(&wm[0][0], &wl[0][0], &wo[0][0][0], G, D, group, h0, row, n_heads, D, split,
-                                  nsplit, out, part, x8);
+                                  nsplit, out, part, x8, sinks);
 }
 
 // attention_decode_mma_<D>: the split kernels' arguments (key_dim and
@@ -211,15 +212,15 @@ __device__ void attention_decode_mma_body(StepDesc st, KvDesc kv, const float* _
   extern "C" __global__ void __launch_bounds__(ATT_MMA_WARPS * 32) attention_decode_mma_##D(                \
       StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out, float* part,        \
       uint8_t* x8, int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale,          \
-      AttRope rope) {                                                                                        \
+      AttRope rope, const float* sinks) {                                                                    \
     attention_prefetch<KV_F16>(st, kv, n_heads, n_kv_heads, D, D, window, ATT_DEC_GROUP,                    \
                                rope.fused ? RopeAngles::threads(D) : 0);                                    \
     __shared__ RopeAngles angles;                                                                            \
-    if (rope.fused) angles.compute(st.row_pos[blockIdx.x], D, rope.ratio, rope.freqs);                       \
+    if (rope.fused) angles.compute(st.row_pos[blockIdx.x], D, rope.ratio, rope.freqs, rope.yarn);            \
     FATHOM_PDL();                                                                                            \
     if (rope.fused) __syncthreads();                                                                         \
     attention_decode_mma_body<D>(st, kv, q, k, v, out, part, x8, n_heads, n_kv_heads, window, scale,         \
-                                 rope.fused ? &angles : nullptr, rope.neox);                                 \
+                                 rope.fused ? &angles : nullptr, rope.neox, sinks);                          \
   }
 FATHOM_ATT_DECODE_MMA(64)
 FATHOM_ATT_DECODE_MMA(128)

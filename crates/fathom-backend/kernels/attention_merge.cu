@@ -14,10 +14,12 @@
 // value dim sums the splits' outputs, their loads independent of one
 // another. (Three loops over the splits, a load at a time, took ~10 us at
 // 32 splits on the H200: longer than the split kernel's own work at 4,096
-// keys.) ATT_MAX_SPLITS comes from fathom_abi.h.
+// keys.) The head's sink logit (gpt-oss; `sinks` null for none) joins the
+// denominator. ATT_MAX_SPLITS comes from fathom_abi.h.
 static_assert(ATT_MAX_SPLITS % WARP == 0, "attention_merge: whole lanes' worth of splits");
 extern "C" __global__ void __launch_bounds__(128)
-attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float* out, uint8_t* x8) { FATHOM_PDL();
+attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float* out, uint8_t* x8,
+                const float* sinks) { FATHOM_PDL();
   constexpr int PER_LANE = ATT_MAX_SPLITS / WARP;
   __shared__ float weight[ATT_MAX_SPLITS];
   __shared__ float inv_total;
@@ -42,6 +44,7 @@ attention_merge(const float* part, int nsplit, int n_heads, int value_dim, float
       weight[threadIdx.x + WARP * i] = f;
     }
     lt = warp_sum(lt);
+    if (sinks) lt += exp2f(sinks[h] * 1.4426950408889634f - mt);
     if (threadIdx.x == 0) inv_total = 1.0f / lt;
   }
   __syncthreads();

@@ -21,7 +21,8 @@
 template <int D>
 __device__ void attention_mma_body(StepDesc st, KvDesc kv, const float* __restrict__ q, const float* __restrict__ k,
                                    const float* __restrict__ v, float* __restrict__ out, int n_seqs, int rows,
-                                   int n_heads, int n_kv_heads, int gp, int window, float scale) {
+                                   int n_heads, int n_kv_heads, int gp, int window, float scale,
+                                   const float* sinks) {
   constexpr int STRIDE = D + 8;  // halves a staged row: 16 bytes of padding spread the banks
   __shared__ __align__(16) __half ks[ATT_MMA_KEYS * STRIDE];
   __shared__ __align__(16) __half vs[ATT_MMA_KEYS * STRIDE];
@@ -179,6 +180,8 @@ __device__ void attention_mma_body(StepDesc st, KvDesc kv, const float* __restri
     lt += __shfl_xor_sync(0xffffffffu, lt, 1);
     lt += __shfl_xor_sync(0xffffffffu, lt, 2);
     if (!qok[i]) continue;
+    // The head's sink logit (gpt-oss; null for none) joins the denominator.
+    if (sinks) lt += exp2f(sinks[qhead[i]] * 1.4426950408889634f - mx[i]);
     const float inv = 1.0f / lt;
     float* orow = out + ((size_t)qrow[i] * n_heads + qhead[i]) * D + (lane % 4) * 2;
 #pragma unroll
@@ -189,9 +192,9 @@ __device__ void attention_mma_body(StepDesc st, KvDesc kv, const float* __restri
 #define FATHOM_ATT_MMA(D)                                                                                  \
   extern "C" __global__ void __launch_bounds__(ATT_MMA_WARPS * 32) attention_mma_##D(                    \
       StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out, int n_seqs,     \
-      int rows, int n_heads, int n_kv_heads, int gp, int window, float scale) {                           \
+      int rows, int n_heads, int n_kv_heads, int gp, int window, float scale, const float* sinks) {       \
     FATHOM_PDL();                                                                                          \
-    attention_mma_body<D>(st, kv, q, k, v, out, n_seqs, rows, n_heads, n_kv_heads, gp, window, scale);    \
+    attention_mma_body<D>(st, kv, q, k, v, out, n_seqs, rows, n_heads, n_kv_heads, gp, window, scale, sinks); \
   }
 FATHOM_ATT_MMA(64)
 FATHOM_ATT_MMA(128)

@@ -129,7 +129,7 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
                                      const float* __restrict__ k, const float* __restrict__ v,
                                      float* __restrict__ out, float* __restrict__ part, uint8_t* x8, int n_heads,
                                      int n_kv_heads, int key_dim, int value_dim, int window, float scale,
-                                     const RopeAngles* rope, int neox) {
+                                     const RopeAngles* rope, int neox, const float* sinks) {
   // q of the block's heads during the walk; the warps' partial outputs after.
   constexpr int QS = H * ATT_MAX_DIM, PS = ATT_SPLIT_WARPS * H * 32 * VPL;
   __shared__ __align__(16) float sm[QS > PS ? QS : PS];
@@ -267,7 +267,7 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
     for (int j = 0; j < VPL; j++) sm[((warp * H + h) * WARP + lane) * VPL + j] = acc[h][j];
   __syncthreads();
   att_write_merged<ATT_SPLIT_WARPS>(&part_m[0][0], &part_l[0][0], sm, H, WARP * VPL, nq, h0, row, n_heads,
-                                    value_dim, split, nsplit, out, part, x8);
+                                    value_dim, split, nsplit, out, part, x8, sinks);
 }
 
 // attention_split_<dtype>_<vpl>_<h>: value dims up to 32 x vpl, h query heads a
@@ -277,16 +277,16 @@ __device__ void attention_split_body(StepDesc st, KvDesc kv, const float* __rest
   extern "C" __global__ void __launch_bounds__(ATT_SPLIT_WARPS * 32, 1) attention_split_##NAME##_##VPL##_##H( \
       StepDesc st, KvDesc kv, const float* q, const float* k, const float* v, float* out, float* part,      \
       uint8_t* x8, int n_heads, int n_kv_heads, int key_dim, int value_dim, int window, float scale,        \
-      AttRope rope) {                                                                                      \
+      AttRope rope, const float* sinks) {                                                                  \
     const bool fused = ATT_ROPE_FITS(VPL, H) && rope.fused;                                                \
     if (VPL < 16) attention_prefetch<DT>(st, kv, n_heads, n_kv_heads, key_dim, value_dim, window, H,       \
                                          fused ? RopeAngles::threads(key_dim) : 0);                         \
     __shared__ RopeAngles angles;                                                                          \
-    if (fused) angles.compute(st.row_pos[blockIdx.x], key_dim, rope.ratio, rope.freqs);                     \
+    if (fused) angles.compute(st.row_pos[blockIdx.x], key_dim, rope.ratio, rope.freqs, rope.yarn);          \
     FATHOM_PDL();                                                                                          \
     if (fused) __syncthreads();                                                                            \
     attention_split_body<DT, VPL, H>(st, kv, q, k, v, out, part, x8, n_heads, n_kv_heads, key_dim, value_dim, \
-                                     window, scale, fused ? &angles : nullptr, rope.neox);                 \
+                                     window, scale, fused ? &angles : nullptr, rope.neox, sinks);          \
   }
 // ATT_SPLIT_KERNELS numbers the dtypes by their place in abi.rs's ATT_DTYPES.
 static_assert(KV_F16 == 0 && KV_BF16 == 1 && KV_F32 == 2 && KV_Q8_0 == 3,

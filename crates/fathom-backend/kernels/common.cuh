@@ -166,9 +166,15 @@ __device__ __forceinline__ unsigned int byte_at(uint2 v, int k) {
   return ((k < 4 ? v.x : v.y) >> (8 * (k & 3))) & 0xffu;
 }
 
-// act(g) of a GLU: GLU_SILU = silu, GLU_GELU_TANH = gelu (tanh approximation).
-__device__ __forceinline__ float glu_act(float g, int act) {
-  if (act == GLU_SILU) return g / (1.0f + expf(-g));
+// act(g) x u of a GLU: GLU_SILU = silu(g) x u, GLU_GELU_TANH = gelu(g) x u (tanh
+// approximation), GLU_SWIGLU_OAI = gpt-oss's clamped SwiGLU, min(g, 7) x
+// sigmoid(1.702 min(g, 7)) x (clamp(u, -7, 7) + 1).
+__device__ __forceinline__ float glu_value(float g, float u, int act) {
+  if (act == GLU_SILU) return g / (1.0f + expf(-g)) * u;
+  if (act == GLU_SWIGLU_OAI) {
+    const float x = fminf(g, 7.0f);
+    return x / (1.0f + expf(-1.702f * x)) * (fminf(fmaxf(u, -7.0f), 7.0f) + 1.0f);
+  }
   const float t = 0.7978845608f * g * (1.0f + 0.044715f * g * g);
-  return g / (1.0f + expf(-2.0f * t));
+  return g / (1.0f + expf(-2.0f * t)) * u;
 }

@@ -36,7 +36,7 @@ __device__ void dequant_rows(const Weights w, int row0, __half* __restrict__ out
   }
 }
 
-// embed_<NAME> and dequant_<NAME> for every weight type.
+// embed_<NAME> and dequant_<NAME> for every weight type and MXFP4.
 #define FATHOM_CONVERT_KERNELS(NAME, T)                                                        \
   extern "C" __global__ void __launch_bounds__(256) embed_##NAME(                              \
       const Weights w, const unsigned int* tokens, float scale, float* out) { FATHOM_PDL();                  \
@@ -48,6 +48,7 @@ __device__ void dequant_rows(const Weights w, int row0, __half* __restrict__ out
   }
 
 FATHOM_WEIGHT_TYPES(FATHOM_CONVERT_KERNELS)
+FATHOM_CONVERT_KERNELS(mxfp4, T_MXFP4)
 
 // x (f32) to f16 (bf16 = 0) or bf16 (1), n values, round to nearest even.
 extern "C" __global__ void to_half(const float* x, long long n, int bf16, unsigned short* out) { FATHOM_PDL();

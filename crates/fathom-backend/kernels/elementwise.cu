@@ -39,12 +39,11 @@ extern "C" __global__ void softcap_values(float* x, float a, long long n) { FATH
     x[i] = a * tanhf(x[i] / a);
 }
 
-// gate = act(gate) * up; act GLU_SILU = silu, GLU_GELU_TANH = gelu (tanh
-// approximation): glu_act.
+// gate = act(gate) x up for any GLU_* activation (glu_value).
 extern "C" __global__ void glu(float* gate, const float* up, long long n, int act) { FATHOM_PDL();
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
        i += (long long)gridDim.x * blockDim.x) {
-    gate[i] = glu_act(gate[i], act) * up[i];
+    gate[i] = glu_value(gate[i], up[i], act);
   }
 }
 

@@ -73,7 +73,7 @@ __device__ void matmat(const Weights w, const float* __restrict__ x, float* __re
   }
 }
 
-// mm_<NAME> for every weight type.
+// mm_<NAME> for every weight type and MXFP4.
 #define FATHOM_MATMAT_KERNELS(NAME, T)                                                         \
   extern "C" __global__ void __launch_bounds__(256) mm_##NAME(const Weights w, const float* x, \
                                                               float* out, int ntok) { FATHOM_PDL();          \
@@ -81,3 +81,4 @@ __device__ void matmat(const Weights w, const float* __restrict__ x, float* __re
   }
 
 FATHOM_WEIGHT_TYPES(FATHOM_MATMAT_KERNELS)
+FATHOM_MATMAT_KERNELS(mxfp4, T_MXFP4)

@@ -2,7 +2,8 @@
 // weight type: mv1_* (one token through up to three matrices a launch, as
 // segments or in one wave of equal warps: matvec_balanced), mvglu1_* (gate
 // and up with the activation), their int8-activation forms mv1x8_* and
-// mvglu1x8_* (Q8_0, Q4_0, Q4_K, Q6_K), and mv_* / mvglu_* (several tokens).
+// mvglu1x8_* (Q8_0, Q4_0, Q4_K, Q6_K; MXFP4 only mv1x8, no f32 forms), and
+// mv_* / mvglu_* (several tokens).
 // Launched from src/cuda/matvec.rs.
 
 #include "common.cuh"
@@ -159,7 +160,10 @@ __device__ __forceinline__ void prefetch_segments(const Segments& s) {
 // three matrices) and mvglu1<SUFFIX>_<NAME> (gate and up with the
 // activation), on f32 activations (X8 false, no suffix) or quantize_x8's
 // (X8 true). Both ask L2 for their first rows before the dependency wait.
-#define FATHOM_ONE_TOKEN_KERNELS(SUFFIX, NAME, T, X8)                                           \
+#define FATHOM_ONE_TOKEN_KERNELS(SUFFIX, NAME, T, X8) \
+  FATHOM_MV1_KERNEL(SUFFIX, NAME, T, X8)                \
+  FATHOM_MVGLU1_KERNEL(SUFFIX, NAME, T, X8)
+#define FATHOM_MV1_KERNEL(SUFFIX, NAME, T, X8)                                                  \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8)                               \
       mv1##SUFFIX##_##NAME(const Segments s, const float* x, int ntok) {                        \
     prefetch_segments(s);                                                                       \
@@ -171,7 +175,8 @@ __device__ __forceinline__ void prefetch_segments(const Segments& s) {
       }                                                                                         \
     }                                                                                           \
     matvec_segments<T, X8>(s, x, ntok);                                                         \
-  }                                                                                             \
+  }
+#define FATHOM_MVGLU1_KERNEL(SUFFIX, NAME, T, X8)                                               \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 8) mvglu1##SUFFIX##_##NAME(      \
       const Weights gate, const Weights up, const float* x, float* out, int ntok, int split,   \
       int act) {                                                                                \
@@ -204,6 +209,9 @@ FATHOM_ONE_TOKEN_KERNELS(x8, q8_0, T_Q8_0, true)
 FATHOM_ONE_TOKEN_KERNELS(x8, q4_0, T_Q4_0, true)
 FATHOM_ONE_TOKEN_KERNELS(x8, q4_k, T_Q4_K, true)
 FATHOM_ONE_TOKEN_KERNELS(x8, q6_k, T_Q6_K, true)
+// MXFP4 (gpt-oss's experts, whose biases keep gate and up apart): no fused
+// gate + up kernel, for the kernel image's planned bytes.
+FATHOM_MV1_KERNEL(x8, mxfp4, T_MXFP4, true)
 
 FATHOM_WEIGHT_TYPES(FATHOM_MATVEC_KERNELS)
 FATHOM_FEW_TOKEN_KERNELS(f32, T_F32)

@@ -37,10 +37,13 @@ __device__ __forceinline__ void strided(int base, int n, int stride, F step) {
   for (; c < n; c += stride) step(c);
 }
 
-// X8: x is quantize_x8's blocks (one token, HasX8<T> types only).
+// X8: x is quantize_x8's blocks (one token, HasX8<T> types only). bias and
+// bias2 (rows of w and w2; null for none: the routed experts' biases) are
+// added to the products before the activation.
 template <int T, int NT, bool GLU, bool X8 = false>
 __device__ void matvec(const Weights w, const Weights w2, const float* __restrict__ x,
-                       float* __restrict__ out, int ntok, int split, int act, int block) {
+                       float* __restrict__ out, int ntok, int split, int act, int block,
+                       const float* bias = nullptr, const float* bias2 = nullptr) {
   __shared__ float parts[MV_WARPS][NT][GLU ? 2 : 1];
   const int warp = threadIdx.x / WARP, lane = threadIdx.x % WARP;
   const int r = block * (MV_WARPS / split) + warp / split, part = warp % split;
@@ -94,12 +97,17 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
     }
   });
   }
+  // The biases, where given, of this row.
+  const bool biased = bias && r < w.rows, biased2 = GLU && bias2 && r < w.rows;
+  const float b = biased ? bias[r] : 0.0f, b2 = biased2 ? bias2[r] : 0.0f;
 #pragma unroll
   for (int t = 0; t < NT; t++) {
     const float s = warp_sum(acc[t]), s2 = GLU ? warp_sum(acc2[t]) : 0.0f;
     if (split == 1) {
-      if (lane == 0 && t < ntok && r < w.rows)
-        out[(size_t)t * w.rows + r] = GLU ? glu_act(s, act) * s2 : s;
+      if (lane == 0 && t < ntok && r < w.rows) {
+        const float v = biased ? s + b : s, v2 = biased2 ? s2 + b2 : s2;
+        out[(size_t)t * w.rows + r] = GLU ? glu_value(v, v2, act) : v;
+      }
     } else if (lane == 0) {
       parts[warp][t][0] = s;
       if (GLU) parts[warp][t][GLU ? 1 : 0] = s2;
@@ -113,6 +121,8 @@ __device__ void matvec(const Weights w, const Weights w2, const float* __restric
       s += parts[warp + k][lane][0];
       if (GLU) s2 += parts[warp + k][lane][GLU ? 1 : 0];
     }
-    out[(size_t)lane * w.rows + r] = GLU ? glu_act(s, act) * s2 : s;
+    if (biased) s += b;
+    if (biased2) s2 += b2;
+    out[(size_t)lane * w.rows + r] = GLU ? glu_value(s, s2, act) : s;
   }
 }

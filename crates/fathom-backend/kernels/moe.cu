@@ -17,31 +17,43 @@ __device__ __forceinline__ Weights routed(Weights w, unsigned long long stride, 
   w.data += routes[2 * blockIdx.y] * stride;
   return w;
 }
-// moe_gate_up: out row y = act(x . gate_e) x (x . up_e); moe_down: out row y
-// = x row y . down_e (x: k rows, f32 or x8 blocks). Four blocks an SM rather
-// than eight: the routing's arguments take the registers that would spill.
+// The routed expert's bias (gpt-oss): the first expert's moved by id x
+// stride bytes, as its matrices; null (no biases) stays null.
+__device__ __forceinline__ const float* routed_bias(const float* b, unsigned long long stride,
+                                                    const unsigned int* routes) {
+  return b ? (const float*)((const uint8_t*)b + routes[2 * blockIdx.y] * stride) : nullptr;
+}
+// moe_gate_up: out row y = act(x . gate_e + bg_e) x (x . up_e + bu_e); moe_down:
+// out row y = x row y . down_e + bd_e (x: k rows, f32 or x8 blocks; the
+// biases, gpt-oss's, null for none). Four blocks an SM rather than eight:
+// the routing's arguments take the registers that would spill.
 #define FATHOM_ROUTED_KERNELS(SUFFIX, NAME, T, X8)                                             \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 4) moe_gate_up##SUFFIX##_##NAME( \
       const Weights gate, const Weights up, unsigned long long gate_stride,                    \
       unsigned long long up_stride, const unsigned int* routes, const float* x, float* out,    \
-      int split, int act) {                                                                    \
+      int split, int act, const float* gate_bias, const float* up_bias,                        \
+      unsigned long long bias_stride) {                                                        \
     FATHOM_PDL();                                                                              \
     matvec<T, 1, true, X8>(routed(gate, gate_stride, routes), routed(up, up_stride, routes), x, \
-                           out + (size_t)blockIdx.y * gate.rows, 1, split, act, blockIdx.x);   \
+                           out + (size_t)blockIdx.y * gate.rows, 1, split, act, blockIdx.x,    \
+                           routed_bias(gate_bias, bias_stride, routes),                        \
+                           routed_bias(up_bias, bias_stride, routes));                         \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, 4) moe_down##SUFFIX##_##NAME(    \
       const Weights w, unsigned long long stride, const unsigned int* routes, const float* x,  \
-      float* out, int split) {                                                                 \
+      float* out, int split, const float* bias, unsigned long long bias_stride) {              \
     FATHOM_PDL();                                                                              \
     const size_t row = X8 ? (size_t)(w.cols / QK) * X8_BLOCK : (size_t)w.cols * sizeof(float); \
     const float* xy = (const float*)((const uint8_t*)x + blockIdx.y * row);                    \
     const Weights e = routed(w, stride, routes);                                               \
-    matvec<T, 1, false, X8>(e, e, xy, out + (size_t)blockIdx.y * w.rows, 1, split, 0, blockIdx.x); \
+    matvec<T, 1, false, X8>(e, e, xy, out + (size_t)blockIdx.y * w.rows, 1, split, 0, blockIdx.x, \
+                            routed_bias(bias, bias_stride, routes));                           \
   }
 FATHOM_ROUTED_KERNELS(x8, q8_0, T_Q8_0, true)
 FATHOM_ROUTED_KERNELS(x8, q4_0, T_Q4_0, true)
 FATHOM_ROUTED_KERNELS(x8, q4_k, T_Q4_K, true)
 FATHOM_ROUTED_KERNELS(x8, q6_k, T_Q6_K, true)
+FATHOM_ROUTED_KERNELS(x8, mxfp4, T_MXFP4, true)
 FATHOM_ROUTED_KERNELS(, f16, T_F16, false)
 FATHOM_ROUTED_KERNELS(, bf16, T_BF16, false)
 FATHOM_ROUTED_KERNELS(, q5_k, T_Q5_K, false)

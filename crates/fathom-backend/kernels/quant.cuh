@@ -1,7 +1,7 @@
 // How each weight type's bytes become values: decode8 / load8 (eight values
 // at a time, every type), the 32-value chunks of Q4_K, Q5_K and Q6_K, and
 // the int8 activation blocks (x8: their layout, quantization, and dp4a
-// products against Q8_0, Q4_0, Q4_K and Q6_K); with the dot products of a
+// products against Q8_0, Q4_0, Q4_K, Q6_K and MXFP4); with the dot products of a
 // decoded chunk that the matrix-vector paths share.
 
 #pragma once
@@ -43,6 +43,39 @@ __device__ __forceinline__ void bytes4(unsigned int u, float* o, float bias) {
 }
 
 #define F2_23 8388608.0f
+
+// MXFP4 (17-byte blocks: an e8m0 scale byte, then 16 bytes of e2m1 codes,
+// value j the low nibble of byte j for j < 16, else the high nibble of byte
+// j - 16; blocks only byte aligned). A code is looked up as ggml's
+// kvalues_mxfp4 (twice its e2m1 value: 0, 1, 2, 3, 4, 6, 8, 12 and their
+// negatives) and the block's values are that times 2^(e - 128).
+__device__ __forceinline__ float mxfp4_scale(unsigned int e) {
+  return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+// Four codes (bytes of `codes`, each 0..15) as their four int8 values: a
+// byte permute picks each from the table's positive half and one from its
+// negative half by the code's low 3 bits, and a third by its sign bit.
+__device__ __forceinline__ unsigned int mxfp4_values4(unsigned int codes) {
+  const unsigned int t = codes | (codes >> 4);
+  const unsigned int sel = (t & 0xffu) | ((t >> 8) & 0xff00u);  // nibble k: code k
+  const unsigned int pos = __byte_perm(0x03020100u, 0x0C080604u, sel & 0x7777u);
+  const unsigned int neg = __byte_perm(0xFDFEFF00u, 0xF4F8FAFCu, sel & 0x7777u);
+  return __byte_perm(pos, neg, 0x3210u | ((sel & 0x8888u) >> 1));
+}
+// The 4-byte words covering bytes p .. p + 16 of a byte-aligned block, from
+// the aligned word at or below p: word k of the result is bytes
+// p + 1 + 4k .. p + 4 + 4k (an MXFP4 block's codes), *e the byte at p.
+// Five aligned words, each holding a byte of the block.
+__device__ __forceinline__ void mxfp4_block_words(const uint8_t* p, unsigned int* e, unsigned int* qs) {
+  const unsigned int s = (unsigned int)(uintptr_t)p & 3u;
+  const unsigned int* a = (const unsigned int*)(p - s);  // (not via an integer: stays a global load)
+  unsigned int w[5];
+#pragma unroll
+  for (int k = 0; k < 5; k++) w[k] = a[k];
+  *e = (w[0] >> (8 * s)) & 0xffu;
+#pragma unroll
+  for (int k = 0; k < 4; k++) qs[k] = __funnelshift_rc(w[k], w[k + 1], 8 * (s + 1));
+}
 
 // Weight types whose values carry an offset besides the scale (d x q + m).
 template <int T>
@@ -179,6 +212,17 @@ __device__ __forceinline__ void decode8(const Weights& w, int r, int c, float* q
       const int h = (int)((byte_at(hi, k) >> (2 * j)) & 3u);
       q[k] = small_int_to_float((l | (h << 4)) - 32);
     }
+  } else if (T == T_MXFP4) {
+    // Values 8c .. 8c + 7: codes j0 .. j0 + 7 of block c / 4 (j0 = 8 (c % 4)),
+    // from the two words of codes bytes j0 % 16 .. + 8.
+    const uint8_t* b = row + (c >> 2) * MXFP4_BLOCK_BYTES;
+    unsigned int e, qs[4];
+    mxfp4_block_words(b, &e, qs);
+    const int j0 = (c & 3) * 8, shift = 4 * (j0 >> 4), k0 = (j0 & 15) >> 2;
+    *d = mxfp4_scale(e);
+    // int8 values flipped to unsigned (the xor), as floats less 128.
+    bytes4(mxfp4_values4((qs[k0] >> shift) & 0x0f0f0f0fu) ^ 0x80808080u, q, F2_23 + 128.0f);
+    bytes4(mxfp4_values4((qs[k0 + 1] >> shift) & 0x0f0f0f0fu) ^ 0x80808080u, q + 4, F2_23 + 128.0f);
   } else {  // MLX affine, T = T_AFFINE + bits: 8 values are `bits` bytes
     constexpr int bits = T >= T_AFFINE ? T - T_AFFINE : 8;
     const int groups = w.cols / w.group;
@@ -413,7 +457,7 @@ __device__ __forceinline__ void x8_store_n(const float* v, int count, uint8_t* o
 __device__ __forceinline__ void x8_store(float v, uint8_t* out, size_t b) { x8_store_n<1>(&v, 1, out, b, 0); }
 template <int T>
 struct HasX8 {
-  static constexpr bool value = T == T_Q8_0 || T == T_Q4_0 || T == T_Q4_K || T == T_Q6_K;
+  static constexpr bool value = T == T_Q8_0 || T == T_Q4_0 || T == T_Q4_K || T == T_Q6_K || T == T_MXFP4;
 };
 // Activation blocks (32 values) a lane's task covers, and which: task c's
 // i-th. Q4_K: its values 64c .. 64c + 64. Q6_K: the two 32-value runs of
@@ -496,6 +540,17 @@ __device__ __forceinline__ float dot_x8(const Weights& w, int r, int c, const X8
 #pragma unroll
     for (int k = 0; k < 8; k++) dot = __dp4a((int)v.word(2 + 4 * k), xq[k], dot);
     return xb[0].d * __half2float(__ushort_as_half((unsigned short)(v.word(0) & 0xffffu))) * (float)dot;
+  } else if (T == T_MXFP4) {  // Q4_0's nibble order, each code looked up
+    const int* xq = xb[0].q;
+    unsigned int e, qs[4];
+    mxfp4_block_words(row + (unsigned long long)c * MXFP4_BLOCK_BYTES, &e, qs);
+    int dot = 0;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+      dot = __dp4a((int)mxfp4_values4(qs[k] & 0x0f0f0f0fu), xq[k], dot);
+      dot = __dp4a((int)mxfp4_values4((qs[k] >> 4) & 0x0f0f0f0fu), xq[k + 4], dot);
+    }
+    return xb[0].d * mxfp4_scale(e) * (float)dot;
   } else {  // Q4_0: quants q - 8, the low nibbles of bytes 0..15 then the high ones
     const int* xq = xb[0].q;
     const Window<Q4_0_BLOCK_BYTES> v(row + (unsigned long long)c * Q4_0_BLOCK_BYTES);

@@ -9,8 +9,9 @@
 // Rope of pair i of a head_dim head at position p: the (cos, sin) of its
 // angle and the pair's two indices.
 __device__ __forceinline__ void rope_pair(double p, int i, int head_dim, double theta, int neox,
-                                          const float* freqs, float* cf, float* sf, int* a, int* b) {
-  rope_sincos(p, pow(theta, -2.0 * (double)i / (double)head_dim), i, freqs, cf, sf);
+                                          const float* freqs, const RopeYarn& yarn, float* cf, float* sf, int* a,
+                                          int* b) {
+  rope_sincos(p, pow(theta, -2.0 * (double)i / (double)head_dim), i, freqs, yarn, cf, sf);
   const int half = head_dim / 2;
   *a = neox ? i : 2 * i;
   *b = neox ? i + half : 2 * i + 1;
@@ -19,11 +20,12 @@ __device__ __forceinline__ void rope_pair(double p, int i, int head_dim, double 
 // Rope of one head at position p, from src into dst (the same head in
 // place, or a copy): pair i is thread `first + k * step`'s.
 __device__ __forceinline__ void rope_head(const float* src, float* dst, double p, int head_dim,
-                                          double theta, int neox, const float* freqs, int first, int step) {
+                                          double theta, int neox, const float* freqs, const RopeYarn& yarn,
+                                          int first, int step) {
   for (int i = first; i < head_dim / 2; i += step) {
     float cf, sf;
     int a, b;
-    rope_pair(p, i, head_dim, theta, neox, freqs, &cf, &sf, &a, &b);
+    rope_pair(p, i, head_dim, theta, neox, freqs, yarn, &cf, &sf, &a, &b);
     const float x0 = src[a], x1 = src[b];
     dst[a] = x0 * cf - x1 * sf;
     dst[b] = x0 * sf + x1 * cf;
@@ -35,9 +37,9 @@ __device__ __forceinline__ void rope_head(const float* src, float* dst, double p
 // NeoX pairs within them), the rest pass through (partial rope, Qwen3.5;
 // rot = head_dim rotates the whole head).
 extern "C" __global__ void rope(float* x, const int* pos, int n_heads, int head_dim, double theta,
-                                int neox, const float* freqs, int rot) { FATHOM_PDL();
+                                int neox, const float* freqs, int rot, RopeYarn yarn) { FATHOM_PDL();
   float* hd = x + ((size_t)blockIdx.x * n_heads + blockIdx.y) * head_dim;
-  rope_head(hd, hd, (double)pos[blockIdx.x], rot, theta, neox, freqs, threadIdx.x, blockDim.x);
+  rope_head(hd, hd, (double)pos[blockIdx.x], rot, theta, neox, freqs, yarn, threadIdx.x, blockDim.x);
 }
 
 // Rounds three runs of values in place (a: na values, then b, then c; a
@@ -84,7 +86,7 @@ extern "C" __global__ void __launch_bounds__(256) kv_write(StepDesc st, KvDesc k
 // and k head that rotate (partial rope, as `rope`; key_dim for all).
 extern "C" __global__ void __launch_bounds__(RK_WARPS * 32) rope_kv(
     StepDesc st, KvDesc kv, float* q, float* k, float* v, int n_heads, int n_kv_heads, int key_dim,
-    int value_dim, double theta, int neox, const float* freqs, int store, int rot) {
+    int value_dim, double theta, int neox, const float* freqs, int store, int rot, RopeYarn yarn) {
   __shared__ float heads[RK_WARPS][ATT_MAX_DIM];
   const int warp = threadIdx.x / WARP;
   const int row = blockIdx.x, h = blockIdx.y * RK_WARPS + warp;
@@ -95,7 +97,7 @@ extern "C" __global__ void __launch_bounds__(RK_WARPS * 32) rope_kv(
   // angles of the row's pairs (one position, one key_dim for every q and k
   // head) and this head's cache row.
   __shared__ RopeAngles angles;
-  angles.compute(st.row_pos[row], rot, pow(theta, -2.0 / rot), freqs);
+  angles.compute(st.row_pos[row], rot, pow(theta, -2.0 / rot), freqs, yarn);
   const bool live = h < n_heads + 2 * n_kv_heads;
   const bool round = !is_q || kv.dtype == KV_F16;
   uint8_t* dst = live && store && !is_q ? kv_row_at(kv, st, row, is_v) + g * kv_head_bytes(kv.dtype, dim) : nullptr;

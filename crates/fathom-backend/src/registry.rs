@@ -58,11 +58,7 @@ impl Features {
         };
         match device {
             _ if devices > 1 => Features::NONE,
-            Device::Cpu => all,
-            Device::Cuda => Features {
-                gpt_oss: false,
-                ..all
-            },
+            Device::Cpu | Device::Cuda => all,
             Device::Rocm | Device::Metal => Features::NONE,
         }
     }

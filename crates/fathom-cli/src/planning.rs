@@ -158,8 +158,8 @@ impl PlanArgs {
     }
 }
 
-/// Refuses a model the device's backend does not run (gpt-oss on cuda, a
-/// hybrid model or Gemma 4 over several GPUs), by the rule the load
+/// Refuses a model the device's backend does not run (a hybrid model,
+/// Gemma 4 or gpt-oss over several GPUs), by the rule the load
 /// applies (`fathom_engine::check_runs` with the device's `Features`),
 /// after the plan's own refusals and before any plan or placement is
 /// printed as if it ran. rocm and metal are planning targets: their plans

@@ -151,9 +151,7 @@ fn logits_match_the_cpu_for_every_family_and_weight_format() {
     };
     for family in &FAMILIES {
         let model = family.real_shaped();
-        // MXFP4 has no CUDA kernels yet: the backend refuses it at load,
-        // naming the type (gpt-oss runs on the CPU only).
-        for ty in family.gguf_types().filter(|ty| *ty != T::MXFP4) {
+        for ty in family.gguf_types() {
             let path = d.join(format!("{}-{}.gguf", family.name, ty.name()));
             Format::Gguf(ty).write(&model, &path, 7);
             check(
@@ -252,12 +250,8 @@ fn greedy_tokens_match_the_cpu_where_its_margin_is_clear() {
 /// heads of 256 with a 32-token window, global ones of 32 heads over 4 KV
 /// heads of 512 whose values are the keys' projection and whose rope takes
 /// the factors; unscaled scores, values normed without a weight, layer
-/// output scales, the logit softcap), in F32 and Q8_0: two prompts
-/// prefilled in chunks of 24 tokens well past the window (the sliding
-/// layers' rings wrap, a chunk straddling the wrap), the first decoded
-/// alone, then both decoded together. Every step's last-row logits of each
-/// sequence agree within the format's tolerance ([`tolerance`]) with the
-/// same argmax.
+/// output scales, the logit softcap), in F32 and Q8_0: [`chunked_steps`],
+/// each within the format's tolerance ([`tolerance`]) with the same argmax.
 #[test]
 fn gemma4_prefill_and_decode_match_the_cpu() {
     if !gpu() {
@@ -272,37 +266,76 @@ fn gemma4_prefill_and_decode_match_the_cpu() {
     for ty in [T::F32, T::Q8_0] {
         let path = d.join(format!("gemma4-{}.gguf", ty.name()));
         Format::Gguf(ty).write(&model, &path, 9);
-        let run = |device| {
-            let mut e = placed_engine(&path, inputs(device, 128, 2, 24), None, tokenizer(&d));
-            gemma4_steps(&mut e)
-        };
-        let (cpu, cuda) = (run(Device::Cpu), run(Device::Cuda));
-        let tol = tolerance(ty.name());
-        let mut worst = 0f32;
-        for ((label, want), (_, got)) in cpu.iter().zip(&cuda) {
-            let a = compare(got, want);
-            worst = worst.max(a.max_rel);
-            if a.max_rel.is_nan() || a.max_rel >= tol || !a.same_argmax {
-                failures.push(format!(
-                    "gemma4 {} {label}: {a:?} (tolerance {tol})",
-                    ty.name()
-                ));
-            }
-        }
-        println!(
-            "gemma4 {:<5} {} steps' logits: max_rel at most {worst:.2e} (tolerance {tol})",
-            ty.name(),
-            cpu.len()
-        );
+        let label = format!("gemma4 {}", ty.name());
+        steps_agree(&label, &path, &d, tolerance(ty.name()), &mut failures);
     }
     let _ = std::fs::remove_dir_all(&d);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The steps of [`gemma4_prefill_and_decode_match_the_cpu`] on one engine
-/// (step of 24 tokens, batch 2): each step's label and the logits of each
-/// of its sequences' last row, in order.
-fn gemma4_steps(engine: &mut Engine) -> Vec<(String, Vec<f32>)> {
+/// gpt-oss on CUDA against the CPU, step by step (`gpt_oss_tiny`: 64-value
+/// heads, 8 query heads over 2 KV heads, a window of 8 on layers 0 and 2,
+/// attention sinks, q/k/v/o biases, YaRN, 4 experts with biases, 2 used,
+/// through the clamped SwiGLU; a vocabulary of 1,024 for the steps'
+/// tokens): [`chunked_steps`]. All in F32 within F32's tolerance (sinks,
+/// YaRN, biases, routing and the SwiGLU with nothing rounded but the f16
+/// cache); then as gpt-oss GGUFs store it — MXFP4 experts, Q8_0 for the
+/// rest — within the quantized tolerance, with the same argmax.
+#[test]
+fn gpt_oss_prefill_and_decode_match_the_cpu() {
+    if !gpu() {
+        return;
+    }
+    let d = dir("gpt-oss");
+    let mut failures = Vec::new();
+    for (experts, matrices, tol) in [
+        (T::F32, T::F32, tolerance("F32")),
+        (T::MXFP4, T::Q8_0, tolerance("MXFP4")),
+    ] {
+        let shape = fx::GptOssShape {
+            vocab: 1024,
+            experts_type: experts,
+            ..fx::gpt_oss_tiny()
+        };
+        let label = format!("gpt-oss {} experts, {}", experts.name(), matrices.name());
+        let path = d.join(format!("{}.gguf", label.replace([' ', ','], "-")));
+        fx::write_gpt_oss_gguf(&shape, matrices, &path, Data::Random { seed: 5 }).unwrap();
+        steps_agree(&label, &path, &d, tol, &mut failures);
+    }
+    let _ = std::fs::remove_dir_all(&d);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// [`chunked_steps`] of the file at `path` on the CPU and on CUDA (a step
+/// of 24 tokens, 2 sequences, a context of 128): a failure for each step
+/// whose logits differ by `tol` of the largest or in their argmax; prints
+/// the worst.
+fn steps_agree(label: &str, path: &Path, d: &Path, tol: f32, failures: &mut Vec<String>) {
+    let run = |device| {
+        let mut e = placed_engine(path, inputs(device, 128, 2, 24), None, tokenizer(d));
+        chunked_steps(&mut e)
+    };
+    let (cpu, cuda) = (run(Device::Cpu), run(Device::Cuda));
+    let mut worst = 0f32;
+    for ((step, want), (_, got)) in cpu.iter().zip(&cuda) {
+        let a = compare(got, want);
+        worst = worst.max(a.max_rel);
+        if a.max_rel.is_nan() || a.max_rel >= tol || !a.same_argmax {
+            failures.push(format!("{label} {step}: {a:?} (tolerance {tol})"));
+        }
+    }
+    println!(
+        "{label}: {} steps' logits: max_rel at most {worst:.2e} (tolerance {tol})",
+        cpu.len()
+    );
+}
+
+/// Two prompts (70 and 41 tokens) prefilled in chunks of the engine's
+/// step (24 in [`steps_agree`]: well past a sliding window, the rings
+/// wrapping, a chunk straddling the wrap), the first decoded alone, then
+/// both decoded together: each step's label and the logits of each of its
+/// sequences' last row, in order.
+fn chunked_steps(engine: &mut Engine) -> Vec<(String, Vec<f32>)> {
     const DECODE: usize = 5;
     let prompts: [Vec<u32>; 2] = [
         (0..70).map(|i| (i * 37 + 11) % 1000).collect(),

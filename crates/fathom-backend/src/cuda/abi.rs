@@ -99,9 +99,11 @@ constants! {
     KV_BF16: i32 = 1;
     KV_F32: i32 = 2;
     KV_Q8_0: i32 = 3;
-    /// Gated activations as the kernels number them (`glu_act`).
+    /// Gated activations as the kernels number them (`glu_value`).
     GLU_SILU: i32 = 0;
     GLU_GELU_TANH: i32 = 1;
+    /// gpt-oss's clamped SwiGLU.
+    GLU_SWIGLU_OAI: i32 = 2;
     /// MLX affine weights' type ids: this plus the bits (ggml's own ids,
     /// below 100, number the block types). Only the kernels read ids: the
     /// launchers index their tables by `WeightType::ALL` position.
@@ -189,6 +191,30 @@ pub struct KvDesc {
     pub dtype: i32,
 }
 
+/// YaRN rope scaling as the rope kernels take it (`struct RopeYarn`):
+/// pair i's angle blends its plain one and that times `freq_scale` by a
+/// ramp from pair `low` to pair `high`, cos and sin scaled by `mscale`.
+/// The default (`freq_scale` 1) is plain rope.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeYarn {
+    pub freq_scale: f32,
+    pub low: f32,
+    pub high: f32,
+    pub mscale: f32,
+}
+
+impl Default for RopeYarn {
+    fn default() -> Self {
+        RopeYarn {
+            freq_scale: 1.0,
+            low: 0.0,
+            high: 0.0,
+            mscale: 1.0,
+        }
+    }
+}
+
 /// Rope of a decode step done inside split attention (`struct AttRope`);
 /// `fused` 0: `rope_kv` ran before.
 #[repr(C)]
@@ -199,6 +225,7 @@ pub struct AttRope {
     pub freqs: u64,
     pub neox: i32,
     pub fused: i32,
+    pub yarn: RopeYarn,
 }
 
 /// The greedy kernels' banned ids (`struct Banned`).
@@ -254,7 +281,8 @@ pub const LAYOUTS: &[Layout] = &[
         KvDesc,
         [base, block_bytes, layer_off, k_row, v_row, ring, dtype]
     ),
-    layout!("AttRope", AttRope, [ratio, freqs, neox, fused]),
+    layout!("RopeYarn", RopeYarn, [freq_scale, low, high, mscale]),
+    layout!("AttRope", AttRope, [ratio, freqs, neox, fused, yarn]),
     layout!("Banned", Banned, [n, ids]),
 ];
 
@@ -264,5 +292,6 @@ const _: () = assert!(size_of::<WeightsArg>() == 48);
 const _: () = assert!(size_of::<Segments>() == 208);
 const _: () = assert!(size_of::<StepDesc>() == 48);
 const _: () = assert!(size_of::<KvDesc>() == 40);
-const _: () = assert!(size_of::<AttRope>() == 24);
+const _: () = assert!(size_of::<RopeYarn>() == 16);
+const _: () = assert!(size_of::<AttRope>() == 40);
 const _: () = assert!(size_of::<Banned>() == 36);

@@ -105,6 +105,7 @@ impl CudaBackend {
         let mut vp = self.buf(v, rows * s.n_kv_heads * s.value_dim * 4);
         let mut op = self.buf(out, rows * s.n_heads * s.value_dim * 4);
         let mut kv = self.kv_desc(layer, shape);
+        let mut sinks = self.attention_sinks(shape);
         if rows == 0 || !self.ready() {
             return;
         }
@@ -143,7 +144,7 @@ impl CudaBackend {
                 f,
                 (tiles as u32, s.n_kv_heads as u32, 1),
                 ATT_MMA_THREADS,
-                &mut args![st, kv, qp, kp, vp, op, n_seqs, rows, nh, nkv, gp, window, scale],
+                &mut args![st, kv, qp, kp, vp, op, n_seqs, rows, nh, nkv, gp, window, scale, sinks],
             );
             return;
         }
@@ -162,7 +163,7 @@ impl CudaBackend {
                 f,
                 (rows as u32, s.n_heads as u32, 1),
                 ATT_THREADS,
-                &mut args![st, kv, qp, kp, vp, op, nh, nkv, dk, dv, window, scale],
+                &mut args![st, kv, qp, kp, vp, op, nh, nkv, dk, dv, window, scale, sinks],
             );
             return;
         };
@@ -186,7 +187,7 @@ impl CudaBackend {
             (rows as u32, row_blocks as u32, splits as u32),
             ATT_THREADS,
             &mut args![
-                st, kv, qp, kp, vp, op, part, x8_split, nh, nkv, dk, dv, window, scale, rope
+                st, kv, qp, kp, vp, op, part, x8_split, nh, nkv, dk, dv, window, scale, rope, sinks
             ],
         );
         if splits > 1 {
@@ -196,13 +197,27 @@ impl CudaBackend {
                 f,
                 (rows as u32, s.n_heads as u32, 1),
                 128,
-                &mut args![part, n, nh, dv, op, x8_merge],
+                &mut args![part, n, nh, dv, op, x8_merge, sinks],
             );
         }
         if x8 != 0 {
             self.x8_holds = Some((op, s.n_heads * s.value_dim));
         }
         self.attention_last = true;
+    }
+
+    /// Device address of a layer's attention sinks (one logit a query
+    /// head), or 0 for none.
+    fn attention_sinks(&self, s: &AttentionShape) -> u64 {
+        s.sinks.map_or(0, |v| {
+            let (p, l) = self.vectors[v.0 as usize];
+            assert!(
+                l >= s.n_heads,
+                "attention: {l} sinks for {} heads",
+                s.n_heads
+            );
+            p
+        })
     }
 
     /// The kernel that attends rows of shape `s` over `keys` keys against a
@@ -376,6 +391,7 @@ impl CudaBackend {
         let mut vp = self.buf(io.v, rows * s.n_kv_heads * s.value_dim * 4);
         let rotated = Self::rope_rotated(rope, s.key_dim);
         let mut freqs = self.rope_freqs(rope, rotated);
+        let mut yarn = Self::rope_yarn(rope);
         let mut kv = self.kv_desc(layer, shape);
         if rows == 0 || !self.ready() {
             return;
@@ -409,6 +425,7 @@ impl CudaBackend {
                 freqs,
                 neox,
                 fused: 1,
+                yarn,
             };
             let readied = Readied::InAttention(rope, kernel);
             self.attention_of(layer, shape, step, io, readied);
@@ -424,7 +441,7 @@ impl CudaBackend {
                 1,
             ),
             32 * RK_WARPS as u32,
-            &mut args![st, kv, qp, kp, vp, nh, nkv, dk, dv, theta, neox, freqs, store, rot],
+            &mut args![st, kv, qp, kp, vp, nh, nkv, dk, dv, theta, neox, freqs, store, rot, yarn],
         );
         self.attention_of(layer, shape, step, io, Readied::ByRopeKv);
         if !early {

@@ -6,7 +6,8 @@ use std::ffi::CString;
 use cudarc::driver::{result, sys};
 
 use super::abi::{
-    att_split_compiled, ATT_DTYPES, ATT_HEADS, ATT_VPL, GLU_GELU_TANH, GLU_SILU, LIN_HEAD_DIMS,
+    att_split_compiled, ATT_DTYPES, ATT_HEADS, ATT_VPL, GLU_GELU_TANH, GLU_SILU, GLU_SWIGLU_OAI,
+    LIN_HEAD_DIMS,
 };
 use super::device_err;
 use crate::{BackendError, Glu, WeightType};
@@ -20,26 +21,37 @@ pub(super) static FATBIN: &[u8] =
 pub(super) struct Aligned8<T: ?Sized>(T);
 
 /// Kernel name suffixes by weight kind: the 13 ggml types in
-/// `WeightType::ALL` order, then MLX affine 2, 4 and 8 bits.
-pub(super) const KINDS: [&str; 16] = [
+/// `WeightType::ALL` order, MLX affine 2, 4 and 8 bits (these 16 have
+/// every per-kind kernel: `FATHOM_WEIGHT_TYPES` in common.cuh), then MXFP4
+/// (only the kernels its own lines in the .cu files stamp).
+pub(super) const KINDS: [&str; N_KINDS] = [
     "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k",
-    "q6_k", "a2", "a4", "a8",
+    "q6_k", "a2", "a4", "a8", "mxfp4",
 ];
+
+/// Weight kinds (`KINDS`); the per-kind tables below have one entry each.
+pub(super) const N_KINDS: usize = 17;
+
+/// MXFP4's kind: after the 16 of `FATHOM_WEIGHT_TYPES`.
+pub(super) const MXFP4_KIND: usize = 16;
 
 /// A gated activation as the kernels number it (`glu_act` in common.cuh).
 pub(super) fn act_id(act: Glu) -> i32 {
     match act {
         Glu::Silu => GLU_SILU,
         Glu::GeluTanh => GLU_GELU_TANH,
-        Glu::SwigluOai => unreachable!("the engine runs gpt-oss's clamped SwiGLU on the CPU only"),
+        Glu::SwigluOai => GLU_SWIGLU_OAI,
     }
 }
 
-/// The ggml types the CUDA kernels run: the first 13 of `WeightType::ALL`
-/// (MXFP4, the 14th, has no CUDA kernels; `load_matrix` refuses it).
+/// The ggml types whose kind is their place in `WeightType::ALL`: the
+/// first 13 (MXFP4, the 14th, is `MXFP4_KIND`).
 pub(super) const GGML_KINDS: usize = 13;
 
 pub(super) fn kind_of_type(ty: WeightType) -> usize {
+    if ty == WeightType::MXFP4 {
+        return MXFP4_KIND;
+    }
     let kind = WeightType::ALL
         .iter()
         .position(|t| *t == ty)
@@ -50,39 +62,44 @@ pub(super) fn kind_of_type(ty: WeightType) -> usize {
 
 /// The ggml type of a kind, `None` for the MLX affine kinds.
 pub(super) fn type_of_kind(kind: usize) -> Option<WeightType> {
+    if kind == MXFP4_KIND {
+        return Some(WeightType::MXFP4);
+    }
     WeightType::ALL[..GGML_KINDS].get(kind).copied()
 }
 
 pub(super) struct Kernels {
     /// Matrix-vector products of one token (deeper unrolled) and of up to
     /// MV_MAX_TOKENS (f32, f16 and bf16 only; null for the other kinds).
-    pub(super) mv1: [sys::CUfunction; 16],
-    pub(super) mv: [sys::CUfunction; 16],
+    pub(super) mv1: [sys::CUfunction; N_KINDS],
+    pub(super) mv: [sys::CUfunction; N_KINDS],
     /// The same over a gate and an up matrix, writing act(gate) × up.
-    pub(super) mvglu1: [sys::CUfunction; 16],
-    pub(super) mvglu: [sys::CUfunction; 16],
-    /// One token on int8 activations (`quantize_x8`): Q8_0, Q4_0, Q4_K and Q6_K
-    /// only (null for the other kinds).
-    pub(super) mv1x8: [sys::CUfunction; 16],
-    pub(super) mvglu1x8: [sys::CUfunction; 16],
+    pub(super) mvglu1: [sys::CUfunction; N_KINDS],
+    pub(super) mvglu: [sys::CUfunction; N_KINDS],
+    /// One token on int8 activations (`quantize_x8`): Q8_0, Q4_0, Q4_K, Q6_K
+    /// and MXFP4 only (null for the other kinds; MXFP4 has no f32 `mv1` or
+    /// `mvglu1`, and no `mvglu1x8`: its one-token products always take
+    /// `mv1x8`, a gate and up pair unfused).
+    pub(super) mv1x8: [sys::CUfunction; N_KINDS],
+    pub(super) mvglu1x8: [sys::CUfunction; N_KINDS],
     pub(super) quantize_x8: sys::CUfunction,
     /// MoE, one token, routes read on the device: `moe_gate_up`,
     /// `moe_down` (on int8 activations where the kind has them), null
     /// for kinds without (`FATHOM_ROUTED_KERNELS` in moe.cu).
-    pub(super) moe_gate_up: [sys::CUfunction; 16],
-    pub(super) moe_down: [sys::CUfunction; 16],
+    pub(super) moe_gate_up: [sys::CUfunction; N_KINDS],
+    pub(super) moe_down: [sys::CUfunction; N_KINDS],
     pub(super) moe_combine: sys::CUfunction,
-    pub(super) mm: [sys::CUfunction; 16],
+    pub(super) mm: [sys::CUfunction; N_KINDS],
     /// Tensor-core products of 2 to `MQ_MAX_TOKENS` tokens straight from
     /// the stored blocks, by (tokens at most: 16, 64; kind): up to 16 for
     /// every kind but f32, up to 64 for Q4_K, Q5_K and Q6_K; null
     /// elsewhere (matmul_mma.cu).
-    pub(super) mq: [[sys::CUfunction; 16]; 2],
+    pub(super) mq: [[sys::CUfunction; N_KINDS]; 2],
     /// Their activations: rows to f16, each scaled by a power of two into
     /// f16's range.
     pub(super) to_half_rows: sys::CUfunction,
-    pub(super) embed: [sys::CUfunction; 16],
-    pub(super) dequant: [sys::CUfunction; 16],
+    pub(super) embed: [sys::CUfunction; N_KINDS],
+    pub(super) dequant: [sys::CUfunction; N_KINDS],
     pub(super) to_half: sys::CUfunction,
     pub(super) rms_norm: sys::CUfunction,
     pub(super) add_bias: sys::CUfunction,
@@ -129,28 +146,34 @@ impl Kernels {
             unsafe { result::module::get_function(module, c) }
                 .map_err(|e| device_err(&format!("kernel {name} missing from the fatbin"), e))
         };
-        let table = |prefix: &str| -> Result<[sys::CUfunction; 16], BackendError> {
-            let mut out = [std::ptr::null_mut(); 16];
-            for (o, k) in out.iter_mut().zip(KINDS) {
-                *o = get(&format!("{prefix}_{k}"))?;
-            }
-            Ok(out)
-        };
+        // The kernels of the 16 kinds of `FATHOM_WEIGHT_TYPES`, and of
+        // MXFP4 where `mxfp4` (null there otherwise).
+        let table =
+            |prefix: &str, mxfp4: bool| -> Result<[sys::CUfunction; N_KINDS], BackendError> {
+                let mut out = [std::ptr::null_mut(); N_KINDS];
+                for (o, k) in out.iter_mut().zip(&KINDS[..MXFP4_KIND]) {
+                    *o = get(&format!("{prefix}_{k}"))?;
+                }
+                if mxfp4 {
+                    out[MXFP4_KIND] = get(&format!("{prefix}_{}", KINDS[MXFP4_KIND]))?;
+                }
+                Ok(out)
+            };
         // The kernels of `types` only.
         let some = |prefix: &str, types: &[WeightType]| -> Result<_, BackendError> {
-            let mut out = [std::ptr::null_mut(); 16];
+            let mut out = [std::ptr::null_mut(); N_KINDS];
             for &ty in types {
                 let kind = kind_of_type(ty);
                 out[kind] = get(&format!("{prefix}_{}", KINDS[kind]))?;
             }
             Ok(out)
         };
-        use WeightType::{BF16, F16, F32, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0};
+        use WeightType::{BF16, F16, F32, MXFP4, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0};
         // Kinds with int8-activation kernels (`HasX8` in quant.cuh).
-        let x8_table = |prefix: &str| some(prefix, &[Q8_0, Q4_0, Q4_K, Q6_K]);
+        let x8_table = |prefix: &str| some(prefix, &[Q8_0, Q4_0, Q4_K, Q6_K, MXFP4]);
         // Kinds with routed-expert kernels: the int8-activation ones, and
         // these on f32 activations.
-        let routed_table = |prefix: &str| -> Result<[sys::CUfunction; 16], BackendError> {
+        let routed_table = |prefix: &str| -> Result<[sys::CUfunction; N_KINDS], BackendError> {
             let mut out = x8_table(&format!("{prefix}x8"))?;
             for ty in [F16, BF16, Q5_K] {
                 let kind = kind_of_type(ty);
@@ -159,20 +182,20 @@ impl Kernels {
             Ok(out)
         };
         Ok(Kernels {
-            mv1: table("mv1")?,
+            mv1: table("mv1", false)?,
             mv: some("mv", &[F32, F16, BF16])?,
-            mvglu1: table("mvglu1")?,
+            mvglu1: table("mvglu1", false)?,
             mvglu: some("mvglu", &[F32, F16, BF16])?,
             mv1x8: x8_table("mv1x8")?,
-            mvglu1x8: x8_table("mvglu1x8")?,
+            mvglu1x8: some("mvglu1x8", &[Q8_0, Q4_0, Q4_K, Q6_K])?,
             quantize_x8: get("quantize_x8")?,
             moe_gate_up: routed_table("moe_gate_up")?,
             moe_down: routed_table("moe_down")?,
             moe_combine: get("moe_combine")?,
-            mm: table("mm")?,
+            mm: table("mm", true)?,
             to_half_rows: get("to_half_rows")?,
             mq: {
-                let mut upto16 = [std::ptr::null_mut(); 16];
+                let mut upto16 = [std::ptr::null_mut(); N_KINDS];
                 for (k, name) in KINDS.iter().enumerate() {
                     if k != kind_of_type(F32) {
                         upto16[k] = get(&format!("mq16_{name}"))?;
@@ -180,8 +203,8 @@ impl Kernels {
                 }
                 [upto16, some("mq64", &[Q4_K, Q5_K, Q6_K])?]
             },
-            embed: table("embed")?,
-            dequant: table("dequant")?,
+            embed: table("embed", true)?,
+            dequant: table("dequant", true)?,
             to_half: get("to_half")?,
             rms_norm: get("rms_norm")?,
             add_bias: get("add_bias")?,

@@ -253,15 +253,15 @@ impl CudaBackend {
 
     /// Values a matrix-vector lane decodes per step for `rows` rows of x on
     /// weights of `kind`: the one-token kernels of these types take 32 at
-    /// once (`Chunk<T>` in quant.cuh; Q8_0 and Q4_0 a block on int8
+    /// once (`Chunk<T>` in quant.cuh; Q8_0, Q4_0 and MXFP4 a block on int8
     /// activations) or 64 (Q4_K and Q6_K on int8 activations), the rest 8. A mismatch
     /// with the kernels would only cost speed (`matvec_split`), never
     /// correctness.
     pub(super) fn matvec_chunk(kind: usize, rows: usize) -> usize {
-        use WeightType::{Q4_0, Q4_K, Q5_K, Q6_K, Q8_0};
+        use WeightType::{MXFP4, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0};
         match type_of_kind(kind) {
             Some(Q4_K | Q6_K) if rows == 1 => 64,
-            Some(Q5_K | Q8_0 | Q4_0) if rows == 1 => 32,
+            Some(Q5_K | Q8_0 | Q4_0 | MXFP4) if rows == 1 => 32,
             _ => 8,
         }
     }
@@ -410,8 +410,12 @@ impl CudaBackend {
     ) {
         let (g, u) = (self.matrices[gate.0 as usize], self.matrices[up.0 as usize]);
         let fused = rows <= MV_MAX_TOKENS
-            && (rows == 1
-                || (self.mma_few_kernel(&g, rows).is_none() && !self.k.mvglu[g.kind].is_null()))
+            && if rows == 1 {
+                // Every kind but MXFP4 (gate and up apart) has them.
+                !self.k.mvglu1[g.kind].is_null()
+            } else {
+                self.mma_few_kernel(&g, rows).is_none() && !self.k.mvglu[g.kind].is_null()
+            }
             && g.kind == u.kind
             && g.kind != kind_of_type(WeightType::F32)
             && (g.arg.rows, g.arg.cols) == (u.arg.rows, u.arg.cols)

@@ -9,7 +9,7 @@ use cudarc::driver::result;
 use super::abi::{MAX_EXPERTS, MOE_MAX_ROUTES, MV_WARPS, X8_BLOCK};
 use super::kernels::act_id;
 use super::{CudaBackend, DevMatrix};
-use crate::{Buf, MatrixId, RoutedFfn};
+use crate::{Buf, MatrixId, RoutedFfn, VectorId};
 
 impl CudaBackend {
     /// One-token MoE steps on the device's routes (`true`, the default) or
@@ -74,12 +74,41 @@ impl CudaBackend {
         even.then_some((first, stride))
     }
 
+    /// `(first, stride)` of the experts' gate, up and down biases where
+    /// each kind lies evenly (`stride` bytes apart, as the loader places a
+    /// layer's bias rows), the gate's and up's alike, of `widths` values:
+    /// the routed kernels find expert e's at `first + e × stride`. `(0, 0)`
+    /// each without biases.
+    fn evenly_placed_biases(
+        &self,
+        biases: Option<&[[VectorId; 3]]>,
+        widths: [usize; 3],
+    ) -> Option<[(u64, u64); 3]> {
+        let Some(b) = biases else {
+            return Some([(0, 0); 3]);
+        };
+        let mut out = [(0, 0); 3];
+        for (i, o) in out.iter_mut().enumerate() {
+            let at = |e: usize| self.vectors[b[e][i].0 as usize];
+            let first = at(0).0;
+            let stride = b.get(1).map_or(0, |_| at(1).0.wrapping_sub(first));
+            let even = (0..b.len())
+                .all(|e| at(e) == (first.wrapping_add(stride.wrapping_mul(e as u64)), widths[i]));
+            if !even {
+                return None;
+            }
+            *o = (first, stride);
+        }
+        (out[0].1 == out[1].1).then_some(out)
+    }
+
     /// A one-token MoE FFN on the routes route_experts left on the device:
     /// gate and up of the k routed experts in one launch, down in another,
     /// their weighted sum in a third; nothing is read back, so the step
-    /// stays one graph. `false`, with nothing launched, where the experts
-    /// do not lie evenly, their kinds have no routed kernels, or k rows do
-    /// not fit the planned buffers.
+    /// stays one graph. Per-expert biases (gpt-oss) are added in the
+    /// kernels. `false`, with nothing launched, where the experts (or
+    /// their biases) do not lie evenly, their kinds have no routed kernels,
+    /// or k rows do not fit the planned buffers.
     pub(super) fn routed_on_device(&mut self, ffn: &RoutedFfn, x: Buf, out: Buf) -> bool {
         let RoutedFfn {
             experts,
@@ -89,16 +118,15 @@ impl CudaBackend {
             ffn_width,
             biases,
         } = *ffn;
-        if biases.is_some() {
-            return false;
-        }
-        let (Some((g, gs)), Some((u, us)), Some((d, ds))) = (
+        let (Some((g, gs)), Some((u, us)), Some((d, ds)), Some(bias_places)) = (
             self.evenly_placed(experts, 0),
             self.evenly_placed(experts, 1),
             self.evenly_placed(experts, 2),
+            self.evenly_placed_biases(biases, [ffn_width, ffn_width, width]),
         ) else {
             return false;
         };
+        let [(mut gb, mut bs), (mut ub, _), (mut db, mut dbs)] = bias_places;
         let (gate_x8, down_x8) = (
             !self.k.mv1x8[g.kind].is_null(),
             !self.k.mv1x8[d.kind].is_null(),
@@ -152,7 +180,7 @@ impl CudaBackend {
             f,
             (grid, ky, 1),
             32 * MV_WARPS as u32,
-            &mut args![ga, ua, gs, us, routes, xp, gate_out, sp, a],
+            &mut args![ga, ua, gs, us, routes, xp, gate_out, sp, a, gb, ub, bs],
         );
         let mut dx = gate_out;
         if down_x8 {
@@ -171,7 +199,7 @@ impl CudaBackend {
             f,
             (grid, ky, 1),
             32 * MV_WARPS as u32,
-            &mut args![da, ds, routes, dx, down_out, sp],
+            &mut args![da, ds, routes, dx, down_out, sp, db, dbs],
         );
         let (mut kk, mut w) = (k as i32, width as i32);
         let f = self.k.moe_combine;

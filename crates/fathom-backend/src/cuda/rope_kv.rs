@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use fathom_plan::kv::KV_BLOCK_TOKENS;
 use fathom_plan::KvDtype;
 
-use super::abi::{KvDesc, KV_BF16, KV_F16, KV_F32, KV_Q8_0};
+use super::abi::{KvDesc, RopeYarn, KV_BF16, KV_F16, KV_F32, KV_Q8_0};
 use super::CudaBackend;
 use crate::{AttentionShape, Buf, RopeParams, Step};
 
@@ -67,6 +67,16 @@ impl CudaBackend {
         })
     }
 
+    /// A rope's YaRN scaling as the kernels take it (plain rope without).
+    pub(super) fn rope_yarn(rope: &RopeParams) -> RopeYarn {
+        rope.yarn.map_or_else(RopeYarn::default, |y| RopeYarn {
+            freq_scale: y.freq_scale,
+            low: y.corr[0],
+            high: y.corr[1],
+            mscale: y.mscale,
+        })
+    }
+
     /// Rounds three runs of values (address, count) to the KV dtype's
     /// precision in one launch.
     pub(super) fn round_to_kv(&mut self, runs: [(u64, usize); 3], dtype: i32) {
@@ -93,6 +103,7 @@ impl CudaBackend {
         let mut xp = self.buf(x, step.rows * n_heads * head_dim * 4);
         let rotated = Self::rope_rotated(rope, head_dim);
         let mut freqs = self.rope_freqs(rope, rotated);
+        let mut yarn = Self::rope_yarn(rope);
         if step.rows == 0 || !self.ready() {
             return;
         }
@@ -111,7 +122,7 @@ impl CudaBackend {
             f,
             (step.rows as u32, n_heads as u32, 1),
             threads,
-            &mut args![xp, pos, nh, hd, theta, neox, freqs, rot],
+            &mut args![xp, pos, nh, hd, theta, neox, freqs, rot, yarn],
         );
     }
 

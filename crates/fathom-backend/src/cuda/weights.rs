@@ -60,11 +60,13 @@ impl CudaBackend {
         let rows = i32::try_from(m.rows).map_err(|_| unsupported(format!("{} rows", m.rows)))?;
         let cols = i32::try_from(m.cols).map_err(|_| unsupported(format!("{} cols", m.cols)))?;
         let dev = match &m.storage {
-            MatrixStorage::Blocks(WeightType::MXFP4) => {
+            // One token through MXFP4 takes the int8-activation kernels
+            // only (it has no f32 ones): its rows must fit their staging.
+            MatrixStorage::Blocks(WeightType::MXFP4) if m.cols > self.upload.x16_cols => {
                 return Err(unsupported(format!(
-                    "a {}x{} MXFP4 matrix: the CUDA kernels do not run MXFP4 yet (run it \
-                     with --device cpu)",
-                    m.rows, m.cols
+                    "a {}x{} MXFP4 matrix: wider than the planned activation staging ({} \
+                     values), which its one-token kernel quantizes its input into",
+                    m.rows, m.cols, self.upload.x16_cols
                 )));
             }
             MatrixStorage::Blocks(ty) => {

@@ -31,6 +31,9 @@ pub(crate) struct History {
     pub(crate) v: Vec<Vec<f32>>,
 }
 
+/// `sinks`: per query head a logit in each softmax's denominator that
+/// weighs no value (gpt-oss), or none.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_ref(
     s: &AttentionShape,
     starts: &[(usize, usize)],
@@ -38,6 +41,7 @@ pub(crate) fn attention_ref(
     q: &[f32],
     k: &[f32],
     v: &[f32],
+    sinks: Option<&[f32]>,
 ) -> Vec<f64> {
     let (nh, nkv, dk, dv) = (s.n_heads, s.n_kv_heads, s.key_dim, s.value_dim);
     let mut out = Vec::new();
@@ -76,7 +80,8 @@ pub(crate) fn attention_ref(
                     .collect();
                 let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = scores.iter().map(|x| (x - m).exp()).collect();
-                let sum: f64 = e.iter().sum();
+                let sink = sinks.map_or(0.0, |sk| (sk[hh] as f64 - m).exp());
+                let sum: f64 = e.iter().sum::<f64>() + sink;
                 let mut o = vec![0f64; dv];
                 for (j, w) in (first..=p).zip(&e) {
                     let (_, vj) = key(j);
@@ -128,12 +133,13 @@ pub(crate) fn attention_schedule(sliding: bool) -> (PageTables, &'static [StepRo
 /// `rope`: the steps go through `attend` (rope of q and k, attention, the
 /// cache write: on CUDA, decode steps do all of it in the attention
 /// kernel), against the reference rope; else `attention` and `kv_write`.
+/// A gpt-oss case (`label`) takes random sinks from -1 to 3, loaded here.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn test_attention(
     h: &mut Harness,
     rng: &mut Rng,
     label: &str,
-    shape: AttentionShape,
+    mut shape: AttentionShape,
     dtype: KvDtype,
     layers: [usize; 2],
     tables: [Vec<Vec<u32>>; 2],
@@ -146,6 +152,12 @@ pub(crate) fn test_attention(
         shape.key_dim,
         shape.value_dim,
     );
+    let sinks: Option<Vec<f32>> = label
+        .starts_with("gpt-oss")
+        .then(|| (0..nh).map(|_| rng.f32_in(-1.0..3.0)).collect());
+    if let Some(sk) = &sinks {
+        shape.sinks = Some(h.b.load_vector(sk).expect("loads"));
+    }
     let mut hist = vec![vec![History::default(); 2]; 2];
     for (si, st) in steps.iter().enumerate() {
         let seqs: Vec<StepSeq> = st
@@ -174,8 +186,9 @@ pub(crate) fn test_attention(
                     let roped = |x: &[f32], heads: usize| -> Vec<f32> {
                         x.chunks(heads * dk)
                             .zip(&positions)
-                            .flat_map(|(row, &p)| {
-                                rope_partial_ref(row, dk, rot, p, r.theta, r.neox, None)
+                            .flat_map(|(row, &p)| match &r.yarn {
+                                Some(y) => rope_yarn_ref(row, heads, dk, p, r.theta, y),
+                                None => rope_partial_ref(row, dk, rot, p, r.theta, r.neox, None),
                             })
                             .map(|v| v as f32)
                             .collect()
@@ -196,7 +209,7 @@ pub(crate) fn test_attention(
             };
             let kr = round_kv(dtype, &k, dk);
             let vr = round_kv(dtype, &v, dv);
-            let want = attention_ref(&shape, st, &hist[li], &qr, &kr, &vr);
+            let want = attention_ref(&shape, st, &hist[li], &qr, &kr, &vr, sinks.as_deref());
             let op = if rope.is_some() {
                 "attend"
             } else {
@@ -226,16 +239,18 @@ pub(crate) fn test_attention(
     }
 }
 
-/// The rope an attention case runs `attend` with: both pairings.
+/// The rope an attention case runs `attend` with: both pairings, and
+/// gpt-oss's YaRN.
 pub(crate) fn attention_rope(label: &str) -> RopeParams {
     let qwen3_5 = label.starts_with("Qwen3.5");
+    let gpt_oss = label.starts_with("gpt-oss");
     RopeParams {
-        theta: 500_000.0,
-        neox: label.starts_with("Llama") || qwen3_5,
+        theta: if gpt_oss { 150_000.0 } else { 500_000.0 },
+        neox: label.starts_with("Llama") || qwen3_5 || gpt_oss,
         freqs: None,
         // Qwen3.5 rotates a quarter of each 256-value head.
         rotated: qwen3_5.then_some(64),
-        yarn: None,
+        yarn: gpt_oss.then_some(GPT_OSS_YARN),
     }
 }
 
@@ -373,6 +388,56 @@ pub(crate) fn attention_cases() -> Vec<(String, AttentionShape, KvLayout, [usize
                 recurrent: None,
             },
             [1, 2],
+        ));
+    }
+    out
+}
+
+/// gpt-oss's attention cases, apart from [`attention_cases`] (which keep
+/// their random data): its heads, with sinks (`test_attention`) and YaRN
+/// (`attention_rope`), on an f16 and a q8_0 cache.
+pub(crate) fn gpt_oss_attention_cases() -> Vec<(String, AttentionShape, KvLayout, [usize; 2])> {
+    // 16 of its 64 query heads over 2 of its 8 KV heads (its GQA group of 8).
+    let gpt_oss = AttentionShape {
+        n_heads: 16,
+        n_kv_heads: 2,
+        key_dim: 64,
+        value_dim: 64,
+        window: None,
+        scale: 0.125,
+        sinks: None,
+    };
+    let mut out = Vec::new();
+    for dtype in [KvDtype::F16, KvDtype::Q8_0] {
+        // A full layer; then a sliding one (layer 0 over a ring; layer 1
+        // takes the same window over a full cache).
+        out.push((
+            "gpt-oss 16/2x64".to_string(),
+            gpt_oss,
+            KvLayout {
+                groups: vec![group(dtype, 2, 64, 64, 2, None, 12)],
+                dtype,
+                layer_groups: vec![Some(0), Some(0)],
+                recurrent: None,
+            },
+            [0, 1],
+        ));
+        out.push((
+            "gpt-oss sliding w32 16/2x64".to_string(),
+            AttentionShape {
+                window: Some(32),
+                ..gpt_oss
+            },
+            KvLayout {
+                groups: vec![
+                    group(dtype, 2, 64, 64, 1, None, 12),
+                    group(dtype, 2, 64, 64, 1, Some(32), 6),
+                ],
+                dtype,
+                layer_groups: vec![Some(1), Some(0)],
+                recurrent: None,
+            },
+            [0, 1],
         ));
     }
     out

@@ -7,7 +7,8 @@ use super::*;
 /// backend's expert-by-expert gather path: bit for bit (the same matvec
 /// kernels, the weighted sum in the same expert order), and without the
 /// routes' read-back (which the gather path needs) for every kind pair with
-/// routed kernels; Q4_1, without, reads them back.
+/// routed kernels, and for gpt-oss's biased MXFP4 experts; Q4_1, without,
+/// reads them back.
 #[test]
 pub(crate) fn cuda_routed_experts_equal_the_gather_path() {
     let arena = arena();
@@ -16,39 +17,58 @@ pub(crate) fn cuda_routed_experts_equal_the_gather_path() {
     };
     let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
     let mut rng = Rng::xorshift64_star(0x3e7_0001);
-    let d = ROUTED.2;
     for kinds in routed_kinds() {
         let experts = load_experts(&mut h, &mut rng, kinds);
-        let seed = rng.clone();
-        let mut outs = Vec::new();
-        let mut read_backs = Vec::new();
-        for device in [true, false] {
-            h.b.use_device_routing(device);
-            rng = seed.clone();
-            let before = h.b.routes_read_back();
-            route_and_run(&mut h, &mut rng, &experts, 1);
-            outs.push(h.get(Buf::BranchOut, 1, d));
-            read_backs.push(h.b.routes_read_back() - before);
-        }
-        let label = &experts.label;
         let routed = kinds.0 != WeightType::Q4_1;
-        assert_eq!(
-            read_backs,
-            [u64::from(!routed), 1],
-            "{label}: routes read back (device routing, gather path)"
-        );
-        let differ = outs[0]
-            .iter()
-            .zip(&outs[1])
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        assert_eq!(
-            differ, 0,
-            "{label}: {differ} of {d} values differ from the gather path"
-        );
-        println!("{label}: device routing = gather path, bit for bit");
+        device_routing_equals_gather(&mut h, &mut rng, &experts.label, routed, |h, rng| {
+            route_and_run(h, rng, &experts, Glu::Silu, None, 1);
+        });
     }
+    let moe = load_gpt_oss_moe(&mut h, &mut rng);
+    device_routing_equals_gather(&mut h, &mut rng, "gpt-oss MXFP4", true, |h, rng| {
+        route_and_run(h, rng, &moe.experts, Glu::SwigluOai, Some(&moe.biases()), 1);
+    });
     h.b.use_device_routing(true);
+}
+
+/// `run` (one row of a MoE layer into BranchOut) with the device's routes
+/// and through the gather path, from the same random state: the outputs
+/// equal bit for bit, and the routes read back only on the gather path
+/// where the kinds have `routed` kernels (else on both).
+fn device_routing_equals_gather(
+    h: &mut Harness<CudaBackend>,
+    rng: &mut Rng,
+    label: &str,
+    routed: bool,
+    mut run: impl FnMut(&mut Harness<CudaBackend>, &mut Rng),
+) {
+    let d = ROUTED.2;
+    let seed = rng.clone();
+    let mut outs = Vec::new();
+    let mut read_backs = Vec::new();
+    for device in [true, false] {
+        h.b.use_device_routing(device);
+        *rng = seed.clone();
+        let before = h.b.routes_read_back();
+        run(h, rng);
+        outs.push(h.get(Buf::BranchOut, 1, d));
+        read_backs.push(h.b.routes_read_back() - before);
+    }
+    assert_eq!(
+        read_backs,
+        [u64::from(!routed), 1],
+        "{label}: routes read back (device routing, gather path)"
+    );
+    let differ = outs[0]
+        .iter()
+        .zip(&outs[1])
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    assert_eq!(
+        differ, 0,
+        "{label}: {differ} of {d} values differ from the gather path"
+    );
+    println!("{label}: device routing = gather path, bit for bit");
 }
 
 /// A repeated step of exactly GRAPH_MAX_NODES launches (an embedding and
@@ -115,7 +135,10 @@ pub(crate) fn cuda_attention_splits() {
         (5, true),
         (40, true),
     ] {
-        for (label, shape, mut kv, layers) in attention_cases() {
+        for (label, shape, mut kv, layers) in attention_cases()
+            .into_iter()
+            .chain(gpt_oss_attention_cases())
+        {
             // Plan partials as for a long context: the conformance groups'
             // 128 tokens would not be split.
             for g in &mut kv.groups {

@@ -32,7 +32,7 @@ use std::sync::Arc;
 use fathom_backend::cuda::{self, CudaBackend};
 use fathom_backend::{
     AttentionIo, AttentionShape, Backend, Buf, Glu, HostBytes, HostMatrix, KvLayout, MatrixId,
-    MatrixStorage, RopeParams, RoutedFfn, Step, StepSeq, WeightType,
+    MatrixStorage, RopeParams, RoutedFfn, Step, StepSeq, VectorId, WeightType, Yarn,
 };
 use fathom_fixtures::Rng;
 use fathom_kernels::{affine_dequantize_row, dequantize_row, ops, AffineWeights};
@@ -68,6 +68,7 @@ const TOL_LINEAR: f64 = 1e-8;
 mod attention;
 mod cuda_only;
 mod elementwise;
+mod gpt_oss;
 mod greedy;
 mod harness;
 mod linear;
@@ -77,6 +78,7 @@ mod weights;
 
 use attention::*;
 use elementwise::*;
+use gpt_oss::*;
 use greedy::*;
 use harness::*;
 use linear::*;
@@ -114,28 +116,21 @@ fn conformance() {
             failures.extend(h.finish());
         }
     }
-    for (label, shape, kv, layers) in attention_cases() {
-        let dtype = kv.dtype;
-        let sliding = shape.window.is_some();
-        for rope in [None, Some(attention_rope(&label))] {
-            for b in backends(&kv) {
-                let mut h = Harness::new(b);
-                let (tables, steps) = attention_schedule(sliding);
-                test_attention(
-                    &mut h,
-                    &mut rng,
-                    &label,
-                    shape,
-                    dtype,
-                    layers,
-                    tables,
-                    steps,
-                    rope.as_ref(),
-                );
-                failures.extend(h.finish());
-            }
-        }
+    failures.extend(attention_on_every_backend(attention_cases(), &mut rng));
+    // gpt-oss's ops and attention cases, on their own random stream.
+    let mut rng = Rng::xorshift64_star(0x6b70_7403_55ee_d001);
+    for b in backends(&small_kv()) {
+        let mut h = Harness::new(b);
+        test_gpt_oss_matmul(&mut h, &mut rng);
+        test_gpt_oss_glu(&mut h, &mut rng);
+        test_gpt_oss_rope(&mut h, &mut rng);
+        test_gpt_oss_experts(&mut h, &mut rng);
+        failures.extend(h.finish());
     }
+    failures.extend(attention_on_every_backend(
+        gpt_oss_attention_cases(),
+        &mut rng,
+    ));
     if ran == 0 {
         println!("conformance: no backend present; nothing compared");
     }
@@ -145,4 +140,35 @@ fn conformance() {
         failures.len(),
         failures.join("\n")
     );
+}
+
+/// [`test_attention`] of each case, without and with rope, on every
+/// backend present; the failures.
+fn attention_on_every_backend(
+    cases: Vec<(String, AttentionShape, KvLayout, [usize; 2])>,
+    rng: &mut Rng,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (label, shape, kv, layers) in cases {
+        let sliding = shape.window.is_some();
+        for rope in [None, Some(attention_rope(&label))] {
+            for b in backends(&kv) {
+                let mut h = Harness::new(b);
+                let (tables, steps) = attention_schedule(sliding);
+                test_attention(
+                    &mut h,
+                    rng,
+                    &label,
+                    shape,
+                    kv.dtype,
+                    layers,
+                    tables,
+                    steps,
+                    rope.as_ref(),
+                );
+                failures.extend(h.finish());
+            }
+        }
+    }
+    failures
 }

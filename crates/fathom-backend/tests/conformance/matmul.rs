@@ -4,7 +4,7 @@ use super::*;
 
 pub(crate) fn test_embed(h: &mut Harness, rng: &mut Rng) {
     let (vocab, d) = (64, 2048);
-    for kind in all_kinds(h.b.name()) {
+    for kind in all_kinds() {
         let (m, values) = random_matrix(rng, kind, vocab, d);
         let id = h.b.load_matrix(m).expect("loads");
         let tokens: Vec<u32> = (0..7).map(|_| rng.below(vocab) as u32).collect();
@@ -53,7 +53,7 @@ pub(crate) fn test_matmul<B: Backend + ?Sized>(
 ) {
     // (label, out rows, in cols, kinds, token counts)
     let k_quant = |k: &Result<WeightType, u32>| matches!(k, Ok(t) if t.block_elems() == 256);
-    let all = all_kinds(h.b.name());
+    let all = all_kinds();
     type Case = (
         &'static str,
         usize,
@@ -133,21 +133,29 @@ pub(crate) fn test_matmul<B: Backend + ?Sized>(
             let (m, values) = random_matrix(rng, kind, rows, cols);
             let id = h.b.load_matrix(m).expect("loads");
             for &n in tokens.iter().filter(|&&n| !only_prefill || n > 8) {
-                let x = uniform(rng, n * cols);
-                h.set(Buf::FfnGate, &x, cols);
-                h.b.matmul(id, Buf::FfnGate, n, Buf::FfnUp);
-                let got = h.get(Buf::FfnUp, n, rows);
-                let want = reference_matmul(&values, rows, cols, &x, n);
-                h.check(
-                    "matmul",
-                    &format!("{} {label} x{n}", kind_name(kind)),
-                    &got,
-                    &want,
-                    TOL_MATMUL,
-                );
+                let case = format!("{} {label} x{n}", kind_name(kind));
+                check_matmul(h, rng, (id, &values), (rows, cols), n, &case);
             }
         }
     }
+}
+
+/// `n` random rows through matrix `id` (`rows × cols`, of `values`)
+/// against the f64 reference.
+pub(crate) fn check_matmul<B: Backend + ?Sized>(
+    h: &mut Harness<B>,
+    rng: &mut Rng,
+    (id, values): (MatrixId, &[f32]),
+    (rows, cols): (usize, usize),
+    n: usize,
+    case: &str,
+) {
+    let x = uniform(rng, n * cols);
+    h.set(Buf::FfnGate, &x, cols);
+    h.b.matmul(id, Buf::FfnGate, n, Buf::FfnUp);
+    let got = h.get(Buf::FfnUp, n, rows);
+    let want = reference_matmul(values, rows, cols, &x, n);
+    h.check("matmul", case, &got, &want, TOL_MATMUL);
 }
 
 pub(crate) fn glu_ref(g: f64, u: f64, act: Glu) -> f64 {
@@ -169,7 +177,7 @@ pub(crate) fn glu_ref(g: f64, u: f64, act: Glu) -> f64 {
 /// (fused on the GPU up to 8 rows), against the f64 reference of the three.
 pub(crate) fn test_matmul_glu(h: &mut Harness, rng: &mut Rng) {
     let (rows, cols) = (768, 2048);
-    for kind in all_kinds(h.b.name()) {
+    for kind in all_kinds() {
         let (gm, gv) = random_matrix(rng, kind, rows, cols);
         let (um, uv) = random_matrix(rng, kind, rows, cols);
         let (g, u) = (
@@ -210,7 +218,7 @@ pub(crate) fn test_matmul_glu(h: &mut Harness, rng: &mut Rng) {
 pub(crate) fn test_matmul_many(h: &mut Harness, rng: &mut Rng) {
     let cols = 2048;
     let shapes = [(512, Buf::Q), (128, Buf::K), (128, Buf::V)];
-    for kind in all_kinds(h.b.name()) {
+    for kind in all_kinds() {
         let loaded: Vec<_> = shapes
             .iter()
             .map(|&(rows, out)| {

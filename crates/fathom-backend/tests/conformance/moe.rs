@@ -140,31 +140,97 @@ pub(crate) fn load_experts<B: Backend + ?Sized>(
     }
 }
 
-/// Routes `rows` random rows, then runs the routed experts over them into
-/// BranchOut; returns x and the router logits used.
+/// gpt-oss's additions to a MoE layer: per-expert biases, and the
+/// router's bias (loaded, and its values).
+pub(crate) struct MoeBiases<'a> {
+    pub(crate) experts: &'a ExpertBiases,
+    pub(crate) router: VectorId,
+    pub(crate) router_values: &'a [f32],
+}
+
+/// Routes `rows` random rows (random router logits, plus the router's bias
+/// with `biases`), then runs the routed experts over them into BranchOut
+/// through `act` (with the experts' biases where given); returns x and the
+/// router logits used.
 pub(crate) fn route_and_run<B: Backend + ?Sized>(
     h: &mut Harness<B>,
     rng: &mut Rng,
     experts: &Experts,
+    act: Glu,
+    biases: Option<&MoeBiases>,
     rows: usize,
 ) -> (Vec<f32>, Vec<f32>) {
     let (ne, k, d, f) = ROUTED;
-    let logits: Vec<f32> = uniform(rng, rows * ne).iter().map(|v| v * 4.0).collect();
+    let mut logits: Vec<f32> = uniform(rng, rows * ne).iter().map(|v| v * 4.0).collect();
     h.set(Buf::RouterLogits, &logits, ne);
+    if let Some(b) = biases {
+        h.b.add_bias(Buf::RouterLogits, b.router, rows, ne);
+        for row in logits.chunks_mut(ne) {
+            row.iter_mut()
+                .zip(b.router_values)
+                .for_each(|(l, b)| *l += b);
+        }
+    }
     let x = uniform(rng, rows * d);
     h.set(Buf::Norm, &x, d);
     h.b.route_experts(Buf::RouterLogits, rows, ne, k, true);
-    let out = Buf::BranchOut;
     let ffn = RoutedFfn {
         experts: &experts.ids,
         k,
-        act: Glu::Silu,
+        act,
         width: d,
         ffn_width: f,
-        biases: None,
+        biases: biases.map(|b| b.experts.ids.as_slice()),
     };
-    h.b.routed_experts(&ffn, Buf::Norm, rows, out);
+    h.b.routed_experts(&ffn, Buf::Norm, rows, Buf::BranchOut);
     (x, logits)
+}
+
+/// Per expert its gate, up and down biases (gpt-oss), as loaded vectors and
+/// their values.
+pub(crate) struct ExpertBiases {
+    pub(crate) ids: Vec<[VectorId; 3]>,
+    pub(crate) values: Vec<[Vec<f32>; 3]>,
+}
+
+/// The f64 reference of routed experts: per row the `k` experts of highest
+/// logit (`logits` with the router's bias already added), weighted by a
+/// softmax over those k, each expert's FFN through `act` with its biases
+/// (if any) added to its gate, up and down projections.
+pub(crate) fn routed_ref(
+    experts: &Experts,
+    biases: Option<&ExpertBiases>,
+    act: Glu,
+    x: &[f32],
+    logits: &[f32],
+    rows: usize,
+) -> Vec<f64> {
+    let (ne, k, d, f) = ROUTED;
+    let mut want = vec![0f64; rows * d];
+    for r in 0..rows {
+        let l = &logits[r * ne..(r + 1) * ne];
+        let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+        let p: Vec<f64> = l.iter().map(|&v| (v as f64 - m).exp()).collect();
+        let mut idx: Vec<usize> = (0..ne).collect();
+        idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
+        let total: f64 = idx[..k].iter().map(|&e| p[e]).sum();
+        let xr = &x[r * d..(r + 1) * d];
+        for &e in &idx[..k] {
+            let [gv, uv, dv] = &experts.values[e];
+            let bias = |i: usize, j: usize| biases.map_or(0.0, |b| b.values[e][i][j] as f64);
+            let hidden: Vec<f32> = reference_matmul(gv, f, d, xr, 1)
+                .iter()
+                .zip(reference_matmul(uv, f, d, xr, 1))
+                .enumerate()
+                .map(|(j, (&g, u))| glu_ref(g + bias(0, j), u + bias(1, j), act) as f32)
+                .collect();
+            let y = reference_matmul(dv, d, f, &hidden, 1);
+            for (j, (o, v)) in want[r * d..(r + 1) * d].iter_mut().zip(y).enumerate() {
+                *o += p[e] / total * (v + bias(2, j));
+            }
+        }
+    }
+    want
 }
 
 /// routed_experts (after route_experts, normalized top-k) of one row (the
@@ -173,34 +239,13 @@ pub(crate) fn route_and_run<B: Backend + ?Sized>(
 /// routes. Two matmuls deep on quantized activations: twice the matmul
 /// tolerance.
 pub(crate) fn test_routed_experts(h: &mut Harness, rng: &mut Rng) {
-    let (ne, k, d, f) = ROUTED;
+    let d = ROUTED.2;
     for kinds in routed_kinds() {
         let experts = load_experts(h, rng, kinds);
         for rows in [1, 3] {
-            let (x, logits) = route_and_run(h, rng, &experts, rows);
+            let (x, logits) = route_and_run(h, rng, &experts, Glu::Silu, None, rows);
             let got = h.get(Buf::BranchOut, rows, d);
-            let mut want = vec![0f64; rows * d];
-            for r in 0..rows {
-                let l = &logits[r * ne..(r + 1) * ne];
-                let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-                let p: Vec<f64> = l.iter().map(|&v| (v as f64 - m).exp()).collect();
-                let mut idx: Vec<usize> = (0..ne).collect();
-                idx.sort_by(|&a, &b| p[b].total_cmp(&p[a]));
-                let total: f64 = idx[..k].iter().map(|&e| p[e]).sum();
-                let xr = &x[r * d..(r + 1) * d];
-                for &e in &idx[..k] {
-                    let [gv, uv, dv] = &experts.values[e];
-                    let hidden: Vec<f32> = reference_matmul(gv, f, d, xr, 1)
-                        .iter()
-                        .zip(reference_matmul(uv, f, d, xr, 1))
-                        .map(|(&g, u)| glu_ref(g, u, Glu::Silu) as f32)
-                        .collect();
-                    let y = reference_matmul(dv, d, f, &hidden, 1);
-                    for (o, v) in want[r * d..(r + 1) * d].iter_mut().zip(y) {
-                        *o += p[e] / total * v;
-                    }
-                }
-            }
+            let want = routed_ref(&experts, None, Glu::Silu, &x, &logits, rows);
             h.check(
                 "routed_experts",
                 &format!("{} 16 experts top-4 x{rows}", experts.label),
@@ -220,7 +265,7 @@ pub(crate) fn test_routed_experts(h: &mut Harness, rng: &mut Rng) {
 /// shards, every weight kind.
 pub(crate) fn test_shards(h: &mut Harness, rng: &mut Rng) {
     let (rows, cols, n) = (512, 2048, 3);
-    for kind in all_kinds(h.b.name()) {
+    for kind in all_kinds() {
         let (m, values) = random_matrix(rng, kind, rows, cols);
         let x = uniform(rng, n * cols);
         let want = reference_matmul(&values, rows, cols, &x, n);

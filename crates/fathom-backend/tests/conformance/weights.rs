@@ -137,13 +137,9 @@ pub(crate) fn kind_name(kind: Result<WeightType, u32>) -> String {
     }
 }
 
-/// Every weight kind `backend` runs: the CUDA kernels run no MXFP4.
-pub(crate) fn all_kinds(backend: &str) -> Vec<Result<WeightType, u32>> {
-    let mut v: Vec<_> = WeightType::ALL
-        .iter()
-        .filter(|&&t| !(backend == "cuda" && t == WeightType::MXFP4))
-        .map(|&t| Ok(t))
-        .collect();
+/// Every weight kind: the ggml types and MLX affine 2, 4 and 8 bits.
+pub(crate) fn all_kinds() -> Vec<Result<WeightType, u32>> {
+    let mut v: Vec<_> = WeightType::ALL.iter().map(|&t| Ok(t)).collect();
     v.extend([Err(2), Err(4), Err(8)]);
     v
 }
