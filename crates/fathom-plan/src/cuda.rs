@@ -75,10 +75,12 @@ pub const GRAPH_MAX_NODES: usize = 800;
 /// with five graphs of ~700 nodes live at once, peaked 24 MB above the run
 /// with three (docs/benchmark_results/memory-cuda-2026-12-01.md).
 pub const GRAPH_HOST_BYTES: u64 = 8 << 20;
-/// The embedded kernels (sm_90 image and compressed PTX, 10.0 MB today),
+/// The embedded kernels (sm_90 image and compressed PTX, 10.5 MB today),
 /// resident in the process once the driver has read them; a backend test
-/// holds the fatbin under this.
-pub const KERNELS_HOST_BYTES: u64 = 10 << 20;
+/// holds the fatbin under this. 12 MiB since 2026-12-07 (10 MiB before, with
+/// 5.7 KB left): room for the kernels still to come; the recorded CUDA grids'
+/// plans were re-derived with it (their .md files say why the peaks stand).
+pub const KERNELS_HOST_BYTES: u64 = 12 << 20;
 
 /// Host memory the CUDA user-space libraries (libcuda, cuBLAS, cuBLASLt)
 /// keep resident once loaded and initialized: their code and tables.
