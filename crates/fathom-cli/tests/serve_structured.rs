@@ -14,8 +14,9 @@
 //! answer, tool calls) under a harmony template, where a `response_format`
 //! answer may reason first and its JSON is the final channel's body; and
 //! under Qwen3.5's real template, whose prompt opens the thinking, a
-//! constrained call or JSON comes after the thinking closes; under Qwen3's,
-//! whose model opens its own block, it may come after that block.
+//! constrained call or JSON comes after the thinking closes; under Qwen3's
+//! and Gemma 4's (thinking on), whose model opens its own block, it may
+//! come after that block.
 
 mod common;
 
@@ -1450,6 +1451,17 @@ fn reasoning_words(v: &Value, words: &[&str]) -> usize {
     found.len()
 }
 
+/// How many of `pieces` (the biased tokens, written with or without a
+/// space) a response's reasoning is made of; it holds nothing else.
+fn reasoning_pieces(v: &Value, pieces: &[&str]) -> usize {
+    let r = v["choices"][0]["message"]["reasoning_content"]
+        .as_str()
+        .unwrap_or("");
+    let rest = pieces.iter().fold(r.to_string(), |r, p| r.replace(p, ""));
+    assert!(rest.trim().is_empty(), "{v}");
+    pieces.iter().map(|p| r.matches(p).count()).sum()
+}
+
 /// SmolLM2's token " the", and "analysis" (as harmony's channel name
 /// follows `<|channel|>`).
 const THE: u32 = 260;
@@ -1667,6 +1679,17 @@ fn control_token_texts_in_past_tool_calls_and_tool_definitions_are_refused_namin
     }
 }
 
+/// One function whose parameters are all bounded, so a stand-in biased
+/// to write " the" cannot run on inside the call.
+fn forecast_tools() -> Value {
+    json!([{"type": "function", "function": {
+        "name": "forecast", "description": "The weather of the coming days",
+        "parameters": {"type": "object", "properties": {
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["days", "unit"], "additionalProperties": false}}}])
+}
+
 /// Issue 35: Qwen3.5's real template (fetched by `scripts/fetch-vocab.sh`)
 /// on the SmolLM2 weights ends its prompt inside `<think>`. `logit_bias`
 /// makes the stand-in think " the" forever: a required call, a named one
@@ -1678,13 +1701,7 @@ fn control_token_texts_in_past_tool_calls_and_tool_definitions_are_refused_namin
 #[test]
 fn an_opened_thinking_block_closes_before_the_constrained_call_or_json() {
     let (_dir, server) = real_template_server("serve-opened-thinking", "Qwen3.5-4B.jinja");
-    // Every parameter bounded, so " the" cannot run on inside the call.
-    let tools = json!([{"type": "function", "function": {
-        "name": "forecast", "description": "The weather of the coming days",
-        "parameters": {"type": "object", "properties": {
-            "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["days", "unit"], "additionalProperties": false}}}]);
+    let tools = forecast_tools();
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
                         "required": ["n"], "additionalProperties": false});
     let ask = |extra: Value| {
@@ -1797,12 +1814,7 @@ const THINK: u32 = 17400;
 #[test]
 fn the_models_own_thinking_block_comes_before_the_constrained_call_or_json() {
     let (_dir, server) = real_template_server("serve-own-thinking", "Qwen-Qwen3-0.6B.jinja");
-    let tools = json!([{"type": "function", "function": {
-        "name": "forecast", "description": "The weather of the coming days",
-        "parameters": {"type": "object", "properties": {
-            "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["days", "unit"], "additionalProperties": false}}}]);
+    let tools = forecast_tools();
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
                         "required": ["n"], "additionalProperties": false});
     let ask = |extra: Value| {
@@ -1813,17 +1825,7 @@ fn the_models_own_thinking_block_comes_before_the_constrained_call_or_json() {
             extra,
         )
     };
-    // The thinking's tokens: " the" and "think" only.
-    let thought = |v: &Value| {
-        let r = v["choices"][0]["message"]["reasoning_content"]
-            .as_str()
-            .unwrap_or("");
-        assert!(
-            r.replace("think", "").replace("the", "").trim().is_empty(),
-            "{v}"
-        );
-        r.matches("the").count() + r.matches("think").count()
-    };
+    let thought = |v: &Value| reasoning_pieces(v, &["the", "think"]);
     let required = json!({"tools": tools, "tool_choice": "required", "thinking_budget_tokens": 8,
                           "parallel_tool_calls": false});
     let v = chat(&server, ask(required.clone()));
@@ -1904,7 +1906,8 @@ fn the_models_own_thinking_block_comes_before_the_constrained_call_or_json() {
 /// or named call is constrained to Gemma 4's own syntax
 /// (`<|tool_call>call:NAME{...}<tool_call|>`) and comes back as OpenAI's
 /// `tool_calls`, whole and streamed, its arguments valid for the schema;
-/// the call and its result go back through the template.
+/// the call and its result go back through the template. With
+/// `enable_thinking` the model's own thought channel may come first.
 #[test]
 fn gemma4s_own_call_syntax_round_trips_through_the_server() {
     let (_dir, server) = real_template_server("serve-gemma4-tools", "google-gemma-4-31B-it.jinja");
@@ -1965,4 +1968,34 @@ fn gemma4s_own_call_syntax_round_trips_through_the_server() {
             > asked["usage"]["prompt_tokens"].as_u64().unwrap() + 10,
         "{v}"
     );
+
+    // With enable_thinking the model may think in its own thought channel
+    // first (`logit_bias` makes the stand-in open it and think "channel"
+    // and " the"):
+    // bounded by thinking_budget_tokens, it comes back as
+    // reasoning_content, then the call. Thinking off (the default), the
+    // template closes an empty thought and a budget is refused.
+    let forecast = forecast_tools();
+    let think = |extra: Value| {
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "Think, then answer."}],
+                   "tools": forecast, "tool_choice": "required", "parallel_tool_calls": false,
+                   "thinking_budget_tokens": 8, "temperature": 0, "max_tokens": 100,
+                   "logit_bias": {THE.to_string(): 20, CHANNEL.to_string(): 30}}),
+            extra,
+        )
+    };
+    let v = chat(
+        &server,
+        think(json!({"chat_template_kwargs": {"enable_thinking": true}})),
+    );
+    assert_eq!(reasoning_pieces(&v, &["the", "channel"]), 8, "{v}");
+    one_call(&v, &forecast);
+    let r = server.post("/v1/chat/completions", &think(json!({})).to_string(), &[]);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "thinking_budget_tokens");
 }
+
+/// SmolLM2's token "channel" (Gemma 4's `<|channel>` is `<`, `|`,
+/// `channel`, `>` here, as `<|tool_call>` is `<`, `|`, `tool`, ...).
+const CHANNEL: u32 = 12078;
