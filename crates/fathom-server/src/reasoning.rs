@@ -125,6 +125,14 @@ impl ReasoningFormat {
             Some(ThinkingBlock::Own { open, close })
         }
     }
+
+    /// [`ReasoningFormat::block`] of a chat prompt's tokens, as the
+    /// server reads them: the first and last few, markers included.
+    pub fn prompt_block(&self, tokenizer: &Tokenizer, prompt: &[u32]) -> Option<ThinkingBlock> {
+        let head = &prompt[..prompt.len().min(HEAD_TOKENS)];
+        let tail = &prompt[prompt.len().saturating_sub(TAIL_TOKENS)..];
+        self.block(&tokenizer.decode(head, true), &tokenizer.decode(tail, true))
+    }
 }
 
 /// Prompt tokens read to tell whether the template opened a thinking
@@ -135,16 +143,6 @@ const TAIL_TOKENS: usize = 8;
 /// 4's `<|think|>`, after `<bos><|turn>system\n`; about 12 tokens in a
 /// vocabulary that spells the markers out).
 const HEAD_TOKENS: usize = 24;
-
-impl ReasoningFormat {
-    /// [`ReasoningFormat::block`] of a chat prompt's tokens, as the
-    /// server reads them: the first and last few, markers included.
-    pub fn prompt_block(&self, tokenizer: &Tokenizer, prompt: &[u32]) -> Option<ThinkingBlock> {
-        let head = &prompt[..prompt.len().min(HEAD_TOKENS)];
-        let tail = &prompt[prompt.len().saturating_sub(TAIL_TOKENS)..];
-        self.block(&tokenizer.decode(head, true), &tokenizer.decode(tail, true))
-    }
-}
 
 /// Where a chat answer's thinking block begins, for a constraint that
 /// must let it run before the part it constrains.

@@ -1024,6 +1024,14 @@ fn the_models_own_think_block_ends_at_its_bound_and_the_constrained_part_follows
         let (ok, n) = walk_special(&mut state, &tok, bad);
         assert!(ok < n, "{bad:?} went through");
     }
+    // A budget of 0 on a free answer: no block at all.
+    let none = after_own_thinking(block, 0, None);
+    let mut state = c.compile(&none).unwrap();
+    let (ok, n) = walk_special(&mut state, &tok, "It is 4.");
+    assert_eq!(ok, n);
+    let mut state = c.compile(&none).unwrap();
+    let (ok, n) = walk_special(&mut state, &tok, "<think>");
+    assert!(ok < n, "a block went through with a budget of 0");
 }
 
 /// Issue 35: Gemma 4 with `enable_thinking` opens its own thought
