@@ -3,7 +3,7 @@
 # and its tokenizer test cases (.inp texts, .out llama.cpp's ids) into models/ when missing, with the
 # Qwen3.5 (ggml-vocab-qwen35.gguf, 151,936 tokens) and Llama 3 (ggml-vocab-llama-bpe.gguf, 128,256
 # tokens) vocabularies the runtime term's heap test reads (crates/fathom-engine/tests/tokenizer_heap.rs),
-# and the real chat templates of gpt-oss, Qwen3.5 and Gemma 4 (models/templates/*.jinja) that
+# and the real chat templates of gpt-oss, Qwen3, Qwen3.5 and Gemma 4 (models/templates/*.jinja) that
 # crates/fathom-server/tests/real_templates.rs renders. They ship in the PyPI sdist llama-cpp-python
 # 0.3.36 (vendor/llama.cpp/models/); the sdist's and each file's sha256 are checked so a different
 # download is never used. Keep them out of git, as the models: they are other projects' content.
@@ -19,6 +19,7 @@ SUMS="58b1ba0b57f3b4d7c468ba4ffd91ad85190346a3d7ad7e71d1cabaae8a14bb65  models/g
 97272e430d53bc7688f52d5e0ad8ea8f163ede9f1bbd1694feaa504797d5d96e  models/ggml-vocab-llama-bpe.gguf
 a4c9919cbbd4acdd51ccffe22da049264b1b73e59055fa58811a99efbd7c8146  models/templates/openai-gpt-oss-120b.jinja
 a4aee8afcf2e0711942cf848899be66016f8d14a889ff9ede07bca099c28f715  models/templates/Qwen3.5-4B.jinja
+87a2728cb8dc9fe424d624542f6060ec05a1d285ebbec578bb078900e33396b5  models/templates/Qwen-Qwen3-0.6B.jinja
 85a08664d16d8f3be4416c92427b3ac10df1024ac566cc0b4bc3bab409393f98  models/templates/google-gemma-4-31B-it.jinja
 65f93a25708c952457106a30e185ba7beffddd726121c8d7e3f3e08b23c16c67  models/templates/google-gemma-4-31B-it-interleaved.jinja"
 

@@ -14,7 +14,9 @@
 //! answer, tool calls) under a harmony template, where a `response_format`
 //! answer may reason first and its JSON is the final channel's body; and
 //! under Qwen3.5's real template, whose prompt opens the thinking, a
-//! constrained call or JSON comes after the thinking closes.
+//! constrained call or JSON comes after the thinking closes; under Qwen3's
+//! and Gemma 4's (thinking on), whose model opens its own block, it may
+//! come after that block.
 
 mod common;
 
@@ -915,9 +917,9 @@ fn a_thinking_models_reasoning_comes_apart_from_its_answer_whole_and_streamed() 
     );
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("reasoning_format"), "{}", r.body);
-    // thinking_budget_tokens bounds harmony's analysis channel or a
-    // thinking block the prompt opens; this template opens none (the
-    // model opens its own): refused rather than ignored.
+    // The model opens its own block here, and the grammar writes the
+    // whole answer, thinking included: a budget is refused rather than
+    // ignored (bound the thinking in the grammar).
     let r = server.post(
         "/v1/chat/completions",
         &body(json!({"thinking_budget_tokens": 16})).to_string(),
@@ -1449,6 +1451,17 @@ fn reasoning_words(v: &Value, words: &[&str]) -> usize {
     found.len()
 }
 
+/// How many of `pieces` (the biased tokens, written with or without a
+/// space) a response's reasoning is made of; it holds nothing else.
+fn reasoning_pieces(v: &Value, pieces: &[&str]) -> usize {
+    let r = v["choices"][0]["message"]["reasoning_content"]
+        .as_str()
+        .unwrap_or("");
+    let rest = pieces.iter().fold(r.to_string(), |r, p| r.replace(p, ""));
+    assert!(rest.trim().is_empty(), "{v}");
+    pieces.iter().map(|p| r.matches(p).count()).sum()
+}
+
 /// SmolLM2's token " the", and "analysis" (as harmony's channel name
 /// follows `<|channel|>`).
 const THE: u32 = 260;
@@ -1666,6 +1679,17 @@ fn control_token_texts_in_past_tool_calls_and_tool_definitions_are_refused_namin
     }
 }
 
+/// One function whose parameters are all bounded, so a stand-in biased
+/// to write " the" cannot run on inside the call.
+fn forecast_tools() -> Value {
+    json!([{"type": "function", "function": {
+        "name": "forecast", "description": "The weather of the coming days",
+        "parameters": {"type": "object", "properties": {
+            "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["days", "unit"], "additionalProperties": false}}}])
+}
+
 /// Issue 35: Qwen3.5's real template (fetched by `scripts/fetch-vocab.sh`)
 /// on the SmolLM2 weights ends its prompt inside `<think>`. `logit_bias`
 /// makes the stand-in think " the" forever: a required call, a named one
@@ -1677,13 +1701,7 @@ fn control_token_texts_in_past_tool_calls_and_tool_definitions_are_refused_namin
 #[test]
 fn an_opened_thinking_block_closes_before_the_constrained_call_or_json() {
     let (_dir, server) = real_template_server("serve-opened-thinking", "Qwen3.5-4B.jinja");
-    // Every parameter bounded, so " the" cannot run on inside the call.
-    let tools = json!([{"type": "function", "function": {
-        "name": "forecast", "description": "The weather of the coming days",
-        "parameters": {"type": "object", "properties": {
-            "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["days", "unit"], "additionalProperties": false}}}]);
+    let tools = forecast_tools();
     let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
                         "required": ["n"], "additionalProperties": false});
     let ask = |extra: Value| {
@@ -1779,12 +1797,117 @@ fn an_opened_thinking_block_closes_before_the_constrained_call_or_json() {
     assert_eq!(e["error"]["code"], "unsupported_parameter", "{e}");
 }
 
+/// SmolLM2's tokens "<" and "think" (`<think>` is `<`, `think`, `>`
+/// here, as `<tool_call>` is `<`, `tool`, `_`, `call`, `>`).
+const LT: u32 = 44;
+const THINK: u32 = 17400;
+
+/// Issue 35: Qwen3's real template (fetched by `scripts/fetch-vocab.sh`)
+/// on the SmolLM2 weights opens no thinking block: with thinking on the
+/// model opens its own. `logit_bias` makes the stand-in open `<think>`
+/// (rather than start the call or the JSON at once) and think " the"
+/// forever: a required call and a `response_format` answer still come,
+/// after the block closes at `thinking_budget_tokens`; the thinking comes
+/// back as `reasoning_content`, the call as `tool_calls`, the JSON as
+/// `content`, whole and streamed. With thinking off the template closes
+/// an empty block: no thinking, and a budget is refused.
+#[test]
+fn the_models_own_thinking_block_comes_before_the_constrained_call_or_json() {
+    let (_dir, server) = real_template_server("serve-own-thinking", "Qwen-Qwen3-0.6B.jinja");
+    let tools = forecast_tools();
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 9}},
+                        "required": ["n"], "additionalProperties": false});
+    let ask = |extra: Value| {
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "Think, then answer."}],
+                  "temperature": 0, "max_tokens": 100,
+                  "logit_bias": {THE.to_string(): 20, THINK.to_string(): 30, LT.to_string(): 8}}),
+            extra,
+        )
+    };
+    let thought = |v: &Value| reasoning_pieces(v, &["the", "think"]);
+    let required = json!({"tools": tools, "tool_choice": "required", "thinking_budget_tokens": 8,
+                          "parallel_tool_calls": false});
+    let v = chat(&server, ask(required.clone()));
+    assert_eq!(thought(&v), 8, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+    one_call(&v, &tools);
+    // Streamed: the thinking as reasoning deltas, then the call.
+    let (events, reasoning, content) =
+        streamed_parts(&server, ask(with_fields(required, json!({"stream": true}))));
+    assert_eq!(
+        reasoning, v["choices"][0]["message"]["reasoning_content"],
+        "{events:?}"
+    );
+    assert_eq!(content, "", "{events:?}");
+    let call = events
+        .iter()
+        .find_map(|e| e["choices"][0]["delta"]["tool_calls"][0]["function"]["name"].as_str())
+        .expect("a streamed call");
+    assert_eq!(call, "forecast");
+
+    // response_format: the thinking, then the JSON as content; a budget of
+    // 0 leaves no block.
+    let format = json!({"response_format": {"type": "json_schema",
+                        "json_schema": {"name": "n", "schema": schema}}});
+    for (budget, want) in [(json!(8), 8), (json!(0), 0), (json!(null), 50)] {
+        let body = ask(with_fields(
+            format.clone(),
+            json!({"thinking_budget_tokens": budget}),
+        ));
+        let v = chat(&server, body.clone());
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        assert_eq!(thought(&v), want, "{v}");
+        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert!(
+            validate(&[(schema.clone(), content.to_string())]).is_empty(),
+            "{v}"
+        );
+        streams_as_whole(&server, body);
+    }
+    // A budget alone makes a free answer's block optional and bounded (the
+    // grammar-level tests walk the block): this stand-in, free to write
+    // "think" at once, does not open one, and its answer runs on free.
+    let v = chat(
+        &server,
+        ask(json!({"thinking_budget_tokens": 8, "max_tokens": 40})),
+    );
+    assert_eq!(thought(&v), 0, "{v}");
+    assert!(v["choices"][0]["message"]["content"]
+        .as_str()
+        .is_some_and(|c| c.starts_with("think")));
+    assert_eq!(v["usage"]["completion_tokens"], 40, "{v}");
+
+    // Thinking off: the template closes an empty block; no thinking.
+    let off = json!({"chat_template_kwargs": {"enable_thinking": false}});
+    let v = chat(
+        &server,
+        ask(with_fields(
+            off.clone(),
+            json!({"tools": tools, "tool_choice": "required", "parallel_tool_calls": false}),
+        )),
+    );
+    let message = &v["choices"][0]["message"];
+    assert!(message.get("reasoning_content").is_none(), "{v}");
+    check_call(&message["tool_calls"][0], &tools);
+    let r = server.post(
+        "/v1/chat/completions",
+        &ask(with_fields(off, json!({"thinking_budget_tokens": 8}))).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = r.json();
+    assert_eq!(e["error"]["param"], "thinking_budget_tokens", "{e}");
+    assert_eq!(e["error"]["code"], "unsupported_parameter", "{e}");
+}
+
 /// Issue 35: Gemma 4's real template (fetched by `scripts/fetch-vocab.sh`)
 /// on the SmolLM2 weights: the template declares the functions, a required
 /// or named call is constrained to Gemma 4's own syntax
 /// (`<|tool_call>call:NAME{...}<tool_call|>`) and comes back as OpenAI's
 /// `tool_calls`, whole and streamed, its arguments valid for the schema;
-/// the call and its result go back through the template.
+/// the call and its result go back through the template. With
+/// `enable_thinking` the model's own thought channel may come first.
 #[test]
 fn gemma4s_own_call_syntax_round_trips_through_the_server() {
     let (_dir, server) = real_template_server("serve-gemma4-tools", "google-gemma-4-31B-it.jinja");
@@ -1845,4 +1968,34 @@ fn gemma4s_own_call_syntax_round_trips_through_the_server() {
             > asked["usage"]["prompt_tokens"].as_u64().unwrap() + 10,
         "{v}"
     );
+
+    // With enable_thinking the model may think in its own thought channel
+    // first (`logit_bias` makes the stand-in open it and think "channel"
+    // and " the"):
+    // bounded by thinking_budget_tokens, it comes back as
+    // reasoning_content, then the call. Thinking off (the default), the
+    // template closes an empty thought and a budget is refused.
+    let forecast = forecast_tools();
+    let think = |extra: Value| {
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "Think, then answer."}],
+                   "tools": forecast, "tool_choice": "required", "parallel_tool_calls": false,
+                   "thinking_budget_tokens": 8, "temperature": 0, "max_tokens": 100,
+                   "logit_bias": {THE.to_string(): 20, CHANNEL.to_string(): 30}}),
+            extra,
+        )
+    };
+    let v = chat(
+        &server,
+        think(json!({"chat_template_kwargs": {"enable_thinking": true}})),
+    );
+    assert_eq!(reasoning_pieces(&v, &["the", "channel"]), 8, "{v}");
+    one_call(&v, &forecast);
+    let r = server.post("/v1/chat/completions", &think(json!({})).to_string(), &[]);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["error"]["param"], "thinking_budget_tokens");
 }
+
+/// SmolLM2's token "channel" (Gemma 4's `<|channel>` is `<`, `|`,
+/// `channel`, `>` here, as `<|tool_call>` is `<`, `|`, `tool`, ...).
+const CHANNEL: u32 = 12078;

@@ -15,6 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fathom_engine::{TokenMask, Tokenizer};
+
+use crate::reasoning::ThinkingBlock;
 use llguidance::api::{ParserLimits, TopLevelGrammar};
 use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
 use serde_json::Value;
@@ -47,13 +49,14 @@ pub enum Grammar {
     Gbnf(String),
     /// A grammar in llguidance's Lark syntax (the server's own, for tool calls).
     Lark(String),
-    /// `then`, after the rest of a thinking block that the prompt opened:
-    /// at most `reasoning` tokens of text without `close`, then `close`
-    /// ([`crate::reasoning::thinking_grammar`]).
+    /// `then` (any text when `None`) after a thinking block: the rest of
+    /// one the prompt opened, or an optional one the model opens itself;
+    /// at most `reasoning` tokens of text without its close marker, then
+    /// the marker ([`crate::reasoning::thinking_grammar`]).
     Thinking {
-        close: &'static str,
+        block: ThinkingBlock,
         reasoning: usize,
-        then: Box<Grammar>,
+        then: Option<Box<Grammar>>,
     },
 }
 
@@ -78,14 +81,17 @@ impl Grammar {
             }),
             Grammar::Lark(text) => Ok(text.clone()),
             Grammar::Thinking {
-                close,
+                block,
                 reasoning,
                 then,
-            } => Ok(crate::reasoning::thinking_grammar(
-                close,
-                &then.lark_item()?,
-                *reasoning,
-            )),
+            } => {
+                let then = then.as_ref().map(|g| g.lark_item()).transpose()?;
+                Ok(crate::reasoning::thinking_grammar(
+                    *block,
+                    then.as_deref(),
+                    *reasoning,
+                ))
+            }
             Grammar::JsonObject | Grammar::JsonSchema(_) => {
                 Ok(format!("start: {}\n", self.lark_item()?))
             }

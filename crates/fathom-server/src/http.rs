@@ -29,7 +29,7 @@ use crate::api::{self, ApiError, GenerationRequest, OutputConstraint, Prompt, Ro
 use crate::constraint::{ConstraintState, Constraints, Grammar};
 use crate::logprobs::{self, LogprobsWriter};
 use crate::metrics::{self, Metrics, Snapshot};
-use crate::reasoning::{self, ReasoningFormat, ReasoningSplit};
+use crate::reasoning::{self, ReasoningFormat, ReasoningSplit, ThinkingBlock};
 use crate::tools::{self, ToolFormat};
 use crate::{Event, FinishReason, Job, Logprobs, Scheduler, SubmitError};
 
@@ -950,32 +950,32 @@ fn prepare(
         Prompt::Chat(_) => String::new(),
     });
     // A thinking model's chat prompt may leave it inside a thinking block
-    // (Qwen3.5's template opens one): the answer starts there.
+    // (Qwen3.5's template opens one): the answer starts there. With
+    // thinking on and no block opened (Qwen3, Gemma 4), the model opens
+    // one itself.
     let thinking = match request.prompt {
-        Prompt::Chat(_) => ReasoningFormat::detect(model.tokenizer.chat_template()).map(|f| {
-            // The prompt's last tokens, markers included.
-            let tail = &prompt[prompt.len().saturating_sub(REASONING_TAIL_TOKENS)..];
-            (f, f.opened_by(&model.tokenizer.decode(tail, true)))
-        }),
+        Prompt::Chat(_) => ReasoningFormat::detect(model.tokenizer.chat_template())
+            .map(|f| (f, f.prompt_block(&model.tokenizer, &prompt))),
         _ => None,
     };
-    let opened = match thinking {
-        Some((ReasoningFormat::Block { close, .. }, true)) => Some(close),
-        _ => None,
-    };
+    let block = thinking.and_then(|(_, block)| block);
     // A harmony model's chat answer: its analysis message is bounded
     // (`thinking_budget_tokens`, else half of max_tokens) wherever a
     // constraint follows it, so the constrained message always comes; so
-    // is a block the prompt opened, which a constraint must let close
-    // before its own part begins.
+    // is a thinking block, which a constraint must let close before its
+    // own part begins.
     let harmony = format == ToolFormat::Harmony && matches!(request.prompt, Prompt::Chat(_));
-    if request.thinking_budget.is_some() && !harmony && opened.is_none() {
+    if request.thinking_budget.is_some() && !harmony && block.is_none() {
         return Err(ApiError::invalid(
             "thinking_budget_tokens",
-            "thinking_budget_tokens bounds the model's thinking: the analysis channel of a harmony (gpt-oss) chat template, or a thinking block the chat template opens for the model (Qwen3.5's with thinking on); this prompt opens none",
+            "thinking_budget_tokens bounds the model's thinking: the analysis channel of a harmony (gpt-oss) chat template, or a thinking block of a chat template with thinking on (one the template opens, as Qwen3.5's, or the model's own, as Qwen3's and Gemma 4's); this prompt has thinking off or no thinking format",
         )
         .with_code("unsupported_parameter"));
     }
+    // A grammar writes the whole answer where the model writes all of it,
+    // its own thinking block or harmony messages included; only a block
+    // the prompt opened comes before it.
+    let grammar_whole = harmony || matches!(block, Some(ThinkingBlock::Own { .. }));
     let reasoning_bound = reasoning::reasoning_bound(request.thinking_budget, max_tokens);
     let bounded = request.thinking_budget.is_some_and(|b| b != usize::MAX);
     let wanted = match &request.constraint {
@@ -988,20 +988,25 @@ fn prepare(
                     })?,
                 _ => None,
             };
-            match tool_grammar {
-                Some(grammar) => Some(("tools", "invalid_grammar", grammar)),
+            match (tool_grammar, block) {
+                (Some(grammar), _) => Some(("tools", "invalid_grammar", grammar)),
                 // A budget on an answer otherwise free (-1 leaves it free).
-                None if harmony && bounded => Some((
+                (None, _) if harmony && bounded => Some((
                     "thinking_budget_tokens",
                     "invalid_grammar",
                     reasoning::harmony_bounded(reasoning_bound),
                 )),
-                None if opened.is_some() && bounded => Some((
+                // The block bounded, any text after it.
+                (None, Some(block)) if bounded => Some((
                     "thinking_budget_tokens",
                     "invalid_grammar",
-                    reasoning::free_text(),
+                    Grammar::Thinking {
+                        block,
+                        reasoning: reasoning_bound,
+                        then: None,
+                    },
                 )),
-                None => None,
+                (None, _) => None,
             }
         }
         Some((param, c)) => {
@@ -1023,7 +1028,7 @@ fn prepare(
                 OutputConstraint::JsonSchema(schema) => {
                     (Grammar::JsonSchema(schema.clone()), "invalid_schema")
                 }
-                OutputConstraint::Gbnf(_) if harmony && request.thinking_budget.is_some() => {
+                OutputConstraint::Gbnf(_) if grammar_whole && request.thinking_budget.is_some() => {
                     return Err(ApiError::invalid(
                         "thinking_budget_tokens",
                         "thinking_budget_tokens cannot bound an answer that a GBNF grammar writes whole, its reasoning included: bound the reasoning in the grammar",
@@ -1037,22 +1042,30 @@ fn prepare(
     };
     let constraint = match wanted {
         Some((param, code, grammar)) => {
-            // Inside an opened block, the constrained part follows the
-            // rest of the thinking and its close.
-            let grammar = match opened {
-                Some(close) => Grammar::Thinking {
-                    close,
+            // The constrained part follows the thinking block, but for a
+            // grammar that writes the whole answer (and a budget alone,
+            // already the block).
+            let whole = match grammar {
+                Grammar::Thinking { .. } => true,
+                Grammar::Gbnf(_) => grammar_whole,
+                _ => false,
+            };
+            let grammar = match block {
+                Some(block) if !whole => Grammar::Thinking {
+                    block,
                     reasoning: reasoning_bound,
-                    then: Box::new(grammar),
+                    then: Some(Box::new(grammar)),
                 },
-                None => grammar,
+                _ => grammar,
             };
             Some(compile(shared, model, param, code, &grammar)?)
         }
         None => None,
     };
     let tools = request.tools.clone().map(|t| (format, t));
-    let reasoning = thinking.filter(|_| request.split_reasoning);
+    let reasoning = thinking
+        .map(|(f, block)| (f, matches!(block, Some(ThinkingBlock::Opened { .. }))))
+        .filter(|_| request.split_reasoning);
     Ok(Prepared {
         request,
         prompt,
@@ -1063,10 +1076,6 @@ fn prepare(
         reasoning,
     })
 }
-
-/// Prompt tokens read to tell whether the template opened a thinking
-/// block for the model (its marker and a newline or two).
-const REASONING_TAIL_TOKENS: usize = 8;
 
 /// Compiles `grammar` for the request field `param` (a 400 naming it,
 /// with `code`, when the engine refuses it).

@@ -25,15 +25,23 @@
 //! of them reaches `reasoning_content` or `content`, apart from the tool
 //! calls' own.
 
+use fathom_engine::Tokenizer;
+
 use crate::constraint::{lark_json, lark_literal, Grammar};
 
 /// The markers of one family's thinking.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReasoningFormat {
-    /// One block at the start of the answer, between two markers.
+    /// One block at the start of the answer, between two markers. `on`:
+    /// text the start of the prompt holds when thinking is on (Gemma 4's
+    /// system turn opens with `<|think|>`), for a template whose prompt
+    /// says so nowhere else (after a tool result Gemma's writes no
+    /// generation prompt, so no empty block says thinking is off); `None`
+    /// where the prompt's end tells ([`ReasoningFormat::block`]).
     Block {
         open: &'static str,
         close: &'static str,
+        on: Option<&'static str>,
     },
     /// gpt-oss's harmony messages.
     Harmony,
@@ -42,11 +50,13 @@ pub enum ReasoningFormat {
 const THINK: ReasoningFormat = ReasoningFormat::Block {
     open: "<think>",
     close: "</think>",
+    on: None,
 };
 
 const GEMMA4: ReasoningFormat = ReasoningFormat::Block {
     open: "<|channel>thought",
     close: "<channel|>",
+    on: Some("<|think|>"),
 };
 
 /// Harmony's markers: a message's start, its header's channel and
@@ -86,7 +96,7 @@ impl ReasoningFormat {
     /// thinking block (the template opened it).
     pub fn opened_by(&self, tail: &str) -> bool {
         match *self {
-            ReasoningFormat::Block { open, close } => match tail.rfind(open) {
+            ReasoningFormat::Block { open, close, .. } => match tail.rfind(open) {
                 Some(at) => !tail[at..].contains(close),
                 None => false,
             },
@@ -94,6 +104,58 @@ impl ReasoningFormat {
             ReasoningFormat::Harmony => false,
         }
     }
+
+    /// The thinking block of a chat answer whose prompt starts with
+    /// `head` and ends with `tail` (a few tokens each, markers included):
+    /// one the prompt opened (Qwen3.5's template, thinking on); one the
+    /// model opens itself as its first tokens, where thinking is on and
+    /// the template opens none (Qwen3's, Gemma 4's with `enable_thinking`);
+    /// none where thinking is off (the template wrote an empty closed
+    /// block, or Gemma's `<|think|>` is missing) and for harmony, whose
+    /// analysis message is a message of its own.
+    pub fn block(&self, head: &str, tail: &str) -> Option<ThinkingBlock> {
+        let ReasoningFormat::Block { open, close, on } = *self else {
+            return None;
+        };
+        if self.opened_by(tail) {
+            Some(ThinkingBlock::Opened { close })
+        } else if tail.trim_end().ends_with(close) || on.is_some_and(|on| !head.contains(on)) {
+            None
+        } else {
+            Some(ThinkingBlock::Own { open, close })
+        }
+    }
+
+    /// [`ReasoningFormat::block`] of a chat prompt's tokens, as the
+    /// server reads them: the first and last few, markers included.
+    pub fn prompt_block(&self, tokenizer: &Tokenizer, prompt: &[u32]) -> Option<ThinkingBlock> {
+        let head = &prompt[..prompt.len().min(HEAD_TOKENS)];
+        let tail = &prompt[prompt.len().saturating_sub(TAIL_TOKENS)..];
+        self.block(&tokenizer.decode(head, true), &tokenizer.decode(tail, true))
+    }
+}
+
+/// Prompt tokens read to tell whether the template opened a thinking
+/// block for the model, or wrote an empty closed one (its markers and a
+/// newline or two).
+const TAIL_TOKENS: usize = 8;
+/// Prompt tokens read for a template's sign that thinking is on (Gemma
+/// 4's `<|think|>`, after `<bos><|turn>system\n`; about 12 tokens in a
+/// vocabulary that spells the markers out).
+const HEAD_TOKENS: usize = 24;
+
+/// Where a chat answer's thinking block begins, for a constraint that
+/// must let it run before the part it constrains.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ThinkingBlock {
+    /// The prompt opened it: the answer starts inside and ends it with
+    /// `close`.
+    Opened { close: &'static str },
+    /// The model may open it with `open` as its first tokens.
+    Own {
+        open: &'static str,
+        close: &'static str,
+    },
 }
 
 /// Whether a chat template writes harmony messages (gpt-oss's).
@@ -141,32 +203,75 @@ pub fn harmony_grammar(last_rules: &str, reasoning: usize) -> Grammar {
     ))
 }
 
-/// The Lark grammar of an answer that starts inside a thinking block the
-/// prompt opened (Qwen3.5's template ends in `<think>\n`): the rest of
-/// the thinking, at most `reasoning` tokens of text that never holds
-/// `close`, then `close`, up to two newlines, and `then` (a Lark item:
-/// `%json {...}`, `%lark {...}`). With `reasoning` 0 the block closes at
-/// once. Without this, a constraint would start at the answer's first
-/// token and force the call or the JSON inside the thinking, where the
-/// reasoning split files it as reasoning.
-pub fn thinking_grammar(close: &str, then: &str, reasoning: usize) -> String {
-    let literal = lark_literal(close);
-    // A nested grammar that llguidance enters at the answer's very first
-    // token takes one token more than its `max_tokens` (measured: N + 1;
-    // after a forced prefix, as harmony's thought, exactly N), so the
-    // rule asks one less. A bound of 1 therefore leaves none:
-    // `max_tokens=0` is the empty text.
-    let (thought, rule) = match reasoning {
-        0 => ("", String::new()),
-        n => ("thought ", thought_rule(close, n - 1)),
+/// The Lark grammar of a chat answer with a thinking block before its
+/// constrained part: `then` (a Lark item: `%json {...}`, `%lark {...}`),
+/// or any text when `None` (`thinking_budget_tokens` on an answer
+/// otherwise free). The block's text is at most `reasoning` tokens that
+/// never hold its close marker, then the marker and up to two newlines.
+/// Without this, a constraint would start at the answer's first token and
+/// force the call or the JSON inside the thinking (where the reasoning
+/// split files it as reasoning), or skip the thinking the model would do.
+///
+/// A block the prompt opened (Qwen3.5's template ends in `<think>\n`) is
+/// the answer's start; with `reasoning` 0 it closes at once. A block the
+/// model opens itself (Qwen3, Gemma 4 with thinking on) is optional: its
+/// open marker, the text, the close; with `reasoning` 0 there is none.
+/// Without the block, a free answer may not open one (the split would
+/// read its unbounded text as reasoning): its text, after any
+/// whitespace, does not start with the open marker.
+pub fn thinking_grammar(block: ThinkingBlock, then: Option<&str>, reasoning: usize) -> String {
+    let last = match then {
+        Some(item) => format!("last: {item}\n"),
+        None => "last: REST\nREST: /(?s:.*)/\n".to_string(),
     };
-    format!("start: {thought}{literal} sep last\nsep: (\"\\n\" \"\\n\"?)?\nlast: {then}\n{rule}")
+    let sep = "sep: (\"\\n\" \"\\n\"?)?\n";
+    match block {
+        ThinkingBlock::Opened { close } => {
+            // A nested grammar that llguidance enters at the answer's very
+            // first token takes one token more than its `max_tokens`
+            // (measured: N + 1; after a forced prefix, as harmony's
+            // thought, exactly N), so the rule asks one less. A bound of 1
+            // therefore leaves none: `max_tokens=0` is the empty text.
+            let (thought, rule) = match reasoning {
+                0 => ("", String::new()),
+                n => ("thought ", thought_rule(close, n - 1)),
+            };
+            format!(
+                "start: {thought}{} sep last\n{sep}{last}{rule}",
+                lark_literal(close)
+            )
+        }
+        ThinkingBlock::Own { open, close } => {
+            let plain = match then {
+                Some(_) => "last".to_string(),
+                None => "PLAIN\nPLAIN: /".to_string() + &text_not_opening(open) + "/",
+            };
+            if reasoning == 0 {
+                return format!("start: {plain}\n{last}");
+            }
+            format!(
+                "start: {} thought {} sep last | {plain}\n{sep}{last}{}",
+                lark_literal(open),
+                lark_literal(close),
+                thought_rule(close, reasoning)
+            )
+        }
+    }
 }
 
-/// Any text: what follows a bounded thinking block when nothing else
-/// constrains the answer (`thinking_budget_tokens` alone).
-pub fn free_text() -> Grammar {
-    Grammar::Lark("start: REST\nREST: /(?s:.*)/\n".into())
+/// A regex of the texts that, after any whitespace, do not start with
+/// `open`: nothing more, a character other than its first, or a proper
+/// prefix of it that ends the text or goes on with another character
+/// than the marker's next; anything may follow.
+fn text_not_opening(open: &str) -> String {
+    let hex = |c: &char| format!("\\x{{{:X}}}", *c as u32);
+    let chars: Vec<char> = open.chars().collect();
+    let mut alternatives = vec![format!("[^\\s{}](?s:.*)", hex(&chars[0]))];
+    for k in 1..chars.len() {
+        let prefix: String = chars[..k].iter().map(hex).collect();
+        alternatives.push(format!("{prefix}([^{}](?s:.*))?", hex(&chars[k])));
+    }
+    format!("\\s*({})?", alternatives.join("|"))
 }
 
 /// The Lark rule `thought`: text of at most `reasoning` tokens that never
@@ -343,7 +448,7 @@ impl ReasoningSplit {
     pub fn push(&mut self, text: &str) -> Parts {
         self.held.push_str(text);
         match self.format {
-            ReasoningFormat::Block { open, close } => self.push_block(open, close),
+            ReasoningFormat::Block { open, close, .. } => self.push_block(open, close),
             ReasoningFormat::Harmony => self.push_harmony(),
         }
     }
@@ -672,6 +777,35 @@ mod tests {
         );
         assert_eq!(ReasoningFormat::detect(Some("{{ messages }}")), None);
         assert_eq!(ReasoningFormat::detect(None), None);
+    }
+
+    #[test]
+    fn the_block_a_constraint_lets_come_first_depends_on_the_prompt() {
+        let own = Some(ThinkingBlock::Own {
+            open: "<think>",
+            close: "</think>",
+        });
+        assert_eq!(
+            THINK.block("", "assistant\n<think>\n"),
+            Some(ThinkingBlock::Opened { close: "</think>" })
+        );
+        assert_eq!(THINK.block("", "<|im_start|>assistant\n"), own);
+        assert_eq!(THINK.block("", "assistant\n<think>\n\n</think>\n\n"), None);
+        // Gemma 4: on only where the prompt starts with `<|think|>`.
+        let head = "<bos><|turn>system\n<|think|>\n";
+        assert!(matches!(
+            GEMMA4.block(head, "<|turn>model\n"),
+            Some(ThinkingBlock::Own { .. })
+        ));
+        assert_eq!(GEMMA4.block("<bos><|turn>user\n", "<tool_response|>"), None);
+        assert_eq!(
+            GEMMA4.block(head, "<|turn>model\n<|channel>thought\n<channel|>"),
+            None
+        );
+        assert_eq!(
+            ReasoningFormat::Harmony.block("", "<|start|>assistant"),
+            None
+        );
     }
 
     #[test]

@@ -6,14 +6,17 @@
 //! language. Over the real Qwen3.5 vocabulary and template (fetched by
 //! `scripts/fetch-vocab.sh`), whose prompt leaves the model inside
 //! `<think>`: a constrained call or JSON comes after the thinking closes,
-//! and the thinking is bounded.
+//! and the thinking is bounded. Over Qwen3's real template (the model
+//! opens its own `<think>`) and Gemma 4's with thinking on (its own
+//! thought channel), the call or JSON may follow such a block, bounded
+//! alike.
 
 mod common;
 
 use common::{template, vocabulary};
 use fathom_server::api::{Tool, ToolChoice, ToolRequest};
 use fathom_server::constraint::{ConstraintState, Constraints, Grammar};
-use fathom_server::reasoning::{ReasoningFormat, ReasoningSplit};
+use fathom_server::reasoning::{ReasoningFormat, ReasoningSplit, ThinkingBlock};
 use fathom_server::tools::{self, ToolFormat};
 use fathom_tokenizer::{encode_chat_tools, ChatTemplate, Message};
 use serde_json::json;
@@ -467,9 +470,9 @@ fn qwen35() -> (fathom_engine::Tokenizer, &'static str) {
 /// tokens, as the server wraps a constraint there.
 fn after_thinking(close: &'static str, reasoning: usize, then: Grammar) -> Grammar {
     Grammar::Thinking {
-        close,
+        block: ThinkingBlock::Opened { close },
         reasoning,
-        then: Box::new(then),
+        then: Some(Box::new(then)),
     }
 }
 
@@ -626,19 +629,26 @@ fn an_opened_think_block_ends_at_its_bound_and_the_constrained_part_follows() {
         for (what, then, want) in [
             (
                 "tools",
-                tools::grammar(ToolFormat::QwenXml, &request(ToolChoice::Required), bound)
-                    .unwrap()
-                    .unwrap(),
+                Some(
+                    tools::grammar(ToolFormat::QwenXml, &request(ToolChoice::Required), bound)
+                        .unwrap()
+                        .unwrap(),
+                ),
                 "<tool_call>\n<function=get_weather>",
             ),
             (
                 "response_format",
-                Grammar::JsonSchema(schema.clone()),
+                Some(Grammar::JsonSchema(schema.clone())),
                 "{\"n\": ",
             ),
-            ("free", fathom_server::reasoning::free_text(), " the"),
+            ("free", None, " the"),
         ] {
-            let mut state = c.compile(&after_thinking(close, bound, then)).unwrap();
+            let grammar = Grammar::Thinking {
+                block: ThinkingBlock::Opened { close },
+                reasoning: bound,
+                then: then.map(Box::new),
+            };
+            let mut state = c.compile(&grammar).unwrap();
             let text = run_on(&mut state, &tok, the[0], 100);
             let end = bounded_thought(&text, close, bound, what);
             let after = text[end + close.len()..].trim_start_matches('\n');
@@ -779,4 +789,319 @@ fn gemma4_required_calls_follow_the_schema_in_gemmas_syntax() {
         e.contains("function now's parameters.properties.at: `format`"),
         "{e}"
     );
+}
+
+/// Qwen3's real template (thinking on unless `enable_thinking` is false)
+/// over the Qwen3.5 test vocabulary (llama.cpp's, which spells `<think>`
+/// and `</think>` out in pieces): the prompt with a function opens no block, so the model
+/// opens its own, as the server finds from the prompt's tokens; with
+/// thinking off the template writes an empty closed block and none is
+/// left to the model.
+fn qwen3() -> (fathom_engine::Tokenizer, ThinkingBlock) {
+    let tok = vocabulary("ggml-vocab-qwen35.gguf");
+    let source = template("Qwen-Qwen3-0.6B.jinja");
+    let template = ChatTemplate::new(&source, "", "").unwrap();
+    let req = request(ToolChoice::Required);
+    let format = ToolFormat::detect(Some(&source));
+    assert_eq!(format, ToolFormat::Hermes);
+    let reasoning = ReasoningFormat::detect(Some(&source)).unwrap();
+    let prepared = tools::prepare(format, &[Message::new("user", "Weather in Oslo?")], &req);
+    let prompt = |kwargs: Option<&fathom_tokenizer::TemplateKwargs>| {
+        encode_chat_tools(
+            &tok,
+            &template,
+            &prepared.messages,
+            prepared.tools.as_ref(),
+            kwargs,
+            true,
+            1 << 20,
+        )
+        .unwrap()
+    };
+    let off = json!({"enable_thinking": false})
+        .as_object()
+        .unwrap()
+        .clone();
+    assert_eq!(reasoning.prompt_block(&tok, &prompt(Some(&off))), None);
+    let block = reasoning.prompt_block(&tok, &prompt(None)).unwrap();
+    assert_eq!(
+        block,
+        ThinkingBlock::Own {
+            open: "<think>",
+            close: "</think>"
+        }
+    );
+    (tok, block)
+}
+
+/// `then` (any text when `None`) after the optional thinking block the
+/// model opens itself, bounded to `reasoning` tokens.
+fn after_own_thinking(block: ThinkingBlock, reasoning: usize, then: Option<Grammar>) -> Grammar {
+    Grammar::Thinking {
+        block,
+        reasoning,
+        then: then.map(Box::new),
+    }
+}
+
+const HERMES_CALL: &str = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Oslo\", \"unit\": \"celsius\"}}\n</tool_call>";
+
+/// Issue 35: Qwen3 with thinking on opens `<think>` itself. A required
+/// call may follow the model's own thinking block (any text without
+/// `</think>`, then `</think>`), or come at once; the answer cannot end
+/// inside the block nor put anything but the call after it, and text
+/// that is neither block nor call is refused. Split and read back as the
+/// server does (the answer does not start inside a block), the thinking
+/// is the reasoning and the call a tool call.
+#[test]
+fn a_call_may_follow_the_models_own_think_block() {
+    let (tok, block) = qwen3();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let eog: Vec<u32> = tok.end_of_generation_ids().collect();
+    let req = request(ToolChoice::Required);
+    let call = tools::grammar(ToolFormat::Hermes, &req, 1000)
+        .unwrap()
+        .unwrap();
+    let grammar = after_own_thinking(block, 1000, Some(call));
+    let thought = "Oslo's weather: 1 < 2, <b>x</b>, a <tool_call> tag and </th>.";
+    let qwen3_format = ReasoningFormat::detect(Some("<think>")).unwrap();
+    for answer in [
+        format!("<think>\n{thought}\n</think>\n\n{HERMES_CALL}"),
+        format!("<think>\n\n</think>\n\n{HERMES_CALL}"),
+        HERMES_CALL.to_string(),
+    ] {
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk_special(&mut state, &tok, &answer);
+        assert_eq!(ok, n, "refused at token {ok}: {answer:?}");
+        state.compute_mask().unwrap();
+        assert!(eog.iter().any(|&id| state.mask().allows(id)), "{answer:?}");
+        let split = ReasoningSplit::split(qwen3_format, false, &answer);
+        let read = tools::parse(ToolFormat::Hermes, &split.content, &req, "t");
+        assert_eq!(read.content, None, "{answer:?}");
+        assert_eq!(read.calls.len(), 1, "{answer:?}");
+        assert_eq!(
+            read.calls[0].arguments,
+            r#"{"city":"Oslo","unit":"celsius"}"#
+        );
+    }
+    let split = ReasoningSplit::split(
+        qwen3_format,
+        false,
+        &format!("<think>\n{thought}\n</think>\n\n{HERMES_CALL}"),
+    );
+    assert_eq!(split.reasoning, thought);
+
+    // The call inside the block is thinking: the answer may not end there.
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk_special(&mut state, &tok, &format!("<think>\n{HERMES_CALL}"));
+    assert_eq!(ok, n);
+    state.compute_mask().unwrap();
+    assert!(
+        !eog.iter().any(|&id| state.mask().allows(id)),
+        "the answer ended inside the thinking"
+    );
+    for bad in [
+        "Sure.".to_string(),
+        " <think>Hm.</think>".to_string(),
+        "<think>Sure.</think>\n\nIt is sunny.".to_string(),
+        format!("<think>Hm.</think>\n\n\n\n{HERMES_CALL}"),
+        format!("<think>Hm.</think><think>Hm.</think>{HERMES_CALL}"),
+        HERMES_CALL.replace("celsius", "kelvin"),
+    ] {
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk_special(&mut state, &tok, &bad);
+        assert!(ok < n, "{bad:?} went through");
+    }
+    // A budget of 0 leaves no block: the call at once.
+    let call = tools::grammar(ToolFormat::Hermes, &req, 0).unwrap();
+    let grammar = after_own_thinking(block, 0, call);
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk_special(&mut state, &tok, HERMES_CALL);
+    assert_eq!(ok, n);
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk_special(&mut state, &tok, &format!("<think></think>{HERMES_CALL}"));
+    assert!(ok < n, "a block went through with a budget of 0");
+}
+
+/// Issue 35: `response_format` (a schema, `json_object`) after Qwen3's
+/// own thinking block, or at once; the JSON inside the block never
+/// completes the answer.
+#[test]
+fn json_may_follow_the_models_own_think_block() {
+    let (tok, block) = qwen3();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let schema = json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"], "additionalProperties": false});
+    let json = "{\"name\": \"Ada\", \"age\": 36}";
+    for then in [Grammar::JsonSchema(schema), Grammar::JsonObject] {
+        let grammar = after_own_thinking(block, 1000, Some(then));
+        for good in [
+            format!("<think>\nA person: Ada.\n</think>\n\n{json}"),
+            format!("<think>Ada.</think>{json}"),
+            json.to_string(),
+        ] {
+            let mut state = c.compile(&grammar).unwrap();
+            let (ok, n) = walk_special(&mut state, &tok, &good);
+            assert_eq!(ok, n, "{good:?} was refused at token {ok}");
+            assert!(state.is_stopped() || state.is_accepting(), "{good:?}");
+        }
+        for bad in [
+            "<think>A person.</think>\n\n[1]".to_string(),
+            format!("Ada: {json}"),
+        ] {
+            let mut state = c.compile(&grammar).unwrap();
+            let (ok, n) = walk_special(&mut state, &tok, &bad);
+            assert!(ok < n || !state.is_accepting(), "{bad:?} went through");
+        }
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk_special(&mut state, &tok, &format!("<think>{json}"));
+        assert_eq!(ok, n);
+        assert!(
+            !state.is_accepting(),
+            "the answer ended inside the thinking"
+        );
+    }
+}
+
+/// Issue 35: the model's own thinking block is bounded as an opened one
+/// is. A "model" that opens `<think>` and would think " the" forever gets
+/// `</think>` forced once the bound's tokens are spent, then what the
+/// constraint asks for: the call, the JSON, or (a budget on a free
+/// answer) anything. On a free answer without the block, the text may
+/// not open one (its thinking would be unbounded).
+#[test]
+fn the_models_own_think_block_ends_at_its_bound_and_the_constrained_part_follows() {
+    let (tok, block) = qwen3();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let the = tok.encode(" the", false, false);
+    assert_eq!(the.len(), 1);
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": false});
+    for bound in [1, 7, 20] {
+        for (what, then, want) in [
+            (
+                "tools",
+                tools::grammar(ToolFormat::Hermes, &request(ToolChoice::Required), bound).unwrap(),
+                "<tool_call>\n{\"name\": \"get_weather\"",
+            ),
+            (
+                "response_format",
+                Some(Grammar::JsonSchema(schema.clone())),
+                "{\"n\": ",
+            ),
+            ("free", None, " the"),
+        ] {
+            let mut state = c.compile(&after_own_thinking(block, bound, then)).unwrap();
+            let (ok, n) = walk_special(&mut state, &tok, "<think>");
+            assert_eq!(ok, n, "{what} {bound}");
+            let text = run_on(&mut state, &tok, the[0], 100);
+            let at = text
+                .find("</think>")
+                .unwrap_or_else(|| panic!("{what} {bound}: {text:?}"));
+            assert_eq!(
+                text[..at],
+                " the".repeat(bound),
+                "{what} {bound}: exactly the bound's tokens of thought"
+            );
+            let after = text[at + "</think>".len()..].trim_start_matches('\n');
+            assert!(after.starts_with(want), "{what} {bound}: {text:?}");
+        }
+    }
+    // A free answer without the block: anything but an opening block.
+    let free = after_own_thinking(block, 7, None);
+    for good in [
+        "It is 4.",
+        "",
+        "\n\n4 <think> is a tag",
+        "<thinking",
+        "<b>4</b>",
+    ] {
+        let mut state = c.compile(&free).unwrap();
+        let (ok, n) = walk_special(&mut state, &tok, good);
+        assert_eq!(ok, n, "{good:?}");
+        assert!(state.is_accepting(), "{good:?}");
+    }
+    for bad in [" <think>", "\n<think>"] {
+        let mut state = c.compile(&free).unwrap();
+        let (ok, n) = walk_special(&mut state, &tok, bad);
+        assert!(ok < n, "{bad:?} went through");
+    }
+    // A budget of 0 on a free answer: no block at all.
+    let none = after_own_thinking(block, 0, None);
+    let mut state = c.compile(&none).unwrap();
+    let (ok, n) = walk_special(&mut state, &tok, "It is 4.");
+    assert_eq!(ok, n);
+    let mut state = c.compile(&none).unwrap();
+    let (ok, n) = walk_special(&mut state, &tok, "<think>");
+    assert!(ok < n, "a block went through with a budget of 0");
+}
+
+/// Issue 35: Gemma 4 with `enable_thinking` opens its own thought
+/// channel (`<|channel>thought` … `<channel|>`, single tokens of its
+/// vocabulary) before a required call in its own syntax; the server finds
+/// thinking on from `<|think|>` at the prompt's start. The thought is the
+/// reasoning, the call a tool call.
+#[test]
+fn gemma4_may_think_in_its_own_channel_before_a_required_call() {
+    let tok = vocabulary("ggml-vocab-gemma-4.gguf");
+    let source = template("google-gemma-4-31B-it.jinja");
+    let chat = ChatTemplate::new(&source, "<bos>", "").unwrap();
+    let req = request(ToolChoice::Required);
+    let reasoning = ReasoningFormat::detect(Some(&source)).unwrap();
+    let prepared = tools::prepare(
+        ToolFormat::Gemma4,
+        &[Message::new("user", "Weather in Oslo?")],
+        &req,
+    );
+    let prompt = |kwargs: Option<&fathom_tokenizer::TemplateKwargs>| {
+        encode_chat_tools(
+            &tok,
+            &chat,
+            &prepared.messages,
+            prepared.tools.as_ref(),
+            kwargs,
+            true,
+            1 << 20,
+        )
+        .unwrap()
+    };
+    assert_eq!(reasoning.prompt_block(&tok, &prompt(None)), None);
+    let on = json!({"enable_thinking": true})
+        .as_object()
+        .unwrap()
+        .clone();
+    let block = reasoning.prompt_block(&tok, &prompt(Some(&on))).unwrap();
+    assert_eq!(
+        block,
+        ThinkingBlock::Own {
+            open: "<|channel>thought",
+            close: "<channel|>"
+        }
+    );
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let call = tools::grammar(ToolFormat::Gemma4, &req, 1000).unwrap();
+    let grammar = after_own_thinking(block, 1000, call);
+    let q = "<|\"|>";
+    let call =
+        format!("<|tool_call>call:get_weather{{city:{q}Oslo{q},unit:{q}celsius{q}}}<tool_call|>");
+    for (answer, thought) in [
+        (
+            format!("<|channel>thought\nOslo, in celsius.<channel|>{call}"),
+            "Oslo, in celsius.",
+        ),
+        (call.clone(), ""),
+    ] {
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk_special(&mut state, &tok, &answer);
+        assert_eq!(ok, n, "refused at token {ok}: {answer:?}");
+        let split = ReasoningSplit::split(reasoning, false, &answer);
+        assert_eq!(split.reasoning, thought);
+        let read = tools::parse(ToolFormat::Gemma4, &split.content, &req, "g");
+        assert_eq!(read.calls.len(), 1, "{answer:?}");
+        assert_eq!(
+            read.calls[0].arguments,
+            r#"{"city":"Oslo","unit":"celsius"}"#
+        );
+    }
+    let mut state = c.compile(&grammar).unwrap();
+    let (ok, n) = walk_special(&mut state, &tok, "Sure.");
+    assert!(ok < n, "text before the call went through");
 }

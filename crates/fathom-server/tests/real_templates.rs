@@ -1,4 +1,4 @@
-//! The real chat templates of gpt-oss, Qwen3.5 and Gemma 4 (llama.cpp's
+//! The real chat templates of gpt-oss, Qwen3, Qwen3.5 and Gemma 4 (llama.cpp's
 //! copies, which `scripts/fetch-vocab.sh` puts in `models/templates/`),
 //! rendered through fathom's template engine as the server renders a chat
 //! request: the tool format and reasoning markers told from the template's
@@ -12,7 +12,7 @@ mod common;
 
 use common::{template, vocabulary};
 use fathom_server::api::{Tool, ToolChoice, ToolRequest};
-use fathom_server::reasoning::ReasoningFormat;
+use fathom_server::reasoning::{ReasoningFormat, ThinkingBlock};
 use fathom_server::tools::{self, ToolFormat};
 use fathom_tokenizer::{encode_chat_tools, ChatTemplate, Message, TemplateKwargs, ToolCall};
 use serde_json::json;
@@ -208,7 +208,8 @@ fn qwen35_renders_its_xml_calls_and_opens_the_thinking() {
         reasoning,
         ReasoningFormat::Block {
             open: "<think>",
-            close: "</think>"
+            close: "</think>",
+            on: None,
         }
     );
     let vocab = vocabulary("ggml-vocab-qwen35.gguf");
@@ -323,7 +324,8 @@ fn gemma4_renders_turns_thinking_and_its_own_function_calls() {
             reasoning,
             ReasoningFormat::Block {
                 open: "<|channel>thought",
-                close: "<channel|>"
+                close: "<channel|>",
+                on: Some("<|think|>"),
             },
             "{name}"
         );
@@ -374,6 +376,130 @@ fn gemma4_renders_turns_thinking_and_its_own_function_calls() {
         assert_eq!(
             read.calls[0].arguments,
             r#"{"city":"Bergen","unit":"celsius"}"#
+        );
+    }
+}
+
+/// Issue 35: which thinking block a constraint must let come first, as
+/// the server reads it from the prompt's tokens (its first and last few):
+/// Qwen3.5's template opens one (thinking on); Qwen3's and Gemma 4's
+/// (with `enable_thinking`) leave the model to open its own; with
+/// thinking off none, where the template writes an empty closed block
+/// and also where Gemma's writes no generation prompt (after a tool
+/// result in its turn) and only the missing `<|think|>` tells.
+#[test]
+fn the_thinking_block_comes_from_the_prompt_or_the_model_only_with_thinking_on() {
+    let qwen = vocabulary("ggml-vocab-qwen35.gguf");
+    let gemma = vocabulary("ggml-vocab-gemma-4.gguf");
+    let on = kwargs(json!({"enable_thinking": true}));
+    let off = kwargs(json!({"enable_thinking": false}));
+    let think = |open| ThinkingBlock::Own {
+        open,
+        close: if open == "<think>" {
+            "</think>"
+        } else {
+            "<channel|>"
+        },
+    };
+    // A history whose last message is the function's result.
+    let mut after_result = history();
+    after_result.truncate(4);
+    let cases: [(&str, &str, &fathom_engine::Tokenizer, &[Message], _, _); 10] = [
+        (
+            "Qwen3.5-4B.jinja",
+            "",
+            &qwen,
+            &greeting(),
+            None,
+            Some(ThinkingBlock::Opened { close: "</think>" }),
+        ),
+        ("Qwen3.5-4B.jinja", "", &qwen, &greeting(), Some(&off), None),
+        (
+            "Qwen-Qwen3-0.6B.jinja",
+            "",
+            &qwen,
+            &greeting(),
+            None,
+            Some(think("<think>")),
+        ),
+        (
+            "Qwen-Qwen3-0.6B.jinja",
+            "",
+            &qwen,
+            &after_result,
+            None,
+            Some(think("<think>")),
+        ),
+        (
+            "Qwen-Qwen3-0.6B.jinja",
+            "",
+            &qwen,
+            &greeting(),
+            Some(&off),
+            None,
+        ),
+        (
+            "google-gemma-4-31B-it.jinja",
+            "<bos>",
+            &gemma,
+            &greeting(),
+            None,
+            None,
+        ),
+        (
+            "google-gemma-4-31B-it.jinja",
+            "<bos>",
+            &gemma,
+            &greeting(),
+            Some(&on),
+            Some(think("<|channel>thought")),
+        ),
+        (
+            "google-gemma-4-31B-it.jinja",
+            "<bos>",
+            &gemma,
+            &after_result,
+            None,
+            None,
+        ),
+        (
+            "google-gemma-4-31B-it.jinja",
+            "<bos>",
+            &gemma,
+            &after_result,
+            Some(&on),
+            Some(think("<|channel>thought")),
+        ),
+        (
+            "google-gemma-4-31B-it-interleaved.jinja",
+            "<bos>",
+            &gemma,
+            &greeting(),
+            Some(&on),
+            Some(think("<|channel>thought")),
+        ),
+    ];
+    for (i, (name, bos, tok, messages, kwargs, want)) in cases.into_iter().enumerate() {
+        let source = template(name);
+        let format = ToolFormat::detect(Some(&source));
+        let prepared = tools::prepare(format, messages, &functions());
+        let chat = ChatTemplate::new(&source, bos, "").unwrap();
+        let ids = encode_chat_tools(
+            tok,
+            &chat,
+            &prepared.messages,
+            prepared.tools.as_ref(),
+            kwargs,
+            true,
+            1 << 20,
+        )
+        .unwrap();
+        let reasoning = ReasoningFormat::detect(Some(&source)).unwrap();
+        assert_eq!(
+            reasoning.prompt_block(tok, &ids),
+            want,
+            "case {i}, {name}: {:?}",
+            tok.decode(&ids, true)
         );
     }
 }
