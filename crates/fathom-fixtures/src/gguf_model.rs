@@ -324,7 +324,7 @@ fn hybrid_hyperparameters(c: &Value) -> io::Result<Vec<(&'static str, GgufValue)
 /// GGUF names and ggml dims (reversed from Hugging Face order), in the
 /// checkpoint's order; each layer's experts become one `[in, out, n_expert]`
 /// tensor where its first expert was.
-fn tensors(model: &ModelDef) -> io::Result<Vec<(String, Vec<u64>)>> {
+pub(crate) fn tensors(model: &ModelDef) -> io::Result<Vec<(String, Vec<u64>)>> {
     let config = model.text_config();
     let mut out: Vec<(String, Vec<u64>)> = Vec::new();
     if config["rope_scaling"]["rope_type"] == "llama3" {
@@ -349,7 +349,10 @@ fn tensors(model: &ModelDef) -> io::Result<Vec<(String, Vec<u64>)>> {
         let Some((name, expert)) = gguf_name(&tensor.name, gemma, hybrid)? else {
             continue;
         };
-        let dims: Vec<u64> = tensor.shape.iter().rev().copied().collect();
+        let mut dims: Vec<u64> = tensor.shape.iter().rev().copied().collect();
+        if is_squeezed(&name) {
+            dims.retain(|&d| d != 1);
+        }
         if !expert {
             out.push((name, dims));
         } else if let Some(&at) = merged.get(&name) {
@@ -364,7 +367,7 @@ fn tensors(model: &ModelDef) -> io::Result<Vec<(String, Vec<u64>)>> {
 
 /// llama.cpp's name for a Hugging Face tensor, and whether it is one expert
 /// of a merged tensor; `None` for tensors outside the language model.
-fn gguf_name(hf: &str, gemma: bool, hybrid: bool) -> io::Result<Option<(String, bool)>> {
+pub(crate) fn gguf_name(hf: &str, gemma: bool, hybrid: bool) -> io::Result<Option<(String, bool)>> {
     if hf.starts_with("vision_tower.") || hf.starts_with("multi_modal_projector.") {
         return Ok(None);
     }
@@ -430,6 +433,13 @@ fn gguf_name(hf: &str, gemma: bool, hybrid: bool) -> io::Result<Option<(String, 
         _ => return Err(unknown()),
     };
     Ok(Some((format!("blk.{layer}.{gguf}.{kind}"), false)))
+}
+
+/// The tensors llama.cpp's converter stores without their unit
+/// dimensions: the convolution taps (`[channels, 1, taps]` in the HF
+/// file) and the shared expert's one-row gate.
+pub(crate) fn is_squeezed(gguf_name: &str) -> bool {
+    gguf_name.ends_with("ssm_conv1d.weight") || gguf_name.ends_with("ffn_gate_inp_shexp.weight")
 }
 
 fn stored_type(name: &str, dims: &[u64], wanted: GgufTensorType) -> GgufTensorType {

@@ -1,5 +1,6 @@
 //! ModelSpec from a Hugging Face / MLX `config.json` and safetensors headers.
 
+mod qwen35;
 mod vocab;
 
 use std::collections::HashMap;
@@ -35,6 +36,8 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
         "qwen3" => Family::Qwen3,
         "qwen3_moe" => Family::Qwen3Moe,
         "gemma3" | "gemma3_text" => Family::Gemma3,
+        "qwen3_5" | "qwen3_5_text" => Family::Qwen35,
+        "qwen3_5_moe" | "qwen3_5_moe_text" => Family::Qwen35Moe,
         "" => Family::Unknown(architecture.clone()),
         other => Family::Unknown(other.to_string()),
     };
@@ -99,7 +102,8 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
     let ffn = limits::dim(
         &cfg.path,
         "intermediate_size",
-        cfg.u64("intermediate_size")?.unwrap_or(0),
+        // MoE configs may leave it null (every FFN is experts).
+        cfg.u64_or_null("intermediate_size")?.unwrap_or(0),
     )?;
     let n_experts = match cfg.u64("num_experts")? {
         Some(n) => Some(n),
@@ -116,12 +120,29 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
     let vocab = limits::dim(&cfg.path, "vocab_size", cfg.u64("vocab_size")?.unwrap_or(0))?;
     let context_length = cfg.u64("max_position_embeddings")?.unwrap_or(0);
 
-    let attention = layer_attention(&cfg, &family, n_layers)?;
+    let qwen35 = match family.is_qwen35() {
+        true => Some(qwen35::read(&cfg, head_dim)?),
+        false => None,
+    };
+    let attention = match qwen35 {
+        Some(_) => qwen35::linear_layers(&cfg, n_layers)?
+            .into_iter()
+            .map(|linear| match linear {
+                true => Attention::Linear,
+                false => Attention::Full,
+            })
+            .collect(),
+        None => layer_attention(&cfg, &family, n_layers)?,
+    };
     let layers = attention
         .into_iter()
         .map(|attention| Layer {
             attention,
-            n_kv_heads,
+            // A linear-attention layer holds a recurrent state, no KV.
+            n_kv_heads: match attention {
+                Attention::Linear => 0,
+                _ => n_kv_heads,
+            },
             key_dim: head_dim,
             value_dim: head_dim,
             kv_elsewhere: false,
@@ -130,17 +151,23 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
 
     let scaling = cfg.value.get("rope_scaling").filter(|v| v.is_object());
     let rope = Rope {
-        theta: cfg
-            .f64_where("rope_theta", positive, POSITIVE)?
-            .unwrap_or(10_000.0),
+        theta: match cfg.rope_field("rope_theta") {
+            Some((field, v)) => match v.as_f64() {
+                Some(x) if x.is_finite() && positive(x) => x,
+                _ => return Err(cfg.invalid(&field, v, POSITIVE)),
+            },
+            None => 10_000.0,
+        },
         local_theta: cfg.f64_where("rope_local_base_freq", positive, POSITIVE)?,
         factors_global_only: false,
         neox: family.rope_neox(),
-        dims: None,
+        dims: qwen35.as_ref().and_then(|q| q.rope_dims),
+        // Qwen3.5's multimodal rope is plain rope for text (its sections
+        // are checked to be).
         scaling: scaling
             .and_then(|s| s.get("rope_type").or_else(|| s.get("type")))
             .and_then(Value::as_str)
-            .filter(|s| *s != "default")
+            .filter(|s| *s != "default" && !(family.is_qwen35() && *s == "mrope"))
             .map(str::to_string),
         scaling_factor: match scaling.and_then(|s| s.get("factor")) {
             Some(v) => match v.as_f64() {
@@ -158,6 +185,26 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
              hyperparameters, and running it will fail"
         ));
     }
+    let mtp_layers = qwen35.as_ref().map_or(0, |q| q.mtp_layers);
+    if mtp_layers > 0 {
+        notes.push(format!(
+            "{mtp_layers} multi-token-prediction layer(s) (mtp.*): their weights are counted, \
+             but fathom does not run them (no speculative decoding)"
+        ));
+    }
+    let shared_expert_ffn = match family.is_qwen35() {
+        true => limits::dim(
+            &cfg.path,
+            "shared_expert_intermediate_size",
+            cfg.u64("shared_expert_intermediate_size")?.unwrap_or(0),
+        )?,
+        false => 0,
+    };
+    // Qwen3.5 MoE renormalizes the top-k weights unless told not to.
+    let norm_topk_prob = match cfg.value.get("norm_topk_prob") {
+        Some(v) => v.as_bool() == Some(true),
+        None => family.is_qwen35(),
+    };
     let vocab_header = vocab::header(checkpoint, &mut notes);
     Ok(ModelSpec {
         architecture,
@@ -181,10 +228,10 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
             .unwrap_or(1e-6),
         attn_scale: cfg.f64("query_pre_attn_scalar")?.map(|s| 1.0 / s.sqrt()),
         final_logit_softcap: None,
-        norm_topk_prob: cfg.value.get("norm_topk_prob").and_then(Value::as_bool) == Some(true),
-        shared_expert_ffn: 0,
-        linear: None,
-        mtp_layers: 0,
+        norm_topk_prob,
+        shared_expert_ffn,
+        linear: qwen35.map(|q| q.linear),
+        mtp_layers,
         tokenizer_merges: 0,
         vocab_header,
         tied_embeddings,
@@ -279,9 +326,14 @@ fn layer_attention(
 /// Multimodal checkpoints carry an image encoder that a text runtime never
 /// reads, so it is never resident.
 fn is_vision_tensor(name: &str) -> bool {
-    ["vision_tower.", "multi_modal_projector.", "vision_model."]
-        .iter()
-        .any(|prefix| name.starts_with(prefix))
+    [
+        "vision_tower.",
+        "multi_modal_projector.",
+        "vision_model.",
+        "model.visual.",
+    ]
+    .iter()
+    .any(|prefix| name.starts_with(prefix))
 }
 
 /// The stored tensors, with MLX packed words counted as the weights they pack.
@@ -396,6 +448,21 @@ impl Config<'_> {
             Some(x) if !valid(x) => Err(self.invalid(field, &self.value[field], expected)),
             x => Ok(x),
         }
+    }
+
+    /// A rope field at the top of the config or inside `rope_parameters`
+    /// (transformers 5) or `rope_scaling` (older configs), with the path
+    /// it was found at.
+    fn rope_field(&self, field: &str) -> Option<(String, &Value)> {
+        if let Some(v) = self.value.get(field).filter(|v| !v.is_null()) {
+            return Some((field.to_string(), v));
+        }
+        ["rope_parameters", "rope_scaling"]
+            .into_iter()
+            .find_map(|outer| {
+                let v = self.value.get(outer)?.get(field).filter(|v| !v.is_null())?;
+                Some((format!("{outer}.{field}"), v))
+            })
     }
 
     fn str(&self, field: &str) -> Result<Option<&str>, SpecError> {
