@@ -13,7 +13,7 @@
 
 use fathom_backend::{
     AttentionIo, AttentionShape, Backend, Buf, Features, Glu, HostMatrix, LinearIo, LinearShape,
-    LinearWeights, MatrixId, RopeParams, RoutedFfn, Split, Step, StepSeq, VectorId,
+    LinearWeights, MatrixId, RopeParams, RoutedFfn, Split, Step, StepSeq, ValueOrder, VectorId,
 };
 use fathom_checkpoint::Checkpoint;
 use fathom_plan::placement::{Place, Placement};
@@ -917,12 +917,23 @@ fn load_linear(
         head_dim: shape.head_dim as usize,
         conv_kernel: shape.conv_kernel as usize,
         eps: spec.rms_norm_eps as f32,
+        value_order: if n.grouped_values {
+            ValueOrder::Grouped
+        } else {
+            ValueOrder::Tiled
+        },
     };
     let (channels, heads) = (shape.channels(), shape.value_heads);
     let inner = heads * shape.head_dim;
     let taps = loader.files.flat(&n.conv, channels, shape.conv_kernel)?;
     loader.converted += taps.len() * 4;
     let conv = loader.backend.load_vector(&taps)?;
+    let mut decay = loader.files.vector(&n.decay, heads)?;
+    if n.decay_is_log {
+        decay.iter_mut().for_each(|a| *a = -a.exp());
+    }
+    loader.converted += heads * 4;
+    let decay = loader.backend.load_vector(&decay)?;
     let side = loader.place as usize;
     let index = loader.linear_layers[side];
     loader.linear_layers[side] += 1;
@@ -931,13 +942,15 @@ fn load_linear(
         weights: LinearWeights {
             conv,
             dt_bias: loader.vector(&n.dt_bias, heads, false)?,
-            decay: loader.vector(&n.decay, heads, false)?,
+            decay,
         },
         wqkv: loader.named_matrix(&n.qkv, channels, d, Split::Whole)?,
         wgate: loader.named_matrix(&n.gate, inner, d, Split::Whole)?,
         walpha: loader.named_matrix(&n.alpha, heads, d, Split::Whole)?,
         wbeta: loader.named_matrix(&n.beta, heads, d, Split::Whole)?,
-        norm: loader.vector(&n.norm, shape.head_dim, true)?,
+        // Stored as the weight itself in every format (HF's other norms
+        // store `w` of `1 + w`).
+        norm: loader.vector(&n.norm, shape.head_dim, false)?,
         wout: loader.named_matrix(&n.out, d, inner, Split::Whole)?,
         shape,
     })
