@@ -1054,13 +1054,19 @@ fn load_layer(
                     ]
                 }
                 Naming::Hf { .. } => {
-                    let [g, u, dn] = naming.hf_expert(i, e);
                     let files = loader.files;
-                    [
-                        files.matrix(&g, f, d)?,
-                        files.matrix(&u, f, d)?,
-                        files.matrix(&dn, d, f)?,
-                    ]
+                    let [gate_up, down] = naming.hf_stacked_experts(i);
+                    if files.has(&gate_up) {
+                        let [g, u] = files.stacked_pair(&gate_up, e, e_n, f, d)?;
+                        [g, u, files.stacked_matrix(&down, e, e_n, d, f)?]
+                    } else {
+                        let [g, u, dn] = naming.hf_expert(i, e);
+                        [
+                            files.matrix(&g, f, d)?,
+                            files.matrix(&u, f, d)?,
+                            files.matrix(&dn, d, f)?,
+                        ]
+                    }
                 }
             };
             experts.push([

@@ -227,6 +227,17 @@ impl Naming {
             .map(|p| format!("{prefix}layers.{i}.mlp.experts.{e}.{p}.weight"))
     }
 
+    /// A layer's experts stacked in two tensors, `[experts, 2 × width,
+    /// hidden]` gate and up, `[experts, hidden, width]` down (Qwen3.5
+    /// MoE's HF files; no `.weight`).
+    pub fn hf_stacked_experts(&self, i: usize) -> [String; 2] {
+        let prefix = match self {
+            Naming::Hf { prefix } => prefix.as_str(),
+            Naming::Gguf => "",
+        };
+        ["gate_up_proj", "down_proj"].map(|p| format!("{prefix}layers.{i}.mlp.experts.{p}"))
+    }
+
     /// The merged experts tensors of a GGUF layer.
     pub fn gguf_experts(i: usize) -> [String; 3] {
         ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"].map(|p| format!("blk.{i}.{p}.weight"))

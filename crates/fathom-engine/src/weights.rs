@@ -316,6 +316,37 @@ impl WeightFiles {
     ) -> Result<HostMatrix, EngineError> {
         let t = self.tensor(name)?;
         let ty = t.checked(&[count as u64, rows as u64, cols as u64])?;
+        self.slice(t, ty, index, rows, cols)
+    }
+
+    /// Expert `index`'s two halves of a stacked `[count, 2 × rows, cols]`
+    /// tensor (Qwen3.5 MoE's HF `gate_up_proj`: the gate's rows, then the
+    /// up projection's), as views into the same bytes.
+    pub fn stacked_pair(
+        &self,
+        name: &str,
+        index: usize,
+        count: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<[HostMatrix; 2], EngineError> {
+        let t = self.tensor(name)?;
+        let ty = t.checked(&[count as u64, 2 * rows as u64, cols as u64])?;
+        Ok([
+            self.slice(t, ty, 2 * index, rows, cols)?,
+            self.slice(t, ty, 2 * index + 1, rows, cols)?,
+        ])
+    }
+
+    /// The `index`-th `[rows, cols]` matrix of `t`'s bytes.
+    fn slice(
+        &self,
+        t: &StoredTensor,
+        ty: WeightType,
+        index: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<HostMatrix, EngineError> {
         let bytes = rows * ty.row_bytes(cols);
         Ok(HostMatrix {
             data: self.host(TensorLoc {

@@ -11,7 +11,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::gguf::GgufTensorType;
-use crate::gguf_model::{gguf_name, gguf_writer};
+use crate::gguf_model::{gguf_name, gguf_writer, stacked_experts};
 use crate::grid::runnable;
 use crate::random::{Rng, WEIGHTS};
 use crate::{DType, ModelDef, TensorDef};
@@ -21,7 +21,8 @@ use crate::{DType, ModelDef, TensorDef};
 /// `Data::Random { seed }`, converted as llama.cpp converts Qwen3.5: norms
 /// stored as `1 + w` (all but the linear-attention layers' gated norm),
 /// `A_log` as the decay rate `−exp(A_log)`, the convolution taps and the
-/// shared expert's gate squeezed, and, where a key head serves several
+/// shared expert's gate squeezed, the stacked experts' `gate_up_proj`
+/// split into llama.cpp's gate and up tensors, and, where a key head serves several
 /// value heads, the value heads moved from grouped order (each key head's
 /// value heads together, as the HF file stores them) to tiled order
 /// (value head h served by key head h mod key heads, as ggml broadcasts).
@@ -38,6 +39,19 @@ pub fn write_converted_gguf(model: &ModelDef, path: &Path, seed: u64) -> io::Res
                 "tensor {:?} is {:?}: the converted GGUF takes an F32 model",
                 tensor.name, tensor.dtype
             )));
+        }
+        if let Some(split) = stacked_experts(&tensor.name, &tensor.shape) {
+            // gate_up: each expert's gate rows, then its up rows.
+            let v = hf_values(tensor, seed);
+            let halves = split.len();
+            let part = v.len() / tensor.shape[0] as usize / halves;
+            for (h, (name, _)) in split.into_iter().enumerate() {
+                let out = values.entry(name).or_default();
+                for expert in v.chunks_exact(part * halves) {
+                    out.extend_from_slice(&expert[h * part..(h + 1) * part]);
+                }
+            }
+            continue;
         }
         let Some((name, _expert)) = gguf_name(&tensor.name, gemma, hybrid)? else {
             continue;

@@ -346,6 +346,10 @@ pub(crate) fn tensors(model: &ModelDef) -> io::Result<Vec<(String, Vec<u64>)>> {
                 tensor.name
             )));
         }
+        if let Some(split) = stacked_experts(&tensor.name, &tensor.shape) {
+            out.extend(split);
+            continue;
+        }
         let Some((name, expert)) = gguf_name(&tensor.name, gemma, hybrid)? else {
             continue;
         };
@@ -433,6 +437,27 @@ pub(crate) fn gguf_name(hf: &str, gemma: bool, hybrid: bool) -> io::Result<Optio
         _ => return Err(unknown()),
     };
     Ok(Some((format!("blk.{layer}.{gguf}.{kind}"), false)))
+}
+
+/// A layer's stacked experts (Qwen3.5 MoE's HF `mlp.experts.gate_up_proj`,
+/// `[experts, 2 × width, hidden]`, and `mlp.experts.down_proj`) as
+/// llama.cpp's merged tensors, in ggml order: gate_up split into its gate
+/// and up halves.
+pub(crate) fn stacked_experts(hf: &str, shape: &[u64]) -> Option<Vec<(String, Vec<u64>)>> {
+    let name = hf.strip_prefix("language_model.").unwrap_or(hf);
+    let (layer, module) = name.strip_prefix("model.layers.")?.split_once('.')?;
+    let blk = |n: &str| format!("blk.{layer}.{n}.weight");
+    match (module, shape) {
+        ("mlp.experts.gate_up_proj", &[experts, rows, hidden]) => Some(
+            ["ffn_gate_exps", "ffn_up_exps"]
+                .map(|n| (blk(n), vec![hidden, rows / 2, experts]))
+                .to_vec(),
+        ),
+        ("mlp.experts.down_proj", &[experts, hidden, width]) => {
+            Some(vec![(blk("ffn_down_exps"), vec![width, hidden, experts])])
+        }
+        _ => None,
+    }
 }
 
 /// The tensors llama.cpp's converter stores without their unit

@@ -818,8 +818,21 @@ fn mlp(
     let experts = num(config, "num_experts");
     let expert_ffn = num(config, "moe_intermediate_size");
     add(format!("{p}mlp.gate.weight"), &[experts, hidden]);
-    for e in 0..experts {
-        gated(add, &format!("{p}mlp.experts.{e}."), expert_ffn);
+    if family.hybrid() {
+        // Qwen3.5 MoE's files stack a layer's experts, gate then up rows
+        // in one tensor, with no `.weight`.
+        add(
+            format!("{p}mlp.experts.gate_up_proj"),
+            &[experts, 2 * expert_ffn, hidden],
+        );
+        add(
+            format!("{p}mlp.experts.down_proj"),
+            &[experts, hidden, expert_ffn],
+        );
+    } else {
+        for e in 0..experts {
+            gated(add, &format!("{p}mlp.experts.{e}."), expert_ffn);
+        }
     }
     if let Some(shared) = config["shared_expert_intermediate_size"].as_u64() {
         gated(add, &format!("{p}mlp.shared_expert."), shared);

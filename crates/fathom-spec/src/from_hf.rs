@@ -203,7 +203,7 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
     // Qwen3.5 MoE renormalizes the top-k weights unless told not to.
     let norm_topk_prob = match cfg.value.get("norm_topk_prob") {
         Some(v) => v.as_bool() == Some(true),
-        None => family.is_qwen35(),
+        None => family.is_qwen35() && n_experts > 0,
     };
     let vocab_header = vocab::header(checkpoint, &mut notes);
     Ok(ModelSpec {
