@@ -1047,18 +1047,18 @@ fn load_layer(
                 Naming::Gguf => {
                     let [g, u, dn] = Naming::gguf_experts(i);
                     let files = loader.files;
-                    [
-                        files.stacked_matrix(&g, e, e_n, f, d)?,
-                        files.stacked_matrix(&u, e, e_n, f, d)?,
-                        files.stacked_matrix(&dn, e, e_n, d, f)?,
-                    ]
+                    let [g] = files.stacked(&g, e, e_n, f, d)?;
+                    let [u] = files.stacked(&u, e, e_n, f, d)?;
+                    let [dn] = files.stacked(&dn, e, e_n, d, f)?;
+                    [g, u, dn]
                 }
                 Naming::Hf { .. } => {
                     let files = loader.files;
                     let [gate_up, down] = naming.hf_stacked_experts(i);
                     if files.has(&gate_up) {
-                        let [g, u] = files.stacked_pair(&gate_up, e, e_n, f, d)?;
-                        [g, u, files.stacked_matrix(&down, e, e_n, d, f)?]
+                        let [g, u] = files.stacked(&gate_up, e, e_n, f, d)?;
+                        let [dn] = files.stacked(&down, e, e_n, d, f)?;
+                        [g, u, dn]
                     } else {
                         let [g, u, dn] = naming.hf_expert(i, e);
                         [

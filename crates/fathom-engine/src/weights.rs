@@ -304,59 +304,36 @@ impl WeightFiles {
 }
 
 impl WeightFiles {
-    /// Matrix `index` of a stacked `[count, rows, cols]` tensor (GGUF's
-    /// merged experts), as a view into the same bytes.
-    pub fn stacked_matrix(
+    /// Matrix `index` of a stacked `[count, N × rows, cols]` tensor, as
+    /// its `N` consecutive `[rows, cols]` pieces viewing the same bytes:
+    /// one for GGUF's merged experts, two for Qwen3.5 MoE's HF
+    /// `gate_up_proj` (an expert's gate rows, then its up rows).
+    pub fn stacked<const N: usize>(
         &self,
         name: &str,
         index: usize,
         count: usize,
         rows: usize,
         cols: usize,
-    ) -> Result<HostMatrix, EngineError> {
+    ) -> Result<[HostMatrix; N], EngineError> {
         let t = self.tensor(name)?;
-        let ty = t.checked(&[count as u64, rows as u64, cols as u64])?;
-        self.slice(t, ty, index, rows, cols)
-    }
-
-    /// Expert `index`'s two halves of a stacked `[count, 2 × rows, cols]`
-    /// tensor (Qwen3.5 MoE's HF `gate_up_proj`: the gate's rows, then the
-    /// up projection's), as views into the same bytes.
-    pub fn stacked_pair(
-        &self,
-        name: &str,
-        index: usize,
-        count: usize,
-        rows: usize,
-        cols: usize,
-    ) -> Result<[HostMatrix; 2], EngineError> {
-        let t = self.tensor(name)?;
-        let ty = t.checked(&[count as u64, 2 * rows as u64, cols as u64])?;
-        Ok([
-            self.slice(t, ty, 2 * index, rows, cols)?,
-            self.slice(t, ty, 2 * index + 1, rows, cols)?,
-        ])
-    }
-
-    /// The `index`-th `[rows, cols]` matrix of `t`'s bytes.
-    fn slice(
-        &self,
-        t: &StoredTensor,
-        ty: WeightType,
-        index: usize,
-        rows: usize,
-        cols: usize,
-    ) -> Result<HostMatrix, EngineError> {
+        let ty = t.checked(&[count as u64, (N * rows) as u64, cols as u64])?;
         let bytes = rows * ty.row_bytes(cols);
-        Ok(HostMatrix {
-            data: self.host(TensorLoc {
-                file: t.loc.file,
-                offset: t.loc.offset + index * bytes,
-                len: bytes,
-            })?,
-            storage: MatrixStorage::Blocks(ty),
-            rows,
-            cols,
-        })
+        let mut pieces = Vec::with_capacity(N);
+        for piece in index * N..(index + 1) * N {
+            pieces.push(HostMatrix {
+                data: self.host(TensorLoc {
+                    file: t.loc.file,
+                    offset: t.loc.offset + piece * bytes,
+                    len: bytes,
+                })?,
+                storage: MatrixStorage::Blocks(ty),
+                rows,
+                cols,
+            });
+        }
+        Ok(pieces
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("N pieces pushed")))
     }
 }

@@ -124,16 +124,7 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
         true => Some(qwen35::read(&cfg, head_dim)?),
         false => None,
     };
-    let attention = match qwen35 {
-        Some(_) => qwen35::linear_layers(&cfg, n_layers)?
-            .into_iter()
-            .map(|linear| match linear {
-                true => Attention::Linear,
-                false => Attention::Full,
-            })
-            .collect(),
-        None => layer_attention(&cfg, &family, n_layers)?,
-    };
+    let attention = layer_attention(&cfg, &family, n_layers)?;
     let layers = attention
         .into_iter()
         .map(|attention| Layer {
@@ -262,18 +253,23 @@ fn llama3_rope(scaling: &Value) -> Option<crate::Llama3Rope> {
     (rope.high_freq_factor > rope.low_freq_factor).then_some(rope)
 }
 
-/// Per-layer attention from `layer_types` when present (newer configs),
-/// else from each family's older fields.
+/// Per-layer attention from `layer_types` when present (newer configs;
+/// Qwen3.5's name its linear-attention layers), else from each family's
+/// older fields.
 fn layer_attention(
     cfg: &Config,
     family: &Family,
     n_layers: u64,
 ) -> Result<Vec<Attention>, SpecError> {
     let window = cfg.u64_or_null("sliding_window")?.filter(|&w| w > 0);
+    let linear = family.is_qwen35();
     if let Some(types) = cfg.value.get("layer_types") {
-        let expected = format!(
-            "an array of {n_layers} strings, each \"full_attention\" or \"sliding_attention\""
-        );
+        let other = match linear {
+            true => "linear_attention",
+            false => "sliding_attention",
+        };
+        let expected =
+            format!("an array of {n_layers} strings, each \"full_attention\" or \"{other}\"");
         let invalid = || cfg.invalid("layer_types", types, &expected);
         let items = types.as_array().ok_or_else(invalid)?;
         if items.len() as u64 != n_layers {
@@ -283,6 +279,8 @@ fn layer_attention(
             .iter()
             .map(|t| match (t.as_str(), window) {
                 (Some("full_attention"), _) => Ok(Attention::Full),
+                (Some("linear_attention"), _) if linear => Ok(Attention::Linear),
+                (Some("sliding_attention"), _) if linear => Err(invalid()),
                 (Some("sliding_attention"), Some(window)) => Ok(Attention::Sliding { window }),
                 (Some("sliding_attention"), None) => {
                     Err(cfg.missing("sliding_window", family.name()))
@@ -290,6 +288,9 @@ fn layer_attention(
                 _ => Err(invalid()),
             })
             .collect();
+    }
+    if linear {
+        return qwen35::interval_layers(cfg, n_layers);
     }
     let Some(window) = window else {
         return Ok(vec![Attention::Full; n_layers as usize]);

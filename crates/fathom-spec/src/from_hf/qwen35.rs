@@ -6,7 +6,7 @@
 use serde_json::Value;
 
 use super::Config;
-use crate::{limits, LinearAttention, SpecError};
+use crate::{limits, Attention, LinearAttention, SpecError};
 
 /// transformers' `Qwen3_5TextConfig` default when a config leaves
 /// `partial_rotary_factor` out: a quarter of each head is rotated.
@@ -106,29 +106,10 @@ pub(super) fn read(cfg: &Config, head_dim: u64) -> Result<Qwen35, SpecError> {
     })
 }
 
-/// Which layers are linear attention: `layer_types` when the config has
-/// it (each `linear_attention` or `full_attention`), else every layer but
-/// each `full_attention_interval`-th. A config with neither is refused
-/// rather than given a guessed pattern.
-pub(super) fn linear_layers(cfg: &Config, n_layers: u64) -> Result<Vec<bool>, SpecError> {
-    if let Some(types) = cfg.value.get("layer_types") {
-        let expected = format!(
-            "an array of {n_layers} strings, each \"linear_attention\" or \"full_attention\""
-        );
-        let invalid = || cfg.invalid("layer_types", types, &expected);
-        let items = types.as_array().ok_or_else(invalid)?;
-        if items.len() as u64 != n_layers {
-            return Err(invalid());
-        }
-        return items
-            .iter()
-            .map(|t| match t.as_str() {
-                Some("linear_attention") => Ok(true),
-                Some("full_attention") => Ok(false),
-                _ => Err(invalid()),
-            })
-            .collect();
-    }
+/// Qwen3.5's layers without `layer_types`: every layer linear attention
+/// but each `full_attention_interval`-th. A config without the interval
+/// is refused rather than given a guessed pattern.
+pub(super) fn interval_layers(cfg: &Config, n_layers: u64) -> Result<Vec<Attention>, SpecError> {
     let field = "full_attention_interval";
     let interval = cfg
         .u64(field)?
@@ -141,6 +122,9 @@ pub(super) fn linear_layers(cfg: &Config, n_layers: u64) -> Result<Vec<bool>, Sp
         ));
     }
     Ok((0..n_layers)
-        .map(|i| !(i + 1).is_multiple_of(interval))
+        .map(|i| match (i + 1).is_multiple_of(interval) {
+            true => Attention::Full,
+            false => Attention::Linear,
+        })
         .collect())
 }
