@@ -751,6 +751,14 @@ fn qwen3_5_4b_hf_directory_plans_its_state_and_converted_tensors_by_hand() {
         model.total_bytes(),
         "stored, read in place"
     );
+
+    // Quantized as llama.cpp would quantize its GGUF: the same bytes for
+    // every type (the taps and the shared gates stay f32 in both).
+    let advice = |spec: &ModelSpec, plan: &MemoryPlan| {
+        fathom_plan::quant::advise(spec, plan.kv_bytes, plan.recurrent_bytes, 64 * GIB).options
+    };
+    let gguf_spec = qwen3_5_4b("hf-quant");
+    assert_eq!(advice(&spec, &plan), advice(&gguf_spec, &gguf));
 }
 
 /// On a GPU the state is carved from the one allocation, once: the device
