@@ -384,6 +384,17 @@ impl Model {
         placement: Option<&Placement>,
     ) -> Result<Self, EngineError> {
         check_family(&spec)?;
+        // mlx-lm writes Qwen3.5 in a layout of its own (experts as
+        // `switch_mlp`, its own treatment of the norms and taps), not the
+        // Hugging Face one this loader reads: refused rather than guessed.
+        if spec.family.is_qwen35()
+            && matches!(checkpoint, Checkpoint::Hf(hf) if hf.quantization.is_some())
+        {
+            return Err(EngineError::UnsupportedVariant {
+                family: spec.family.name().to_string(),
+                what: "an MLX checkpoint (mlx-lm's own layout)".into(),
+            });
+        }
         let features = Features {
             hybrid: backend.runs_hybrid(),
             gpt_oss: backend.runs_gpt_oss(),

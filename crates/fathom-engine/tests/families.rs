@@ -128,6 +128,33 @@ fn qwen3_5_hf_directories_run_as_their_converted_gguf() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An MLX Qwen3.5 (mlx-lm's own layout, not the HF one the loader reads)
+/// is refused by name rather than run wrong; `inspect` still plans it.
+#[test]
+fn qwen3_5_mlx_checkpoints_are_refused_by_name() {
+    let dir = std::env::temp_dir().join(format!("fathom-families-q35-mlx-{}", std::process::id()));
+    fx::write_hf_dir(
+        &fx::mlx_quantize(&fx::tiny_qwen3_5(), 4, 64),
+        &dir,
+        1,
+        fx::Data::Random { seed: 3 },
+    )
+    .unwrap();
+    let checkpoint = Checkpoint::open(&dir).unwrap();
+    let spec = fathom_spec::ModelSpec::from_checkpoint(&checkpoint).unwrap();
+    let plan = fathom_plan::MemoryPlan::new(&spec, inputs(64, KvDtype::F16)).unwrap();
+    let tokenizer = fathom_engine::load_tokenizer(&Checkpoint::open(&smollm2()).unwrap()).unwrap();
+    let err = match fathom_engine::Engine::load(&checkpoint, spec, plan, tokenizer) {
+        Ok(_) => panic!("an MLX Qwen3.5 loaded"),
+        Err(e) => e.to_string(),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        err.contains("qwen35") && err.contains("MLX checkpoint"),
+        "{err}"
+    );
+}
+
 /// Each sequence keeps its recurrent state in its own slot, and the state
 /// carries across prefill chunks: three prompts decoded together in steps
 /// of 7 tokens (so prompts split and share steps) give, token for token,
