@@ -99,13 +99,16 @@ __device__ __forceinline__ float lin_softplus(float x) { return x > 20.0f ? x : 
 // rows of the convolved qkv:
 //   S <- e^g S;  S_j <- S_j + beta (v_j - S_j . k) k;  out_j = S_j . q / sqrt(D)
 // with g = decay[h] softplus(alpha + dt_bias[h]) and beta = sigmoid(beta
-// input); value head h reads key head h mod key_heads. The rows start from
+// input); value head h reads key head (h / key_stride) mod key_heads (stride
+// 1: llama.cpp's tiled heads; value_heads / key_heads: HF's grouped heads,
+// LinearShape::key_head). The rows start from
 // the sequence's slot (zeros at position 0) and are written back there.
 template <int D>
 __device__ __forceinline__ void gated_delta(StepDesc st, const float* qkv, const float* alpha, const float* beta,
                                             const float* dt_bias, const float* decay, float* states,
                                             const unsigned int* slots, long long slot_values, long long layer_off,
-                                            int key_heads, int value_heads, int rows, float* out) {
+                                            int key_heads, int key_stride, int value_heads, int rows,
+                                            float* out) {
   constexpr int EPL = D / WARP;
   const int lane = threadIdx.x % WARP, h = blockIdx.y, seq = blockIdx.z;
   const int j0 = (blockIdx.x * LIN_WARPS + threadIdx.x / WARP) * LIN_ROWS;
@@ -114,7 +117,7 @@ __device__ __forceinline__ void gated_delta(StepDesc st, const float* qkv, const
   if (j0 >= D) return;  // a whole warp
   int first, n;
   lin_rows(st, seq, gridDim.z, rows, &first, &n);
-  const int channels = (2 * key_heads + value_heads) * D, src = h % key_heads;
+  const int channels = (2 * key_heads + value_heads) * D, src = (h / key_stride) % key_heads;
   float* s = states + (size_t)slots[seq] * slot_values + layer_off + (size_t)h * D * D + (size_t)j0 * D + lane;
   const bool fresh = st.seq_start[seq] == 0;
   float S[LIN_ROWS][EPL];
@@ -165,9 +168,9 @@ __device__ __forceinline__ void gated_delta(StepDesc st, const float* qkv, const
   extern "C" __global__ void __launch_bounds__(LIN_WARPS * WARP) gated_delta_##D(                                  \
       StepDesc st, const float* qkv, const float* alpha, const float* beta, const float* dt_bias, const float* decay, \
       float* states, const unsigned int* slots, long long slot_values, long long layer_off, int key_heads,            \
-      int value_heads, int rows, float* out) {                                                                      \
+      int key_stride, int value_heads, int rows, float* out) {                                                      \
     gated_delta<D>(st, qkv, alpha, beta, dt_bias, decay, states, slots, slot_values, layer_off, key_heads,           \
-                   value_heads, rows, out);                                                                         \
+                   key_stride, value_heads, rows, out);                                                             \
   }
 LIN_DELTA_KERNELS(LIN_DELTA)
 #undef LIN_DELTA

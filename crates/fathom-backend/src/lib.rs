@@ -244,9 +244,37 @@ pub struct LinearShape {
     pub conv_kernel: usize,
     /// Added to the sum of squares when q and k are scaled to unit length.
     pub eps: f32,
+    /// How the value heads are laid out among the key heads.
+    pub value_order: ValueOrder,
+}
+
+/// Which key head a value head reads, when `value_heads / key_heads` of
+/// them share one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueOrder {
+    /// Value head h reads key head `h mod key_heads` (llama.cpp's GGUF:
+    /// its converter reorders the heads so ggml can broadcast).
+    Tiled,
+    /// Each key head's value heads are together: value head h reads key
+    /// head `h / (value_heads / key_heads)` (Hugging Face's files).
+    Grouped,
 }
 
 impl LinearShape {
+    /// The key head value head `h` reads: `(h / stride) mod key_heads`
+    /// with [`Self::key_head_stride`].
+    pub fn key_head(&self, h: usize) -> usize {
+        (h / self.key_head_stride()) % self.key_heads
+    }
+
+    /// How many consecutive value heads share a key head: 1 when tiled.
+    pub fn key_head_stride(&self) -> usize {
+        match self.value_order {
+            ValueOrder::Tiled => 1,
+            ValueOrder::Grouped => (self.value_heads / self.key_heads.max(1)).max(1),
+        }
+    }
+
     /// Channels of the convolution: q, k, then v.
     pub fn channels(&self) -> usize {
         (2 * self.key_heads + self.value_heads) * self.head_dim
@@ -580,7 +608,7 @@ pub trait Backend: Send {
     /// delta rule — `S ← exp(g)·S`, `S ← S + β·(v − S·k)·kᵀ`,
     /// `out = S·q/√head_dim` with `g = decay·softplus(alpha + dt_bias)`
     /// and `β = sigmoid(beta)` — into `io.out`. Value head h reads key
-    /// head `h mod key_heads`, as llama.cpp repeats them.
+    /// head [`LinearShape::key_head`]`(h)`.
     fn gated_delta_rule(
         &mut self,
         _linear_layer: usize,

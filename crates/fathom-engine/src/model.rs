@@ -13,7 +13,7 @@
 
 use fathom_backend::{
     AttentionIo, AttentionShape, Backend, Buf, Features, Glu, HostMatrix, LinearIo, LinearShape,
-    LinearWeights, MatrixId, RopeParams, RoutedFfn, Split, Step, StepSeq, VectorId,
+    LinearWeights, MatrixId, RopeParams, RoutedFfn, Split, Step, StepSeq, ValueOrder, VectorId,
 };
 use fathom_checkpoint::Checkpoint;
 use fathom_plan::placement::{Place, Placement};
@@ -384,6 +384,17 @@ impl Model {
         placement: Option<&Placement>,
     ) -> Result<Self, EngineError> {
         check_family(&spec)?;
+        // mlx-lm writes Qwen3.5 in a layout of its own (experts as
+        // `switch_mlp`, its own treatment of the norms and taps), not the
+        // Hugging Face one this loader reads: refused rather than guessed.
+        if spec.family.is_qwen35()
+            && matches!(checkpoint, Checkpoint::Hf(hf) if hf.quantization.is_some())
+        {
+            return Err(EngineError::UnsupportedVariant {
+                family: spec.family.name().to_string(),
+                what: "an MLX checkpoint (mlx-lm's own layout)".into(),
+            });
+        }
         let features = Features {
             hybrid: backend.runs_hybrid(),
             gpt_oss: backend.runs_gpt_oss(),
@@ -917,12 +928,23 @@ fn load_linear(
         head_dim: shape.head_dim as usize,
         conv_kernel: shape.conv_kernel as usize,
         eps: spec.rms_norm_eps as f32,
+        value_order: if n.grouped_values {
+            ValueOrder::Grouped
+        } else {
+            ValueOrder::Tiled
+        },
     };
     let (channels, heads) = (shape.channels(), shape.value_heads);
     let inner = heads * shape.head_dim;
     let taps = loader.files.flat(&n.conv, channels, shape.conv_kernel)?;
     loader.converted += taps.len() * 4;
     let conv = loader.backend.load_vector(&taps)?;
+    let mut decay = loader.files.vector(&n.decay, heads)?;
+    if n.decay_is_log {
+        decay.iter_mut().for_each(|a| *a = -a.exp());
+    }
+    loader.converted += heads * 4;
+    let decay = loader.backend.load_vector(&decay)?;
     let side = loader.place as usize;
     let index = loader.linear_layers[side];
     loader.linear_layers[side] += 1;
@@ -931,13 +953,15 @@ fn load_linear(
         weights: LinearWeights {
             conv,
             dt_bias: loader.vector(&n.dt_bias, heads, false)?,
-            decay: loader.vector(&n.decay, heads, false)?,
+            decay,
         },
         wqkv: loader.named_matrix(&n.qkv, channels, d, Split::Whole)?,
         wgate: loader.named_matrix(&n.gate, inner, d, Split::Whole)?,
         walpha: loader.named_matrix(&n.alpha, heads, d, Split::Whole)?,
         wbeta: loader.named_matrix(&n.beta, heads, d, Split::Whole)?,
-        norm: loader.vector(&n.norm, shape.head_dim, true)?,
+        // Stored as the weight itself in every format (HF's other norms
+        // store `w` of `1 + w`).
+        norm: loader.vector(&n.norm, shape.head_dim, false)?,
         wout: loader.named_matrix(&n.out, d, inner, Split::Whole)?,
         shape,
     })
@@ -1034,20 +1058,26 @@ fn load_layer(
                 Naming::Gguf => {
                     let [g, u, dn] = Naming::gguf_experts(i);
                     let files = loader.files;
-                    [
-                        files.stacked_matrix(&g, e, e_n, f, d)?,
-                        files.stacked_matrix(&u, e, e_n, f, d)?,
-                        files.stacked_matrix(&dn, e, e_n, d, f)?,
-                    ]
+                    let [g] = files.stacked(&g, e, e_n, f, d)?;
+                    let [u] = files.stacked(&u, e, e_n, f, d)?;
+                    let [dn] = files.stacked(&dn, e, e_n, d, f)?;
+                    [g, u, dn]
                 }
                 Naming::Hf { .. } => {
-                    let [g, u, dn] = naming.hf_expert(i, e);
                     let files = loader.files;
-                    [
-                        files.matrix(&g, f, d)?,
-                        files.matrix(&u, f, d)?,
-                        files.matrix(&dn, d, f)?,
-                    ]
+                    let [gate_up, down] = naming.hf_stacked_experts(i);
+                    if files.has(&gate_up) {
+                        let [g, u] = files.stacked(&gate_up, e, e_n, f, d)?;
+                        let [dn] = files.stacked(&down, e, e_n, d, f)?;
+                        [g, u, dn]
+                    } else {
+                        let [g, u, dn] = naming.hf_expert(i, e);
+                        [
+                            files.matrix(&g, f, d)?,
+                            files.matrix(&u, f, d)?,
+                            files.matrix(&dn, d, f)?,
+                        ]
+                    }
                 }
             };
             experts.push([

@@ -28,7 +28,7 @@ pub struct LayerNames {
     pub shared_up: String,
     pub shared_down: String,
     pub shared_router: String,
-    /// A linear-attention layer's tensors (llama.cpp's GGUF names).
+    /// A linear-attention layer's tensors.
     pub linear: LinearNames,
     /// gpt-oss's sinks and biases (llama.cpp's GGUF names).
     pub gpt_oss: GptOssNames,
@@ -45,7 +45,8 @@ pub struct GptOssNames {
     pub down_bias: String,
 }
 
-/// A Qwen3.5 linear-attention layer's tensors.
+/// A Qwen3.5 linear-attention layer's tensors, and how the format stores
+/// them.
 pub struct LinearNames {
     /// q, k and v before the convolution.
     pub qkv: String,
@@ -58,6 +59,13 @@ pub struct LinearNames {
     pub decay: String,
     pub norm: String,
     pub out: String,
+    /// `decay` holds log(−A) (HF's `A_log`) rather than the rate −exp(A_log)
+    /// llama.cpp's converter stores.
+    pub decay_is_log: bool,
+    /// The value heads are in grouped order (each key head's together, as
+    /// HF stores them) rather than the tiled order llama.cpp's converter
+    /// moves them to.
+    pub grouped_values: bool,
 }
 
 /// How a format names the model-wide tensors, and each layer's.
@@ -89,7 +97,12 @@ impl Naming {
     pub fn output(&self) -> String {
         match self {
             Naming::Gguf => "output.weight".into(),
-            Naming::Hf { prefix } => format!("{}lm_head.weight", prefix.trim_end_matches("model.")),
+            // Beside the language model in a multimodal checkpoint: Gemma 3's
+            // `language_model.lm_head`, Qwen3.5's top-level `lm_head`.
+            Naming::Hf { prefix } => match prefix.as_str() {
+                "model.language_model." => "lm_head.weight".into(),
+                p => format!("{}lm_head.weight", p.trim_end_matches("model.")),
+            },
         }
     }
 
@@ -99,7 +112,7 @@ impl Naming {
     pub fn layer(&self, style: &fathom_spec::BlockStyle, i: usize) -> LayerNames {
         let post_norms = style.post_norms;
         let b = |s: &str| format!("blk.{i}.{s}");
-        let linear = LinearNames {
+        let gguf_linear = LinearNames {
             qkv: b("attn_qkv.weight"),
             gate: b("attn_gate.weight"),
             alpha: b("ssm_alpha.weight"),
@@ -109,6 +122,8 @@ impl Naming {
             decay: b("ssm_a"),
             norm: b("ssm_norm.weight"),
             out: b("ssm_out.weight"),
+            decay_is_log: false,
+            grouped_values: false,
         };
         let gpt_oss = GptOssNames {
             sinks: b("attn_sinks.weight"),
@@ -146,11 +161,25 @@ impl Naming {
                 shared_up: b("ffn_up_shexp.weight"),
                 shared_down: b("ffn_down_shexp.weight"),
                 shared_router: b("ffn_gate_inp_shexp.weight"),
-                linear,
+                linear: gguf_linear,
                 gpt_oss,
             },
             Naming::Hf { prefix } => {
                 let b = |s: &str| format!("{prefix}layers.{i}.{s}");
+                let l = |s: &str| b(&format!("linear_attn.{s}"));
+                let linear = LinearNames {
+                    qkv: l("in_proj_qkv.weight"),
+                    gate: l("in_proj_z.weight"),
+                    alpha: l("in_proj_a.weight"),
+                    beta: l("in_proj_b.weight"),
+                    conv: l("conv1d.weight"),
+                    dt_bias: l("dt_bias"),
+                    decay: l("A_log"),
+                    norm: l("norm.weight"),
+                    out: l("out_proj.weight"),
+                    decay_is_log: true,
+                    grouped_values: true,
+                };
                 LayerNames {
                     attn_norm: b("input_layernorm.weight"),
                     q: b("self_attn.q_proj.weight"),
@@ -196,6 +225,17 @@ impl Naming {
         };
         ["gate_proj", "up_proj", "down_proj"]
             .map(|p| format!("{prefix}layers.{i}.mlp.experts.{e}.{p}.weight"))
+    }
+
+    /// A layer's experts stacked in two tensors, `[experts, 2 × width,
+    /// hidden]` gate and up, `[experts, hidden, width]` down (Qwen3.5
+    /// MoE's HF files; no `.weight`).
+    pub fn hf_stacked_experts(&self, i: usize) -> [String; 2] {
+        let prefix = match self {
+            Naming::Hf { prefix } => prefix.as_str(),
+            Naming::Gguf => "",
+        };
+        ["gate_up_proj", "down_proj"].map(|p| format!("{prefix}layers.{i}.mlp.experts.{p}"))
     }
 
     /// The merged experts tensors of a GGUF layer.

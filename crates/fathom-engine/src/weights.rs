@@ -46,6 +46,17 @@ impl StoredTensor {
 }
 
 impl StoredTensor {
+    /// [`Self::checked`] up to unit dimensions: Hugging Face stores a
+    /// depthwise convolution's taps as `[channels, 1, taps]` and a one-row
+    /// Linear as `[1, cols]` where llama.cpp's converter squeezes them.
+    fn checked_squeezed(&self, expected: &[u64]) -> Result<WeightType, EngineError> {
+        let squeezed = |dims: &[u64]| dims.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+        if squeezed(&self.shape) == squeezed(expected) {
+            return self.checked(&self.shape.clone());
+        }
+        self.checked(expected)
+    }
+
     fn check_shape(&self, expected: &[u64]) -> Result<(), EngineError> {
         if self.shape != expected {
             return Err(EngineError::BadShape {
@@ -234,11 +245,12 @@ impl WeightFiles {
         Ok(out)
     }
 
-    /// The 1-D tensor `name` of `cols` values read in place as a matrix of
-    /// one row (Qwen3.5 MoE's shared-expert gate, a dot product a row).
+    /// The 1-D tensor `name` of `cols` values (`[1, cols]` in an HF file)
+    /// read in place as a matrix of one row (Qwen3.5 MoE's shared-expert
+    /// gate, a dot product a row).
     pub fn row_matrix(&self, name: &str, cols: usize) -> Result<HostMatrix, EngineError> {
         let t = self.tensor(name)?;
-        let ty = t.checked(&[cols as u64])?;
+        let ty = t.checked_squeezed(&[cols as u64])?;
         Ok(HostMatrix {
             data: self.host(t.loc)?,
             storage: MatrixStorage::Blocks(ty),
@@ -249,10 +261,11 @@ impl WeightFiles {
 
     /// The `[rows, cols]` tensor `name` flattened to f32 row by row: a
     /// small 2-D weight the engine converts at load like a 1-D one
-    /// (a linear-attention layer's convolution taps).
+    /// (a linear-attention layer's convolution taps, `[rows, 1, cols]` in
+    /// an HF file).
     pub fn flat(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, EngineError> {
         let t = self.tensor(name)?;
-        let ty = t.checked(&[rows as u64, cols as u64])?;
+        let ty = t.checked_squeezed(&[rows as u64, cols as u64])?;
         let bytes = self.bytes(t.loc);
         let row_bytes = ty.row_bytes(cols);
         let mut out = vec![0f32; rows * cols];
@@ -291,28 +304,36 @@ impl WeightFiles {
 }
 
 impl WeightFiles {
-    /// Matrix `index` of a stacked `[count, rows, cols]` tensor (GGUF's
-    /// merged experts), as a view into the same bytes.
-    pub fn stacked_matrix(
+    /// Matrix `index` of a stacked `[count, N × rows, cols]` tensor, as
+    /// its `N` consecutive `[rows, cols]` pieces viewing the same bytes:
+    /// one for GGUF's merged experts, two for Qwen3.5 MoE's HF
+    /// `gate_up_proj` (an expert's gate rows, then its up rows).
+    pub fn stacked<const N: usize>(
         &self,
         name: &str,
         index: usize,
         count: usize,
         rows: usize,
         cols: usize,
-    ) -> Result<HostMatrix, EngineError> {
+    ) -> Result<[HostMatrix; N], EngineError> {
         let t = self.tensor(name)?;
-        let ty = t.checked(&[count as u64, rows as u64, cols as u64])?;
+        let ty = t.checked(&[count as u64, (N * rows) as u64, cols as u64])?;
         let bytes = rows * ty.row_bytes(cols);
-        Ok(HostMatrix {
-            data: self.host(TensorLoc {
-                file: t.loc.file,
-                offset: t.loc.offset + index * bytes,
-                len: bytes,
-            })?,
-            storage: MatrixStorage::Blocks(ty),
-            rows,
-            cols,
-        })
+        let mut pieces = Vec::with_capacity(N);
+        for piece in index * N..(index + 1) * N {
+            pieces.push(HostMatrix {
+                data: self.host(TensorLoc {
+                    file: t.loc.file,
+                    offset: t.loc.offset + piece * bytes,
+                    len: bytes,
+                })?,
+                storage: MatrixStorage::Blocks(ty),
+                rows,
+                cols,
+            });
+        }
+        Ok(pieces
+            .try_into()
+            .unwrap_or_else(|_| unreachable!("N pieces pushed")))
     }
 }

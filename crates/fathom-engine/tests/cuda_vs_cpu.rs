@@ -519,7 +519,9 @@ fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
 /// (routed experts and the gated shared expert) on CUDA against the CPU,
 /// every logits row of a schedule of chunked prefills beside each other
 /// and batched decode of three sequences (their states in three slots, a
-/// recurrence carried over 5 to 24 tokens), in F32 and Q8_0. Each row
+/// recurrence carried over 5 to 24 tokens), in F32 and Q8_0 GGUFs and as
+/// F32 Hugging Face directories (value heads in grouped order, experts
+/// stacked). Each row
 /// within the format's `tolerance` of the largest CPU logit, and the mean
 /// KL divergence below 1e-4 nats (F32) or 5e-3 (Q8_0: the CPU's 8-bit
 /// activations); a wrong tap, gate, head or slot moves logits by tens of
@@ -536,9 +538,16 @@ fn hybrid_models_match_the_cpu_through_chunks_and_batched_decode() {
         ("qwen35moe", fx::tiny_qwen3_5_moe()),
     ];
     for (name, model) in &models {
-        for ty in [T::F32, T::Q8_0] {
-            let path = d.join(format!("{name}-{}.gguf", ty.name()));
-            Format::Gguf(ty).write(model, &path, 7);
+        for format in [
+            Format::Gguf(T::F32),
+            Format::Gguf(T::Q8_0),
+            Format::Safetensors,
+        ] {
+            let (path, ty) = match format {
+                Format::Gguf(ty) => (d.join(format!("{name}-{}.gguf", ty.name())), ty),
+                _ => (d.join(format!("{name}-hf")), T::F32),
+            };
+            format.write(model, &path, 7);
             let run = |device| {
                 let mut e = placed_engine(&path, inputs(device, 64, 3, 8), None, tokenizer(&d));
                 schedule_logits(&mut e, 1024)
@@ -547,14 +556,14 @@ fn hybrid_models_match_the_cpu_through_chunks_and_batched_decode() {
             let (worst, kld) = rows_agreement(&gpu, &cpu);
             let (tol, kld_tol) = (tolerance(ty.name()), kld_tolerance(ty));
             println!(
-                "{name:<10} {:<5} {} rows: max_rel {worst:.2e} (tolerance {tol}), mean KLD {kld:.2e} (tolerance {kld_tol})",
-                ty.name(),
+                "{name:<10} {:<15} {} rows: max_rel {worst:.2e} (tolerance {tol}), mean KLD {kld:.2e} (tolerance {kld_tol})",
+                format.name(),
                 cpu.len()
             );
             if !(worst < tol && kld < kld_tol) {
                 failures.push(format!(
                     "{name} {}: max_rel {worst:e}, mean KLD {kld:e}",
-                    ty.name()
+                    format.name()
                 ));
             }
         }

@@ -280,6 +280,42 @@ fn hybrid_gemma4_and_gpt_oss_splits_equal_the_unsplit_run() {
     assert!(runs >= 40, "only {runs} split runs");
 }
 
+/// A Hugging Face Qwen3.5 MoE directory (experts stacked in
+/// `gate_up_proj` / `down_proj`, value heads in grouped order) split as
+/// its GGUF is: at the middle layer boundary, with every layer's experts
+/// on the host, and with the first layer's: every logits row of the
+/// chunked-prefill and batched-decode schedule equals the unsplit run's to
+/// the bit. The placement reads the stacked tensors as experts.
+#[test]
+fn a_qwen3_5_moe_hf_directory_splits_as_its_gguf() {
+    let d = dir("q35-hf-split");
+    let model = fathom_fixtures::tiny_qwen3_5_moe();
+    let (hf, gguf) = (d.join("hf"), d.join("tokenizer.gguf"));
+    Format::Safetensors.write(&model, &hf, 5);
+    Format::Gguf(T::F32).write(&model, &gguf, 5);
+    let vocab = 1024;
+    let mut one = common::engine(&hf, schedule_inputs(Device::Cpu), Some(tokenizer(&gguf)));
+    let expected = schedule_logits(&mut one, vocab);
+    let cpu_moe = |cpu_moe_layers| PlacementRequest {
+        gpu_layers: GpuLayers::All,
+        cpu_moe_layers,
+        ..PlacementRequest::default()
+    };
+    for (flag, request) in [
+        ("-ngl 2", layers(2)),
+        ("--cpu-moe", cpu_moe(u64::MAX)),
+        ("--n-cpu-moe 1", cpu_moe(1)),
+    ] {
+        let mut engine = split_with(&hf, &gguf, &request, schedule_inputs)
+            .unwrap_or_else(|e| panic!("{flag}: {e}"));
+        assert!(
+            schedule_logits(&mut engine, vocab) == expected,
+            "{flag}: rows differ from the unsplit run"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// A hybrid model still refuses tensor parallelism, at planning.
 #[test]
 fn a_hybrid_model_is_refused_tensor_parallelism() {

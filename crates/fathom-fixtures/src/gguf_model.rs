@@ -324,7 +324,7 @@ fn hybrid_hyperparameters(c: &Value) -> io::Result<Vec<(&'static str, GgufValue)
 /// GGUF names and ggml dims (reversed from Hugging Face order), in the
 /// checkpoint's order; each layer's experts become one `[in, out, n_expert]`
 /// tensor where its first expert was.
-fn tensors(model: &ModelDef) -> io::Result<Vec<(String, Vec<u64>)>> {
+pub(crate) fn tensors(model: &ModelDef) -> io::Result<Vec<(String, Vec<u64>)>> {
     let config = model.text_config();
     let mut out: Vec<(String, Vec<u64>)> = Vec::new();
     if config["rope_scaling"]["rope_type"] == "llama3" {
@@ -346,10 +346,17 @@ fn tensors(model: &ModelDef) -> io::Result<Vec<(String, Vec<u64>)>> {
                 tensor.name
             )));
         }
+        if let Some(split) = stacked_experts(&tensor.name, &tensor.shape) {
+            out.extend(split);
+            continue;
+        }
         let Some((name, expert)) = gguf_name(&tensor.name, gemma, hybrid)? else {
             continue;
         };
-        let dims: Vec<u64> = tensor.shape.iter().rev().copied().collect();
+        let mut dims: Vec<u64> = tensor.shape.iter().rev().copied().collect();
+        if is_squeezed(&name) {
+            dims.retain(|&d| d != 1);
+        }
         if !expert {
             out.push((name, dims));
         } else if let Some(&at) = merged.get(&name) {
@@ -364,7 +371,7 @@ fn tensors(model: &ModelDef) -> io::Result<Vec<(String, Vec<u64>)>> {
 
 /// llama.cpp's name for a Hugging Face tensor, and whether it is one expert
 /// of a merged tensor; `None` for tensors outside the language model.
-fn gguf_name(hf: &str, gemma: bool, hybrid: bool) -> io::Result<Option<(String, bool)>> {
+pub(crate) fn gguf_name(hf: &str, gemma: bool, hybrid: bool) -> io::Result<Option<(String, bool)>> {
     if hf.starts_with("vision_tower.") || hf.starts_with("multi_modal_projector.") {
         return Ok(None);
     }
@@ -430,6 +437,34 @@ fn gguf_name(hf: &str, gemma: bool, hybrid: bool) -> io::Result<Option<(String, 
         _ => return Err(unknown()),
     };
     Ok(Some((format!("blk.{layer}.{gguf}.{kind}"), false)))
+}
+
+/// A layer's stacked experts (Qwen3.5 MoE's HF `mlp.experts.gate_up_proj`,
+/// `[experts, 2 × width, hidden]`, and `mlp.experts.down_proj`) as
+/// llama.cpp's merged tensors, in ggml order: gate_up split into its gate
+/// and up halves.
+pub(crate) fn stacked_experts(hf: &str, shape: &[u64]) -> Option<Vec<(String, Vec<u64>)>> {
+    let name = hf.strip_prefix("language_model.").unwrap_or(hf);
+    let (layer, module) = name.strip_prefix("model.layers.")?.split_once('.')?;
+    let blk = |n: &str| format!("blk.{layer}.{n}.weight");
+    match (module, shape) {
+        ("mlp.experts.gate_up_proj", &[experts, rows, hidden]) => Some(
+            ["ffn_gate_exps", "ffn_up_exps"]
+                .map(|n| (blk(n), vec![hidden, rows / 2, experts]))
+                .to_vec(),
+        ),
+        ("mlp.experts.down_proj", &[experts, hidden, width]) => {
+            Some(vec![(blk("ffn_down_exps"), vec![width, hidden, experts])])
+        }
+        _ => None,
+    }
+}
+
+/// The tensors llama.cpp's converter stores without their unit
+/// dimensions: the convolution taps (`[channels, 1, taps]` in the HF
+/// file) and the shared expert's one-row gate.
+pub(crate) fn is_squeezed(gguf_name: &str) -> bool {
+    gguf_name.ends_with("ssm_conv1d.weight") || gguf_name.ends_with("ffn_gate_inp_shexp.weight")
 }
 
 fn stored_type(name: &str, dims: &[u64], wanted: GgufTensorType) -> GgufTensorType {

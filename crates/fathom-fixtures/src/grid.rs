@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::json;
 
-use crate::gguf::{GgufTensorType, GgufValue};
+use crate::gguf::{GgufTensorType, GgufValue, GgufWriter};
 use crate::gguf_model::gguf_writer;
 use crate::models::{
     gemma3_1b, llama_3_1_8b, qwen2_5_7b, qwen3_30b_a3b, reshaped, smollm2_135m, tiny_qwen3,
@@ -210,11 +210,16 @@ pub fn write_runnable_gguf(
     path: &Path,
     data: Data,
 ) -> io::Result<u64> {
-    gguf_writer(model, ggml_type)?
+    runnable(gguf_writer(model, ggml_type)?).write(path, data)
+}
+
+/// `writer` with the vocabulary llama.cpp can run: a byte-level BPE
+/// without merges.
+pub(crate) fn runnable(writer: GgufWriter) -> GgufWriter {
+    writer
         .kv("tokenizer.ggml.pre", GgufValue::string("default"))
         .kv(
             "tokenizer.ggml.merges",
             GgufValue::strings(Vec::<String>::new()),
         )
-        .write(path, data)
 }

@@ -12,6 +12,7 @@
 //! same bug in the writers. Block layouts come from `fathom-ggml`'s table,
 //! which checks itself against ggml's block structs at compile time.
 
+mod convert;
 mod gguf;
 mod gguf_model;
 mod gpt_oss;
@@ -22,6 +23,7 @@ mod models;
 mod random;
 mod safetensors;
 
+pub use convert::write_converted_gguf;
 pub use gguf::{GgufTensorInfo, GgufTensorType, GgufValue, GgufWriter};
 pub use gguf_model::{gguf_writer, write_gguf};
 pub use gpt_oss::{

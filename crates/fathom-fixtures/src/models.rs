@@ -252,6 +252,7 @@ pub fn tiny_qwen3_5_moe() -> ModelDef {
         tiny_qwen3_5().config,
         json!({
             "architectures": ["Qwen3_5MoeForCausalLM"],
+            "model_type": "qwen3_5_moe_text",
             "intermediate_size": null,
             "num_experts": 4,
             "num_experts_per_tok": 2,
@@ -817,20 +818,33 @@ fn mlp(
     let experts = num(config, "num_experts");
     let expert_ffn = num(config, "moe_intermediate_size");
     add(format!("{p}mlp.gate.weight"), &[experts, hidden]);
-    for e in 0..experts {
-        gated(add, &format!("{p}mlp.experts.{e}."), expert_ffn);
+    if family.hybrid() {
+        // Qwen3.5 MoE's files stack a layer's experts, gate then up rows
+        // in one tensor, with no `.weight`.
+        add(
+            format!("{p}mlp.experts.gate_up_proj"),
+            &[experts, 2 * expert_ffn, hidden],
+        );
+        add(
+            format!("{p}mlp.experts.down_proj"),
+            &[experts, hidden, expert_ffn],
+        );
+    } else {
+        for e in 0..experts {
+            gated(add, &format!("{p}mlp.experts.{e}."), expert_ffn);
+        }
     }
     if let Some(shared) = config["shared_expert_intermediate_size"].as_u64() {
         gated(add, &format!("{p}mlp.shared_expert."), shared);
-        // One sigmoid gate value per token: stored squeezed, as
-        // llama.cpp's converter writes it.
-        add(format!("{p}mlp.shared_expert_gate.weight"), &[hidden]);
+        // One sigmoid gate value per token: a Linear of one output, which
+        // llama.cpp's converter stores squeezed.
+        add(format!("{p}mlp.shared_expert_gate.weight"), &[1, hidden]);
     }
 }
 
 /// A Qwen3.5 linear-attention layer: the q/k/v and output-gate input
 /// projections, the per-head decay (alpha) and update (beta) projections,
-/// the causal convolution (stored squeezed to `[channels, taps]`), the
+/// the causal convolution (a depthwise Conv1d, `[channels, 1, taps]`), the
 /// decay's bias and log-rate, the per-head output norm and the output
 /// projection.
 fn gated_delta_rule(config: &Value, p: &str, hidden: u64, add: &mut impl FnMut(String, &[u64])) {
@@ -845,7 +859,7 @@ fn gated_delta_rule(config: &Value, p: &str, hidden: u64, add: &mut impl FnMut(S
     add(format!("{a}in_proj_a.weight"), &[value_heads, hidden]);
     add(
         format!("{a}conv1d.weight"),
-        &[channels, num(config, "linear_conv_kernel_dim")],
+        &[channels, 1, num(config, "linear_conv_kernel_dim")],
     );
     add(format!("{a}dt_bias"), &[value_heads]);
     add(format!("{a}A_log"), &[value_heads]);

@@ -684,16 +684,18 @@ fn is_zero(bytes: &u64) -> bool {
 }
 
 /// The engine reads matrices in place but copies every 1-D tensor, a
-/// linear-attention layer's convolution taps (`ssm_conv1d`, a few values
-/// per channel) and gpt-oss's merged expert biases (`ffn_*_exps.bias`, a
-/// row an expert) to f32; a shared expert's gate is 1-D but read in place
-/// as a matrix of one row.
+/// linear-attention layer's convolution taps (GGUF `ssm_conv1d`, HF
+/// `linear_attn.conv1d`: a few values per channel) and gpt-oss's merged
+/// expert biases (`ffn_*_exps.bias`, a row an expert) to f32; a shared
+/// expert's gate is 1-D in a GGUF (`[1, hidden]` in an HF file) but read
+/// in place as a matrix of one row.
 fn converted_vector_bytes(spec: &ModelSpec) -> u64 {
     spec.tensors
         .iter()
         .filter(|t| {
             (t.shape.len() == 1 && !t.name.ends_with("ffn_gate_inp_shexp.weight"))
                 || t.name.ends_with("ssm_conv1d.weight")
+                || t.name.ends_with("linear_attn.conv1d.weight")
                 || t.name.ends_with("_exps.bias")
         })
         .fold(0u64, |sum, t| {

@@ -55,8 +55,14 @@ pub struct QuantAdvice {
 /// blocks takes the fallback type (Q6_K -> Q8_0 -> F16, ...).
 fn weights_bytes(spec: &ModelSpec, q: GgmlType) -> u64 {
     spec.tensors.iter().fold(0u64, |sum, t| {
-        // llama-quantize keeps 1-D tensors and convolution taps in f32.
-        let bytes = if t.shape.len() < 2 || t.name.ends_with("ssm_conv1d.weight") {
+        // llama-quantize keeps 1-D tensors and convolution taps in f32;
+        // an HF file's `[1, hidden]` gate and `[channels, 1, taps]` taps
+        // are what llama.cpp's converter squeezes to those.
+        let dims = t.shape.iter().filter(|&&d| d != 1).count();
+        let conv = ["ssm_conv1d.weight", "linear_attn.conv1d.weight"]
+            .iter()
+            .any(|suffix| t.name.ends_with(suffix));
+        let bytes = if dims < 2 || conv {
             t.params.saturating_mul(4)
         } else {
             matrix_bytes(t.params, t.row_len, q)

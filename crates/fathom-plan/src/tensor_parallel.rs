@@ -196,6 +196,11 @@ pub(crate) fn classify(t: &TensorEntry) -> Classified {
     let role = match (module, expert) {
         (_, Some("gate_proj" | "up_proj")) => Role::ExpertsIn,
         (_, Some("down_proj")) => Role::ExpertsDown,
+        // A layer's experts stacked in one tensor each (Qwen3.5 MoE's HF
+        // files: `[experts, 2 × width, hidden]` and `[experts, hidden,
+        // width]`).
+        ("mlp.experts", _) if kind == "gate_up_proj" => Role::ExpertsIn,
+        ("mlp.experts", _) if kind == "down_proj" => Role::ExpertsDown,
         ("attn_q" | "self_attn.q_proj", _) => Role::Query,
         ("attn_k" | "attn_v" | "self_attn.k_proj" | "self_attn.v_proj", _) => Role::KeyValue,
         ("attn_output" | "self_attn.o_proj", _) => Role::AttnOutput,
@@ -662,6 +667,16 @@ mod tests {
                 false,
             ),
             ("model.layers.3.mlp.gate.weight", Role::Router, false),
+            (
+                "model.language_model.layers.3.mlp.experts.gate_up_proj",
+                Role::ExpertsIn,
+                false,
+            ),
+            (
+                "model.language_model.layers.3.mlp.experts.down_proj",
+                Role::ExpertsDown,
+                false,
+            ),
             ("blk.3.ffn_gate_inp.weight", Role::Router, true),
             ("model.layers.3.mlp.gate_proj.scales", Role::FfnIn, false),
             ("token_embd.weight", Role::Embedding, true),

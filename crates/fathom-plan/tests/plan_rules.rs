@@ -721,6 +721,46 @@ fn qwen3_5_4b_recurrent_state_by_hand() {
     assert_eq!(plan.total_bytes, sum);
 }
 
+/// Qwen3.5-4B as its Hugging Face directory (BF16 safetensors): the same
+/// recurrent state and KV as its GGUF, by the same hand derivation, the
+/// weights as stored, and the small tensors converted to f32 at load. Per linear layer: the convolution's 8192 channels × 4 taps
+/// (`[8192, 1, 4]`), `A_log` and `dt_bias` of 32, the gated norm of 128
+/// and two layer norms of 2560 = 38,080 values; per full layer: q and k
+/// norms of 256 and the two layer norms = 5632; the final norm 2560.
+#[test]
+fn qwen3_5_4b_hf_directory_plans_its_state_and_converted_tensors_by_hand() {
+    let dir = std::env::temp_dir().join(format!("fathom-plan-q35-hf-{}", std::process::id()));
+    let model = fx::qwen3_5_4b();
+    fx::write_hf_dir(&model, &dir, 2, Data::Sparse).unwrap();
+    let spec = ModelSpec::from_checkpoint(&Checkpoint::open(&dir).unwrap()).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(spec.family, Family::Qwen35);
+    let plan = MemoryPlan::new(&spec, inputs(4096, 4, 64 * GIB)).unwrap();
+    let gguf = MemoryPlan::new(&qwen3_5_4b("hf-twin"), inputs(4096, 4, 64 * GIB)).unwrap();
+    assert_eq!(plan.recurrent_bytes, 4 * 52_690_944);
+    assert_eq!(plan.recurrent_detail, gguf.recurrent_detail);
+    assert_eq!(plan.kv_bytes, 8 * 4096 * 4096 * 4);
+    assert_eq!(plan.kv_detail, gguf.kv_detail);
+
+    let converted_values =
+        24 * (8192 * 4 + 32 + 32 + 128 + 2 * 2560) + 8 * (2 * 256 + 2 * 2560) + 2560;
+    assert_eq!(converted_values, 961_536);
+    assert_eq!(plan.converted_bytes, converted_values * 4);
+    assert_eq!(
+        plan.weights_bytes,
+        model.total_bytes(),
+        "stored, read in place"
+    );
+
+    // Quantized as llama.cpp would quantize its GGUF: the same bytes for
+    // every type (the taps and the shared gates stay f32 in both).
+    let advice = |spec: &ModelSpec, plan: &MemoryPlan| {
+        fathom_plan::quant::advise(spec, plan.kv_bytes, plan.recurrent_bytes, 64 * GIB).options
+    };
+    let gguf_spec = qwen3_5_4b("hf-quant");
+    assert_eq!(advice(&spec, &plan), advice(&gguf_spec, &gguf));
+}
+
 /// On a GPU the state is carved from the one allocation, once: the device
 /// layout holds a region of exactly the `recurrent_state` term (after the
 /// KV, apart from the backend term, which it does not inflate), and the

@@ -517,13 +517,8 @@ fn recurrent_layers(
 }
 
 /// The rotated part of a head (`rope.dimension_count`) when it is less
-/// than the head. Qwen3.5's multimodal rope gives each rotated pair a
-/// position from one of `rope.dimension_sections` (interleaved: pair i,
-/// taken modulo the sections' sum, belongs to section i mod 3 while that
-/// section lasts, else to the fourth); a
-/// text token has the same position in the first three and 0 in the
-/// fourth, so text runs as plain NeoX rope exactly when no rotated pair
-/// falls to the fourth section.
+/// than the head, with Qwen3.5's multimodal rope sections checked to reduce
+/// to plain NeoX rope for text ([`crate::mrope_is_text_rope`]).
 fn rotary_dims(
     meta: &Meta,
     key: &dyn Fn(&str) -> String,
@@ -543,20 +538,12 @@ fn rotary_dims(
     }
     let sections_key = key("rope.dimension_sections");
     if let Some(value) = meta.file.get(&sections_key) {
-        let expected =
-            "an array of 4 non-negative integers whose first three cover every rotated pair";
-        let sections: Vec<u64> = value
+        let sections: Option<Vec<u64>> = value
             .as_array()
             .filter(|items| items.len() == 4)
-            .and_then(|items| items.iter().map(MetaValue::as_u64).collect())
-            .ok_or_else(|| meta.invalid(&sections_key, value, expected))?;
-        let total = sections.iter().fold(0u64, |s, &x| s.saturating_add(x));
-        let text_position = |pair: u64| {
-            let sector = pair % total.max(1);
-            total > 0 && sector < sections[(sector % 3) as usize].saturating_mul(3)
-        };
-        if !(0..dims / 2).all(text_position) {
-            return Err(meta.invalid(&sections_key, value, expected));
+            .and_then(|items| items.iter().map(MetaValue::as_u64).collect());
+        if !sections.is_some_and(|s| crate::mrope_is_text_rope(&s, dims / 2)) {
+            return Err(meta.invalid(&sections_key, value, crate::MROPE_SECTIONS));
         }
     }
     Ok((dims < head_dim).then_some(dims))

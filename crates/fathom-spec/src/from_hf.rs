@@ -1,5 +1,6 @@
 //! ModelSpec from a Hugging Face / MLX `config.json` and safetensors headers.
 
+mod qwen35;
 mod vocab;
 
 use std::collections::HashMap;
@@ -35,6 +36,8 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
         "qwen3" => Family::Qwen3,
         "qwen3_moe" => Family::Qwen3Moe,
         "gemma3" | "gemma3_text" => Family::Gemma3,
+        "qwen3_5" | "qwen3_5_text" => Family::Qwen35,
+        "qwen3_5_moe" | "qwen3_5_moe_text" => Family::Qwen35Moe,
         "" => Family::Unknown(architecture.clone()),
         other => Family::Unknown(other.to_string()),
     };
@@ -99,7 +102,8 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
     let ffn = limits::dim(
         &cfg.path,
         "intermediate_size",
-        cfg.u64("intermediate_size")?.unwrap_or(0),
+        // MoE configs may leave it null (every FFN is experts).
+        cfg.u64_or_null("intermediate_size")?.unwrap_or(0),
     )?;
     let n_experts = match cfg.u64("num_experts")? {
         Some(n) => Some(n),
@@ -116,12 +120,20 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
     let vocab = limits::dim(&cfg.path, "vocab_size", cfg.u64("vocab_size")?.unwrap_or(0))?;
     let context_length = cfg.u64("max_position_embeddings")?.unwrap_or(0);
 
+    let qwen35 = match family.is_qwen35() {
+        true => Some(qwen35::read(&cfg, head_dim)?),
+        false => None,
+    };
     let attention = layer_attention(&cfg, &family, n_layers)?;
     let layers = attention
         .into_iter()
         .map(|attention| Layer {
             attention,
-            n_kv_heads,
+            // A linear-attention layer holds a recurrent state, no KV.
+            n_kv_heads: match attention {
+                Attention::Linear => 0,
+                _ => n_kv_heads,
+            },
             key_dim: head_dim,
             value_dim: head_dim,
             kv_elsewhere: false,
@@ -130,17 +142,23 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
 
     let scaling = cfg.value.get("rope_scaling").filter(|v| v.is_object());
     let rope = Rope {
-        theta: cfg
-            .f64_where("rope_theta", positive, POSITIVE)?
-            .unwrap_or(10_000.0),
+        theta: match cfg.rope_field("rope_theta") {
+            Some((field, v)) => match v.as_f64() {
+                Some(x) if x.is_finite() && positive(x) => x,
+                _ => return Err(cfg.invalid(&field, v, POSITIVE)),
+            },
+            None => 10_000.0,
+        },
         local_theta: cfg.f64_where("rope_local_base_freq", positive, POSITIVE)?,
         factors_global_only: false,
         neox: family.rope_neox(),
-        dims: None,
+        dims: qwen35.as_ref().and_then(|q| q.rope_dims),
+        // Qwen3.5's multimodal rope is plain rope for text (its sections
+        // are checked to be).
         scaling: scaling
             .and_then(|s| s.get("rope_type").or_else(|| s.get("type")))
             .and_then(Value::as_str)
-            .filter(|s| *s != "default")
+            .filter(|s| *s != "default" && !(family.is_qwen35() && *s == "mrope"))
             .map(str::to_string),
         scaling_factor: match scaling.and_then(|s| s.get("factor")) {
             Some(v) => match v.as_f64() {
@@ -158,6 +176,26 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
              hyperparameters, and running it will fail"
         ));
     }
+    let mtp_layers = qwen35.as_ref().map_or(0, |q| q.mtp_layers);
+    if mtp_layers > 0 {
+        notes.push(format!(
+            "{mtp_layers} multi-token-prediction layer(s) (mtp.*): their weights are counted, \
+             but fathom does not run them (no speculative decoding)"
+        ));
+    }
+    let shared_expert_ffn = match family.is_qwen35() {
+        true => limits::dim(
+            &cfg.path,
+            "shared_expert_intermediate_size",
+            cfg.u64("shared_expert_intermediate_size")?.unwrap_or(0),
+        )?,
+        false => 0,
+    };
+    // Qwen3.5 MoE renormalizes the top-k weights unless told not to.
+    let norm_topk_prob = match cfg.value.get("norm_topk_prob") {
+        Some(v) => v.as_bool() == Some(true),
+        None => family.is_qwen35() && n_experts > 0,
+    };
     let vocab_header = vocab::header(checkpoint, &mut notes);
     Ok(ModelSpec {
         architecture,
@@ -181,10 +219,10 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
             .unwrap_or(1e-6),
         attn_scale: cfg.f64("query_pre_attn_scalar")?.map(|s| 1.0 / s.sqrt()),
         final_logit_softcap: None,
-        norm_topk_prob: cfg.value.get("norm_topk_prob").and_then(Value::as_bool) == Some(true),
-        shared_expert_ffn: 0,
-        linear: None,
-        mtp_layers: 0,
+        norm_topk_prob,
+        shared_expert_ffn,
+        linear: qwen35.map(|q| q.linear),
+        mtp_layers,
         tokenizer_merges: 0,
         vocab_header,
         tied_embeddings,
@@ -215,18 +253,23 @@ fn llama3_rope(scaling: &Value) -> Option<crate::Llama3Rope> {
     (rope.high_freq_factor > rope.low_freq_factor).then_some(rope)
 }
 
-/// Per-layer attention from `layer_types` when present (newer configs),
-/// else from each family's older fields.
+/// Per-layer attention from `layer_types` when present (newer configs;
+/// Qwen3.5's name its linear-attention layers), else from each family's
+/// older fields.
 fn layer_attention(
     cfg: &Config,
     family: &Family,
     n_layers: u64,
 ) -> Result<Vec<Attention>, SpecError> {
     let window = cfg.u64_or_null("sliding_window")?.filter(|&w| w > 0);
+    let linear = family.is_qwen35();
     if let Some(types) = cfg.value.get("layer_types") {
-        let expected = format!(
-            "an array of {n_layers} strings, each \"full_attention\" or \"sliding_attention\""
-        );
+        let other = match linear {
+            true => "linear_attention",
+            false => "sliding_attention",
+        };
+        let expected =
+            format!("an array of {n_layers} strings, each \"full_attention\" or \"{other}\"");
         let invalid = || cfg.invalid("layer_types", types, &expected);
         let items = types.as_array().ok_or_else(invalid)?;
         if items.len() as u64 != n_layers {
@@ -236,6 +279,8 @@ fn layer_attention(
             .iter()
             .map(|t| match (t.as_str(), window) {
                 (Some("full_attention"), _) => Ok(Attention::Full),
+                (Some("linear_attention"), _) if linear => Ok(Attention::Linear),
+                (Some("sliding_attention"), _) if linear => Err(invalid()),
                 (Some("sliding_attention"), Some(window)) => Ok(Attention::Sliding { window }),
                 (Some("sliding_attention"), None) => {
                     Err(cfg.missing("sliding_window", family.name()))
@@ -243,6 +288,9 @@ fn layer_attention(
                 _ => Err(invalid()),
             })
             .collect();
+    }
+    if linear {
+        return qwen35::interval_layers(cfg, n_layers);
     }
     let Some(window) = window else {
         return Ok(vec![Attention::Full; n_layers as usize]);
@@ -279,9 +327,14 @@ fn layer_attention(
 /// Multimodal checkpoints carry an image encoder that a text runtime never
 /// reads, so it is never resident.
 fn is_vision_tensor(name: &str) -> bool {
-    ["vision_tower.", "multi_modal_projector.", "vision_model."]
-        .iter()
-        .any(|prefix| name.starts_with(prefix))
+    [
+        "vision_tower.",
+        "multi_modal_projector.",
+        "vision_model.",
+        "model.visual.",
+    ]
+    .iter()
+    .any(|prefix| name.starts_with(prefix))
 }
 
 /// The stored tensors, with MLX packed words counted as the weights they pack.
@@ -396,6 +449,21 @@ impl Config<'_> {
             Some(x) if !valid(x) => Err(self.invalid(field, &self.value[field], expected)),
             x => Ok(x),
         }
+    }
+
+    /// A rope field at the top of the config or inside `rope_parameters`
+    /// (transformers 5) or `rope_scaling` (older configs), with the path
+    /// it was found at.
+    fn rope_field(&self, field: &str) -> Option<(String, &Value)> {
+        if let Some(v) = self.value.get(field).filter(|v| !v.is_null()) {
+            return Some((field.to_string(), v));
+        }
+        ["rope_parameters", "rope_scaling"]
+            .into_iter()
+            .find_map(|outer| {
+                let v = self.value.get(outer)?.get(field).filter(|v| !v.is_null())?;
+                Some((format!("{outer}.{field}"), v))
+            })
     }
 
     fn str(&self, field: &str) -> Result<Option<&str>, SpecError> {

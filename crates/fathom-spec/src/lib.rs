@@ -30,6 +30,30 @@ pub(crate) fn valid_epsilon(x: f64) -> bool {
     x > 0.0 && x < 1.0
 }
 
+/// What Qwen3.5's multimodal rope sections must be for text to run as
+/// plain NeoX rope.
+pub(crate) const MROPE_SECTIONS: &str =
+    "non-negative integers (3 or 4) whose first three cover every rotated pair";
+
+/// Whether Qwen3.5's interleaved multimodal rope reduces to plain NeoX
+/// rope for text. Each rotated pair takes its position from one of the
+/// `sections` (padded to 4 with zeros): pair i, taken modulo the sections'
+/// sum, belongs to section i mod 3 while that section lasts, else to the
+/// fourth. A text token has the same position in the first three and 0 in
+/// the fourth, so text runs as plain rope exactly when none of the
+/// `rotated_pairs` falls to the fourth section.
+pub(crate) fn mrope_is_text_rope(sections: &[u64], rotated_pairs: u64) -> bool {
+    if !(3..=4).contains(&sections.len()) {
+        return false;
+    }
+    let total = sections.iter().fold(0u64, |s, &x| s.saturating_add(x));
+    let in_text_section = |pair: u64| {
+        let sector = pair % total.max(1);
+        total > 0 && sector < sections[(sector % 3) as usize].saturating_mul(3)
+    };
+    (0..rotated_pairs).all(in_text_section)
+}
+
 /// The model families fathom knows how to plan and run.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -127,8 +151,9 @@ pub enum Activation {
 /// Gemma 3) are taken when their tensors are present.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct BlockStyle {
-    /// Norms multiply by `1 + w` and the file stores `w` (Gemma in HF
-    /// files; llama.cpp's converter stores `1 + w`).
+    /// Norms multiply by `1 + w` and the file stores `w` (Gemma and
+    /// Qwen3.5 in HF files, but for Qwen3.5's gated linear-attention norm;
+    /// llama.cpp's converter stores `1 + w`).
     pub norm_adds_one: bool,
     /// Embeddings are scaled by √hidden (Gemma).
     pub embed_scaled: bool,
@@ -163,7 +188,7 @@ impl Family {
         let gemma = matches!(self, Family::Gemma3 | Family::Gemma4);
         let gpt_oss = *self == Family::GptOss;
         BlockStyle {
-            norm_adds_one: gemma && hf,
+            norm_adds_one: (gemma || self.is_qwen35()) && hf,
             embed_scaled: gemma,
             post_norms: gemma,
             activation: if gemma {

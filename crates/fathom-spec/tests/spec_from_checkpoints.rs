@@ -553,6 +553,188 @@ fn qwen3_5_hybrid_layers_from_gguf() {
     );
 }
 
+/// Qwen3.5's HF config (`qwen3_5_text`, `qwen3_5_moe_text`): the same
+/// model as its GGUF — layer pattern, the gated delta rule's dimensions,
+/// the quarter-head rope, the shared expert — with norms stored as `w` of
+/// `1 + w`.
+#[test]
+fn qwen3_5_from_hf_config_matches_its_gguf() {
+    for (model, family) in [
+        (fx::qwen3_5_4b(), Family::Qwen35),
+        (fx::qwen3_5_35b_a3b(), Family::Qwen35Moe),
+    ] {
+        let (hf, gguf) = both_formats(&model, "qwen35-hf");
+        assert_same_model(&hf, &gguf);
+        assert_eq!(hf.family, family);
+        assert_eq!(hf.linear, gguf.linear);
+        assert_eq!(hf.linear.unwrap().conv_channels(), 8192);
+        assert_eq!(hf.rope.as_ref().unwrap().dims, Some(64));
+        assert_eq!(
+            hf.rope.as_ref().unwrap().dims,
+            gguf.rope.as_ref().unwrap().dims
+        );
+        assert_eq!(
+            (hf.shared_expert_ffn, hf.norm_topk_prob),
+            (gguf.shared_expert_ffn, gguf.norm_topk_prob)
+        );
+        assert!(hf.block.gated_attention && hf.block.norm_adds_one);
+        assert!(!gguf.block.norm_adds_one);
+        assert_eq!(hf.rms_norm_eps, 1e-6);
+    }
+}
+
+/// The multimodal layout of a published Qwen3.5 checkpoint: the language
+/// model's fields under `text_config` with `layer_types` and the rope in
+/// `rope_parameters`, its tensors under `model.language_model.`, the
+/// vision tower under `model.visual.` (not planned) and a
+/// multi-token-prediction layer under `mtp.` (counted, not run).
+#[test]
+fn qwen3_5_multimodal_layout_nests_the_text_model() {
+    let text = fx::tiny_qwen3_5();
+    let mut config = text.config.clone();
+    let c = config.as_object_mut().unwrap();
+    for key in [
+        "architectures",
+        "full_attention_interval",
+        "rope_theta",
+        "partial_rotary_factor",
+        "mrope_section",
+    ] {
+        c.remove(key);
+    }
+    c.insert("model_type".into(), "qwen3_5_text".into());
+    c.insert("mtp_num_hidden_layers".into(), 1.into());
+    c.insert(
+        "layer_types".into(),
+        serde_json::json!([
+            "linear_attention",
+            "linear_attention",
+            "linear_attention",
+            "full_attention"
+        ]),
+    );
+    c.insert(
+        "rope_parameters".into(),
+        serde_json::json!({
+            "rope_type": "default",
+            "rope_theta": 10_000_000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [3, 3, 2],
+            "mrope_interleaved": true
+        }),
+    );
+    let mut tensors: Vec<fx::TensorDef> = text
+        .tensors
+        .iter()
+        .map(|t| {
+            let name = t.name.replacen("model.", "model.language_model.", 1);
+            fx::TensorDef::new(name, &t.shape, t.dtype)
+        })
+        .collect();
+    tensors.push(fx::TensorDef::new(
+        "model.visual.blocks.0.attn.qkv.weight",
+        &[48, 16],
+        fx::DType::BF16,
+    ));
+    tensors.push(fx::TensorDef::new(
+        "mtp.fc.weight",
+        &[64, 128],
+        fx::DType::BF16,
+    ));
+    let model = ModelDef {
+        name: "tiny-qwen3.5-multimodal",
+        config: serde_json::json!({
+            "architectures": ["Qwen3_5ForConditionalGeneration"],
+            "model_type": "qwen3_5",
+            "text_config": config,
+            "vision_config": {"model_type": "qwen3_5_vision"},
+        }),
+        tensors,
+        gguf_arch: "qwen35",
+    };
+    let dir = TempDir::new("qwen35-mm");
+    fx::write_hf_dir(&model, &dir.0, 1, Data::Sparse).unwrap();
+    let nested = spec_of(&dir.0).unwrap();
+    fx::write_hf_dir(&text, &dir.0.join("text"), 1, Data::Sparse).unwrap();
+    let flat = spec_of(&dir.0.join("text")).unwrap();
+    assert_eq!(nested.family, Family::Qwen35);
+    assert_eq!(nested.architecture, "Qwen3_5ForConditionalGeneration");
+    assert_eq!(nested.layers, flat.layers);
+    assert_eq!(nested.linear, flat.linear);
+    let (a, b) = (nested.rope.clone().unwrap(), flat.rope.clone().unwrap());
+    assert_eq!((a.theta, a.dims, a.scaling), (b.theta, b.dims, b.scaling));
+    assert_eq!(a.dims, Some(16));
+    assert_eq!(nested.mtp_layers, 1);
+    assert!(nested
+        .notes
+        .iter()
+        .any(|n| n.contains("multi-token-prediction")));
+    assert!(nested.notes.iter().any(|n| n.contains("1 vision tensors")));
+    assert!(!nested
+        .tensors
+        .iter()
+        .any(|t| t.name.starts_with("model.visual.")));
+    assert_eq!(nested.params(), flat.params() + 64 * 128, "mtp counted");
+}
+
+/// Qwen3.5 config fields fathom cannot run, or that disagree, are named.
+#[test]
+fn qwen3_5_hf_config_fields_are_checked() {
+    let dir = TempDir::new("qwen35-hf-bad");
+    for (overrides, needle) in [
+        (
+            serde_json::json!({"linear_conv_kernel_dim": null}),
+            "linear_conv_kernel_dim",
+        ),
+        (
+            serde_json::json!({"linear_value_head_dim": 64}),
+            "linear_value_head_dim",
+        ),
+        (
+            serde_json::json!({"linear_num_value_heads": 3}),
+            "linear_num_value_heads",
+        ),
+        (
+            serde_json::json!({"attn_output_gate": false}),
+            "attn_output_gate",
+        ),
+        (
+            serde_json::json!({"full_attention_interval": 0}),
+            "full_attention_interval",
+        ),
+        (
+            serde_json::json!({"full_attention_interval": null}),
+            "full_attention_interval",
+        ),
+        (
+            serde_json::json!({"layer_types": ["linear_attention", "sliding_attention", "linear_attention", "full_attention"]}),
+            "layer_types",
+        ),
+        (
+            serde_json::json!({"partial_rotary_factor": 1.5}),
+            "partial_rotary_factor",
+        ),
+        (
+            serde_json::json!({"mrope_section": [2, 2, 2, 2]}),
+            "mrope_section",
+        ),
+    ] {
+        let mut model = fx::tiny_qwen3_5();
+        for (k, v) in overrides.as_object().unwrap() {
+            let c = model.config.as_object_mut().unwrap();
+            if v.is_null() {
+                c.remove(k);
+            } else {
+                c.insert(k.clone(), v.clone());
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir.0);
+        fx::write_hf_dir(&model, &dir.0, 1, Data::Sparse).unwrap();
+        let err = spec_of(&dir.0).unwrap_err().to_string();
+        assert!(err.contains(needle), "{overrides}: {err}");
+    }
+}
+
 /// Without a layer pattern, with `ssm.*` that disagree, with MTP layers
 /// counted: named errors, or the decoder's layers only.
 #[test]

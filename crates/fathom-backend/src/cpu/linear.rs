@@ -146,7 +146,7 @@ pub(super) fn run(
             // item's alone (the slots differ, checked above), so no other
             // worker reads or writes these values.
             let s = unsafe { std::slice::from_raw_parts_mut(state.ptr().add(at), hd * hd) };
-            let src = h % kh;
+            let src = shape.key_head(h);
             for t in first_row..first_row + seqs[i].tokens {
                 let x = &qkv[t * ch..(t + 1) * ch];
                 let q = &x[src * hd..(src + 1) * hd];

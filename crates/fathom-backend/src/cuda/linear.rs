@@ -115,6 +115,7 @@ impl CudaBackend {
             ],
         );
         let (mut key_heads, mut value_heads) = (kh as i32, vh as i32);
+        let mut key_stride = shape.key_head_stride() as i32;
         let f = self.k.gated_delta[kernel];
         self.launch(
             f,
@@ -132,6 +133,7 @@ impl CudaBackend {
                 slot_values,
                 delta_off,
                 key_heads,
+                key_stride,
                 value_heads,
                 n_rows,
                 out

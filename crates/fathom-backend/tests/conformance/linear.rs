@@ -4,7 +4,7 @@
 
 use super::*;
 
-use fathom_backend::{LinearIo, LinearShape, LinearWeights};
+use fathom_backend::{LinearIo, LinearShape, LinearWeights, ValueOrder};
 use fathom_plan::recurrent::RecurrentPlan;
 
 /// The gated delta rule's buffers, as the forward pass passes them.
@@ -33,7 +33,8 @@ fn sigmoid(x: f64) -> f64 {
 }
 
 /// The shapes: Qwen3.5-4B's linear layers (16 key and 32 value heads of
-/// 128, 4 taps) and the tiny fixture's (2 and 4 heads of 32).
+/// 128, 4 taps) in llama.cpp's tiled value order and in HF's grouped one,
+/// and the tiny fixture's (2 and 4 heads of 32).
 pub(crate) fn linear_cases() -> Vec<(&'static str, LinearShape)> {
     let q35 = LinearShape {
         key_heads: 16,
@@ -41,6 +42,11 @@ pub(crate) fn linear_cases() -> Vec<(&'static str, LinearShape)> {
         head_dim: 128,
         conv_kernel: 4,
         eps: 1e-6,
+        value_order: ValueOrder::Tiled,
+    };
+    let grouped = LinearShape {
+        value_order: ValueOrder::Grouped,
+        ..q35
     };
     let tiny = LinearShape {
         key_heads: 2,
@@ -48,7 +54,11 @@ pub(crate) fn linear_cases() -> Vec<(&'static str, LinearShape)> {
         head_dim: 32,
         ..q35
     };
-    vec![("Qwen3.5-4B 16/32x128", q35), ("tiny 2/4x32", tiny)]
+    vec![
+        ("Qwen3.5-4B 16/32x128", q35),
+        ("Qwen3.5-4B 16/32x128 grouped (HF)", grouped),
+        ("tiny 2/4x32", tiny),
+    ]
 }
 
 /// A KV layout whose plan holds `SLOTS` slots of `LAYERS` linear layers of
@@ -135,7 +145,10 @@ fn delta_rule_ref(
             head.iter_mut().for_each(|v| *v *= inv);
         }
         for h in 0..vh {
-            let src = h % kh;
+            let src = match s.value_order {
+                ValueOrder::Tiled => h % kh,
+                ValueOrder::Grouped => h / (vh / kh),
+            };
             let q = &y[src * hd..(src + 1) * hd];
             let k = &y[(kh + src) * hd..(kh + src + 1) * hd];
             let v = &y[(2 * kh + h) * hd..(2 * kh + h + 1) * hd];
