@@ -1679,6 +1679,23 @@ fn control_token_texts_in_past_tool_calls_and_tool_definitions_are_refused_namin
     }
 }
 
+/// `body` streamed gives the reasoning `whole` (the same request answered
+/// whole) gave, as reasoning deltas, no content, then a call of `name`.
+fn streams_thinking_then_the_call(server: &Server, body: Value, whole: &Value, name: &str) {
+    let (events, reasoning, content) =
+        streamed_parts(server, with_fields(body, json!({"stream": true})));
+    assert_eq!(
+        reasoning, whole["choices"][0]["message"]["reasoning_content"],
+        "{events:?}"
+    );
+    assert_eq!(content, "", "{events:?}");
+    let call = events
+        .iter()
+        .find_map(|e| e["choices"][0]["delta"]["tool_calls"][0]["function"]["name"].as_str())
+        .expect("a streamed call");
+    assert_eq!(call, name);
+}
+
 /// One function whose parameters are all bounded, so a stand-in biased
 /// to write " the" cannot run on inside the call.
 fn forecast_tools() -> Value {
@@ -1731,18 +1748,7 @@ fn an_opened_thinking_block_closes_before_the_constrained_call_or_json() {
     }
     // Streamed: the thinking as reasoning deltas, then the call.
     let whole = chat(&server, ask(required.clone()));
-    let (events, reasoning, content) =
-        streamed_parts(&server, ask(with_fields(required, json!({"stream": true}))));
-    assert_eq!(
-        reasoning, whole["choices"][0]["message"]["reasoning_content"],
-        "{events:?}"
-    );
-    assert_eq!(content, "", "{events:?}");
-    let call = events
-        .iter()
-        .find_map(|e| e["choices"][0]["delta"]["tool_calls"][0]["function"]["name"].as_str())
-        .expect("a streamed call");
-    assert_eq!(call, "forecast");
+    streams_thinking_then_the_call(&server, ask(required), &whole, "forecast");
 
     // response_format: the thinking, then the JSON as content.
     let format = json!({"response_format": {"type": "json_schema",
@@ -1833,18 +1839,7 @@ fn the_models_own_thinking_block_comes_before_the_constrained_call_or_json() {
     assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
     one_call(&v, &tools);
     // Streamed: the thinking as reasoning deltas, then the call.
-    let (events, reasoning, content) =
-        streamed_parts(&server, ask(with_fields(required, json!({"stream": true}))));
-    assert_eq!(
-        reasoning, v["choices"][0]["message"]["reasoning_content"],
-        "{events:?}"
-    );
-    assert_eq!(content, "", "{events:?}");
-    let call = events
-        .iter()
-        .find_map(|e| e["choices"][0]["delta"]["tool_calls"][0]["function"]["name"].as_str())
-        .expect("a streamed call");
-    assert_eq!(call, "forecast");
+    streams_thinking_then_the_call(&server, ask(required), &v, "forecast");
 
     // response_format: the thinking, then the JSON as content; a budget of
     // 0 leaves no block.
