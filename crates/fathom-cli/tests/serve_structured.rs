@@ -1679,6 +1679,35 @@ fn control_token_texts_in_past_tool_calls_and_tool_definitions_are_refused_namin
     }
 }
 
+/// With `enable_thinking` false a required call comes at once, with no
+/// reasoning, and a thinking budget is refused by name.
+fn thinking_off_calls_at_once_and_refuses_a_budget(
+    server: &Server,
+    ask: &dyn Fn(Value) -> Value,
+    tools: &Value,
+) {
+    let off = json!({"chat_template_kwargs": {"enable_thinking": false}});
+    let v = chat(
+        server,
+        ask(with_fields(
+            off.clone(),
+            json!({"tools": tools, "tool_choice": "required", "parallel_tool_calls": false}),
+        )),
+    );
+    let message = &v["choices"][0]["message"];
+    assert!(message.get("reasoning_content").is_none(), "{v}");
+    check_call(&message["tool_calls"][0], tools);
+    let r = server.post(
+        "/v1/chat/completions",
+        &ask(with_fields(off, json!({"thinking_budget_tokens": 8}))).to_string(),
+        &[],
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = r.json();
+    assert_eq!(e["error"]["param"], "thinking_budget_tokens", "{e}");
+    assert_eq!(e["error"]["code"], "unsupported_parameter", "{e}");
+}
+
 /// `body` streamed gives the reasoning `whole` (the same request answered
 /// whole) gave, as reasoning deltas, no content, then a call of `name`.
 fn streams_thinking_then_the_call(server: &Server, body: Value, whole: &Value, name: &str) {
@@ -1781,26 +1810,7 @@ fn an_opened_thinking_block_closes_before_the_constrained_call_or_json() {
     assert_eq!(v["usage"]["completion_tokens"], 40, "{v}");
 
     // Thinking off: the template closes the block; the call comes at once.
-    let off = json!({"chat_template_kwargs": {"enable_thinking": false}});
-    let v = chat(
-        &server,
-        ask(with_fields(
-            off.clone(),
-            json!({"tools": tools, "tool_choice": "required", "parallel_tool_calls": false}),
-        )),
-    );
-    let message = &v["choices"][0]["message"];
-    assert!(message.get("reasoning_content").is_none(), "{v}");
-    check_call(&message["tool_calls"][0], &tools);
-    let r = server.post(
-        "/v1/chat/completions",
-        &ask(with_fields(off, json!({"thinking_budget_tokens": 8}))).to_string(),
-        &[],
-    );
-    assert_eq!(r.status, 400, "{}", r.body);
-    let e = r.json();
-    assert_eq!(e["error"]["param"], "thinking_budget_tokens", "{e}");
-    assert_eq!(e["error"]["code"], "unsupported_parameter", "{e}");
+    thinking_off_calls_at_once_and_refuses_a_budget(&server, &ask, &tools);
 }
 
 /// SmolLM2's tokens "<" and "think" (`<think>` is `<`, `think`, `>`
@@ -1874,26 +1884,7 @@ fn the_models_own_thinking_block_comes_before_the_constrained_call_or_json() {
     assert_eq!(v["usage"]["completion_tokens"], 40, "{v}");
 
     // Thinking off: the template closes an empty block; no thinking.
-    let off = json!({"chat_template_kwargs": {"enable_thinking": false}});
-    let v = chat(
-        &server,
-        ask(with_fields(
-            off.clone(),
-            json!({"tools": tools, "tool_choice": "required", "parallel_tool_calls": false}),
-        )),
-    );
-    let message = &v["choices"][0]["message"];
-    assert!(message.get("reasoning_content").is_none(), "{v}");
-    check_call(&message["tool_calls"][0], &tools);
-    let r = server.post(
-        "/v1/chat/completions",
-        &ask(with_fields(off, json!({"thinking_budget_tokens": 8}))).to_string(),
-        &[],
-    );
-    assert_eq!(r.status, 400, "{}", r.body);
-    let e = r.json();
-    assert_eq!(e["error"]["param"], "thinking_budget_tokens", "{e}");
-    assert_eq!(e["error"]["code"], "unsupported_parameter", "{e}");
+    thinking_off_calls_at_once_and_refuses_a_budget(&server, &ask, &tools);
 }
 
 /// Issue 35: Gemma 4's real template (fetched by `scripts/fetch-vocab.sh`)
