@@ -16,10 +16,11 @@ token is the whole answer's. Usage (from the repository root; builds the release
     scripts/bench-constrained.py [--streams 1,16] [-n 128] [--rounds 5] [-t 2] [--json FILE]
                                  [--temperature T] [--model FILE --route completions] [-- SERVE_ARGS...]
 
-`--temperature 0` makes every request greedy: a constrained greedy request
-checks the step's pick alone and computes a mask only when the constraint
-refuses it (see `masks_per_token`). Without it the server's sampling
-defaults apply and every constrained token takes a mask.
+`--temperature 0` makes every request greedy. A constrained request,
+greedy or sampled, asks the constraint about its likeliest tokens first and
+computes a mask only when they do not settle the pick (see
+`masks_per_token`; on a device, sampled rows' masks are computed ahead
+while the step runs).
 
 `--route completions` (for checkpoints without a chat template, such as the
 random-weight fixtures `fathom bench fixture` writes for GPU runs) sends raw

@@ -439,6 +439,18 @@ impl Engine {
                 return pick;
             }
         }
+        let (logits, banned, candidates) = self.sampling_inputs(row, sampler);
+        sampler.sample_masked(logits, history, candidates, banned, mask)
+    }
+
+    /// Logits row `row` of the last step, the tokens `sampler` never
+    /// picks (end-of-generation ones under `ignore_eos`) and the planned
+    /// candidate scratch.
+    fn sampling_inputs(
+        &mut self,
+        row: usize,
+        sampler: &Sampler,
+    ) -> (&[f32], &[u32], &mut [(u32, f32)]) {
         let vocab = self.model.spec.vocab as usize;
         let logits = &self.backend.logits(row + 1, vocab)[row * vocab..];
         let banned: &[u32] = if sampler.params.ignore_eos {
@@ -446,7 +458,29 @@ impl Engine {
         } else {
             &[]
         };
-        sampler.sample_masked(logits, history, &mut self.candidates, banned, mask)
+        (logits, banned, &mut self.candidates)
+    }
+
+    /// [`Engine::sample`] under a constraint, found by asking `allows`
+    /// (does the constraint take this token next?) about the likeliest
+    /// tokens rather than by its mask (see [`Sampler::sample_checked`]);
+    /// `None` when they do not decide the pick and the mask must. A plain
+    /// greedy row asks about the step's pick first, so its logits are not
+    /// read when the constraint takes it.
+    pub fn sample_checked<E>(
+        &mut self,
+        row: usize,
+        sampler: &mut Sampler,
+        history: &[u32],
+        allows: &mut impl FnMut(u32) -> Result<bool, E>,
+    ) -> Result<Option<u32>, E> {
+        if let Some(pick) = self.greedy_pick(row, sampler) {
+            if allows(pick)? {
+                return Ok(Some(pick));
+            }
+        }
+        let (logits, banned, candidates) = self.sampling_inputs(row, sampler);
+        sampler.sample_checked(logits, history, candidates, banned, allows)
     }
 
     /// The token a plain greedy `sampler` picks from logits row `row` of

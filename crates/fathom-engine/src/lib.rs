@@ -6,6 +6,7 @@
 //! bookkeeping, the step planner, sampling and the tokenizer. Everything
 //! is allocated once at load; nothing grows with tokens while generating.
 
+mod checked_pick;
 mod engine;
 mod error;
 mod kv;
@@ -19,6 +20,7 @@ mod step;
 mod stop;
 mod weights;
 
+pub use checked_pick::CHECKED_TOKENS;
 pub use engine::{load_tokenizer, Engine, GenerateStats, ScoreRows, StopReason};
 pub use error::EngineError;
 pub use fathom_tokenizer::{ChatTemplate, Message, Tokenizer};

@@ -145,7 +145,14 @@ impl Sampler {
     }
 
     /// Top-k, top-p, min-p and temperature over `cands`, then a seeded draw.
-    fn draw(&mut self, cands: &mut [(u32, f32)]) -> u32 {
+    pub(crate) fn draw(&mut self, cands: &mut [(u32, f32)]) -> u32 {
+        let len = self.filter(cands);
+        self.pick(&mut cands[..len])
+    }
+
+    /// Top-k, top-p and min-p over `cands`: how many of them stay, at the
+    /// front in order of likelihood, each holding its probability.
+    fn filter(&self, cands: &mut [(u32, f32)]) -> usize {
         let p = &self.params;
         let by_logit = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1);
         let mut len = cands.len();
@@ -175,7 +182,12 @@ impl Sampler {
                 .count()
                 .max(1);
         }
-        let cands = &mut cands[..len];
+        len
+    }
+
+    /// The seeded draw among `cands` under the temperature, each holding
+    /// its probability (or any multiple of it).
+    pub(crate) fn pick(&mut self, cands: &mut [(u32, f32)]) -> u32 {
         // Back to logits for the temperature: log p is the logit up to a constant.
         for c in cands.iter_mut() {
             c.1 = c.1.max(f32::MIN_POSITIVE).ln();
@@ -251,7 +263,7 @@ impl Sampler {
 
     /// The candidates, entry i token i with its logit plus bias and
     /// penalties.
-    fn adjusted<'c>(
+    pub(crate) fn adjusted<'c>(
         &self,
         logits: &[f32],
         history: &[u32],

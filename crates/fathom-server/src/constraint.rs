@@ -483,6 +483,11 @@ impl ConstraintState {
         .map_err(|e| format!("the answer's constraint failed: {e}"))
     }
 
+    /// Whether [`ConstraintState::update_mask`] ran since the last token.
+    pub fn has_fresh_mask(&self) -> bool {
+        self.fresh.is_some()
+    }
+
     /// The mask [`ConstraintState::compute_mask`] computed.
     pub fn mask(&self) -> &TokenMask {
         &self.mask

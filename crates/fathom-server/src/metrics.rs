@@ -237,7 +237,7 @@ impl Metrics {
             seconds(
                 &mut out,
                 "fathom_constraint_mask_seconds_total",
-                "Time spent computing token masks and checking greedy picks",
+                "Time spent computing token masks and checking picks against the constraint",
                 get(&s.constraint_mask_micros),
             );
             seconds(

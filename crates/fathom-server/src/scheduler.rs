@@ -473,13 +473,17 @@ impl<'a> Loop<'a> {
             self.engine.step_tokens(),
             &mut self.chunk,
         );
-        // The constraints of the slots that sample after this step go to
-        // the mask worker, which computes their masks while the step runs;
-        // each comes back just before its row is sampled. A greedy row's
-        // goes only if the step's pick is refused (see below).
+        // On a device, the constraints of the slots that sample after this
+        // step go to the mask worker, which computes their masks while the
+        // step runs (the host's cores are idle then); each comes back just
+        // before its row is sampled. A greedy row's never goes: its pick
+        // is checked (see below). On the CPU the step keeps the cores
+        // busy, and every row checks its likeliest tokens first.
         self.masking.clear();
+        let ahead = self.engine.device().0 != "cpu";
         for (i, (slot, &n)) in self.running.iter_mut().zip(&self.chunk).enumerate() {
-            let samples = n > 0
+            let samples = ahead
+                && n > 0
                 && n == slot.pending()
                 && slot.generated < slot.job.max_tokens
                 && !slot.sampler.is_plain_greedy();
@@ -603,13 +607,21 @@ impl<'a> Loop<'a> {
                         .push((i, Outcome::Finished(FinishReason::Stop)));
                     continue;
                 }
-                // A greedy row checks the step's pick alone: when the
-                // constraint allows it, it is the argmax of the allowed
-                // tokens too, and no mask over the vocabulary is needed.
-                let pick = self.engine.greedy_pick(row - 1, &slot.sampler);
-                match pick.map(|t| c.allows(t)).transpose() {
-                    Ok(Some(true)) => allowed_pick = pick,
-                    Ok(_) => match c.mask_ready() {
+                // Unless the worker computed its mask, a row asks the
+                // constraint about its likeliest tokens first: mostly
+                // they decide the pick and no mask over the vocabulary
+                // is needed.
+                let checked = if c.has_fresh_mask() {
+                    Ok(None)
+                } else {
+                    self.engine
+                        .sample_checked(row - 1, &mut slot.sampler, &slot.tokens, &mut |t| {
+                            c.allows(t)
+                        })
+                };
+                match checked {
+                    Ok(Some(token)) => allowed_pick = Some(token),
+                    Ok(None) => match c.mask_ready() {
                         Ok(()) => mask = Some(c.mask()),
                         Err(e) => {
                             self.finished.push((i, Outcome::Failed(e)));
