@@ -981,11 +981,25 @@ fn prepare(
     let wanted = match &request.constraint {
         None => {
             let tool_grammar = match (&request.tools, &request.prompt) {
-                (Some(req), Prompt::Chat(_)) => tools::grammar(format, req, reasoning_bound)
-                    .map_err(|e| {
-                        ApiError::invalid("tools", format!("tools cannot be enforced: {e}"))
-                            .with_code("invalid_grammar")
-                    })?,
+                (Some(req), Prompt::Chat(_)) => {
+                    let own_block = match block {
+                        Some(ThinkingBlock::Own { open, .. }) => Some(open),
+                        _ => None,
+                    };
+                    Some(
+                        tools::grammar(
+                            format,
+                            req,
+                            reasoning_bound,
+                            python_tag(&model.tokenizer),
+                            own_block,
+                        )
+                        .map_err(|e| {
+                            ApiError::invalid("tools", format!("tools cannot be enforced: {e}"))
+                                .with_code("invalid_grammar")
+                        })?,
+                    )
+                }
                 _ => None,
             };
             match (tool_grammar, block) {
@@ -1075,6 +1089,15 @@ fn prepare(
         tools,
         reasoning,
     })
+}
+
+/// Whether `tokenizer` has Llama 3's `<|python_tag|>` as a control token,
+/// which a grammar names as a token (a vocabulary that spells it out
+/// writes it as text).
+fn python_tag(tokenizer: &fathom_engine::Tokenizer) -> bool {
+    tokenizer
+        .token_id("<|python_tag|>")
+        .is_some_and(|id| tokenizer.piece(id, false).is_empty())
 }
 
 /// Compiles `grammar` for the request field `param` (a 400 naming it,
