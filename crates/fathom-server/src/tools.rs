@@ -792,6 +792,14 @@ fn harmony_call(text: &str) -> Option<(std::ops::Range<usize>, &str, &str)> {
 mod tests {
     use super::*;
 
+    /// The Lark text of [`grammar`] in `format` for `r`.
+    fn lark_of(format: ToolFormat, r: &ToolRequest, reasoning: usize, python_tag: bool) -> String {
+        match grammar(format, r, reasoning, python_tag, None).unwrap() {
+            Grammar::Lark(lark) => lark,
+            other => panic!("{other:?}"),
+        }
+    }
+
     fn req(choice: ToolChoice) -> ToolRequest {
         ToolRequest {
             tools: vec![
@@ -862,23 +870,12 @@ mod tests {
             assert!(a.calls.is_empty(), "{odd}");
             assert_eq!(a.content.as_deref(), Some(odd));
         }
-        let Grammar::Lark(lark) = grammar(ToolFormat::Gemma4, &r, 0, false, None).unwrap() else {
-            panic!()
-        };
+        let lark = lark_of(ToolFormat::Gemma4, &r, 0, false);
         assert!(
             lark.contains("first_head[lazy]: FIRST_TEXT \"<|tool_call>\""),
             "{lark}"
         );
-        let Grammar::Lark(lark) = grammar(
-            ToolFormat::Gemma4,
-            &req(ToolChoice::Required),
-            0,
-            false,
-            None,
-        )
-        .unwrap() else {
-            panic!()
-        };
+        let lark = lark_of(ToolFormat::Gemma4, &req(ToolChoice::Required), 0, false);
         assert!(
             lark.contains("\"<|tool_call>\" (\"call:get_weather\""),
             "{lark}"
@@ -1026,48 +1023,22 @@ mod tests {
             &req(ToolChoice::Auto),
         );
         assert!(p.tools.is_some());
-        let Grammar::Lark(lark) =
-            grammar(ToolFormat::Hermes, &req(ToolChoice::Auto), 0, false, None).unwrap()
-        else {
-            panic!()
-        };
+        let lark = lark_of(ToolFormat::Hermes, &req(ToolChoice::Auto), 0, false);
         assert!(
             lark.contains("first_head[lazy]: FIRST_TEXT \"<tool_call>\"") && lark.contains("%json"),
             "{lark}"
         );
-        let Grammar::Lark(lark) = grammar(
-            ToolFormat::Hermes,
-            &req(ToolChoice::Required),
-            0,
-            false,
-            None,
-        )
-        .unwrap() else {
-            panic!()
-        };
+        let lark = lark_of(ToolFormat::Hermes, &req(ToolChoice::Required), 0, false);
         assert!(
             lark.starts_with("start: call (\"\\n\" call)*\ncall: \"<tool_call>\" \"\\n\" %json"),
             "{lark}"
         );
-        let Grammar::Lark(lark) = grammar(
-            ToolFormat::Llama3,
-            &req(ToolChoice::Required),
-            0,
-            false,
-            None,
-        )
-        .unwrap() else {
-            panic!()
-        };
+        let lark = lark_of(ToolFormat::Llama3, &req(ToolChoice::Required), 0, false);
         assert!(lark.contains("\"parameters\""), "{lark}");
         // auto: a Llama 3 answer that starts with `{` is a call, after
         // `<|python_tag|>` where the vocabulary has it as a token.
         for (tag, named) in [(false, false), (true, true)] {
-            let Grammar::Lark(lark) =
-                grammar(ToolFormat::Llama3, &req(ToolChoice::Auto), 0, tag, None).unwrap()
-            else {
-                panic!()
-            };
+            let lark = lark_of(ToolFormat::Llama3, &req(ToolChoice::Auto), 0, tag);
             assert!(lark.contains("FREE_TEXT: /([^{](?s:.*))?/"), "{lark}");
             assert_eq!(lark.contains("<|python_tag|>?"), named, "{lark}");
         }
@@ -1138,26 +1109,14 @@ mod tests {
             &req(ToolChoice::Auto),
         );
         assert!(p.tools.is_some());
-        let Grammar::Lark(lark) = grammar(
-            ToolFormat::Harmony,
-            &req(ToolChoice::Auto),
-            100,
-            false,
-            None,
-        )
-        .unwrap() else {
-            panic!()
-        };
+        let lark = lark_of(ToolFormat::Harmony, &req(ToolChoice::Auto), 100, false);
         assert!(
             lark.contains("first_head[lazy]: FIRST_TEXT \"to=functions.\"")
                 && lark.contains("max_tokens=100"),
             "{lark}"
         );
         let named = req(ToolChoice::Function("now".into()));
-        let Grammar::Lark(lark) = grammar(ToolFormat::Harmony, &named, 100, false, None).unwrap()
-        else {
-            panic!()
-        };
+        let lark = lark_of(ToolFormat::Harmony, &named, 100, false);
         assert!(
             lark.contains("\"to=functions.\" (\"now <|constrain|>json<|message|>\" %json")
                 && !lark.contains("get_weather")
@@ -1166,10 +1125,7 @@ mod tests {
             "{lark}"
         );
         // No budget: no analysis message.
-        let Grammar::Lark(lark) = grammar(ToolFormat::Harmony, &named, 0, false, None).unwrap()
-        else {
-            panic!()
-        };
+        let lark = lark_of(ToolFormat::Harmony, &named, 0, false);
         assert!(!lark.contains("analysis"), "{lark}");
     }
 

@@ -43,6 +43,13 @@ fn walk_ids(state: &mut ConstraintState, ids: &[u32]) -> (usize, usize) {
     (ids.len(), ids.len())
 }
 
+/// [`tools::grammar`] of a model whose vocabulary has no
+/// `<|python_tag|>` token and whose prompt leaves it no thinking block
+/// to open.
+fn tool_grammar(format: ToolFormat, req: &ToolRequest, reasoning: usize) -> Grammar {
+    tools::grammar(format, req, reasoning, false, None).unwrap()
+}
+
 fn request(choice: ToolChoice) -> ToolRequest {
     ToolRequest {
         tools: vec![Tool {
@@ -88,7 +95,7 @@ fn tool_grammars_accept_valid_calls_and_refuse_others() {
             "{\"response\": \"It is sunny.\"}",
         ),
     ] {
-        let grammar = tools::grammar(format, &request(ToolChoice::Required), 1000, false, None).unwrap();
+        let grammar = tool_grammar(format, &request(ToolChoice::Required), 1000);
         let mut state = c.compile(&grammar).unwrap_or_else(|e| panic!("{format:?}: {e:?}"));
         let (ok, n) = walk(&mut state, &tok, good);
         assert_eq!(ok, n, "{format:?}: the valid call was refused at token {ok}");
@@ -100,27 +107,13 @@ fn tool_grammars_accept_valid_calls_and_refuse_others() {
         assert!(ok < n, "{format:?}: an invalid call went through");
     }
     // Harmony: the reasoning may be left out.
-    let grammar = tools::grammar(
-        ToolFormat::Harmony,
-        &request(ToolChoice::Required),
-        1000,
-        false,
-        None,
-    )
-    .unwrap();
+    let grammar = tool_grammar(ToolFormat::Harmony, &request(ToolChoice::Required), 1000);
     let mut state = c.compile(&grammar).unwrap();
     let call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\", \"unit\": \"celsius\"}";
     let (ok, n) = walk(&mut state, &tok, call);
     assert_eq!(ok, n);
     // auto in the generic format: a response is fine too.
-    let grammar = tools::grammar(
-        ToolFormat::Generic,
-        &request(ToolChoice::Auto),
-        1000,
-        false,
-        None,
-    )
-    .unwrap();
+    let grammar = tool_grammar(ToolFormat::Generic, &request(ToolChoice::Auto), 1000);
     let mut state = c.compile(&grammar).unwrap();
     let (ok, n) = walk(&mut state, &tok, "{\"response\": \"It is sunny.\"}");
     assert_eq!(ok, n);
@@ -182,7 +175,7 @@ fn qwen_xml_calls_may_leave_out_optional_parameters_and_come_in_parallel() {
         choice: ToolChoice::Required,
         parallel: true,
     };
-    let grammar = tools::grammar(ToolFormat::QwenXml, &req, 1000, false, None).unwrap();
+    let grammar = tool_grammar(ToolFormat::QwenXml, &req, 1000);
     let two = "<tool_call>\n<function=forecast>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=forecast>\n<parameter=city>\nBergen\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
     let mut state = c.compile(&grammar).unwrap();
     let (ok, n) = walk(&mut state, &tok, two);
@@ -229,8 +222,7 @@ fn tool_call_arguments_are_compact_json_in_every_format() {
             "}}",
         ),
     ] {
-        let grammar =
-            tools::grammar(format, &request(ToolChoice::Required), 1000, false, None).unwrap();
+        let grammar = tool_grammar(format, &request(ToolChoice::Required), 1000);
         let mut state = c.compile(&grammar).unwrap();
         let (ok, n) = walk(&mut state, &tok, &format!("{head}{args}{tail}"));
         assert_eq!(
@@ -365,14 +357,7 @@ fn a_harmony_analysis_message_ends_at_its_bound_and_the_constrained_message_foll
             ),
             (
                 "tools",
-                tools::grammar(
-                    ToolFormat::Harmony,
-                    &request(ToolChoice::Required),
-                    bound,
-                    false,
-                    None,
-                )
-                .unwrap(),
+                tool_grammar(ToolFormat::Harmony, &request(ToolChoice::Required), bound),
                 "<|start|>assistant<|channel|>commentary to=functions.get_weather",
             ),
             (
@@ -416,7 +401,7 @@ fn harmony_required_calls_are_one_or_several_as_parallel_tool_calls_says() {
     let two = format!("{call}<|start|>assistant{call}");
     let mut parallel = request(ToolChoice::Required);
     parallel.parallel = true;
-    let grammar = tools::grammar(ToolFormat::Harmony, &parallel, 100, false, None).unwrap();
+    let grammar = tool_grammar(ToolFormat::Harmony, &parallel, 100);
     let mut state = c.compile(&grammar).unwrap();
     let (ok, n) = walk(&mut state, &tok, &two);
     assert_eq!(ok, n, "two calls were refused at token {ok}");
@@ -432,14 +417,7 @@ fn harmony_required_calls_are_one_or_several_as_parallel_tool_calls_says() {
         &format!("{call}<|call|><|start|>assistant{call}"),
     );
     assert!(ok < n, "a call went through after <|call|>");
-    let single = tools::grammar(
-        ToolFormat::Harmony,
-        &request(ToolChoice::Required),
-        100,
-        false,
-        None,
-    )
-    .unwrap();
+    let single = tool_grammar(ToolFormat::Harmony, &request(ToolChoice::Required), 100);
     let mut state = c.compile(&single).unwrap();
     let (ok, n) = walk(&mut state, &tok, &two);
     assert!(
@@ -507,11 +485,7 @@ fn a_call_after_an_opened_think_block_comes_after_its_close() {
     let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
     let eog: Vec<u32> = tok.end_of_generation_ids().collect();
     let req = request(ToolChoice::Required);
-    let grammar = after_thinking(
-        close,
-        1000,
-        tools::grammar(ToolFormat::QwenXml, &req, 1000, false, None).unwrap(),
-    );
+    let grammar = after_thinking(close, 1000, tool_grammar(ToolFormat::QwenXml, &req, 1000));
     let thought = "The user wants Oslo's weather; 1 < 2, <b>bold</b>, a <tool_call> tag, </thinking> and </th>.";
     let answer = format!("{thought}\n</think>\n\n{QWEN_CALL}");
     let mut state = c.compile(&grammar).unwrap();
@@ -558,11 +532,7 @@ fn a_call_after_an_opened_think_block_comes_after_its_close() {
         assert!(ok < n, "{bad:?} went through");
     }
     // A budget of 0 closes the block at once.
-    let grammar = after_thinking(
-        close,
-        0,
-        tools::grammar(ToolFormat::QwenXml, &req, 0, false, None).unwrap(),
-    );
+    let grammar = after_thinking(close, 0, tool_grammar(ToolFormat::QwenXml, &req, 0));
     let mut state = c.compile(&grammar).unwrap();
     let (ok, n) = walk(&mut state, &tok, &format!("</think>\n\n{QWEN_CALL}"));
     assert_eq!(ok, n);
@@ -642,16 +612,11 @@ fn an_opened_think_block_ends_at_its_bound_and_the_constrained_part_follows() {
         for (what, then, want) in [
             (
                 "tools",
-                Some(
-                    tools::grammar(
-                        ToolFormat::QwenXml,
-                        &request(ToolChoice::Required),
-                        bound,
-                        false,
-                        None,
-                    )
-                    .unwrap(),
-                ),
+                Some(tool_grammar(
+                    ToolFormat::QwenXml,
+                    &request(ToolChoice::Required),
+                    bound,
+                )),
                 "<tool_call>\n<function=get_weather>",
             ),
             (
@@ -727,7 +692,7 @@ fn gemma4_required_calls_follow_the_schema_in_gemmas_syntax() {
         choice: ToolChoice::Required,
         parallel: false,
     };
-    let grammar = tools::grammar(ToolFormat::Gemma4, &req, 0, false, None).unwrap();
+    let grammar = tool_grammar(ToolFormat::Gemma4, &req, 0);
     let q = "<|\"|>";
     let good = [
         format!("<|tool_call>call:plan_trip{{Budget:1200.5,city:{q}Saint-Étienne, <near> Lyon{q},days:3,stops:[{{name:{q}Lyon{q},nights:2}},{{name:{q}Annecy{q}}}],unit:{q}celsius{q}}}<tool_call|>"),
@@ -784,7 +749,7 @@ fn gemma4_required_calls_follow_the_schema_in_gemmas_syntax() {
         parallel: true,
         ..req.clone()
     };
-    let grammar = tools::grammar(ToolFormat::Gemma4, &parallel, 0, false, None).unwrap();
+    let grammar = tool_grammar(ToolFormat::Gemma4, &parallel, 0);
     let mut state = c.compile(&grammar).unwrap();
     let (ok, n) = walk_special(&mut state, &tok, &two);
     assert_eq!(ok, n, "two calls were refused at token {ok}");
@@ -807,7 +772,7 @@ fn gemma4_required_calls_follow_the_schema_in_gemmas_syntax() {
     // `<|tool_call>` (one token here), then a call; that function's
     // arguments are any object, the other's follow its schema.
     odd.choice = ToolChoice::Auto;
-    let grammar = tools::grammar(ToolFormat::Gemma4, &odd, 0, false, None).unwrap();
+    let grammar = tool_grammar(ToolFormat::Gemma4, &odd, 0);
     let eog: Vec<u32> = tok.end_of_generation_ids().collect();
     let at = format!("<|tool_call>call:now{{at:{q}soon{q},x:[1]}}<tool_call|>");
     for (answer, valid) in [
@@ -895,7 +860,7 @@ fn a_call_may_follow_the_models_own_think_block() {
     let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
     let eog: Vec<u32> = tok.end_of_generation_ids().collect();
     let req = request(ToolChoice::Required);
-    let call = tools::grammar(ToolFormat::Hermes, &req, 1000, false, None).unwrap();
+    let call = tool_grammar(ToolFormat::Hermes, &req, 1000);
     let grammar = after_own_thinking(block, 1000, Some(call));
     let thought = "Oslo's weather: 1 < 2, <b>x</b>, a <tool_call> tag and </th>.";
     let qwen3_format = ReasoningFormat::detect(Some("<think>")).unwrap();
@@ -947,7 +912,7 @@ fn a_call_may_follow_the_models_own_think_block() {
         assert!(ok < n, "{bad:?} went through");
     }
     // A budget of 0 leaves no block: the call at once.
-    let call = tools::grammar(ToolFormat::Hermes, &req, 0, false, None).unwrap();
+    let call = tool_grammar(ToolFormat::Hermes, &req, 0);
     let grammar = after_own_thinking(block, 0, Some(call));
     let mut state = c.compile(&grammar).unwrap();
     let (ok, n) = walk_special(&mut state, &tok, HERMES_CALL);
@@ -1013,16 +978,11 @@ fn the_models_own_think_block_ends_at_its_bound_and_the_constrained_part_follows
         for (what, then, want) in [
             (
                 "tools",
-                Some(
-                    tools::grammar(
-                        ToolFormat::Hermes,
-                        &request(ToolChoice::Required),
-                        bound,
-                        false,
-                        None,
-                    )
-                    .unwrap(),
-                ),
+                Some(tool_grammar(
+                    ToolFormat::Hermes,
+                    &request(ToolChoice::Required),
+                    bound,
+                )),
                 "<tool_call>\n{\"name\": \"get_weather\"",
             ),
             (
@@ -1120,7 +1080,7 @@ fn gemma4_may_think_in_its_own_channel_before_a_required_call() {
         }
     );
     let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
-    let call = tools::grammar(ToolFormat::Gemma4, &req, 1000, false, None).unwrap();
+    let call = tool_grammar(ToolFormat::Gemma4, &req, 1000);
     let grammar = after_own_thinking(block, 1000, Some(call));
     let q = "<|\"|>";
     let call =
@@ -1228,7 +1188,7 @@ fn auto_answers_are_free_until_a_call_opens_then_the_call_is_constrained() {
     ];
     for (format, free, call, refused, second) in cases {
         let mut single = request(ToolChoice::Auto);
-        let grammar = tools::grammar(format, &single, 100, false, None).unwrap();
+        let grammar = tool_grammar(format, &single, 100);
         let ids = |text: &str| tok.encode(text, false, false);
         let mut state = c
             .compile(&grammar)
@@ -1267,7 +1227,7 @@ fn auto_answers_are_free_until_a_call_opens_then_the_call_is_constrained() {
             "{format:?}: a second call without parallel_tool_calls"
         );
         single.parallel = true;
-        let grammar = tools::grammar(format, &single, 100, false, None).unwrap();
+        let grammar = tool_grammar(format, &single, 100);
         let mut state = c.compile(&grammar).unwrap();
         assert_eq!(
             accepted_whole(&mut state, &ids(&format!("{two} Done.")), &eog),
@@ -1295,21 +1255,13 @@ fn llama3_auto_answers_starting_with_a_brace_are_calls() {
         "ggml-vocab-llama-bpe.gguf",
     ] {
         let tok = vocabulary(vocab);
-        let python_tag = tok.token_id("<|python_tag|>").is_some();
-        assert!(!python_tag, "{vocab}");
+        assert!(tok.token_id("<|python_tag|>").is_none(), "{vocab}");
         let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
         let mut eog: Vec<u32> = tok.end_of_generation_ids().collect();
         if eog.is_empty() {
             eog.extend(tok.eos());
         }
-        let grammar = tools::grammar(
-            ToolFormat::Llama3,
-            &request(ToolChoice::Auto),
-            100,
-            python_tag,
-            None,
-        )
-        .unwrap();
+        let grammar = tool_grammar(ToolFormat::Llama3, &request(ToolChoice::Auto), 100);
         let answers = vec![
             ("The weather is fine; {\"name\": x}.".to_string(), true),
             (call.to_string(), true),
