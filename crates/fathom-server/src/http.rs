@@ -991,7 +991,7 @@ fn prepare(
                             format,
                             req,
                             reasoning_bound,
-                            python_tag(&model.tokenizer),
+                            tools::python_tag(&model.tokenizer),
                             own_block,
                         )
                         .map_err(|e| {
@@ -1089,15 +1089,6 @@ fn prepare(
         tools,
         reasoning,
     })
-}
-
-/// Whether `tokenizer` has Llama 3's `<|python_tag|>` as a control token,
-/// which a grammar names as a token (a vocabulary that spells it out
-/// writes it as text).
-fn python_tag(tokenizer: &fathom_engine::Tokenizer) -> bool {
-    tokenizer
-        .token_id("<|python_tag|>")
-        .is_some_and(|id| tokenizer.piece(id, false).is_empty())
 }
 
 /// Compiles `grammar` for the request field `param` (a 400 naming it,

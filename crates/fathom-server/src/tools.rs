@@ -315,6 +315,15 @@ pub fn grammar(
     })
 }
 
+/// Whether `tokenizer` has Llama 3's `<|python_tag|>` as a control token
+/// (Llama 3.1's and 3.2's vocabularies), which a grammar names as a token;
+/// a vocabulary that spells it out writes it as text.
+pub fn python_tag(tokenizer: &fathom_engine::Tokenizer) -> bool {
+    tokenizer
+        .token_id("<|python_tag|>")
+        .is_some_and(|id| tokenizer.piece(id, false).is_empty())
+}
+
 /// A native format's call to an allowed function, split where the model
 /// opens it.
 struct Opened {

@@ -9,17 +9,20 @@
 //! and the thinking is bounded. Over Qwen3's real template (the model
 //! opens its own `<think>`) and Gemma 4's with thinking on (its own
 //! thought channel), the call or JSON may follow such a block, bounded
-//! alike.
+//! alike. Under `tool_choice` `auto`, every native format's answer is free
+//! until its call opener, then the call `required` asks for (Llama 3's
+//! `<|python_tag|>` walked as the control token Llama 3.1 has).
 
 mod common;
 
-use common::{template, vocabulary};
+use common::{template, vocabulary, vocabulary_at};
 use fathom_server::api::{Tool, ToolChoice, ToolRequest};
 use fathom_server::constraint::{ConstraintState, Constraints, Grammar};
 use fathom_server::reasoning::{ReasoningFormat, ReasoningSplit, ThinkingBlock};
 use fathom_server::tools::{self, ToolFormat};
 use fathom_tokenizer::{encode_chat_tools, ChatTemplate, Message};
 use serde_json::json;
+use std::path::Path;
 
 fn tokenizer() -> fathom_engine::Tokenizer {
     vocabulary("SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -1240,34 +1243,80 @@ fn auto_answers_are_free_until_a_call_opens_then_the_call_is_constrained() {
     }
 }
 
+/// llama.cpp's Llama 3 test vocabulary (Llama 3.0's) as Llama 3.1 names
+/// its token 128010: `<|python_tag|>` rather than
+/// `<|reserved_special_token_5|>`, a control token either way. gguf-py
+/// (which scripts/test.sh installs) writes the copy.
+fn llama31_vocabulary() -> fathom_engine::Tokenizer {
+    let script = r#"
+import sys, gguf
+from gguf.scripts.gguf_new_metadata import copy_with_new_metadata, MetadataDetails
+src, dst = sys.argv[1:3]
+r = gguf.GGUFReader(src)
+tokens = r.fields["tokenizer.ggml.tokens"].contents()
+tokens[tokens.index("<|reserved_special_token_5|>")] = "<|python_tag|>"
+w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents(), endianess=r.endianess)
+renamed = MetadataDetails(gguf.GGUFValueType.ARRAY, tokens, sub_type=gguf.GGUFValueType.STRING)
+copy_with_new_metadata(r, w, {"tokenizer.ggml.tokens": renamed}, [])
+"#;
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/ggml-vocab-llama-bpe.gguf");
+    let dst =
+        std::env::temp_dir().join(format!("fathom-llama31-vocab-{}.gguf", std::process::id()));
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "renaming the token (pip install gguf; scripts/test.sh does): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tok = vocabulary_at(&dst);
+    std::fs::remove_file(&dst).unwrap();
+    tok
+}
+
 /// Issue 35: Llama 3 under `auto` writes no marker before a JSON call: an
 /// answer that starts with `{` is a call (to a listed function, valid
-/// arguments), any other text is free; over SmolLM2's vocabulary and
-/// llama.cpp's Llama 3 one. That one is Llama 3.0's, whose token 128010
-/// is still `<|reserved_special_token_5|>` (3.1 named it `<|python_tag|>`),
-/// so the grammar that names the tag is not walked here.
+/// arguments), any other text is free; over SmolLM2's vocabulary (the tag
+/// as text), llama.cpp's Llama 3.0 one (no tag) and that one as Llama 3.1
+/// names the tag, a control token the call may follow.
 #[test]
 fn llama3_auto_answers_starting_with_a_brace_are_calls() {
     let call =
         "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\", \"unit\": \"celsius\"}}";
-    for vocab in [
-        "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "ggml-vocab-llama-bpe.gguf",
+    for (vocab, tok) in [
+        ("smollm2", tokenizer()),
+        ("llama 3.0", vocabulary("ggml-vocab-llama-bpe.gguf")),
+        ("llama 3.1", llama31_vocabulary()),
     ] {
-        let tok = vocabulary(vocab);
-        assert!(tok.token_id("<|python_tag|>").is_none(), "{vocab}");
+        let python_tag = tools::python_tag(&tok);
+        assert_eq!(python_tag, vocab == "llama 3.1");
         let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
         let mut eog: Vec<u32> = tok.end_of_generation_ids().collect();
         if eog.is_empty() {
             eog.extend(tok.eos());
         }
-        let grammar = tool_grammar(ToolFormat::Llama3, &request(ToolChoice::Auto), 100);
-        let answers = vec![
+        let grammar = tools::grammar(
+            ToolFormat::Llama3,
+            &request(ToolChoice::Auto),
+            100,
+            python_tag,
+            None,
+        )
+        .unwrap();
+        let mut answers = vec![
             ("The weather is fine; {\"name\": x}.".to_string(), true),
             (call.to_string(), true),
             (call.replace("celsius", "kelvin"), false),
             ("{\"response\": \"sunny\"}".into(), false),
         ];
+        if python_tag {
+            answers.push((format!("<|python_tag|>{call}"), true));
+            answers.push(("<|python_tag|>The weather".into(), false));
+        }
         for (answer, valid) in answers {
             let mut state = c.compile(&grammar).unwrap();
             let ids = tok.encode(&answer, false, true);
