@@ -845,8 +845,14 @@ fn real_template_server(tag: &str, name: &str) -> (common::TempDir, Server) {
             path.display()
         )
     });
+    template_server(tag, &template)
+}
+
+/// A server of SmolLM2 with `template` as its chat template, in a folder
+/// `tag` that lives as long as the server is used.
+fn template_server(tag: &str, template: &str) -> (common::TempDir, Server) {
     let dir = common::TempDir::new(tag);
-    let model = smollm2_with_template(&dir, &format!("smollm2-{tag}.gguf"), &template);
+    let model = smollm2_with_template(&dir, &format!("smollm2-{tag}.gguf"), template);
     let server = Server::start_model(&model, &["-c", "2048"], &[]);
     (dir, server)
 }
@@ -1914,13 +1920,7 @@ fn gemma4s_own_call_syntax_round_trips_through_the_server() {
             extra,
         )
     };
-    for (seed, temperature) in [(1, 0.0), (2, 0.8), (3, 1.3)] {
-        let v = chat(
-            &server,
-            ask(json!({"seed": seed, "temperature": temperature})),
-        );
-        one_call(&v, &tools);
-    }
+    one_call_at_any_temperature(&server, &ask, &tools);
     let v = chat(
         &server,
         ask(json!({"tool_choice": {"type": "function", "function": {"name": "search"}}})),
@@ -1928,23 +1928,7 @@ fn gemma4s_own_call_syntax_round_trips_through_the_server() {
     let call = v["choices"][0]["message"]["tool_calls"][0].clone();
     let (name, _) = check_call(&call, &tools);
     assert_eq!(name, "search");
-    // Streamed: the call's head, then its arguments.
-    let r = server.post(
-        "/v1/chat/completions",
-        &ask(json!({"stream": true})).to_string(),
-        &[],
-    );
-    assert_eq!(r.status, 200, "{}", r.body);
-    let (events, done) = sse_events(&r.body);
-    assert!(done);
-    let deltas: Vec<&Value> = events
-        .iter()
-        .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].get(0))
-        .collect();
-    assert_eq!(deltas.len(), 2, "{events:?}");
-    let streamed = json!({"id": deltas[0]["id"], "type": "function", "function": {
-        "name": deltas[0]["function"]["name"], "arguments": deltas[1]["function"]["arguments"]}});
-    check_call(&streamed, &tools);
+    streams_one_call(&server, ask(json!({})), &tools);
     // The call and its result go back; the history is rendered in
     // Gemma 4's syntax (longer than the question alone) and answered.
     let history = json!([
@@ -1993,3 +1977,99 @@ fn gemma4s_own_call_syntax_round_trips_through_the_server() {
 /// SmolLM2's token "channel" (Gemma 4's `<|channel>` is `<`, `|`,
 /// `channel`, `>` here, as `<|tool_call>` is `<`, `|`, `tool`, ...).
 const CHANNEL: u32 = 12078;
+
+/// `ask(extra)` is one valid call ([`one_call`]) greedy and at
+/// temperatures 0.8 and 1.3.
+fn one_call_at_any_temperature(server: &Server, ask: &dyn Fn(Value) -> Value, tools: &Value) {
+    for (seed, temperature) in [(1, 0.0), (2, 0.8), (3, 1.3)] {
+        let v = chat(
+            server,
+            ask(json!({"seed": seed, "temperature": temperature})),
+        );
+        one_call(&v, tools);
+    }
+}
+
+/// `body` streamed is one call and no content: a chunk with the call's
+/// head, then one with its arguments, valid for `tools`
+/// ([`check_call`]).
+fn streams_one_call(server: &Server, body: Value, tools: &Value) {
+    let (events, _, content) = streamed_parts(server, with_fields(body, json!({"stream": true})));
+    assert_eq!(content, "", "{events:?}");
+    let deltas: Vec<&Value> = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].get(0))
+        .collect();
+    assert_eq!(deltas.len(), 2, "{events:?}");
+    let streamed = json!({"id": deltas[0]["id"], "type": "function", "function": {
+        "name": deltas[0]["function"]["name"], "arguments": deltas[1]["function"]["arguments"]}});
+    check_call(&streamed, tools);
+}
+
+/// A Llama 3-style tool template on the SmolLM2 weights (its ChatML
+/// turns; `<|python_tag|>` named, as Llama 3.1's template does, so the
+/// server reads the Llama 3 format): the functions in a system turn.
+const LLAMA3_TEMPLATE: &str = r#"{%- if tools %}<|im_start|>system
+Respond with a JSON object {"name": function name, "parameters": its arguments} to call one of these functions, or answer in words. Never use <|python_tag|>.
+{{ tools | tojson }}<|im_end|>
+{% endif %}{% for message in messages %}<|im_start|>{{ message['role'] }}
+{{ message['content'] }}<|im_end|>
+{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"#;
+
+/// SmolLM2's tokens `{` and `{"`.
+const BRACE: u32 = 107;
+const BRACE_QUOTE: u32 = 39428;
+
+/// Issue 35: `tool_choice: "auto"` in a native format constrains the call
+/// the model opens. On a Llama 3 stand-in, `logit_bias` makes the model
+/// start with `{` (a Llama 3 call's opener) at any temperature: the call
+/// that follows is always a listed function with valid arguments, whole
+/// and streamed; pushed to " the" instead, the answer is free text, no
+/// call. Under Qwen3's real template (Hermes, thinking on, so the
+/// grammar holds the model's own block too), a free answer stays free.
+#[test]
+fn auto_constrains_the_call_the_model_opens_and_leaves_text_free() {
+    let (_dir, server) = template_server("serve-auto-llama3", LLAMA3_TEMPLATE);
+    let tools = forecast_tools();
+    let ask = |extra: Value| {
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "What will the weather be?"}],
+                   "tools": tools, "tool_choice": "auto", "parallel_tool_calls": false,
+                   "max_tokens": 80,
+                   "logit_bias": {BRACE.to_string(): 30, BRACE_QUOTE.to_string(): 30}}),
+            extra,
+        )
+    };
+    one_call_at_any_temperature(&server, &ask, &tools);
+    streams_one_call(&server, ask(json!({"seed": 4})), &tools);
+    // Free text when the model does not open a call.
+    let free =
+        ask(json!({"temperature": 0, "max_tokens": 12, "logit_bias": {THE.to_string(): 20}}));
+    let v = chat(&server, free.clone());
+    let choice = &v["choices"][0];
+    assert!(choice["message"].get("tool_calls").is_none(), "{v}");
+    assert_eq!(choice["finish_reason"], "length", "{v}");
+    assert!(choice["message"]["content"]
+        .as_str()
+        .is_some_and(|c| c.contains("the")));
+    streams_as_whole(&server, free);
+
+    // Hermes under Qwen3's template, thinking on: free text stays free,
+    // and the model's own block is bounded as with a required call.
+    let (_dir, server) = real_template_server("serve-auto-qwen3", "Qwen-Qwen3-0.6B.jinja");
+    let ask = |bias: Value| {
+        json!({"messages": [{"role": "user", "content": "Think, then answer."}],
+               "tools": tools, "tool_choice": "auto", "temperature": 0, "max_tokens": 40,
+               "thinking_budget_tokens": 8, "logit_bias": bias})
+    };
+    // The stand-in, free to write "think" without `<`, opens no block
+    // (the grammar-level tests walk a block under auto).
+    for bias in [json!({THE.to_string(): 20}), json!({THINK.to_string(): 30})] {
+        let v = chat(&server, ask(bias));
+        let message = &v["choices"][0]["message"];
+        assert!(message.get("tool_calls").is_none(), "{v}");
+        assert!(message.get("reasoning_content").is_none(), "{v}");
+        assert_eq!(v["usage"]["completion_tokens"], 40, "{v}");
+    }
+}

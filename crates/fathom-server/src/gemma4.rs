@@ -8,12 +8,14 @@
 //! the quote are tokens of Gemma 4's vocabulary that decode as their text.
 //!
 //! This module reads that syntax back into JSON arguments and writes the
-//! Lark grammar that constrains a required call: the arguments follow the
+//! Lark grammar that constrains a call (a required one, or one the model
+//! opens under `auto`, [`crate::tools::grammar`]): the arguments follow the
 //! function's JSON schema, lowered to Gemma's value syntax (llguidance's
 //! JSON compiler writes JSON, not this). Numbers, booleans and null are
 //! spelled as in JSON, so their subschemas go to `%json` whole, bounds and
 //! all; strings, arrays and objects are lowered here, and a keyword the
-//! lowering cannot enforce is refused, named with its place in the schema.
+//! lowering cannot enforce is refused, named with its place in the schema
+//! (under `auto`, that function's arguments are any object instead).
 
 use serde_json::{Map, Value};
 
@@ -22,6 +24,8 @@ use crate::reasoning::pieces_without;
 
 /// A call's opening marker and the text before its function's name.
 pub const OPEN: &str = "<|tool_call>call:";
+/// The marker that opens a call.
+pub const OPENER: &str = "<|tool_call>";
 /// A call's end.
 pub const CLOSE: &str = "<tool_call|>";
 /// The quote around a string value.
@@ -68,27 +72,32 @@ const LOWERED: &[&str] = &[
     "maxLength",
 ];
 
-/// The Lark grammar of the calls a required `tool_choice` allows: one
-/// call to one of `functions` (name and parameters' schema), or with
-/// `parallel` several back to back; or why a schema cannot be enforced.
-pub fn calls_grammar(functions: &[(&str, &Value)], parallel: bool) -> Result<String, String> {
+/// The Lark expression of one call to one of `functions` (name and
+/// parameters' schema) after its opener [`OPENER`]
+/// (`call:NAME{...}<tool_call|>`), and the rules it uses; or why a schema
+/// cannot be enforced. `lenient` (`tool_choice` `auto`): a function whose
+/// schema the lowering cannot enforce takes any object of arguments
+/// instead, so a request the model may answer freely is not refused.
+pub fn call_rest(functions: &[(&str, &Value)], lenient: bool) -> Result<(String, String), String> {
     let mut lowering = Lowering::default();
     let mut calls = Vec::with_capacity(functions.len());
     for (name, parameters) in functions {
         let place = format!("function {name}'s parameters");
-        let arguments = lowering.value(&object_schema(parameters, &place)?, &place)?;
+        let arguments = match object_schema(parameters, &place)
+            .and_then(|schema| lowering.value(&schema, &place))
+        {
+            Ok(arguments) => arguments,
+            // Rules a failed lowering wrote stay unused.
+            Err(_) if lenient => lowering.any_object(),
+            Err(e) => return Err(e),
+        };
         calls.push(format!(
             "{} {arguments} {}",
-            lark_literal(&format!("{OPEN}{name}")),
+            lark_literal(&format!("{}{name}", &OPEN[OPENER.len()..])),
             lark_literal(CLOSE)
         ));
     }
-    let start = if parallel { "call+" } else { "call" };
-    Ok(format!(
-        "start: {start}\ncall: {}\n{}",
-        calls.join(" | "),
-        lowering.rules.join("")
-    ))
+    Ok((format!("({})", calls.join(" | ")), lowering.rules.join("")))
 }
 
 /// A function's parameters as an object schema (its `type` written
@@ -266,11 +275,17 @@ impl Lowering {
         self.any = Some(name.clone());
         let body = format!(
             "{string} | /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?/ | \"true\" | \"false\" | \"null\" \
-             | \"[\" ({name} (\",\" {name})*)? \"]\" \
-             | \"{{\" (/[A-Za-z_][A-Za-z0-9_]*/ \":\" {name} (\",\" /[A-Za-z_][A-Za-z0-9_]*/ \":\" {name})*)? \"}}\""
+             | \"[\" ({name} (\",\" {name})*)? \"]\" | {}",
+            object_of(&name)
         );
         self.rule(&body);
         name
+    }
+
+    /// Any object: any keys, any values.
+    fn any_object(&mut self) -> String {
+        let any = self.any();
+        object_of(&any)
     }
 
     /// An array of `items`, `minItems` to `maxItems` of them.
@@ -358,6 +373,13 @@ impl Lowering {
             (false, false) => format!("\"{{\" ({}) \"}}\"", firsts.join(" | ")),
         })
     }
+}
+
+/// The Lark expression of an object with any bare keys, each value
+/// `value` (a rule's name).
+fn object_of(value: &str) -> String {
+    let entry = format!("/[A-Za-z_][A-Za-z0-9_]*/ \":\" {value}");
+    format!("\"{{\" ({entry} (\",\" {entry})*)? \"}}\"")
 }
 
 /// `branch` with the keywords of `rest` it does not set itself.
@@ -540,22 +562,32 @@ mod tests {
     #[test]
     fn keywords_the_lowering_cannot_enforce_are_named_with_their_place() {
         let schema = json!({"type": "object", "properties": {"when": {"type": "string", "format": "date-time"}}});
-        let e = calls_grammar(&[("f", &schema)], false).unwrap_err();
+        let e = call_rest(&[("f", &schema)], false).unwrap_err();
         assert!(
             e.contains("function f's parameters.properties.when") && e.contains("`format`"),
             "{e}"
         );
-        let e = calls_grammar(&[("f", &json!({"type": "array"}))], false).unwrap_err();
+        let e = call_rest(&[("f", &json!({"type": "array"}))], false).unwrap_err();
         assert!(e.contains("object of arguments"), "{e}");
         let refs =
             json!({"$defs": {"d": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/d"}}});
-        let e = calls_grammar(&[("f", &refs)], false).unwrap_err();
+        let e = call_rest(&[("f", &refs)], false).unwrap_err();
         assert!(e.contains("function f's parameters: `$defs`"), "{e}");
-        let e = calls_grammar(
+        let e = call_rest(
             &[("f", &json!({"properties": {}, "required": ["a"]}))],
             false,
         )
         .unwrap_err();
         assert!(e.contains("\"a\""), "{e}");
+        // Leniently (`auto`): that function takes any object of arguments,
+        // the others keep their schemas.
+        let city = json!({"properties": {"city": {"enum": ["Oslo"]}}, "required": ["city"]});
+        let (rest, rules) = call_rest(&[("f", &schema), ("g", &city)], true).unwrap();
+        assert!(
+            rest.starts_with("(\"call:f\" \"{\" (/[A-Za-z_]")
+                && rest.contains("\"call:g\" (\"{\" (g"),
+            "{rest}"
+        );
+        assert!(rules.contains("\"<|\\\"|>Oslo<|\\\"|>\""), "{rules}");
     }
 }

@@ -981,11 +981,25 @@ fn prepare(
     let wanted = match &request.constraint {
         None => {
             let tool_grammar = match (&request.tools, &request.prompt) {
-                (Some(req), Prompt::Chat(_)) => tools::grammar(format, req, reasoning_bound)
-                    .map_err(|e| {
-                        ApiError::invalid("tools", format!("tools cannot be enforced: {e}"))
-                            .with_code("invalid_grammar")
-                    })?,
+                (Some(req), Prompt::Chat(_)) => {
+                    let own_block = match block {
+                        Some(ThinkingBlock::Own { open, .. }) => Some(open),
+                        _ => None,
+                    };
+                    Some(
+                        tools::grammar(
+                            format,
+                            req,
+                            reasoning_bound,
+                            tools::python_tag(&model.tokenizer),
+                            own_block,
+                        )
+                        .map_err(|e| {
+                            ApiError::invalid("tools", format!("tools cannot be enforced: {e}"))
+                                .with_code("invalid_grammar")
+                        })?,
+                    )
+                }
                 _ => None,
             };
             match (tool_grammar, block) {

@@ -263,7 +263,7 @@ pub fn thinking_grammar(block: ThinkingBlock, then: Option<&str>, reasoning: usi
 /// `open`: nothing more, a character other than its first, or a proper
 /// prefix of it that ends the text or goes on with another character
 /// than the marker's next; anything may follow.
-fn text_not_opening(open: &str) -> String {
+pub(crate) fn text_not_opening(open: &str) -> String {
     let hex = |c: &char| format!("\\x{{{:X}}}", *c as u32);
     let chars: Vec<char> = open.chars().collect();
     let mut alternatives = vec![format!("[^\\s{}](?s:.*)", hex(&chars[0]))];

@@ -35,8 +35,9 @@
 //! With `tool_choice` `required` or a named function, the answer is
 //! constrained to calls whose arguments validate against the function's
 //! `parameters` in every format; with `auto` the generic format is
-//! constrained too (call or response), the native ones are free text
-//! parsed afterwards.
+//! constrained too (call or response), and a native one is free text until
+//! the model opens a call (llama.cpp's "lazy grammar"), which from its
+//! opener on is constrained as a required call is.
 
 use fathom_engine::Message;
 use fathom_tokenizer::ToolCall;
@@ -166,118 +167,256 @@ pub fn prepare(format: ToolFormat, messages: &[Message], req: &ToolRequest) -> P
     }
 }
 
-/// The constraint of the answer to `req` in `format`, if it has one;
-/// `reasoning`: the most tokens a harmony answer's analysis message may
-/// take ([`reasoning::harmony_grammar`]), known once the request's
-/// `max_tokens` is. An error names a function's schema that the format
-/// cannot enforce (Gemma 4's, [`crate::gemma4`]).
+/// The constraint of the answer to `req` in `format`; `reasoning`: the
+/// most tokens a harmony answer's analysis message may take
+/// ([`reasoning::harmony_grammar`]), known once the request's
+/// `max_tokens` is; `python_tag`: whether the vocabulary has Llama 3's
+/// `<|python_tag|>` as a control token (the grammar then names it so);
+/// `own_block`: the open marker of a thinking block the model may open
+/// itself before the answer (Qwen3's `<think>` with thinking on), which
+/// free text under `auto` does not start with, so that the block's own
+/// grammar ([`crate::reasoning::thinking_grammar`]) bounds it and a call
+/// opener inside it opens no call. An error names a function's schema
+/// that the format cannot enforce (Gemma 4's, [`crate::gemma4`]) where a
+/// call is required.
+///
+/// With `required` or a named function the answer is calls only. With
+/// `auto` in a native format it is free text until the model opens a call
+/// ([`Opened::opener`]); from there the call is the one `required` asks
+/// for, and after it only more calls and text with `parallel_tool_calls`,
+/// else the end ([`lazy_calls`]). In the generic format it is one JSON
+/// object, a call or (with `auto`) a response.
 pub fn grammar(
     format: ToolFormat,
     req: &ToolRequest,
     reasoning: usize,
-) -> Result<Option<Grammar>, String> {
+    python_tag: bool,
+    own_block: Option<&str>,
+) -> Result<Grammar, String> {
     let must_call = !matches!(req.choice, ToolChoice::Auto);
     let allowed = allowed(req);
-    if format == ToolFormat::Gemma4 {
-        if !must_call {
-            return Ok(None);
-        }
-        let functions: Vec<(&str, &Value)> = allowed
-            .iter()
-            .map(|t| (t.name.as_str(), &t.parameters))
-            .collect();
-        return gemma4::calls_grammar(&functions, req.parallel).map(|g| Some(Grammar::Lark(g)));
-    }
-    Ok(match format {
-        ToolFormat::Generic => {
-            let calls: Vec<Value> = allowed
-                .iter()
-                .map(|t| {
-                    json!({
-                        "type": "object",
-                        "properties": {"tool_call": call_schema(t, "arguments")},
-                        "required": ["tool_call"],
-                        "additionalProperties": false,
-                    })
-                })
-                .collect();
-            let mut branches = calls;
-            if !must_call {
-                branches.push(json!({
-                    "type": "object",
-                    "properties": {"response": {"type": "string"}},
-                    "required": ["response"],
-                    "additionalProperties": false,
-                }));
-            }
-            Some(Grammar::JsonSchema(any_of(branches)))
-        }
-        ToolFormat::Hermes => must_call.then(|| {
-            let schema = calls_schema(&allowed, "arguments");
-            tagged_calls(
-                &format!(
-                    "\"<tool_call>\\n\" {} \"\\n</tool_call>\"",
-                    lark_json(&schema)
-                ),
-                req.parallel,
-            )
-        }),
-        ToolFormat::QwenXml => must_call.then(|| {
+    let Opened {
+        opener,
+        rest,
+        rules,
+    } = match format {
+        ToolFormat::Generic => return Ok(generic_grammar(&allowed, must_call)),
+        ToolFormat::Llama3 => return Ok(llama3_grammar(&allowed, req, python_tag)),
+        ToolFormat::Hermes => Opened {
+            opener: "<tool_call>",
+            rest: format!(
+                "\"\\n\" {} \"\\n</tool_call>\"",
+                lark_json(&calls_schema(&allowed, "arguments"))
+            ),
+            rules: String::new(),
+        },
+        ToolFormat::QwenXml => {
             let calls: Vec<String> = allowed
                 .iter()
                 .map(|t| {
                     format!(
                         "{} {} \"</function>\\n</tool_call>\"",
-                        lark_literal(&format!("<tool_call>\n<function={}>\n", t.name)),
+                        lark_literal(&format!("\n<function={}>\n", t.name)),
                         xml_parameters(&t.parameters)
                     )
                 })
                 .collect();
-            tagged_calls(&calls.join(" | "), req.parallel)
-        }),
-        ToolFormat::Llama3 => must_call.then(|| {
-            let schema = calls_schema(&allowed, "parameters");
-            Grammar::Lark(format!("start: {}\n", lark_json(&schema)))
-        }),
-        // The model may reason first, then calls one of the functions,
-        // its arguments valid for its parameters; with
-        // `parallel_tool_calls`, maybe more, each a message of its own.
-        ToolFormat::Harmony => must_call.then(|| {
+            Opened {
+                opener: "<tool_call>",
+                rest: format!("({})", calls.join(" | ")),
+                rules: String::new(),
+            }
+        }
+        // A commentary message to the function, its arguments valid for
+        // its parameters.
+        ToolFormat::Harmony => {
             let calls: Vec<String> = allowed
                 .iter()
                 .map(|t| {
                     format!(
-                        "\"{CHANNEL}commentary to=functions.{} <|constrain|>json{MESSAGE}\" {}",
+                        "\"{} <|constrain|>json{MESSAGE}\" {}",
                         t.name,
                         lark_json(&t.parameters)
                     )
                 })
                 .collect();
-            // gpt-oss's `<|call|>` ends generation (an end-of-generation
-            // token where the grammar may end); a vocabulary that spells
-            // it out writes it as text, which ends the calls too.
+            Opened {
+                opener: "to=functions.",
+                rest: format!("({})", calls.join(" | ")),
+                rules: String::new(),
+            }
+        }
+        ToolFormat::Gemma4 => {
+            let functions: Vec<(&str, &Value)> = allowed
+                .iter()
+                .map(|t| (t.name.as_str(), &t.parameters))
+                .collect();
+            let (rest, rules) = gemma4::call_rest(&functions, !must_call)?;
+            Opened {
+                opener: gemma4::OPENER,
+                rest,
+                rules,
+            }
+        }
+    };
+    let call = format!("{} {rest}", lark_literal(opener));
+    Ok(match (format, must_call) {
+        // The model may reason first, then calls one of the functions;
+        // with `parallel_tool_calls`, maybe more, each a message of its
+        // own. gpt-oss's `<|call|>` ends generation (an end-of-generation
+        // token where the grammar may end); a vocabulary that spells it
+        // out writes it as text, which ends the calls too.
+        (ToolFormat::Harmony, true) => {
             let last = if req.parallel {
                 format!("call (\"{START}assistant\" call)* \"{CALL}\"?")
             } else {
                 format!("call \"{CALL}\"?")
             };
             reasoning::harmony_grammar(
-                &format!("last: {last}\ncall: {}\n", calls.join(" | ")),
+                &format!("last: {last}\ncall: \"{CHANNEL}commentary \" {call}\n"),
                 reasoning,
             )
-        }),
-        ToolFormat::Gemma4 => None,
+        }
+        // Reasoning first as with a required call, then the final answer
+        // or commentary (a preamble, or a call's header, the recipient
+        // after the channel).
+        (ToolFormat::Harmony, false) => reasoning::harmony_grammar(
+            &format!(
+                "last: (\"{CHANNEL}final\" | \"{CHANNEL}commentary\") calls\n{}",
+                lazy_calls(
+                    opener,
+                    &format!("{rest} \"{CALL}\"?"),
+                    &rules,
+                    req.parallel,
+                    own_block
+                )
+            ),
+            reasoning,
+        ),
+        (_, true) => {
+            // Hermes and Qwen XML put parallel calls on lines of their
+            // own; Gemma 4 writes them back to back.
+            let between = if format == ToolFormat::Gemma4 {
+                ""
+            } else {
+                "\"\\n\" "
+            };
+            let start = if req.parallel {
+                format!("call ({between}call)*")
+            } else {
+                "call".into()
+            };
+            Grammar::Lark(format!("start: {start}\ncall: {call}\n{rules}"))
+        }
+        (_, false) => Grammar::Lark(format!(
+            "start: calls\n{}",
+            lazy_calls(opener, &rest, &rules, req.parallel, own_block)
+        )),
     })
 }
 
-/// The grammar of an answer that is one call (`call`, a Lark expression),
-/// or with `parallel` several, one per line.
-fn tagged_calls(call: &str, parallel: bool) -> Grammar {
-    Grammar::Lark(if parallel {
-        format!("start: call (\"\\n\" call)*\ncall: {call}\n")
+/// Whether `tokenizer` has Llama 3's `<|python_tag|>` as a control token
+/// (Llama 3.1's and 3.2's vocabularies), which a grammar names as a token;
+/// a vocabulary that spells it out writes it as text.
+pub fn python_tag(tokenizer: &fathom_engine::Tokenizer) -> bool {
+    tokenizer
+        .token_id("<|python_tag|>")
+        .is_some_and(|id| tokenizer.piece(id, false).is_empty())
+}
+
+/// A native format's call to an allowed function, split where the model
+/// opens it.
+struct Opened {
+    /// The text that opens a call (under `auto`, what makes the rest of
+    /// the answer a call).
+    opener: &'static str,
+    /// The Lark expression of the rest of one call.
+    rest: String,
+    /// The Lark rules `rest` uses.
+    rules: String,
+}
+
+/// The Lark rules of `calls` (with `rules`, which `rest` uses): an answer
+/// under `auto` that is free text until it holds `opener`, which makes
+/// the text after it `rest` (the rest of a call). With `parallel`, text
+/// and calls may follow; without, a call ends the answer. llguidance's
+/// lazy lexeme (`[lazy]`: the shortest match) ends the free text at the
+/// first `opener`, so free text never holds one. The answer's first text
+/// does not start with `own_block` ([`grammar`]).
+fn lazy_calls(
+    opener: &str,
+    rest: &str,
+    rules: &str,
+    parallel: bool,
+    own_block: Option<&str>,
+) -> String {
+    let calls = if parallel {
+        "calls: FIRST_TEXT | first_head call_rest (call_head call_rest)* FREE_TEXT"
     } else {
-        format!("start: call\ncall: {call}\n")
-    })
+        "calls: FIRST_TEXT | first_head call_rest"
+    };
+    let first = match own_block {
+        Some(open) => reasoning::text_not_opening(open),
+        None => "(?s:.*)".into(),
+    };
+    let opener = lark_literal(opener);
+    format!(
+        "{calls}\n\
+         first_head[lazy]: FIRST_TEXT {opener}\n\
+         call_head[lazy]: FREE_TEXT {opener}\n\
+         call_rest: {rest}\n\
+         FIRST_TEXT: /{first}/\n\
+         FREE_TEXT: /(?s:.*)/\n\
+         {rules}"
+    )
+}
+
+/// The generic format's answer: one JSON object, a call to one of
+/// `allowed` or (unless `must_call`) a response.
+fn generic_grammar(allowed: &[&Tool], must_call: bool) -> Grammar {
+    let mut branches: Vec<Value> = allowed
+        .iter()
+        .map(|t| {
+            json!({
+                "type": "object",
+                "properties": {"tool_call": call_schema(t, "arguments")},
+                "required": ["tool_call"],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
+    if !must_call {
+        branches.push(json!({
+            "type": "object",
+            "properties": {"response": {"type": "string"}},
+            "required": ["response"],
+            "additionalProperties": false,
+        }));
+    }
+    Grammar::JsonSchema(any_of(branches))
+}
+
+/// A Llama 3 answer: a call is a JSON object that the answer starts with
+/// (`{"name": ..., "parameters": ...}`, maybe after `<|python_tag|>`
+/// where the vocabulary has it as a control token; with
+/// `parallel_tool_calls` several, separated by `; `). With `required` or
+/// a named function the answer is one call; with `auto` it is one, or any
+/// text that does not start with `{` (Llama 3 writes no marker before a
+/// JSON call, so its `{` is the opener).
+fn llama3_grammar(allowed: &[&Tool], req: &ToolRequest, python_tag: bool) -> Grammar {
+    let call = lark_json(&calls_schema(allowed, "parameters"));
+    if !matches!(req.choice, ToolChoice::Auto) {
+        return Grammar::Lark(format!("start: {call}\n"));
+    }
+    let tag = if python_tag { "<|python_tag|>? " } else { "" };
+    let calls = if req.parallel {
+        "call (\"; \" call)*"
+    } else {
+        "call"
+    };
+    Grammar::Lark(format!(
+        "start: FREE_TEXT | {tag}{calls}\ncall: {call}\nFREE_TEXT: /([^{{](?s:.*))?/\n"
+    ))
 }
 
 /// The Lark expression of a Qwen XML call's parameters under `schema` (a
@@ -662,6 +801,14 @@ fn harmony_call(text: &str) -> Option<(std::ops::Range<usize>, &str, &str)> {
 mod tests {
     use super::*;
 
+    /// The Lark text of [`grammar`] in `format` for `r`.
+    fn lark_of(format: ToolFormat, r: &ToolRequest, reasoning: usize, python_tag: bool) -> String {
+        match grammar(format, r, reasoning, python_tag, None).unwrap() {
+            Grammar::Lark(lark) => lark,
+            other => panic!("{other:?}"),
+        }
+    }
+
     fn req(choice: ToolChoice) -> ToolRequest {
         ToolRequest {
             tools: vec![
@@ -732,13 +879,16 @@ mod tests {
             assert!(a.calls.is_empty(), "{odd}");
             assert_eq!(a.content.as_deref(), Some(odd));
         }
-        assert!(grammar(ToolFormat::Gemma4, &r, 0).unwrap().is_none());
-        let Some(Grammar::Lark(lark)) =
-            grammar(ToolFormat::Gemma4, &req(ToolChoice::Required), 0).unwrap()
-        else {
-            panic!()
-        };
-        assert!(lark.contains("<|tool_call>call:get_weather"), "{lark}");
+        let lark = lark_of(ToolFormat::Gemma4, &r, 0, false);
+        assert!(
+            lark.contains("first_head[lazy]: FIRST_TEXT \"<|tool_call>\""),
+            "{lark}"
+        );
+        let lark = lark_of(ToolFormat::Gemma4, &req(ToolChoice::Required), 0, false);
+        assert!(
+            lark.contains("\"<|tool_call>\" (\"call:get_weather\""),
+            "{lark}"
+        );
     }
 
     #[test]
@@ -852,7 +1002,8 @@ mod tests {
         );
         assert_eq!(p.messages[3].role, "user");
         assert_eq!(p.messages[3].content, "Result of get_weather: 22 C");
-        let Some(Grammar::JsonSchema(schema)) = grammar(ToolFormat::Generic, &r, 0).unwrap() else {
+        let Grammar::JsonSchema(schema) = grammar(ToolFormat::Generic, &r, 0, false, None).unwrap()
+        else {
             panic!()
         };
         // Named: one branch, the call, no response.
@@ -861,8 +1012,8 @@ mod tests {
             "get_weather"
         );
         let p = prepare(ToolFormat::Generic, &history[1..2], &req(ToolChoice::Auto));
-        let Some(Grammar::JsonSchema(schema)) =
-            grammar(ToolFormat::Generic, &req(ToolChoice::Auto), 0).unwrap()
+        let Grammar::JsonSchema(schema) =
+            grammar(ToolFormat::Generic, &req(ToolChoice::Auto), 0, false, None).unwrap()
         else {
             panic!()
         };
@@ -870,32 +1021,36 @@ mod tests {
         assert_eq!(p.messages[0].role, "system");
     }
 
+    /// `required`: calls only; `auto`: free text, the call constrained
+    /// from its opener on (the token-level walks are in
+    /// tests/constraint.rs).
     #[test]
-    fn native_formats_constrain_only_when_a_call_is_required() {
+    fn native_formats_constrain_a_required_call_and_an_opened_one() {
         let p = prepare(
             ToolFormat::Hermes,
             &[Message::new("user", "x")],
             &req(ToolChoice::Auto),
         );
         assert!(p.tools.is_some());
-        assert!(grammar(ToolFormat::Hermes, &req(ToolChoice::Auto), 0)
-            .unwrap()
-            .is_none());
-        let Some(Grammar::Lark(lark)) =
-            grammar(ToolFormat::Hermes, &req(ToolChoice::Required), 0).unwrap()
-        else {
-            panic!()
-        };
+        let lark = lark_of(ToolFormat::Hermes, &req(ToolChoice::Auto), 0, false);
         assert!(
-            lark.contains("<tool_call>") && lark.contains("%json"),
+            lark.contains("first_head[lazy]: FIRST_TEXT \"<tool_call>\"") && lark.contains("%json"),
             "{lark}"
         );
-        let Some(Grammar::Lark(lark)) =
-            grammar(ToolFormat::Llama3, &req(ToolChoice::Required), 0).unwrap()
-        else {
-            panic!()
-        };
+        let lark = lark_of(ToolFormat::Hermes, &req(ToolChoice::Required), 0, false);
+        assert!(
+            lark.starts_with("start: call (\"\\n\" call)*\ncall: \"<tool_call>\" \"\\n\" %json"),
+            "{lark}"
+        );
+        let lark = lark_of(ToolFormat::Llama3, &req(ToolChoice::Required), 0, false);
         assert!(lark.contains("\"parameters\""), "{lark}");
+        // auto: a Llama 3 answer that starts with `{` is a call, after
+        // `<|python_tag|>` where the vocabulary has it as a token.
+        for (tag, named) in [(false, false), (true, true)] {
+            let lark = lark_of(ToolFormat::Llama3, &req(ToolChoice::Auto), 0, tag);
+            assert!(lark.contains("FREE_TEXT: /([^{](?s:.*))?/"), "{lark}");
+            assert_eq!(lark.contains("<|python_tag|>?"), named, "{lark}");
+        }
     }
 
     #[test]
@@ -963,24 +1118,23 @@ mod tests {
             &req(ToolChoice::Auto),
         );
         assert!(p.tools.is_some());
-        assert!(grammar(ToolFormat::Harmony, &req(ToolChoice::Auto), 100)
-            .unwrap()
-            .is_none());
-        let named = req(ToolChoice::Function("now".into()));
-        let Some(Grammar::Lark(lark)) = grammar(ToolFormat::Harmony, &named, 100).unwrap() else {
-            panic!()
-        };
+        let lark = lark_of(ToolFormat::Harmony, &req(ToolChoice::Auto), 100, false);
         assert!(
-            lark.contains("to=functions.now <|constrain|>json<|message|>\" %json")
+            lark.contains("first_head[lazy]: FIRST_TEXT \"to=functions.\"")
+                && lark.contains("max_tokens=100"),
+            "{lark}"
+        );
+        let named = req(ToolChoice::Function("now".into()));
+        let lark = lark_of(ToolFormat::Harmony, &named, 100, false);
+        assert!(
+            lark.contains("\"to=functions.\" (\"now <|constrain|>json<|message|>\" %json")
                 && !lark.contains("get_weather")
                 && lark.contains("<|channel|>analysis<|message|>")
                 && lark.contains("max_tokens=100"),
             "{lark}"
         );
         // No budget: no analysis message.
-        let Some(Grammar::Lark(lark)) = grammar(ToolFormat::Harmony, &named, 0).unwrap() else {
-            panic!()
-        };
+        let lark = lark_of(ToolFormat::Harmony, &named, 0, false);
         assert!(!lark.contains("analysis"), "{lark}");
     }
 

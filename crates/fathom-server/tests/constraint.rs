@@ -9,17 +9,20 @@
 //! and the thinking is bounded. Over Qwen3's real template (the model
 //! opens its own `<think>`) and Gemma 4's with thinking on (its own
 //! thought channel), the call or JSON may follow such a block, bounded
-//! alike.
+//! alike. Under `tool_choice` `auto`, every native format's answer is free
+//! until its call opener, then the call `required` asks for (Llama 3's
+//! `<|python_tag|>` walked as the control token Llama 3.1 has).
 
 mod common;
 
-use common::{template, vocabulary};
+use common::{template, vocabulary, vocabulary_at};
 use fathom_server::api::{Tool, ToolChoice, ToolRequest};
 use fathom_server::constraint::{ConstraintState, Constraints, Grammar};
 use fathom_server::reasoning::{ReasoningFormat, ReasoningSplit, ThinkingBlock};
 use fathom_server::tools::{self, ToolFormat};
 use fathom_tokenizer::{encode_chat_tools, ChatTemplate, Message};
 use serde_json::json;
+use std::path::Path;
 
 fn tokenizer() -> fathom_engine::Tokenizer {
     vocabulary("SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -41,6 +44,13 @@ fn walk_ids(state: &mut ConstraintState, ids: &[u32]) -> (usize, usize) {
         state.commit(id).unwrap();
     }
     (ids.len(), ids.len())
+}
+
+/// [`tools::grammar`] of a model whose vocabulary has no
+/// `<|python_tag|>` token and whose prompt leaves it no thinking block
+/// to open.
+fn tool_grammar(format: ToolFormat, req: &ToolRequest, reasoning: usize) -> Grammar {
+    tools::grammar(format, req, reasoning, false, None).unwrap()
 }
 
 fn request(choice: ToolChoice) -> ToolRequest {
@@ -88,8 +98,7 @@ fn tool_grammars_accept_valid_calls_and_refuse_others() {
             "{\"response\": \"It is sunny.\"}",
         ),
     ] {
-        let grammar = tools::grammar(format, &request(ToolChoice::Required), 1000).unwrap()
-            .expect("required calls are constrained");
+        let grammar = tool_grammar(format, &request(ToolChoice::Required), 1000);
         let mut state = c.compile(&grammar).unwrap_or_else(|e| panic!("{format:?}: {e:?}"));
         let (ok, n) = walk(&mut state, &tok, good);
         assert_eq!(ok, n, "{format:?}: the valid call was refused at token {ok}");
@@ -101,15 +110,14 @@ fn tool_grammars_accept_valid_calls_and_refuse_others() {
         assert!(ok < n, "{format:?}: an invalid call went through");
     }
     // Harmony: the reasoning may be left out.
-    let grammar =
-        tools::grammar(ToolFormat::Harmony, &request(ToolChoice::Required), 1000).unwrap();
-    let mut state = c.compile(&grammar.unwrap()).unwrap();
+    let grammar = tool_grammar(ToolFormat::Harmony, &request(ToolChoice::Required), 1000);
+    let mut state = c.compile(&grammar).unwrap();
     let call = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\", \"unit\": \"celsius\"}";
     let (ok, n) = walk(&mut state, &tok, call);
     assert_eq!(ok, n);
     // auto in the generic format: a response is fine too.
-    let grammar = tools::grammar(ToolFormat::Generic, &request(ToolChoice::Auto), 1000).unwrap();
-    let mut state = c.compile(&grammar.unwrap()).unwrap();
+    let grammar = tool_grammar(ToolFormat::Generic, &request(ToolChoice::Auto), 1000);
+    let mut state = c.compile(&grammar).unwrap();
     let (ok, n) = walk(&mut state, &tok, "{\"response\": \"It is sunny.\"}");
     assert_eq!(ok, n);
     assert!(state.is_stopped() || state.is_accepting());
@@ -170,9 +178,7 @@ fn qwen_xml_calls_may_leave_out_optional_parameters_and_come_in_parallel() {
         choice: ToolChoice::Required,
         parallel: true,
     };
-    let grammar = tools::grammar(ToolFormat::QwenXml, &req, 1000)
-        .unwrap()
-        .unwrap();
+    let grammar = tool_grammar(ToolFormat::QwenXml, &req, 1000);
     let two = "<tool_call>\n<function=forecast>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=forecast>\n<parameter=city>\nBergen\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>";
     let mut state = c.compile(&grammar).unwrap();
     let (ok, n) = walk(&mut state, &tok, two);
@@ -219,9 +225,7 @@ fn tool_call_arguments_are_compact_json_in_every_format() {
             "}}",
         ),
     ] {
-        let grammar = tools::grammar(format, &request(ToolChoice::Required), 1000)
-            .unwrap()
-            .unwrap();
+        let grammar = tool_grammar(format, &request(ToolChoice::Required), 1000);
         let mut state = c.compile(&grammar).unwrap();
         let (ok, n) = walk(&mut state, &tok, &format!("{head}{args}{tail}"));
         assert_eq!(
@@ -356,9 +360,7 @@ fn a_harmony_analysis_message_ends_at_its_bound_and_the_constrained_message_foll
             ),
             (
                 "tools",
-                tools::grammar(ToolFormat::Harmony, &request(ToolChoice::Required), bound)
-                    .unwrap()
-                    .unwrap(),
+                tool_grammar(ToolFormat::Harmony, &request(ToolChoice::Required), bound),
                 "<|start|>assistant<|channel|>commentary to=functions.get_weather",
             ),
             (
@@ -402,9 +404,7 @@ fn harmony_required_calls_are_one_or_several_as_parallel_tool_calls_says() {
     let two = format!("{call}<|start|>assistant{call}");
     let mut parallel = request(ToolChoice::Required);
     parallel.parallel = true;
-    let grammar = tools::grammar(ToolFormat::Harmony, &parallel, 100)
-        .unwrap()
-        .unwrap();
+    let grammar = tool_grammar(ToolFormat::Harmony, &parallel, 100);
     let mut state = c.compile(&grammar).unwrap();
     let (ok, n) = walk(&mut state, &tok, &two);
     assert_eq!(ok, n, "two calls were refused at token {ok}");
@@ -420,9 +420,7 @@ fn harmony_required_calls_are_one_or_several_as_parallel_tool_calls_says() {
         &format!("{call}<|call|><|start|>assistant{call}"),
     );
     assert!(ok < n, "a call went through after <|call|>");
-    let single = tools::grammar(ToolFormat::Harmony, &request(ToolChoice::Required), 100)
-        .unwrap()
-        .unwrap();
+    let single = tool_grammar(ToolFormat::Harmony, &request(ToolChoice::Required), 100);
     let mut state = c.compile(&single).unwrap();
     let (ok, n) = walk(&mut state, &tok, &two);
     assert!(
@@ -490,13 +488,7 @@ fn a_call_after_an_opened_think_block_comes_after_its_close() {
     let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
     let eog: Vec<u32> = tok.end_of_generation_ids().collect();
     let req = request(ToolChoice::Required);
-    let grammar = after_thinking(
-        close,
-        1000,
-        tools::grammar(ToolFormat::QwenXml, &req, 1000)
-            .unwrap()
-            .unwrap(),
-    );
+    let grammar = after_thinking(close, 1000, tool_grammar(ToolFormat::QwenXml, &req, 1000));
     let thought = "The user wants Oslo's weather; 1 < 2, <b>bold</b>, a <tool_call> tag, </thinking> and </th>.";
     let answer = format!("{thought}\n</think>\n\n{QWEN_CALL}");
     let mut state = c.compile(&grammar).unwrap();
@@ -543,13 +535,7 @@ fn a_call_after_an_opened_think_block_comes_after_its_close() {
         assert!(ok < n, "{bad:?} went through");
     }
     // A budget of 0 closes the block at once.
-    let grammar = after_thinking(
-        close,
-        0,
-        tools::grammar(ToolFormat::QwenXml, &req, 0)
-            .unwrap()
-            .unwrap(),
-    );
+    let grammar = after_thinking(close, 0, tool_grammar(ToolFormat::QwenXml, &req, 0));
     let mut state = c.compile(&grammar).unwrap();
     let (ok, n) = walk(&mut state, &tok, &format!("</think>\n\n{QWEN_CALL}"));
     assert_eq!(ok, n);
@@ -629,11 +615,11 @@ fn an_opened_think_block_ends_at_its_bound_and_the_constrained_part_follows() {
         for (what, then, want) in [
             (
                 "tools",
-                Some(
-                    tools::grammar(ToolFormat::QwenXml, &request(ToolChoice::Required), bound)
-                        .unwrap()
-                        .unwrap(),
-                ),
+                Some(tool_grammar(
+                    ToolFormat::QwenXml,
+                    &request(ToolChoice::Required),
+                    bound,
+                )),
                 "<tool_call>\n<function=get_weather>",
             ),
             (
@@ -709,9 +695,7 @@ fn gemma4_required_calls_follow_the_schema_in_gemmas_syntax() {
         choice: ToolChoice::Required,
         parallel: false,
     };
-    let grammar = tools::grammar(ToolFormat::Gemma4, &req, 0)
-        .unwrap()
-        .unwrap();
+    let grammar = tool_grammar(ToolFormat::Gemma4, &req, 0);
     let q = "<|\"|>";
     let good = [
         format!("<|tool_call>call:plan_trip{{Budget:1200.5,city:{q}Saint-Étienne, <near> Lyon{q},days:3,stops:[{{name:{q}Lyon{q},nights:2}},{{name:{q}Annecy{q}}}],unit:{q}celsius{q}}}<tool_call|>"),
@@ -768,9 +752,7 @@ fn gemma4_required_calls_follow_the_schema_in_gemmas_syntax() {
         parallel: true,
         ..req.clone()
     };
-    let grammar = tools::grammar(ToolFormat::Gemma4, &parallel, 0)
-        .unwrap()
-        .unwrap();
+    let grammar = tool_grammar(ToolFormat::Gemma4, &parallel, 0);
     let mut state = c.compile(&grammar).unwrap();
     let (ok, n) = walk_special(&mut state, &tok, &two);
     assert_eq!(ok, n, "two calls were refused at token {ok}");
@@ -784,11 +766,33 @@ fn gemma4_required_calls_follow_the_schema_in_gemmas_syntax() {
     let mut odd = req.clone();
     odd.tools[1].parameters =
         json!({"type": "object", "properties": {"at": {"type": "string", "format": "date-time"}}});
-    let e = tools::grammar(ToolFormat::Gemma4, &odd, 0).unwrap_err();
+    let e = tools::grammar(ToolFormat::Gemma4, &odd, 0, false, None).unwrap_err();
     assert!(
         e.contains("function now's parameters.properties.at: `format`"),
         "{e}"
     );
+    // Under `auto` it is not refused: the answer is free until
+    // `<|tool_call>` (one token here), then a call; that function's
+    // arguments are any object, the other's follow its schema.
+    odd.choice = ToolChoice::Auto;
+    let grammar = tool_grammar(ToolFormat::Gemma4, &odd, 0);
+    let eog: Vec<u32> = tok.end_of_generation_ids().collect();
+    let at = format!("<|tool_call>call:now{{at:{q}soon{q},x:[1]}}<tool_call|>");
+    for (answer, valid) in [
+        ("It is sunny in Oslo, 1 < 2.".to_string(), true),
+        (format!("Checking.{at}"), true),
+        (format!("Checking.{}", good[1]), true),
+        (format!("Checking.{}", bad[0]), false),
+        ("<|tool_call>call:launch{}<tool_call|>".to_string(), false),
+    ] {
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk_special(&mut state, &tok, &answer);
+        assert_eq!(ok == n, valid, "{answer:?}: refused at token {ok} of {n}");
+        if valid {
+            state.compute_mask().unwrap();
+            assert!(eog.iter().any(|&id| state.mask().allows(id)), "{answer:?}");
+        }
+    }
 }
 
 /// Qwen3's real template (thinking on unless `enable_thinking` is false)
@@ -859,9 +863,7 @@ fn a_call_may_follow_the_models_own_think_block() {
     let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
     let eog: Vec<u32> = tok.end_of_generation_ids().collect();
     let req = request(ToolChoice::Required);
-    let call = tools::grammar(ToolFormat::Hermes, &req, 1000)
-        .unwrap()
-        .unwrap();
+    let call = tool_grammar(ToolFormat::Hermes, &req, 1000);
     let grammar = after_own_thinking(block, 1000, Some(call));
     let thought = "Oslo's weather: 1 < 2, <b>x</b>, a <tool_call> tag and </th>.";
     let qwen3_format = ReasoningFormat::detect(Some("<think>")).unwrap();
@@ -913,8 +915,8 @@ fn a_call_may_follow_the_models_own_think_block() {
         assert!(ok < n, "{bad:?} went through");
     }
     // A budget of 0 leaves no block: the call at once.
-    let call = tools::grammar(ToolFormat::Hermes, &req, 0).unwrap();
-    let grammar = after_own_thinking(block, 0, call);
+    let call = tool_grammar(ToolFormat::Hermes, &req, 0);
+    let grammar = after_own_thinking(block, 0, Some(call));
     let mut state = c.compile(&grammar).unwrap();
     let (ok, n) = walk_special(&mut state, &tok, HERMES_CALL);
     assert_eq!(ok, n);
@@ -979,7 +981,11 @@ fn the_models_own_think_block_ends_at_its_bound_and_the_constrained_part_follows
         for (what, then, want) in [
             (
                 "tools",
-                tools::grammar(ToolFormat::Hermes, &request(ToolChoice::Required), bound).unwrap(),
+                Some(tool_grammar(
+                    ToolFormat::Hermes,
+                    &request(ToolChoice::Required),
+                    bound,
+                )),
                 "<tool_call>\n{\"name\": \"get_weather\"",
             ),
             (
@@ -1077,8 +1083,8 @@ fn gemma4_may_think_in_its_own_channel_before_a_required_call() {
         }
     );
     let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
-    let call = tools::grammar(ToolFormat::Gemma4, &req, 1000).unwrap();
-    let grammar = after_own_thinking(block, 1000, call);
+    let call = tool_grammar(ToolFormat::Gemma4, &req, 1000);
+    let grammar = after_own_thinking(block, 1000, Some(call));
     let q = "<|\"|>";
     let call =
         format!("<|tool_call>call:get_weather{{city:{q}Oslo{q},unit:{q}celsius{q}}}<tool_call|>");
@@ -1104,4 +1110,274 @@ fn gemma4_may_think_in_its_own_channel_before_a_required_call() {
     let mut state = c.compile(&grammar).unwrap();
     let (ok, n) = walk_special(&mut state, &tok, "Sure.");
     assert!(ok < n, "text before the call went through");
+}
+
+/// Walks `answer` under `state`; returns whether every token was allowed
+/// and, after it, an end-of-generation token is (the answer may end).
+fn accepted_whole(state: &mut ConstraintState, ids: &[u32], eog: &[u32]) -> (bool, bool) {
+    let (ok, n) = walk_ids(state, ids);
+    if ok < n {
+        return (false, false);
+    }
+    state.compute_mask().unwrap();
+    (true, eog.iter().any(|&id| state.mask().allows(id)))
+}
+
+/// Issue 35: `tool_choice: "auto"` in every native format, over the real
+/// SmolLM2 vocabulary (the markers as text). The answer is free until the
+/// model writes the format's call opener: text (with `<`, tags, the words
+/// of a call) is accepted and may end; from the opener on, the call is
+/// the one `required` asks for, so a valid call passes and ends the answer
+/// (without `parallel_tool_calls` nothing but the end follows), while an
+/// argument outside the schema, an unknown function or a broken call are
+/// refused. With `parallel_tool_calls`, text and more calls may follow.
+#[test]
+fn auto_answers_are_free_until_a_call_opens_then_the_call_is_constrained() {
+    let tok = tokenizer();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let eog: Vec<u32> = tok.end_of_generation_ids().collect();
+    let q = "<|\"|>";
+    let gemma = |unit: &str| {
+        format!("<|tool_call>call:get_weather{{city:{q}Oslo{q},unit:{q}{unit}{q}}}<tool_call|>")
+    };
+    let harmony = |unit: &str| {
+        format!("<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{{\"city\": \"Oslo\", \"unit\": \"{unit}\"}}")
+    };
+    // (format, free text, text then a valid call, a call refused, a second call)
+    let cases: Vec<(ToolFormat, String, String, Vec<String>, String)> = vec![
+        (
+            ToolFormat::Hermes,
+            "It is <b>sunny</b> in Oslo; 1 < 2 and \"name\": get_weather.".into(),
+            format!("Let me check.\n{HERMES_CALL}"),
+            vec![
+                HERMES_CALL.replace("celsius", "kelvin"),
+                HERMES_CALL.replace("get_weather", "launch"),
+                "Sure <tool_call> is a tag".into(),
+            ],
+            HERMES_CALL.replace("Oslo", "Bergen"),
+        ),
+        (
+            ToolFormat::QwenXml,
+            "Sunny. <function=get_weather> is how I would call it.".into(),
+            "Checking.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>".into(),
+            vec![
+                "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=unit>\nkelvin\n</parameter>\n</function>\n</tool_call>".into(),
+                "<tool_call>\n{\"name\": \"get_weather\"}".into(),
+            ],
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nBergen\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>".into(),
+        ),
+        (
+            ToolFormat::Gemma4,
+            "Sunny, call:get_weather{} and <|tool_response> are just words.".into(),
+            format!("Checking. {}", gemma("celsius")),
+            vec![
+                gemma("kelvin"),
+                "<|tool_call>call:launch{}<tool_call|>".into(),
+            ],
+            gemma("fahrenheit"),
+        ),
+        (
+            ToolFormat::Harmony,
+            "<|channel|>final<|message|>It is sunny; functions.get_weather is not needed.".into(),
+            format!("<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>commentary<|message|>Checking.<|end|><|start|>assistant{}", harmony("celsius")),
+            vec![
+                harmony("kelvin"),
+                "<|channel|>commentary to=functions.launch <|constrain|>json<|message|>{}".into(),
+                // Another analysis message after the bounded one.
+                "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b".into(),
+            ],
+            format!("<|start|>assistant{}", harmony("fahrenheit")),
+        ),
+    ];
+    for (format, free, call, refused, second) in cases {
+        let mut single = request(ToolChoice::Auto);
+        let grammar = tool_grammar(format, &single, 100);
+        let ids = |text: &str| tok.encode(text, false, false);
+        let mut state = c
+            .compile(&grammar)
+            .unwrap_or_else(|e| panic!("{format:?}: {e:?}"));
+        assert_eq!(
+            accepted_whole(&mut state, &ids(&free), &eog),
+            (true, true),
+            "{format:?}: free text"
+        );
+        let mut state = c.compile(&grammar).unwrap();
+        assert_eq!(
+            accepted_whole(&mut state, &ids(&call), &eog),
+            (true, true),
+            "{format:?}: text then a call"
+        );
+        // The call ends the answer: only the end (or harmony's `<|call|>`).
+        let mask = state.mask();
+        let more: Vec<u32> = (0..tok.vocab_size() as u32)
+            .filter(|&id| mask.allows(id) && !eog.contains(&id))
+            .collect();
+        assert!(
+            format == ToolFormat::Harmony && more.len() < 4 || more.is_empty(),
+            "{format:?}: {} tokens may follow a call",
+            more.len()
+        );
+        for bad in &refused {
+            let mut state = c.compile(&grammar).unwrap();
+            let (ok, n) = walk(&mut state, &tok, bad);
+            assert!(ok < n, "{format:?}: {bad:?} went through");
+        }
+        let two = format!("{call}\n{second}");
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, &two);
+        assert!(
+            ok < n,
+            "{format:?}: a second call without parallel_tool_calls"
+        );
+        single.parallel = true;
+        let grammar = tool_grammar(format, &single, 100);
+        let mut state = c.compile(&grammar).unwrap();
+        assert_eq!(
+            accepted_whole(&mut state, &ids(&format!("{two} Done.")), &eog),
+            (true, true),
+            "{format:?}: two calls with parallel_tool_calls"
+        );
+        // What is accepted reads back as the calls.
+        let read = tools::parse(format, &two, &single, "a");
+        assert_eq!(read.calls.len(), 2, "{format:?}: {read:?}");
+    }
+}
+
+/// llama.cpp's Llama 3 test vocabulary (Llama 3.0's) as Llama 3.1 names
+/// its token 128010: `<|python_tag|>` rather than
+/// `<|reserved_special_token_5|>`, a control token either way. gguf-py
+/// (which scripts/test.sh installs) writes the copy.
+fn llama31_vocabulary() -> fathom_engine::Tokenizer {
+    let script = r#"
+import sys, gguf
+from gguf.scripts.gguf_new_metadata import copy_with_new_metadata, MetadataDetails
+src, dst = sys.argv[1:3]
+r = gguf.GGUFReader(src)
+tokens = r.fields["tokenizer.ggml.tokens"].contents()
+tokens[tokens.index("<|reserved_special_token_5|>")] = "<|python_tag|>"
+w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents(), endianess=r.endianess)
+renamed = MetadataDetails(gguf.GGUFValueType.ARRAY, tokens, sub_type=gguf.GGUFValueType.STRING)
+copy_with_new_metadata(r, w, {"tokenizer.ggml.tokens": renamed}, [])
+"#;
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/ggml-vocab-llama-bpe.gguf");
+    let dst =
+        std::env::temp_dir().join(format!("fathom-llama31-vocab-{}.gguf", std::process::id()));
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "renaming the token (pip install gguf; scripts/test.sh does): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tok = vocabulary_at(&dst);
+    std::fs::remove_file(&dst).unwrap();
+    tok
+}
+
+/// Issue 35: Llama 3 under `auto` writes no marker before a JSON call: an
+/// answer that starts with `{` is a call (to a listed function, valid
+/// arguments), any other text is free; over SmolLM2's vocabulary (the tag
+/// as text), llama.cpp's Llama 3.0 one (no tag) and that one as Llama 3.1
+/// names the tag, a control token the call may follow.
+#[test]
+fn llama3_auto_answers_starting_with_a_brace_are_calls() {
+    let call =
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\", \"unit\": \"celsius\"}}";
+    for (vocab, tok) in [
+        ("smollm2", tokenizer()),
+        ("llama 3.0", vocabulary("ggml-vocab-llama-bpe.gguf")),
+        ("llama 3.1", llama31_vocabulary()),
+    ] {
+        let python_tag = tools::python_tag(&tok);
+        assert_eq!(python_tag, vocab == "llama 3.1");
+        let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+        let mut eog: Vec<u32> = tok.end_of_generation_ids().collect();
+        if eog.is_empty() {
+            eog.extend(tok.eos());
+        }
+        let grammar = tools::grammar(
+            ToolFormat::Llama3,
+            &request(ToolChoice::Auto),
+            100,
+            python_tag,
+            None,
+        )
+        .unwrap();
+        let mut answers = vec![
+            ("The weather is fine; {\"name\": x}.".to_string(), true),
+            (call.to_string(), true),
+            (call.replace("celsius", "kelvin"), false),
+            ("{\"response\": \"sunny\"}".into(), false),
+        ];
+        if python_tag {
+            answers.push((format!("<|python_tag|>{call}"), true));
+            answers.push(("<|python_tag|>The weather".into(), false));
+        }
+        for (answer, valid) in answers {
+            let mut state = c.compile(&grammar).unwrap();
+            let ids = tok.encode(&answer, false, true);
+            let (ok, ends) = accepted_whole(&mut state, &ids, &eog);
+            assert_eq!((ok, ends), (valid, valid), "{vocab}: {answer:?}");
+        }
+    }
+}
+
+/// Issue 35: `auto` after a thinking block. Qwen3's own block (thinking
+/// on) comes first, bounded as with a required call, and the text after
+/// it is free until `<tool_call>`, which makes it a valid call; Qwen3.5's
+/// template opens the block, which closes before the free part.
+#[test]
+fn auto_after_a_thinking_block_is_free_until_a_call_opens() {
+    let (tok, block) = qwen3();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let eog: Vec<u32> = tok.end_of_generation_ids().collect();
+    let auto = |own: Option<&str>| {
+        tools::grammar(
+            ToolFormat::Hermes,
+            &request(ToolChoice::Auto),
+            1000,
+            false,
+            own,
+        )
+        .unwrap()
+    };
+    for (grammar, prefix) in [
+        (
+            after_own_thinking(block, 1000, Some(auto(Some("<think>")))),
+            "<think>\n",
+        ),
+        (after_thinking("</think>", 1000, auto(None)), ""),
+    ] {
+        for (answer, valid) in [
+            (
+                format!("{prefix}Oslo, 1 < 2.\n</think>\n\nIt is sunny."),
+                true,
+            ),
+            // The thinking is not the free part: a tag in it opens no call.
+            (
+                format!("{prefix}A <tool_call> tag.\n</think>\n\nSunny."),
+                true,
+            ),
+            (format!("{prefix}Need it.\n</think>\n\n{HERMES_CALL}"), true),
+            (
+                format!(
+                    "{prefix}Need it.\n</think>\n\n{}",
+                    HERMES_CALL.replace("celsius", "kelvin")
+                ),
+                false,
+            ),
+        ] {
+            let mut state = c.compile(&grammar).unwrap();
+            let ids = tok.encode(&answer, false, true);
+            assert_eq!(
+                accepted_whole(&mut state, &ids, &eog),
+                (valid, valid),
+                "{answer:?}"
+            );
+        }
+    }
 }

@@ -11,8 +11,12 @@ fn models() -> PathBuf {
 
 /// The vocabulary of `models/name`.
 pub fn vocabulary(name: &str) -> fathom_engine::Tokenizer {
-    let path = models().join(name);
-    let checkpoint = Checkpoint::open(&path).unwrap_or_else(|e| {
+    vocabulary_at(&models().join(name))
+}
+
+/// The vocabulary of the GGUF file at `path`.
+pub fn vocabulary_at(path: &Path) -> fathom_engine::Tokenizer {
+    let checkpoint = Checkpoint::open(path).unwrap_or_else(|e| {
         panic!(
             "{}: {e}; run scripts/fetch-vocab.sh, which fetches the vocabularies",
             path.display()
