@@ -154,6 +154,11 @@ pub(crate) fn classify(t: &TensorEntry) -> Classified {
     let vector = t.shape.len() <= 1;
     let (gguf, layer_rest) = if let Some(rest) = t.name.strip_prefix("blk.") {
         (true, Some(rest))
+    } else if t.name.starts_with("mtp.") {
+        // A Hugging Face multi-token-prediction layer (`mtp.layers.0.*`,
+        // counted, never run) is no layer of the decoder's, as GGUF's
+        // `blk.N` after the last decoder layer is none.
+        (false, None)
     } else {
         (
             false,
@@ -683,6 +688,8 @@ mod tests {
             ("lm_head.weight", Role::OutputHead, false),
             ("model.norm.weight", Role::Norm, false),
             ("rope_freqs.weight", Role::Other, true),
+            ("mtp.layers.0.self_attn.q_proj.weight", Role::Other, false),
+            ("mtp.layers.0.input_layernorm.weight", Role::Norm, false),
         ];
         for (name, role, gguf) in cases {
             let shape: &[u64] = if name.ends_with("bias") || name.contains("norm") {
@@ -692,6 +699,9 @@ mod tests {
             };
             let c = classify(&entry(name, "F16", shape));
             assert_eq!(c.role, role, "{name}");
+            // Layer 3's tensors are layer 3's; an MTP layer is none.
+            let layer = (name.contains(".3.") && !name.starts_with("mtp.")).then_some(3);
+            assert_eq!(c.layer, layer, "{name}");
             // Only a layer's tensors split, so only theirs need an axis order.
             if c.layer.is_some() {
                 assert_eq!(c.gguf, gguf, "{name}");

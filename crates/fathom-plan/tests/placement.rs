@@ -404,3 +404,59 @@ fn qwen3_5_moe_experts_on_the_host_leave_every_state_on_the_gpu() {
     let host = p.host.as_ref().unwrap();
     assert!(!host.terms.iter().any(|t| t.name == "host_recurrent_state"));
 }
+
+/// A Hugging Face Qwen3.5 checkpoint's multi-token-prediction layer
+/// (`mtp.layers.0.*`, counted, never run) belongs to no decoder layer:
+/// layer 0's bytes and place stay its own, and a rule that moves the MTP
+/// tensors moves nothing else. (Its tensors are added here, HF-named, to
+/// the 4B shape's header-only GGUF spec.)
+#[test]
+fn a_multi_token_prediction_layer_is_not_layer_0() {
+    let (_dir, spec) = gguf(&fx::qwen3_5_4b(), "qwen35-mtp");
+    let q = spec
+        .tensors
+        .iter()
+        .find(|t| t.name == "blk.3.attn_q.weight")
+        .expect("layer 3 is a full-attention layer")
+        .clone();
+    let mut with_mtp = spec.clone();
+    for name in [
+        "mtp.layers.0.self_attn.q_proj.weight",
+        "mtp.layers.0.mlp.down_proj.weight",
+    ] {
+        with_mtp.tensors.push(fathom_spec::TensorEntry {
+            name: name.into(),
+            ..q.clone()
+        });
+    }
+    let mtp_bytes = 2 * q.bytes;
+    let layer_0 = |p: &MemoryPlan| p.placement.as_ref().unwrap().layers[0].clone();
+    let (plain, mtp) = (
+        placed(&spec, 64 * GIB, &gpu_layers(31)),
+        placed(&with_mtp, 64 * GIB, &gpu_layers(31)),
+    );
+    assert_eq!(layer_0(&plain), layer_0(&mtp));
+    assert_eq!(layer_0(&mtp).place, Place::Cpu);
+    let (a, b) = (
+        plain.placement.as_ref().unwrap(),
+        mtp.placement.as_ref().unwrap(),
+    );
+    assert_eq!(b.device_weights_bytes, a.device_weights_bytes + mtp_bytes);
+    assert_eq!(b.host_weights_bytes, a.host_weights_bytes);
+
+    let moved = placed(
+        &with_mtp,
+        64 * GIB,
+        &PlacementRequest {
+            gpu_layers: GpuLayers::All,
+            overrides: TensorOverride::parse("^mtp\\.=cpu").unwrap(),
+            ..PlacementRequest::default()
+        },
+    );
+    let m = moved.placement.as_ref().unwrap();
+    assert_eq!(m.gpu_layers, 32);
+    assert_eq!(layer_0(&moved).place, Place::Cuda);
+    assert_eq!(layer_0(&moved).host_bytes, 0);
+    assert_eq!(m.host_weights_bytes, mtp_bytes);
+    assert_eq!(m.overrides, vec![("^mtp\\.".to_string(), Place::Cpu, 2)]);
+}
