@@ -1801,19 +1801,12 @@ fn an_opened_thinking_block_closes_before_the_constrained_call_or_json() {
             format.clone(),
             json!({"thinking_budget_tokens": budget}),
         ));
-        let v = chat(&server, body.clone());
-        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        let v = json_after_thought(&server, body, &schema);
         let n = thought(&v);
         assert!(
             n <= most && n + 1 >= most,
             "{n} words of thought, bound {most}: {v}"
         );
-        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
-        assert!(
-            validate(&[(schema.clone(), content.to_string())]).is_empty(),
-            "{v}"
-        );
-        streams_as_whole(&server, body);
     }
     // A budget alone bounds a free answer, which goes on after it.
     let v = chat(
@@ -1825,6 +1818,20 @@ fn an_opened_thinking_block_closes_before_the_constrained_call_or_json() {
 
     // Thinking off: the template closes the block; the call comes at once.
     thinking_off_calls_at_once_and_refuses_a_budget(&server, &ask, &tools);
+}
+
+/// A `response_format` answer after a thought: it finishes, its content
+/// validates against `schema`, and streamed it is the same answer.
+fn json_after_thought(server: &Server, body: Value, schema: &Value) -> Value {
+    let v = chat(server, body.clone());
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(
+        validate(&[(schema.clone(), content.to_string())]).is_empty(),
+        "{v}"
+    );
+    streams_as_whole(server, body);
+    v
 }
 
 /// SmolLM2's tokens "<" and "think" (`<think>` is `<`, `think`, `>`
@@ -1874,15 +1881,8 @@ fn the_models_own_thinking_block_comes_before_the_constrained_call_or_json() {
             format.clone(),
             json!({"thinking_budget_tokens": budget}),
         ));
-        let v = chat(&server, body.clone());
-        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        let v = json_after_thought(&server, body, &schema);
         assert_eq!(thought(&v), want, "{v}");
-        let content = v["choices"][0]["message"]["content"].as_str().unwrap();
-        assert!(
-            validate(&[(schema.clone(), content.to_string())]).is_empty(),
-            "{v}"
-        );
-        streams_as_whole(&server, body);
     }
     // A budget alone makes a free answer's block optional and bounded (the
     // grammar-level tests walk the block): this stand-in, free to write

@@ -14,11 +14,11 @@
 //! the masked p(x) / A, A the allowed mass: p(x) + (1 − A) p(x) / A =
 //! p(x) / A, the masked probability).
 
-use crate::sampler::Sampler;
+use crate::sampler::{set_logits, Sampler};
 
 /// How many of the likeliest tokens a checked pick asks the constraint
 /// about before it leaves the pick to the mask.
-pub const CHECKED_TOKENS: usize = 32;
+const CHECKED_TOKENS: usize = 32;
 
 /// The largest top-k whose tokens a checked pick puts in order (beyond it,
 /// the mass top-k may keep is bounded over the whole vocabulary).
@@ -46,20 +46,12 @@ impl Sampler {
         );
         let cands = self.adjusted(logits, history, candidates);
         if unfiltered && !greedy {
-            for &id in banned {
-                if let Some(c) = cands.get_mut(id as usize) {
-                    c.1 = f32::NEG_INFINITY;
-                }
-            }
+            set_logits(cands, banned, f32::NEG_INFINITY);
             let token = self.draw(cands);
             return Ok(allows(token)?.then_some(token));
         }
         // Banned and NaN entries out: the masked pick never holds them.
-        for &id in banned {
-            if let Some(c) = cands.get_mut(id as usize) {
-                c.1 = f32::NAN;
-            }
-        }
+        set_logits(cands, banned, f32::NAN);
         let mut kept = 0;
         for i in 0..cands.len() {
             let c = cands[i];

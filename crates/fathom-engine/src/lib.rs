@@ -20,7 +20,6 @@ mod step;
 mod stop;
 mod weights;
 
-pub use checked_pick::CHECKED_TOKENS;
 pub use engine::{load_tokenizer, Engine, GenerateStats, ScoreRows, StopReason};
 pub use error::EngineError;
 pub use fathom_tokenizer::{ChatTemplate, Message, Tokenizer};

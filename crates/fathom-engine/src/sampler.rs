@@ -125,11 +125,7 @@ impl Sampler {
             }
         }
         let cands = self.adjusted(logits, history, candidates);
-        for &id in banned {
-            if let Some(c) = cands.get_mut(id as usize) {
-                c.1 = f32::NEG_INFINITY;
-            }
-        }
+        set_logits(cands, banned, f32::NEG_INFINITY);
         let p = &self.params;
         if p.temperature <= 0.0 {
             // The first largest, NaN skipped: what `argmax` picks.
@@ -332,6 +328,15 @@ impl Sampler {
                 };
             }
             *l -= count * p.frequency_penalty + p.presence_penalty;
+        }
+    }
+}
+
+/// Sets the entries of the tokens `ids` (entry i token i) to `value`.
+pub(crate) fn set_logits(cands: &mut [(u32, f32)], ids: &[u32], value: f32) {
+    for &id in ids {
+        if let Some(c) = cands.get_mut(id as usize) {
+            c.1 = value;
         }
     }
 }

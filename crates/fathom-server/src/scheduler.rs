@@ -228,6 +228,10 @@ struct Loop<'a> {
     wanted: Vec<ScoreRows>,
     /// Computes the constrained rows' masks while the step runs.
     masks: MaskWorker,
+    /// Whether sampled rows' masks go to the worker before the step: on a
+    /// device, whose steps leave the host's cores idle (the CPU backend's
+    /// keep them busy, and its rows check their likeliest tokens instead).
+    masks_ahead: bool,
     /// Mask buffers of the slots (one each, allocated here once): a
     /// constrained slot holds one while it runs.
     mask_pool: Vec<TokenMask>,
@@ -247,6 +251,7 @@ impl<'a> Loop<'a> {
         let mask_len = engine.tokenizer.vocab_size();
         Loop {
             masks: MaskWorker::start(config.parallel),
+            masks_ahead: engine.device().0 != "cpu",
             mask_pool: (0..config.parallel)
                 .map(|_| TokenMask::new(mask_len))
                 .collect(),
@@ -480,9 +485,8 @@ impl<'a> Loop<'a> {
         // is checked (see below). On the CPU the step keeps the cores
         // busy, and every row checks its likeliest tokens first.
         self.masking.clear();
-        let ahead = self.engine.device().0 != "cpu";
         for (i, (slot, &n)) in self.running.iter_mut().zip(&self.chunk).enumerate() {
-            let samples = ahead
+            let samples = self.masks_ahead
                 && n > 0
                 && n == slot.pending()
                 && slot.generated < slot.job.max_tokens

@@ -15,12 +15,12 @@
 
 mod common;
 
-use common::{template, vocabulary, vocabulary_at};
+use common::{prompt_of, template, vocabulary, vocabulary_at};
 use fathom_server::api::{Tool, ToolChoice, ToolRequest};
 use fathom_server::constraint::{ConstraintState, Constraints, Grammar};
 use fathom_server::reasoning::{ReasoningFormat, ReasoningSplit, ThinkingBlock};
 use fathom_server::tools::{self, ToolFormat};
-use fathom_tokenizer::{encode_chat_tools, ChatTemplate, Message};
+use fathom_tokenizer::{ChatTemplate, Message};
 use serde_json::json;
 use std::path::Path;
 
@@ -445,16 +445,7 @@ fn qwen35() -> (fathom_engine::Tokenizer, &'static str) {
     let format = ToolFormat::detect(Some(&source));
     assert_eq!(format, ToolFormat::QwenXml);
     let prepared = tools::prepare(format, &[Message::new("user", "Weather in Oslo?")], &req);
-    let ids = encode_chat_tools(
-        &tok,
-        &template,
-        &prepared.messages,
-        prepared.tools.as_ref(),
-        None,
-        true,
-        1 << 20,
-    )
-    .unwrap();
+    let ids = prompt_of(&tok, &template, &prepared, None);
     let tail = tok.decode(&ids[ids.len() - 8..], true);
     let reasoning = ReasoningFormat::detect(Some(&source)).unwrap();
     assert!(reasoning.opened_by(&tail), "{tail:?}");
@@ -467,11 +458,7 @@ fn qwen35() -> (fathom_engine::Tokenizer, &'static str) {
 /// `then` after the thinking the prompt opened, bounded to `reasoning`
 /// tokens, as the server wraps a constraint there.
 fn after_thinking(close: &'static str, reasoning: usize, then: Grammar) -> Grammar {
-    Grammar::Thinking {
-        block: ThinkingBlock::Opened { close },
-        reasoning,
-        then: Some(Box::new(then)),
-    }
+    thought_then(ThinkingBlock::Opened { close }, reasoning, Some(then))
 }
 
 const QWEN_CALL: &str = "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>";
@@ -599,6 +586,34 @@ fn json_and_grammars_after_an_opened_think_block_follow_its_close() {
     assert!(e.message.contains("missing"), "{e:?}");
 }
 
+/// What may follow a bounded thought, each with how its answer starts: a
+/// required call to `get_weather` in `format`, a JSON schema's object, or
+/// (a budget on a free answer) the " the" the test's "model" writes.
+fn after_thought(
+    format: ToolFormat,
+    bound: usize,
+) -> [(&'static str, Option<Grammar>, &'static str); 3] {
+    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": false});
+    let call = match format {
+        ToolFormat::QwenXml => "<tool_call>\n<function=get_weather>",
+        ToolFormat::Hermes => "<tool_call>\n{\"name\": \"get_weather\"",
+        other => panic!("after_thought: no call written for {other:?}"),
+    };
+    [
+        (
+            "tools",
+            Some(tool_grammar(format, &request(ToolChoice::Required), bound)),
+            call,
+        ),
+        (
+            "response_format",
+            Some(Grammar::JsonSchema(schema)),
+            "{\"n\": ",
+        ),
+        ("free", None, " the"),
+    ]
+}
+
 /// Issue 35: the thinking Qwen3.5's prompt opened is bounded, as
 /// harmony's analysis message is. A "model" that would think " the"
 /// forever gets `</think>` forced once the bound's tokens are spent, then
@@ -610,30 +625,9 @@ fn an_opened_think_block_ends_at_its_bound_and_the_constrained_part_follows() {
     let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
     let the = tok.encode(" the", false, false);
     assert_eq!(the.len(), 1);
-    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": false});
     for bound in [1, 7, 20] {
-        for (what, then, want) in [
-            (
-                "tools",
-                Some(tool_grammar(
-                    ToolFormat::QwenXml,
-                    &request(ToolChoice::Required),
-                    bound,
-                )),
-                "<tool_call>\n<function=get_weather>",
-            ),
-            (
-                "response_format",
-                Some(Grammar::JsonSchema(schema.clone())),
-                "{\"n\": ",
-            ),
-            ("free", None, " the"),
-        ] {
-            let grammar = Grammar::Thinking {
-                block: ThinkingBlock::Opened { close },
-                reasoning: bound,
-                then: then.map(Box::new),
-            };
+        for (what, then, want) in after_thought(ToolFormat::QwenXml, bound) {
+            let grammar = thought_then(ThinkingBlock::Opened { close }, bound, then);
             let mut state = c.compile(&grammar).unwrap();
             let text = run_on(&mut state, &tok, the[0], 100);
             let end = bounded_thought(&text, close, bound, what);
@@ -811,16 +805,7 @@ fn qwen3() -> (fathom_engine::Tokenizer, ThinkingBlock) {
     let reasoning = ReasoningFormat::detect(Some(&source)).unwrap();
     let prepared = tools::prepare(format, &[Message::new("user", "Weather in Oslo?")], &req);
     let prompt = |kwargs: Option<&fathom_tokenizer::TemplateKwargs>| {
-        encode_chat_tools(
-            &tok,
-            &template,
-            &prepared.messages,
-            prepared.tools.as_ref(),
-            kwargs,
-            true,
-            1 << 20,
-        )
-        .unwrap()
+        prompt_of(&tok, &template, &prepared, kwargs)
     };
     let off = json!({"enable_thinking": false})
         .as_object()
@@ -838,9 +823,10 @@ fn qwen3() -> (fathom_engine::Tokenizer, ThinkingBlock) {
     (tok, block)
 }
 
-/// `then` (any text when `None`) after the optional thinking block the
-/// model opens itself, bounded to `reasoning` tokens.
-fn after_own_thinking(block: ThinkingBlock, reasoning: usize, then: Option<Grammar>) -> Grammar {
+/// `then` (any text when `None`) after a thinking `block` (the prompt's,
+/// or the optional one the model opens itself), bounded to `reasoning`
+/// tokens.
+fn thought_then(block: ThinkingBlock, reasoning: usize, then: Option<Grammar>) -> Grammar {
     Grammar::Thinking {
         block,
         reasoning,
@@ -864,7 +850,7 @@ fn a_call_may_follow_the_models_own_think_block() {
     let eog: Vec<u32> = tok.end_of_generation_ids().collect();
     let req = request(ToolChoice::Required);
     let call = tool_grammar(ToolFormat::Hermes, &req, 1000);
-    let grammar = after_own_thinking(block, 1000, Some(call));
+    let grammar = thought_then(block, 1000, Some(call));
     let thought = "Oslo's weather: 1 < 2, <b>x</b>, a <tool_call> tag and </th>.";
     let qwen3_format = ReasoningFormat::detect(Some("<think>")).unwrap();
     for answer in [
@@ -916,7 +902,7 @@ fn a_call_may_follow_the_models_own_think_block() {
     }
     // A budget of 0 leaves no block: the call at once.
     let call = tool_grammar(ToolFormat::Hermes, &req, 0);
-    let grammar = after_own_thinking(block, 0, Some(call));
+    let grammar = thought_then(block, 0, Some(call));
     let mut state = c.compile(&grammar).unwrap();
     let (ok, n) = walk_special(&mut state, &tok, HERMES_CALL);
     assert_eq!(ok, n);
@@ -935,7 +921,7 @@ fn json_may_follow_the_models_own_think_block() {
     let schema = json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"], "additionalProperties": false});
     let json = "{\"name\": \"Ada\", \"age\": 36}";
     for then in [Grammar::JsonSchema(schema), Grammar::JsonObject] {
-        let grammar = after_own_thinking(block, 1000, Some(then));
+        let grammar = thought_then(block, 1000, Some(then));
         for good in [
             format!("<think>\nA person: Ada.\n</think>\n\n{json}"),
             format!("<think>Ada.</think>{json}"),
@@ -976,26 +962,9 @@ fn the_models_own_think_block_ends_at_its_bound_and_the_constrained_part_follows
     let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
     let the = tok.encode(" the", false, false);
     assert_eq!(the.len(), 1);
-    let schema = json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": false});
     for bound in [1, 7, 20] {
-        for (what, then, want) in [
-            (
-                "tools",
-                Some(tool_grammar(
-                    ToolFormat::Hermes,
-                    &request(ToolChoice::Required),
-                    bound,
-                )),
-                "<tool_call>\n{\"name\": \"get_weather\"",
-            ),
-            (
-                "response_format",
-                Some(Grammar::JsonSchema(schema.clone())),
-                "{\"n\": ",
-            ),
-            ("free", None, " the"),
-        ] {
-            let mut state = c.compile(&after_own_thinking(block, bound, then)).unwrap();
+        for (what, then, want) in after_thought(ToolFormat::Hermes, bound) {
+            let mut state = c.compile(&thought_then(block, bound, then)).unwrap();
             let (ok, n) = walk_special(&mut state, &tok, "<think>");
             assert_eq!(ok, n, "{what} {bound}");
             let text = run_on(&mut state, &tok, the[0], 100);
@@ -1012,7 +981,7 @@ fn the_models_own_think_block_ends_at_its_bound_and_the_constrained_part_follows
         }
     }
     // A free answer without the block: anything but an opening block.
-    let free = after_own_thinking(block, 7, None);
+    let free = thought_then(block, 7, None);
     for good in [
         "It is 4.",
         "",
@@ -1031,7 +1000,7 @@ fn the_models_own_think_block_ends_at_its_bound_and_the_constrained_part_follows
         assert!(ok < n, "{bad:?} went through");
     }
     // A budget of 0 on a free answer: no block at all.
-    let none = after_own_thinking(block, 0, None);
+    let none = thought_then(block, 0, None);
     let mut state = c.compile(&none).unwrap();
     let (ok, n) = walk_special(&mut state, &tok, "It is 4.");
     assert_eq!(ok, n);
@@ -1058,16 +1027,7 @@ fn gemma4_may_think_in_its_own_channel_before_a_required_call() {
         &req,
     );
     let prompt = |kwargs: Option<&fathom_tokenizer::TemplateKwargs>| {
-        encode_chat_tools(
-            &tok,
-            &chat,
-            &prepared.messages,
-            prepared.tools.as_ref(),
-            kwargs,
-            true,
-            1 << 20,
-        )
-        .unwrap()
+        prompt_of(&tok, &chat, &prepared, kwargs)
     };
     assert_eq!(reasoning.prompt_block(&tok, &prompt(None)), None);
     let on = json!({"enable_thinking": true})
@@ -1084,7 +1044,7 @@ fn gemma4_may_think_in_its_own_channel_before_a_required_call() {
     );
     let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
     let call = tool_grammar(ToolFormat::Gemma4, &req, 1000);
-    let grammar = after_own_thinking(block, 1000, Some(call));
+    let grammar = thought_then(block, 1000, Some(call));
     let q = "<|\"|>";
     let call =
         format!("<|tool_call>call:get_weather{{city:{q}Oslo{q},unit:{q}celsius{q}}}<tool_call|>");
@@ -1347,7 +1307,7 @@ fn auto_after_a_thinking_block_is_free_until_a_call_opens() {
     };
     for (grammar, prefix) in [
         (
-            after_own_thinking(block, 1000, Some(auto(Some("<think>")))),
+            thought_then(block, 1000, Some(auto(Some("<think>")))),
             "<think>\n",
         ),
         (after_thinking("</think>", 1000, auto(None)), ""),

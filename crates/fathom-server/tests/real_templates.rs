@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{template, vocabulary};
+use common::{prompt_of, template, vocabulary};
 use fathom_server::api::{Tool, ToolChoice, ToolRequest};
 use fathom_server::reasoning::{ReasoningFormat, ThinkingBlock};
 use fathom_server::tools::{self, ToolFormat};
@@ -484,16 +484,7 @@ fn the_thinking_block_comes_from_the_prompt_or_the_model_only_with_thinking_on()
         let format = ToolFormat::detect(Some(&source));
         let prepared = tools::prepare(format, messages, &functions());
         let chat = ChatTemplate::new(&source, bos, "").unwrap();
-        let ids = encode_chat_tools(
-            tok,
-            &chat,
-            &prepared.messages,
-            prepared.tools.as_ref(),
-            kwargs,
-            true,
-            1 << 20,
-        )
-        .unwrap();
+        let ids = prompt_of(tok, &chat, &prepared, kwargs);
         let reasoning = ReasoningFormat::detect(Some(&source)).unwrap();
         assert_eq!(
             reasoning.prompt_block(tok, &ids),

@@ -35,3 +35,23 @@ pub fn template(name: &str) -> String {
         )
     })
 }
+
+/// The prompt the server renders for `prepared` (messages and tools made
+/// ready for a format): through `chat`, with the generation prompt.
+pub fn prompt_of(
+    tok: &fathom_engine::Tokenizer,
+    chat: &fathom_tokenizer::ChatTemplate,
+    prepared: &fathom_server::tools::Prepared,
+    kwargs: Option<&fathom_tokenizer::TemplateKwargs>,
+) -> Vec<u32> {
+    fathom_tokenizer::encode_chat_tools(
+        tok,
+        chat,
+        &prepared.messages,
+        prepared.tools.as_ref(),
+        kwargs,
+        true,
+        1 << 20,
+    )
+    .unwrap()
+}
