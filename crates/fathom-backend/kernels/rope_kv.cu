@@ -62,10 +62,16 @@ extern "C" __global__ void round_to_kv(float* a, long long na, float* b, long lo
 }
 
 // Stores row blockIdx.x's K (blockIdx.y = 0) or V (1) into the cache at its
-// position: one block a (row, K or V, 256 values), one thread a value.
+// position: one block a (row, K or V, 256 values), one thread a value. A
+// ring smaller than a sequence's rows in the step (gpt-oss's window of 128
+// under a 512-token chunk) gets only the rows no later row of the sequence
+// overwrites: rows of a sequence are consecutive positions, so row + ring
+// takes the same slot; without this, blocks raced for the slot and an
+// older position could win it.
 extern "C" __global__ void __launch_bounds__(256) kv_write(StepDesc st, KvDesc kv, const float* k,
                                                           const float* v, int k_width, int v_width) { FATHOM_PDL();
   const int row = blockIdx.x, is_v = blockIdx.y;
+  if (kv.ring && row + kv.ring < (int)gridDim.x && st.row_seq[row + kv.ring] == st.row_seq[row]) return;
   const int width = is_v ? v_width : k_width;
   const int i = blockIdx.z * blockDim.x + threadIdx.x;
   if (blockIdx.z * blockDim.x >= width) return;

@@ -422,23 +422,28 @@ pub(crate) fn gpt_oss_attention_cases() -> Vec<(String, AttentionShape, KvLayout
             },
             [0, 1],
         ));
-        out.push((
-            "gpt-oss sliding w32 16/2x64".to_string(),
-            AttentionShape {
-                window: Some(32),
-                ..gpt_oss
-            },
-            KvLayout {
-                groups: vec![
-                    group(dtype, 2, 64, 64, 1, None, 12),
-                    group(dtype, 2, 64, 64, 1, Some(32), 6),
-                ],
-                dtype,
-                layer_groups: vec![Some(1), Some(0)],
-                recurrent: None,
-            },
-            [0, 1],
-        ));
+        // Window 32 (a ring of two blocks, more than any step's rows of a
+        // sequence), then 8 (a ring of one block, which steps of 20 and 30
+        // rows wrap: only the last of the rows that share a slot may land).
+        for window in [32, 8] {
+            out.push((
+                format!("gpt-oss sliding w{window} 16/2x64"),
+                AttentionShape {
+                    window: Some(window),
+                    ..gpt_oss
+                },
+                KvLayout {
+                    groups: vec![
+                        group(dtype, 2, 64, 64, 1, None, 12),
+                        group(dtype, 2, 64, 64, 1, Some(window as u64), 6),
+                    ],
+                    dtype,
+                    layer_groups: vec![Some(1), Some(0)],
+                    recurrent: None,
+                },
+                [0, 1],
+            ));
+        }
     }
     out
 }
