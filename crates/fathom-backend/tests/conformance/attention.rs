@@ -215,12 +215,23 @@ pub(crate) fn test_attention(
             } else {
                 "attention+kv_write"
             };
+            // Against a q8_0 cache, a backend's rope (f32 angles) and the
+            // reference's (f64) may put a key value on either side of an
+            // int8 rounding boundary: one step of max/127 in that value.
+            // The H100 machine's CPU and GPU both met such flips (nmse
+            // 1.4e-8 to 6.1e-8 on Gemma 4's unscaled 256-value heads and
+            // gpt-oss's); a wrong key, head or position moves it far more.
+            let tol = if rope.is_some() && dtype == KvDtype::Q8_0 {
+                TOL_ATTN_Q8_ROPE
+            } else {
+                TOL_ATTN
+            };
             h.check(
                 op,
                 &format!("{label} {} L{layer} step{si}", dtype.name()),
                 &got,
                 &want,
-                TOL_ATTN,
+                tol,
             );
             let mut row = 0;
             for (seq, &(_, tokens)) in st.iter().enumerate() {
