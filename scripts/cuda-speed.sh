@@ -9,7 +9,8 @@
 #   LLAMA_BIN_DIR  llama.cpp's CUDA tools (build-llamacpp-cuda.sh); llama-quantize makes the Q4_K_M file
 # Env: ROUNDS (2) alternating rounds; REPS (3) repetitions inside each run; FILES to pick a subset
 # (space-separated; the default five, or also llama8b-q4_0.gguf, qwen35-4b-q8_0.gguf, qwen35moe-q4_k.gguf (the
-# Qwen3.5-35B-A3B shape cut to 10 of its 40 layers) and gemma4-q4_k.gguf (Gemma 4 31B cut to 12 of 60 layers)):
+# Qwen3.5-35B-A3B shape cut to 10 of its 40 layers), gemma4-q4_k.gguf (Gemma 4 31B cut to 12 of 60 layers) and
+# gptoss20b-q8_0.gguf (gpt-oss-20b whole: MXFP4 experts, Q8_0 other matrices, as its GGUFs store them)):
 # only those files are written.
 set -uo pipefail
 fathom=${1:?usage: cuda-speed.sh FATHOM LLAMA_BIN_DIR WORK_DIR OUT_DIR}
@@ -36,6 +37,7 @@ wants qwen3moe-q4_0.gguf && fixture qwen3-30b-a3b Q4_0 qwen3moe-q4_0.gguf
 wants qwen35-4b-q8_0.gguf && fixture qwen3.5-4b Q8_0 qwen35-4b-q8_0.gguf
 wants qwen35moe-q4_k.gguf && fixture qwen3.5-35b-a3b Q4_K qwen35moe-q4_k.gguf 10
 wants gemma4-q4_k.gguf && fixture gemma-4-31b Q4_K gemma4-q4_k.gguf 12
+wants gptoss20b-q8_0.gguf && fixture gpt-oss-20b Q8_0 gptoss20b-q8_0.gguf
 if wants llama8b-q4_k_m.gguf && [[ ! -f "$work/llama8b-q4_k_m.gguf" ]]; then
     "$llama/llama-quantize" "$work/llama8b-f16.gguf" "$work/llama8b-q4_k_m.gguf" Q4_K_M 16 >/dev/null 2>&1
 fi
@@ -91,15 +93,16 @@ def rows(f, tag=""):
             break
     return med(fp), med(lp), med(ft), med(lt)
 ratio = lambda a, b: a / b if b == b and b else float("nan")
-# Bytes read per decoded token: the weight tensors (the file less its header; the MoE reads only its active
-# experts, so its share is not a bandwidth figure and is left out), and at depth the cached K and V.
+# Bytes read per decoded token: the weight tensors (the file less its header; an MoE — qwen3moe, qwen35moe,
+# gpt-oss — reads only its active experts, so its share is not a bandwidth figure and is left out), and at depth
+# the cached K and V.
 print(f"copy bandwidth {copy / 1e12:.2f} TB/s (read + write)")
 print(f"{'file':<22} {'fathom pp512':>12} {'llama pp512':>12} {'ratio':>6} {'fathom tg128':>12} "
       f"{'llama tg128':>12} {'ratio':>6} {'fathom %ceil':>12} {'llama %ceil':>11}")
 for f in files:
     a, b, c, e = rows(f)
     size = os.path.getsize(f"{work}/{f}")
-    ceil = copy / size if "moe" not in f else float("nan")
+    ceil = copy / size if "moe" not in f and "gptoss" not in f else float("nan")
     print(f"{f:<22} {a:>12.1f} {b:>12.1f} {ratio(a, b):>6.2f} {c:>12.1f} {e:>12.1f} {ratio(c, e):>6.2f} "
           f"{100 * c / ceil:>11.1f}% {100 * e / ceil:>10.1f}%")
 if "llama8b-f16.gguf" in files:
