@@ -569,20 +569,25 @@ fn hybrid_models_match_the_cpu_through_chunks_and_batched_decode() {
 }
 
 /// The Qwen3.5 fixtures the hybrid test runs in Q8_0: the dense one, and
-/// the MoE with all 4 of its experts routed. Top-2 routing is not
-/// continuous: where two experts nearly tie, any rounding can swap them,
-/// and measured on the CPU rounding the top-2 MoE's dequantized weights to
-/// f16 alone moves its logits by 0.10 of the largest (8.0e-3 with every
-/// expert routed). Which experts are chosen is checked in F32.
+/// the MoE with every expert routed ([`qwen3_5_moe_every_expert`]).
 fn hybrid_q8_0_models() -> [(&'static str, fx::ModelDef); 2] {
-    let every_expert = serde_json::json!({"num_experts_per_tok": 4});
     [
         ("qwen35", qwen3_5_shaped()),
-        (
-            "qwen35moe, every expert",
-            fx::reshaped(&fx::tiny_qwen3_5_moe(), every_expert),
-        ),
+        ("qwen35moe, every expert", qwen3_5_moe_every_expert()),
     ]
+}
+
+/// tiny Qwen3.5 MoE with all 4 of its experts routed, for the Q8_0
+/// checks. Top-2 routing is not continuous: where two experts nearly tie,
+/// any rounding can swap them, and measured on the CPU rounding the top-2
+/// MoE's dequantized weights to f16 alone moves its logits by 0.10 of the
+/// largest (8.0e-3 with every expert routed). Which experts are chosen is
+/// checked in F32.
+fn qwen3_5_moe_every_expert() -> fx::ModelDef {
+    fx::reshaped(
+        &fx::tiny_qwen3_5_moe(),
+        serde_json::json!({"num_experts_per_tok": 4}),
+    )
 }
 
 /// Largest relative difference and mean KL divergence allowed between
@@ -670,7 +675,17 @@ fn hybrid_q8_0_tolerance_tells_f16_from_8_bit_rounding() {
 /// chunks of up to 8 tokens, one-token decode steps replayed as graphs),
 /// run twice on the split engine (the second reusing the released state
 /// slots on both sides), is within the format's `tolerance` of the largest
-/// CPU logit, and the mean KL divergence within [`kld_tolerance`].
+/// CPU logit, and the mean KL divergence within [`kld_tolerance`]. Qwen3.5
+/// in Q8_0 (the MoE with [`qwen3_5_moe_every_expert`]) is judged against
+/// the CPU on an F32 copy of its dequantized weights instead: the split
+/// rounds activations to 8 bits in its host layers alone, the CPU's Q8_0
+/// run in every layer, so the split is to be no further from the exact
+/// weights than that run, measured here, with half as much again of room
+/// (KLD: twice, about its square). The CPU's own rounding sets the bound
+/// because these fixtures are sensitive to it ([`HYBRID_Q8_0_TOLERANCE`]):
+/// 6.4e-2 and KLD 6.9e-3 for qwen35, which a split with most layers on the
+/// GPU could not meet against the CPU's Q8_0 run (the H100 run of
+/// 2026-12-07 measured about that with blk.1 or the experts on the host).
 #[test]
 fn split_hybrid_and_gemma4_models_match_the_cpu() {
     if !gpu() {
@@ -710,20 +725,33 @@ fn split_hybrid_and_gemma4_models_match_the_cpu() {
             ));
         }
         for ty in [T::F32, T::Q8_0] {
+            let hybrid_q8_0 = ty == T::Q8_0 && *name != "gemma4";
+            let model = match *moe && hybrid_q8_0 {
+                true => qwen3_5_moe_every_expert(),
+                false => model.clone(),
+            };
             let path = d.join(format!("{name}-{}.gguf", ty.name()));
-            Format::Gguf(ty).write(model, &path, 7);
+            Format::Gguf(ty).write(&model, &path, 7);
             let engine = |device, request| {
                 placed_engine(&path, inputs(device, 64, 3, 8), request, tokenizer(&d))
             };
-            let cpu = schedule_logits(&mut engine(Device::Cpu, None), 1024);
-            let (tol, kld_tol) = (tolerance(ty.name()), kld_tolerance(ty));
+            let mut cpu = hybrid_rows(&path, Device::Cpu, &d);
+            let (mut tol, mut kld_tol) = (tolerance(ty.name()), kld_tolerance(ty));
+            if hybrid_q8_0 {
+                let exact = d.join(format!("{name}-dequantized-F32.gguf"));
+                common::dequantized_copy(&model, &path, T::F32, &exact);
+                let want = hybrid_rows(&exact, Device::Cpu, &d);
+                let (own, own_kld) = rows_agreement(&cpu, &want);
+                (tol, kld_tol, cpu) = (1.5 * own, 2.0 * own_kld, want);
+            }
             for (flag, request) in &requests {
                 let mut split = engine(Device::Cuda, Some(request));
                 for round in ["first run", "second run"] {
                     let gpu = schedule_logits(&mut split, 1024);
                     let (worst, kld) = rows_agreement(&gpu, &cpu);
+                    let against = if hybrid_q8_0 { ", CPU dequantized" } else { "" };
                     println!(
-                        "{name:<10} {:<5} {flag:<15} {round:<10}: {} rows, max_rel {worst:.2e} (tolerance {tol}), mean KLD {kld:.2e} (tolerance {kld_tol})",
+                        "{name:<10} {:<5} {flag:<15} {round:<10}: {} rows{against}, max_rel {worst:.2e} (tolerance {tol:.2e}), mean KLD {kld:.2e} (tolerance {kld_tol:.2e})",
                         ty.name(),
                         cpu.len()
                     );
