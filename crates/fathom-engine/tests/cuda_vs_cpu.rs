@@ -519,13 +519,13 @@ fn kl_divergence(p: &[f32], q: &[f32]) -> f64 {
 /// (routed experts and the gated shared expert) on CUDA against the CPU,
 /// every logits row of a schedule of chunked prefills beside each other
 /// and batched decode of three sequences (their states in three slots, a
-/// recurrence carried over 5 to 24 tokens), in F32 and Q8_0 GGUFs and as
-/// F32 Hugging Face directories (value heads in grouped order, experts
-/// stacked). Each row
-/// within the format's `tolerance` of the largest CPU logit, and the mean
-/// KL divergence below 1e-4 nats (F32) or 5e-3 (Q8_0: the CPU's 8-bit
-/// activations); a wrong tap, gate, head or slot moves logits by tens of
-/// percent.
+/// recurrence carried over 5 to 24 tokens), in F32 GGUFs and F32 Hugging
+/// Face directories (value heads in grouped order, experts stacked): each
+/// row within F32's `tolerance` of the largest CPU logit, mean KL
+/// divergence below 1e-4 nats. Then in Q8_0 ([`hybrid_q8_0_models`]),
+/// against the CPU on the same weights dequantized
+/// ([`HYBRID_Q8_0_TOLERANCE`]). A wrong tap, gate, head or slot moves
+/// logits by tens of percent.
 #[test]
 fn hybrid_models_match_the_cpu_through_chunks_and_batched_decode() {
     if !gpu() {
@@ -533,43 +533,136 @@ fn hybrid_models_match_the_cpu_through_chunks_and_batched_decode() {
     }
     let d = dir("hybrid");
     let mut failures = Vec::new();
+    let mut check = |label: String, gpu: &Path, cpu: &Path, (tol, kld_tol): (f32, f64)| {
+        let cpu = hybrid_rows(cpu, Device::Cpu, &d);
+        let (worst, kld) = rows_agreement(&hybrid_rows(gpu, Device::Cuda, &d), &cpu);
+        println!(
+            "{label:<32} {} rows: max_rel {worst:.2e} (tolerance {tol}), mean KLD {kld:.2e} (tolerance {kld_tol})",
+            cpu.len()
+        );
+        if !(worst < tol && kld < kld_tol) {
+            failures.push(format!("{label}: max_rel {worst:e}, mean KLD {kld:e}"));
+        }
+    };
     let models = [
         ("qwen35", qwen3_5_shaped()),
         ("qwen35moe", fx::tiny_qwen3_5_moe()),
     ];
     for (name, model) in &models {
-        for format in [
-            Format::Gguf(T::F32),
-            Format::Gguf(T::Q8_0),
-            Format::Safetensors,
-        ] {
-            let (path, ty) = match format {
-                Format::Gguf(ty) => (d.join(format!("{name}-{}.gguf", ty.name())), ty),
-                _ => (d.join(format!("{name}-hf")), T::F32),
+        for format in [Format::Gguf(T::F32), Format::Safetensors] {
+            let path = match format {
+                Format::Gguf(ty) => d.join(format!("{name}-{}.gguf", ty.name())),
+                _ => d.join(format!("{name}-hf")),
             };
             format.write(model, &path, 7);
-            let run = |device| {
-                let mut e = placed_engine(&path, inputs(device, 64, 3, 8), None, tokenizer(&d));
-                schedule_logits(&mut e, 1024)
-            };
-            let (cpu, gpu) = (run(Device::Cpu), run(Device::Cuda));
-            let (worst, kld) = rows_agreement(&gpu, &cpu);
-            let (tol, kld_tol) = (tolerance(ty.name()), kld_tolerance(ty));
-            println!(
-                "{name:<10} {:<15} {} rows: max_rel {worst:.2e} (tolerance {tol}), mean KLD {kld:.2e} (tolerance {kld_tol})",
-                format.name(),
-                cpu.len()
-            );
-            if !(worst < tol && kld < kld_tol) {
-                failures.push(format!(
-                    "{name} {}: max_rel {worst:e}, mean KLD {kld:e}",
-                    format.name()
-                ));
-            }
+            let f32 = (tolerance("F32"), kld_tolerance(T::F32));
+            check(format!("{name} {}", format.name()), &path, &path, f32);
         }
+    }
+    for (name, model) in hybrid_q8_0_models() {
+        let (q8, exact) = q8_0_and_dequantized(name, &model, &d);
+        let label = format!("{name} Q8_0 (CPU: dequantized)");
+        check(label, &q8, &exact, HYBRID_Q8_0_TOLERANCE);
     }
     let _ = std::fs::remove_dir_all(&d);
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The Qwen3.5 fixtures the hybrid test runs in Q8_0: the dense one, and
+/// the MoE with every expert routed ([`qwen3_5_moe_every_expert`]).
+fn hybrid_q8_0_models() -> [(&'static str, fx::ModelDef); 2] {
+    [
+        ("qwen35", qwen3_5_shaped()),
+        ("qwen35moe, every expert", qwen3_5_moe_every_expert()),
+    ]
+}
+
+/// tiny Qwen3.5 MoE with all 4 of its experts routed, for the Q8_0
+/// checks. Top-2 routing is not continuous: where two experts nearly tie,
+/// any rounding can swap them, and measured on the CPU rounding the top-2
+/// MoE's dequantized weights to f16 alone moves its logits by 0.10 of the
+/// largest (8.0e-3 with every expert routed). Which experts are chosen is
+/// checked in F32.
+fn qwen3_5_moe_every_expert() -> fx::ModelDef {
+    fx::reshaped(
+        &fx::tiny_qwen3_5_moe(),
+        serde_json::json!({"num_experts_per_tok": 4}),
+    )
+}
+
+/// Largest relative difference and mean KL divergence allowed between
+/// CUDA on a Qwen3.5 Q8_0 GGUF and the CPU on an F32 copy of its
+/// dequantized weights ([`q8_0_and_dequantized`]).
+///
+/// Not the CPU on the Q8_0 file: the CPU rounds every Q8_0 matmul's
+/// activations to 8 bits per 32 values, and these fixtures (norms near one,
+/// logits spread over about ten units, as a trained model's) are sensitive
+/// to it — measured on the CPU against the dequantized copy, 6.4e-2 and
+/// KLD 6.9e-3 (qwen35), 0.35 and 1.9e-2 (the top-2 MoE), the very
+/// figures the H100 run of 2026-12-07 gave for CUDA against the CPU on the
+/// Q8_0 file; the llama, qwen3 and qwen3_moe fixtures, their norms in
+/// [-0.1, 0.1) and their logits under 0.25, measure 1.3–1.5e-2 and KLD
+/// about 1e-7. CUDA runs this schedule's steps (3 to 8 rows) on the
+/// tensor-core kernels, weights and activations in f16: against the exact
+/// weights, its error is about √2 times that of the weights alone in
+/// f16, measured on the CPU as 2.9e-3 and KLD 1.4e-5 (qwen35), 8.0e-3
+/// and 2.6e-5 (the MoE, every expert routed). These bounds leave at
+/// least twice that, and fail 8-bit rounding by 2.5 times or more
+/// (max_rel) and 30 times or more (KLD):
+/// [`hybrid_q8_0_tolerance_tells_f16_from_8_bit_rounding`] measures both
+/// on every run.
+const HYBRID_Q8_0_TOLERANCE: (f32, f64) = (2.5e-2, 2e-4);
+
+/// `model` as the Q8_0 GGUF the hybrid test writes, and an F32 copy of
+/// its dequantized weights (paths in `d`).
+fn q8_0_and_dequantized(name: &str, model: &fx::ModelDef, d: &Path) -> (PathBuf, PathBuf) {
+    let file = name.replace([' ', ','], "-");
+    let (q8, exact) = (
+        d.join(format!("{file}-Q8_0.gguf")),
+        d.join(format!("{file}-dequantized-F32.gguf")),
+    );
+    Format::Gguf(T::Q8_0).write(model, &q8, 7);
+    common::dequantized_copy(model, &q8, T::F32, &exact);
+    (q8, exact)
+}
+
+/// The hybrid test's rows: [`schedule_logits`] of the file at `path` on
+/// `device`, planned for 3 sequences of 64 tokens in steps of 8.
+fn hybrid_rows(path: &Path, device: Device, d: &Path) -> Vec<Vec<f32>> {
+    let mut e = placed_engine(path, inputs(device, 64, 3, 8), None, tokenizer(d));
+    schedule_logits(&mut e, 1024)
+}
+
+/// On the CPU, what [`HYBRID_Q8_0_TOLERANCE`] rests on: for each of
+/// [`hybrid_q8_0_models`], the dequantized weights rounded to f16 (as
+/// CUDA's tensor-core kernels round them; its f16 activations add an
+/// error of the same size) stay within half its max_rel and a quarter of
+/// its KLD of the exact run, and the CPU's own 8-bit activations on the
+/// Q8_0 file fall outside it, so the CUDA check tells the two apart.
+#[test]
+fn hybrid_q8_0_tolerance_tells_f16_from_8_bit_rounding() {
+    let d = dir("hybrid-q8-0");
+    let (tol, kld_tol) = HYBRID_Q8_0_TOLERANCE;
+    for (name, model) in hybrid_q8_0_models() {
+        let (q8, exact) = q8_0_and_dequantized(name, &model, &d);
+        let half = d.join("dequantized-F16.gguf");
+        common::dequantized_copy(&model, &q8, T::F16, &half);
+        let want = hybrid_rows(&exact, Device::Cpu, &d);
+        let (f16, f16_kld) = rows_agreement(&hybrid_rows(&half, Device::Cpu, &d), &want);
+        let (int8, int8_kld) = rows_agreement(&want, &hybrid_rows(&q8, Device::Cpu, &d));
+        println!(
+            "{name:<24} against the exact weights: f16 weights max_rel {f16:.2e}, KLD {f16_kld:.2e}; 8-bit activations max_rel {int8:.2e}, KLD {int8_kld:.2e}"
+        );
+        assert!(
+            f16 < tol / 2.0 && f16_kld < kld_tol / 4.0,
+            "{name}: f16 weights leave too little room: max_rel {f16:e}, KLD {f16_kld:e}"
+        );
+        assert!(
+            int8 > tol && int8_kld > kld_tol,
+            "{name}: 8-bit activations pass the CUDA check: max_rel {int8:e}, KLD {int8_kld:e}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&d);
 }
 
 /// Qwen3.5 dense and MoE and Gemma 4 split between the GPU and the host
@@ -583,7 +676,17 @@ fn hybrid_models_match_the_cpu_through_chunks_and_batched_decode() {
 /// chunks of up to 8 tokens, one-token decode steps replayed as graphs),
 /// run twice on the split engine (the second reusing the released state
 /// slots on both sides), is within the format's `tolerance` of the largest
-/// CPU logit, and the mean KL divergence within [`kld_tolerance`].
+/// CPU logit, and the mean KL divergence within [`kld_tolerance`]. Qwen3.5
+/// in Q8_0 (the MoE with [`qwen3_5_moe_every_expert`]) is judged against
+/// the CPU on an F32 copy of its dequantized weights instead: the split
+/// rounds activations to 8 bits in its host layers alone, the CPU's Q8_0
+/// run in every layer, so the split is to be no further from the exact
+/// weights than that run, measured here, with half as much again of room
+/// (KLD: twice, about its square). The CPU's own rounding sets the bound
+/// because these fixtures are sensitive to it ([`HYBRID_Q8_0_TOLERANCE`]):
+/// 6.4e-2 and KLD 6.9e-3 for qwen35, which a split with most layers on the
+/// GPU could not meet against the CPU's Q8_0 run (the H100 run of
+/// 2026-12-07 measured about that with blk.1 or the experts on the host).
 #[test]
 fn split_hybrid_and_gemma4_models_match_the_cpu() {
     if !gpu() {
@@ -623,20 +726,33 @@ fn split_hybrid_and_gemma4_models_match_the_cpu() {
             ));
         }
         for ty in [T::F32, T::Q8_0] {
+            let hybrid_q8_0 = ty == T::Q8_0 && *name != "gemma4";
+            let model = match *moe && hybrid_q8_0 {
+                true => qwen3_5_moe_every_expert(),
+                false => model.clone(),
+            };
             let path = d.join(format!("{name}-{}.gguf", ty.name()));
-            Format::Gguf(ty).write(model, &path, 7);
+            Format::Gguf(ty).write(&model, &path, 7);
             let engine = |device, request| {
                 placed_engine(&path, inputs(device, 64, 3, 8), request, tokenizer(&d))
             };
-            let cpu = schedule_logits(&mut engine(Device::Cpu, None), 1024);
-            let (tol, kld_tol) = (tolerance(ty.name()), kld_tolerance(ty));
+            let mut cpu = hybrid_rows(&path, Device::Cpu, &d);
+            let (mut tol, mut kld_tol) = (tolerance(ty.name()), kld_tolerance(ty));
+            if hybrid_q8_0 {
+                let exact = d.join(format!("{name}-dequantized-F32.gguf"));
+                common::dequantized_copy(&model, &path, T::F32, &exact);
+                let want = hybrid_rows(&exact, Device::Cpu, &d);
+                let (own, own_kld) = rows_agreement(&cpu, &want);
+                (tol, kld_tol, cpu) = (1.5 * own, 2.0 * own_kld, want);
+            }
             for (flag, request) in &requests {
                 let mut split = engine(Device::Cuda, Some(request));
                 for round in ["first run", "second run"] {
                     let gpu = schedule_logits(&mut split, 1024);
                     let (worst, kld) = rows_agreement(&gpu, &cpu);
+                    let against = if hybrid_q8_0 { ", CPU dequantized" } else { "" };
                     println!(
-                        "{name:<10} {:<5} {flag:<15} {round:<10}: {} rows, max_rel {worst:.2e} (tolerance {tol}), mean KLD {kld:.2e} (tolerance {kld_tol})",
+                        "{name:<10} {:<5} {flag:<15} {round:<10}: {} rows{against}, max_rel {worst:.2e} (tolerance {tol:.2e}), mean KLD {kld:.2e} (tolerance {kld_tol:.2e})",
                         ty.name(),
                         cpu.len()
                     );

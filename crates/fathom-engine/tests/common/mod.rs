@@ -8,7 +8,7 @@ pub mod schedule;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use fathom_checkpoint::Checkpoint;
+use fathom_checkpoint::{Checkpoint, GgmlType, GgufFile, GgufTensor};
 use fathom_engine::{Engine, Sampler, SamplingParams, Tokenizer};
 use fathom_fixtures::{self as fx, Data, GgufTensorType};
 use fathom_plan::{Available, Device, KvDtype, MemoryPlan, PlanInputs};
@@ -132,28 +132,76 @@ pub fn sharpen(path: &Path, std: f32) {
     let n = logits.len() as f32;
     let mean = logits.iter().sum::<f32>() / n;
     let sd = (logits.iter().map(|x| (x - mean) * (x - mean)).sum::<f32>() / n).sqrt();
-    let Checkpoint::Gguf(file) = Checkpoint::open(path).unwrap() else {
-        unreachable!("a GGUF fixture");
-    };
+    let file = gguf(path);
     let t = file
         .tensors
         .iter()
         .find(|t| t.name == "output_norm.weight")
         .expect("the fixture has an output norm");
-    let at = file.data_offset + t.offset;
-    let mut bytes = vec![0u8; t.n_bytes as usize];
-    use std::os::unix::fs::FileExt;
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .unwrap();
-    f.read_exact_at(&mut bytes, at).unwrap();
-    for v in bytes.chunks_exact_mut(4) {
-        let x = f32::from_le_bytes(v.try_into().unwrap()) * std / sd;
-        v.copy_from_slice(&x.to_le_bytes());
+    let gains: Vec<f32> = f32_values(&file, t).iter().map(|x| x * std / sd).collect();
+    write_values(&file, t, &gains);
+}
+
+/// Writes at `to` a GGUF of `model` in `ty` (as [`families::Format::Gguf`]
+/// writes it) holding the values the GGUF of `model` at `from`
+/// dequantizes to: exactly in F32 (the CPU multiplies F32 weights by f32
+/// activations, so against `from` only the activations' rounding
+/// differs), rounded once more to f16 in F16.
+pub fn dequantized_copy(model: &fx::ModelDef, from: &Path, ty: GgufTensorType, to: &Path) {
+    fx::write_runnable_gguf(model, ty, to, Data::Sparse).unwrap();
+    let (quantized, copy) = (gguf(from), gguf(to));
+    assert_eq!(quantized.tensors.len(), copy.tensors.len(), "tensor counts");
+    for t in &copy.tensors {
+        let q = quantized
+            .tensors
+            .iter()
+            .find(|q| q.name == t.name)
+            .unwrap_or_else(|| panic!("{} has no {}", from.display(), t.name));
+        assert_eq!(q.dims, t.dims, "{}", t.name);
+        write_values(&copy, t, &f32_values(&quantized, q));
     }
-    f.write_all_at(&bytes, at).unwrap();
+}
+
+fn gguf(path: &Path) -> GgufFile {
+    let Checkpoint::Gguf(file) = Checkpoint::open(path).unwrap() else {
+        panic!("{} is not a GGUF", path.display());
+    };
+    file
+}
+
+/// Tensor `t` of `file`, dequantized.
+fn f32_values(file: &GgufFile, t: &GgufTensor) -> Vec<f32> {
+    use std::os::unix::fs::FileExt;
+    let mut bytes = vec![0u8; t.n_bytes as usize];
+    std::fs::File::open(&file.path)
+        .unwrap()
+        .read_exact_at(&mut bytes, file.data_offset + t.offset)
+        .unwrap();
+    let ty = GgufTensorType::from_ggml(t.ggml_type).expect("a type the kernels run");
+    let mut values = vec![0f32; t.n_elements as usize];
+    fathom_kernels::dequantize_row(ty, &bytes, &mut values);
+    values
+}
+
+/// Overwrites the F32 or F16 tensor `t` of `file` with `values`.
+fn write_values(file: &GgufFile, t: &GgufTensor, values: &[f32]) {
+    use std::os::unix::fs::FileExt;
+    assert_eq!(t.n_elements, values.len() as u64, "{}", t.name);
+    let bytes: Vec<u8> = match t.ggml_type {
+        GgmlType::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        GgmlType::F16 => {
+            let mut b = vec![0u8; 2 * values.len()];
+            fathom_kernels::ops::f32_to_f16_bytes_row(values, &mut b);
+            b
+        }
+        other => panic!("{}: cannot write {other:?} values", t.name),
+    };
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file.path)
+        .unwrap()
+        .write_all_at(&bytes, file.data_offset + t.offset)
+        .unwrap();
 }
 
 /// `engine`'s greedy continuation of `prompt` (each step's logits computed
