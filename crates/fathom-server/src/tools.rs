@@ -535,7 +535,7 @@ fn xml_call(body: &str, req: &ToolRequest) -> Option<(String, Value)> {
         let close = param.find('>')?;
         let key = param[..close].trim();
         let value = &param[close + 1..];
-        let end = value.find("</parameter>")?;
+        let end = closing(value, "</parameter>")?;
         let raw = &value[..end];
         let raw = raw.strip_prefix('\n').unwrap_or(raw);
         let raw = raw.strip_suffix('\n').unwrap_or(raw);
@@ -673,7 +673,7 @@ pub fn parse(format: ToolFormat, text: &str, req: &ToolRequest, id_hex: &str) ->
             let mut rest = text;
             while let Some(start) = rest.find("<tool_call>") {
                 let after = &rest[start + "<tool_call>".len()..];
-                let Some(end) = after.find("</tool_call>") else {
+                let Some(end) = closing(after, "</tool_call>") else {
                     break;
                 };
                 let body = &after[..end];
@@ -759,6 +759,18 @@ pub fn parse(format: ToolFormat, text: &str, req: &ToolRequest, id_hex: &str) ->
             })
             .collect(),
     }
+}
+
+/// Where `tag` closes what `text` starts with: at the first `tag` that
+/// starts a line, as the Hermes and Qwen XML grammars write a call's and a
+/// parameter's end, else (text no grammar wrote) at the first `tag`. What a
+/// grammar holds before its end never starts a line with `<` (compact JSON
+/// has no raw newline; a Qwen XML string no line starting `<`), but may
+/// hold the tag itself: a string argument `a</tool_call>b` is read whole.
+fn closing(text: &str, tag: &str) -> Option<usize> {
+    text.find(&format!("\n{tag}"))
+        .map(|at| at + 1)
+        .or_else(|| text.find(tag))
 }
 
 /// The calls `next` finds in `text` (each its span, its function's name,

@@ -198,6 +198,47 @@ fn qwen_xml_calls_may_leave_out_optional_parameters_and_come_in_parallel() {
     }
 }
 
+/// What the Hermes and Qwen XML grammars accept, the parser reads back as
+/// the call: a string argument may hold the format's end tags
+/// (`</tool_call>`, `</parameter>`) in a line, and the call still ends at
+/// the tag that starts a line. Found through the server (issue 35): a
+/// stand-in pushed to `</tool_call>` wrote it into a city, and the
+/// constrained call came back as content.
+#[test]
+fn string_arguments_holding_end_tags_are_read_back_whole() {
+    let tok = tokenizer();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let req = request(ToolChoice::Auto);
+    let city = "a</parameter></tool_call>b <tool_call>";
+    let cases = [
+        (
+            ToolFormat::Hermes,
+            format!("<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"{city}\", \"unit\": \"celsius\"}}}}\n</tool_call>"),
+        ),
+        (
+            ToolFormat::QwenXml,
+            format!("<tool_call>\n<function=get_weather>\n<parameter=city>\n{city}\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>"),
+        ),
+    ];
+    for (format, text) in cases {
+        let grammar = tool_grammar(format, &req, 100);
+        let mut state = c.compile(&grammar).unwrap();
+        let eog: Vec<u32> = tok.end_of_generation_ids().collect();
+        assert_eq!(
+            accepted_whole(&mut state, &tok.encode(&text, false, false), &eog),
+            (true, true),
+            "{format:?}"
+        );
+        let read = tools::parse(format, &text, &req, "e");
+        assert_eq!(read.content, None, "{format:?}: {read:?}");
+        assert_eq!(
+            read.calls[0].arguments,
+            json!({"city": city, "unit": "celsius"}).to_string(),
+            "{format:?}"
+        );
+    }
+}
+
 /// A Qwen XML string is written bare, so its `minLength` and `maxLength`
 /// bound the text itself, counted in characters as JSON Schema counts
 /// them: a call the model opens under `auto` (as a required one) whose
