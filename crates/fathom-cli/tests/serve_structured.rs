@@ -2215,12 +2215,25 @@ fn auto_request(tools: &Value, extra: Value) -> Value {
 /// arguments, whole and streamed; left alone, it answers as it likes.
 #[test]
 fn auto_constrains_a_hermes_call_the_model_opens() {
-    auto_stand_in_calls_are_valid(
+    let (_dir, server) = auto_stand_in_calls_are_valid(
         "serve-auto-hermes",
         "Qwen-Qwen3-0.6B.jinja",
         &QWEN_CALL_TOKENS,
         json!({}),
     );
+    a_close_tag_in_an_argument_stays_in_it(&server, json!({}));
+}
+
+/// Pushed to `</tool_call>` (id 4) too, a little less than to the opener,
+/// the greedy stand-in writes the close tag into a string argument, where
+/// the grammar allows it: the answer is still one valid call, its
+/// argument holding the tag (`fields`: more of the request).
+fn a_close_tag_in_an_argument_stays_in_it(server: &Server, fields: Value) {
+    let tools = weather_tools();
+    let bias = json!({"temperature": 0, "logit_bias": {OPENER.to_string(): 30, (OPENER + 1).to_string(): 29}});
+    let v = chat(server, auto_request(&tools, with_fields(fields, bias)));
+    let (_, args) = one_call(&v, &tools);
+    assert!(args.to_string().contains("</tool_call>"), "{v}");
 }
 
 /// Issue 35: the Qwen XML format under Qwen3.5's real template, through
@@ -2235,6 +2248,8 @@ fn auto_constrains_a_qwen_xml_call_the_model_opens() {
         &QWEN_CALL_TOKENS,
         json!({"chat_template_kwargs": {"enable_thinking": false}}),
     );
+    let off = json!({"chat_template_kwargs": {"enable_thinking": false}});
+    a_close_tag_in_an_argument_stays_in_it(&server, off);
     let tools = weather_tools();
     let thinking = auto_request(
         &tools,
