@@ -1157,10 +1157,11 @@ fn harmony_channels_and_tool_calls_come_apart_on_a_stand_in_with_the_markers_as_
     );
 }
 
-/// Copies SmolLM2 (argv: source, copy, chat template) with its unused
-/// control tokens from id 3 on (`<repo_name>` ...) renamed, one for each
-/// further argument `TYPE:TEXT` (a llama.cpp token type: 1 normal, 3
-/// control, 4 user-defined, which decodes as its text), in order.
+/// Copies a GGUF (argv: source, copy, chat template) with the chat
+/// template and its tokens from id 3 on (SmolLM2's unused control tokens,
+/// `<repo_name>` ...) renamed, one for each further argument `TYPE:TEXT`
+/// (a llama.cpp token type: 1 normal, 3 control, 4 user-defined, which
+/// decodes as its text), in order.
 const RENAME_TOKENS_PY: &str = r#"
 import sys
 import gguf
@@ -1191,10 +1192,21 @@ fn smollm2_with_tokens(
     template: &str,
     tokens: &[(u8, &str)],
 ) -> PathBuf {
+    gguf_with_tokens(&common::smollm2(), dir, name, template, tokens)
+}
+
+/// [`smollm2_with_tokens`] of the GGUF at `src`.
+fn gguf_with_tokens(
+    src: &Path,
+    dir: &common::TempDir,
+    name: &str,
+    template: &str,
+    tokens: &[(u8, &str)],
+) -> PathBuf {
     let model = dir.0.join(name);
     let out = Command::new("python3")
         .args(["-c", RENAME_TOKENS_PY])
-        .arg(common::smollm2())
+        .arg(src)
         .arg(&model)
         .arg(template)
         .args(tokens.iter().map(|(kind, text)| format!("{kind}:{text}")))
@@ -2163,18 +2175,22 @@ fn auto_calls_the_model_opens_are_valid(
     }
 }
 
-/// Issue 35's check ([`auto_calls_the_model_opens_are_valid`]) on a
-/// stand-in: SmolLM2 with the real chat template `template` (from
+/// Issue 35's check ([`auto_calls_the_model_opens_are_valid`]) on
+/// `model` served, asked [`auto_request`]s with `fields` about
+/// [`weather_tools`]. Returns the server for more checks.
+fn auto_calls_on(model: &Path, fields: Value) -> Server {
+    let server = Server::start_model(model, &["-c", "2048"], &[]);
+    let tools = weather_tools();
+    let ask = |extra: Value| auto_request(&tools, with_fields(fields.clone(), extra));
+    auto_calls_the_model_opens_are_valid(&server, &ask, &tools);
+    server
+}
+
+/// A stand-in in a folder `tag` (which must live as long as the model is
+/// used): SmolLM2 with the real chat template `template` (from
 /// `models/templates/`) and its tokens 3, 4, ... renamed to `tokens`
-/// ([`smollm2_with_tokens`]), asked [`auto_request`]s with `fields` about
-/// [`weather_tools`]. Returns the server (and its folder, which lives as
-/// long as the server is used) for more checks.
-fn auto_stand_in_calls_are_valid(
-    tag: &str,
-    template: &str,
-    tokens: &[(u8, &str)],
-    fields: Value,
-) -> (common::TempDir, Server) {
+/// ([`smollm2_with_tokens`]).
+fn stand_in(tag: &str, template: &str, tokens: &[(u8, &str)]) -> (common::TempDir, PathBuf) {
     let dir = common::TempDir::new(tag);
     let model = smollm2_with_tokens(
         &dir,
@@ -2182,11 +2198,7 @@ fn auto_stand_in_calls_are_valid(
         &real_template(template),
         tokens,
     );
-    let server = Server::start_model(&model, &["-c", "2048"], &[]);
-    let tools = weather_tools();
-    let ask = |extra: Value| auto_request(&tools, with_fields(fields.clone(), extra));
-    auto_calls_the_model_opens_are_valid(&server, &ask, &tools);
-    (dir, server)
+    (dir, model)
 }
 
 /// Qwen's `<tool_call>` and `</tool_call>`: single tokens that decode as
@@ -2194,8 +2206,8 @@ fn auto_stand_in_calls_are_valid(
 /// have them; llama.cpp's Qwen3.5 test vocabulary pads their ids).
 /// Renamed into SmolLM2 they are ids 3 and 4.
 const QWEN_CALL_TOKENS: [(u8, &str); 2] = [(4, "<tool_call>"), (4, "</tool_call>")];
-/// The id of the opener the stand-ins' `logit_bias` pushes: a call's
-/// first token ([`QWEN_CALL_TOKENS`], [`GEMMA4_CALL_TOKENS`]).
+/// The id of the opener the Qwen stand-ins' `logit_bias` pushes: a
+/// call's first token ([`QWEN_CALL_TOKENS`]).
 const OPENER: u32 = 3;
 
 /// A question with `tools` under `tool_choice: "auto"` (one call at most),
@@ -2215,12 +2227,12 @@ fn auto_request(tools: &Value, extra: Value) -> Value {
 /// arguments, whole and streamed; left alone, it answers as it likes.
 #[test]
 fn auto_constrains_a_hermes_call_the_model_opens() {
-    let (_dir, server) = auto_stand_in_calls_are_valid(
+    let (_dir, model) = stand_in(
         "serve-auto-hermes",
         "Qwen-Qwen3-0.6B.jinja",
         &QWEN_CALL_TOKENS,
-        json!({}),
     );
+    let server = auto_calls_on(&model, json!({}));
     a_close_tag_in_an_argument_stays_in_it(&server, json!({}));
 }
 
@@ -2242,13 +2254,9 @@ fn a_close_tag_in_an_argument_stays_in_it(server: &Server, fields: Value) {
 /// `thinking_budget_tokens`, the call after it).
 #[test]
 fn auto_constrains_a_qwen_xml_call_the_model_opens() {
-    let (_dir, server) = auto_stand_in_calls_are_valid(
-        "serve-auto-qwen-xml",
-        "Qwen3.5-4B.jinja",
-        &QWEN_CALL_TOKENS,
-        json!({"chat_template_kwargs": {"enable_thinking": false}}),
-    );
+    let (_dir, model) = stand_in("serve-auto-qwen-xml", "Qwen3.5-4B.jinja", &QWEN_CALL_TOKENS);
     let off = json!({"chat_template_kwargs": {"enable_thinking": false}});
+    let server = auto_calls_on(&model, off.clone());
     a_close_tag_in_an_argument_stays_in_it(&server, off);
     let tools = weather_tools();
     let thinking = auto_request(
@@ -2264,26 +2272,47 @@ fn auto_constrains_a_qwen_xml_call_the_model_opens() {
     streams_thinking_then_the_call(&server, thinking, &v, &name);
 }
 
-/// Gemma 4's call markers and string quote: single tokens that decode as
-/// their text (user-defined, as in Gemma 4's vocabulary, ids 48 to 52
-/// there). Renamed into SmolLM2, `<|tool_call>` is id 3.
-const GEMMA4_CALL_TOKENS: [(u8, &str); 4] = [
-    (4, "<|tool_call>"),
-    (4, "<tool_call|>"),
-    (4, "<|tool_response>"),
-    (4, "<|\"|>"),
-];
-
-/// Issue 35: Gemma 4's own call syntax under its real template, through
-/// the server, as [`auto_constrains_a_hermes_call_the_model_opens`].
+/// Issue 35: Gemma 4's own call syntax under its real template and its
+/// real vocabulary (llama.cpp's test vocabulary, which
+/// `scripts/fetch-vocab.sh` fetches), where `<|tool_call>` is one token
+/// (id 48), on a one-layer fixture of Gemma 3 1B's shape (the same
+/// 262,144-token vocabulary size) with random weights (`fathom bench
+/// fixture --vocab`); checked as
+/// [`auto_constrains_a_hermes_call_the_model_opens`].
 #[test]
 fn auto_constrains_a_gemma4_call_the_model_opens() {
-    auto_stand_in_calls_are_valid(
-        "serve-auto-gemma4",
-        "google-gemma-4-31B-it.jinja",
-        &GEMMA4_CALL_TOKENS,
-        json!({}),
+    let vocab = common::smollm2()
+        .parent()
+        .unwrap()
+        .join("ggml-vocab-gemma-4.gguf");
+    assert!(
+        vocab.exists(),
+        "{} is missing: run scripts/fetch-vocab.sh",
+        vocab.display()
     );
+    let dir = common::TempDir::new("serve-auto-gemma4");
+    let fixture = dir.0.join("gemma3-1b-gemma4-vocab.gguf");
+    let out = common::fathom(
+        &[
+            "bench",
+            "fixture",
+            "--like",
+            "gemma3-1b",
+            "--layers",
+            "1",
+            "--type",
+            "Q4_0",
+            "--vocab",
+            vocab.to_str().unwrap(),
+            fixture.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(out.status.success(), "{}", common::stderr(&out));
+    let template = real_template("google-gemma-4-31B-it.jinja");
+    let model = gguf_with_tokens(&fixture, &dir, "gemma4-template.gguf", &template, &[]);
+    let tool_call = 48;
+    auto_calls_on(&model, json!({"logit_bias": {tool_call.to_string(): 30}}));
 }
 
 /// Issue 35: harmony under gpt-oss's real template, through the server:
@@ -2300,11 +2329,10 @@ fn auto_constrains_a_gemma4_call_the_model_opens() {
 fn auto_constrains_a_harmony_call_the_model_opens() {
     let mut tokens = HARMONY_MARKERS.to_vec();
     tokens.push((1, "Ġto=functions."));
+    let (_dir, model) = stand_in("serve-auto-harmony", "openai-gpt-oss-120b.jinja", &tokens);
     let to_functions = 10;
-    auto_stand_in_calls_are_valid(
-        "serve-auto-harmony",
-        "openai-gpt-oss-120b.jinja",
-        &tokens,
+    auto_calls_on(
+        &model,
         json!({"logit_bias": {to_functions.to_string(): 30}, "thinking_budget_tokens": 8}),
     );
 }
