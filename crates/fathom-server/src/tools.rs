@@ -490,9 +490,9 @@ fn xml_parameters(t: &Tool, rules: &mut String) -> Result<String, String> {
     Ok(params.join(" "))
 }
 
-/// Whether `schema` is a string with no constraint on its text, which the
-/// Qwen XML format writes bare; a string with an `enum`, `const` or
-/// `pattern` is constrained as JSON, quotes included.
+/// Whether `schema` is a string with no constraint on its text but its
+/// length, which the Qwen XML format writes bare; a string with an `enum`,
+/// `const` or `pattern` is constrained as JSON, quotes included.
 fn is_plain_string(schema: &Value) -> bool {
     schema.get("type").and_then(Value::as_str) == Some("string")
         && ["enum", "const", "pattern"]
