@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::path::Path;
-
 use common::{fathom, smollm2, stderr, stdout};
 
 /// `(plan bytes, peak RSS bytes)` from the `memory:` line on stderr.
@@ -63,32 +61,10 @@ fn generation_peak_rss_stays_within_the_plan() {
 /// allowance alone it was 76 MB less, 0.975 x the peak.
 #[test]
 fn a_real_gemma4_vocabulary_run_stays_within_the_plan() {
-    let vocab = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/ggml-vocab-gemma-4.gguf");
-    assert!(
-        vocab.exists(),
-        "{} is missing: run scripts/fetch-vocab.sh",
-        vocab.display()
-    );
     let dir = common::TempDir::new("gemma4-vocab-run");
     let model = dir.0.join("gemma-4-31b-1l.gguf");
+    common::one_layer_fixture("gemma-4-31b", "ggml-vocab-gemma-4.gguf", &model);
     let model = model.to_str().unwrap();
-    let written = fathom(
-        &[
-            "bench",
-            "fixture",
-            "--like",
-            "gemma-4-31b",
-            "--layers",
-            "1",
-            "--type",
-            "Q4_0",
-            "--vocab",
-            vocab.to_str().unwrap(),
-            model,
-        ],
-        &[],
-    );
-    assert!(written.status.success(), "{}", stderr(&written));
     let out = fathom(
         &[
             "generate",

@@ -16,7 +16,10 @@
 //! under Qwen3.5's real template, whose prompt opens the thinking, a
 //! constrained call or JSON comes after the thinking closes; under Qwen3's
 //! and Gemma 4's (thinking on), whose model opens its own block, it may
-//! come after that block.
+//! come after that block. Under `tool_choice: "auto"`, in every native
+//! format (Hermes, Qwen XML, Llama 3, harmony, Gemma 4 under their real or
+//! stand-in templates), `logit_bias` pushes the model to open a call, and
+//! the call is always a listed function with valid arguments.
 
 mod common;
 
@@ -643,6 +646,23 @@ fn one_call(v: &Value, tools: &Value) -> (String, Value) {
     check_call(&calls[0], tools)
 }
 
+/// Asserts that the answer `v` to an `auto` request is the model's own:
+/// text, or calls (`finish_reason` `tool_calls`) each valid
+/// ([`check_call`]).
+fn text_or_valid_calls(v: &Value, tools: &Value) {
+    let choice = &v["choices"][0];
+    match choice["message"]["tool_calls"].as_array() {
+        Some(calls) => {
+            assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+            assert!(!calls.is_empty(), "{v}");
+            for call in calls {
+                check_call(call, tools);
+            }
+        }
+        None => assert!(choice["message"]["content"].is_string(), "{v}"),
+    }
+}
+
 #[test]
 fn tool_calls_round_trip_required_named_auto_and_none() {
     let server = Server::start(&["-c", "2048"], &[]);
@@ -671,15 +691,7 @@ fn tool_calls_round_trip_required_named_auto_and_none() {
     assert!(args["query"].is_string());
     // auto: a call or an answer, either well formed.
     for seed in 0..3 {
-        let v = ask(json!("auto"), 0.8, seed);
-        let choice = &v["choices"][0];
-        match choice["message"]["tool_calls"].as_array() {
-            Some(calls) => {
-                assert_eq!(choice["finish_reason"], "tool_calls");
-                check_call(&calls[0], &tools);
-            }
-            None => assert!(choice["message"]["content"].is_string(), "{v}"),
-        }
+        text_or_valid_calls(&ask(json!("auto"), 0.8, seed), &tools);
     }
     // none: plain text, no calls.
     let v = ask(json!("none"), 0.0, 0);
@@ -812,40 +824,32 @@ fn the_official_openai_clients_call_tools_and_parse_structured_answers() {
 }
 
 /// A copy of SmolLM2 named `name` in `dir` with `template` as its chat
-/// template (gguf-py's `gguf_new_metadata` writes it).
+/// template.
 fn smollm2_with_template(dir: &common::TempDir, name: &str, template: &str) -> PathBuf {
-    let model = dir.0.join(name);
-    let out = Command::new("python3")
-        .args(["-m", "gguf.scripts.gguf_new_metadata"])
-        .arg(common::smollm2())
-        .arg(&model)
-        .args(["--chat-template", template])
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "gguf_new_metadata: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    model
+    smollm2_with_tokens(dir, name, template, &[])
 }
 
 /// A server of SmolLM2 with the real chat template `name` (which
 /// `scripts/fetch-vocab.sh` puts in `models/templates/`), in a folder
 /// `tag` that lives as long as the server is used.
 fn real_template_server(tag: &str, name: &str) -> (common::TempDir, Server) {
+    template_server(tag, &real_template(name))
+}
+
+/// The real chat template `name`, which `scripts/fetch-vocab.sh` puts in
+/// `models/templates/`.
+fn real_template(name: &str) -> String {
     let path = common::smollm2()
         .parent()
         .unwrap()
         .join("templates")
         .join(name);
-    let template = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+    std::fs::read_to_string(&path).unwrap_or_else(|e| {
         panic!(
             "{}: {e}; run scripts/fetch-vocab.sh, which fetches the real chat templates",
             path.display()
         )
-    });
-    template_server(tag, &template)
+    })
 }
 
 /// A server of SmolLM2 with `template` as its chat template, in a folder
@@ -1153,21 +1157,23 @@ fn harmony_channels_and_tool_calls_come_apart_on_a_stand_in_with_the_markers_as_
     );
 }
 
-/// Copies SmolLM2 with seven of its unused control tokens (ids 3 to 9,
-/// `<repo_name>` ...) renamed to o200k_harmony's markers, control tokens as
-/// in gpt-oss's GGUFs, and the harmony template.
-const HARMONY_VOCAB_PY: &str = r#"
+/// Copies a GGUF (argv: source, copy, chat template) with the chat
+/// template and its tokens from id 3 on (SmolLM2's unused control tokens,
+/// `<repo_name>` ...) renamed, one for each further argument `TYPE:TEXT`
+/// (a llama.cpp token type: 1 normal, 3 control, 4 user-defined, which
+/// decodes as its text), in order.
+const RENAME_TOKENS_PY: &str = r#"
 import sys
 import gguf
 from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
-src, dst, template = sys.argv[1:4]
+src, dst, template, *renamed = sys.argv[1:]
 reader = gguf.GGUFReader(src)
 tokens = list(reader.get_field("tokenizer.ggml.tokens").contents())
 types = list(reader.get_field("tokenizer.ggml.token_type").contents())
-markers = ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>", "<|constrain|>"]
-for i, marker in enumerate(markers):
-    tokens[3 + i] = marker
-    types[3 + i] = 3
+for i, entry in enumerate(renamed):
+    kind, text = entry.split(":", 1)
+    tokens[3 + i] = text
+    types[3 + i] = int(kind)
 writer = gguf.GGUFWriter(dst, arch=reader.get_field("general.architecture").contents(), endianess=reader.endianess)
 T = gguf.GGUFValueType
 copy_with_new_metadata(reader, writer, {
@@ -1177,9 +1183,58 @@ copy_with_new_metadata(reader, writer, {
 }, [])
 "#;
 
+/// A copy of SmolLM2 named `name` in `dir` with `template` as its chat
+/// template and its tokens 3, 4, ... renamed to `tokens` (llama.cpp token
+/// type, text as the vocabulary spells it), [`RENAME_TOKENS_PY`].
+fn smollm2_with_tokens(
+    dir: &common::TempDir,
+    name: &str,
+    template: &str,
+    tokens: &[(u8, &str)],
+) -> PathBuf {
+    gguf_with_tokens(&common::smollm2(), dir, name, template, tokens)
+}
+
+/// [`smollm2_with_tokens`] of the GGUF at `src`.
+fn gguf_with_tokens(
+    src: &Path,
+    dir: &common::TempDir,
+    name: &str,
+    template: &str,
+    tokens: &[(u8, &str)],
+) -> PathBuf {
+    let model = dir.0.join(name);
+    let out = Command::new("python3")
+        .args(["-c", RENAME_TOKENS_PY])
+        .arg(src)
+        .arg(&model)
+        .arg(template)
+        .args(tokens.iter().map(|(kind, text)| format!("{kind}:{text}")))
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "renaming the tokens (pip install gguf; scripts/test.sh does): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    model
+}
+
+/// o200k_harmony's markers, control tokens as in gpt-oss's GGUFs; renamed
+/// into SmolLM2 ([`smollm2_with_tokens`]) they are ids 3 to 9.
+const HARMONY_MARKERS: [(u8, &str); 7] = [
+    (3, "<|start|>"),
+    (3, "<|channel|>"),
+    (3, "<|message|>"),
+    (3, "<|end|>"),
+    (3, "<|return|>"),
+    (3, "<|call|>"),
+    (3, "<|constrain|>"),
+];
+
 /// gpt-oss's markers as the control tokens they are in its vocabulary, on
 /// SmolLM2's weights (its vocabulary with seven unused control tokens
-/// renamed, [`HARMONY_VOCAB_PY`]): the real tokenizer, decoder, grammar
+/// renamed, [`HARMONY_MARKERS`]): the real tokenizer, decoder, grammar
 /// engine and server read them. The weights know nothing of them, so
 /// `logit_bias` makes the model take the marker tokens wherever the grammar
 /// allows them. The answer's messages come apart, `<|end|>` does not end
@@ -1187,18 +1242,11 @@ copy_with_new_metadata(reader, writer, {
 #[test]
 fn harmony_markers_as_control_tokens_are_decoded_split_and_end_generation_as_gpt_oss_needs() {
     let dir = common::TempDir::new("serve-harmony-tokens");
-    let model = dir.0.join("smollm2-harmony-vocab.gguf");
-    let out = Command::new("python3")
-        .args(["-c", HARMONY_VOCAB_PY])
-        .arg(common::smollm2())
-        .arg(&model)
-        .arg(HARMONY_TEMPLATE)
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "renaming the tokens: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let model = smollm2_with_tokens(
+        &dir,
+        "smollm2-harmony-vocab.gguf",
+        HARMONY_TEMPLATE,
+        &HARMONY_MARKERS,
     );
     let server = Server::start_model(&model, &["-c", "2048"], &[]);
     let (start, channel, message, end, ret, constrain) = (3, 4, 5, 6, 7, 9);
@@ -2001,9 +2049,38 @@ fn streams_one_call(server: &Server, body: Value, tools: &Value) {
         .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].get(0))
         .collect();
     assert_eq!(deltas.len(), 2, "{events:?}");
-    let streamed = json!({"id": deltas[0]["id"], "type": "function", "function": {
-        "name": deltas[0]["function"]["name"], "arguments": deltas[1]["function"]["arguments"]}});
-    check_call(&streamed, tools);
+    let calls = streamed_calls(&events);
+    assert_eq!(calls.len(), 1, "{events:?}");
+    check_call(&calls[0], tools);
+    assert_eq!(
+        events.last().unwrap()["choices"][0]["finish_reason"],
+        "tool_calls"
+    );
+}
+
+/// The calls a stream's `delta.tool_calls` chunks carry, put together as
+/// OpenAI's clients do: by `index`, the head's id, type and name, the
+/// arguments' fragments joined.
+fn streamed_calls(events: &[Value]) -> Vec<Value> {
+    let mut calls: Vec<Value> = Vec::new();
+    for delta in events
+        .iter()
+        .filter_map(|e| e["choices"][0]["delta"]["tool_calls"].as_array())
+        .flatten()
+    {
+        let index = delta["index"]
+            .as_u64()
+            .expect("a tool_calls delta has an index") as usize;
+        if index == calls.len() {
+            calls.push(json!({"id": delta["id"], "type": delta["type"],
+                              "function": {"name": delta["function"]["name"], "arguments": ""}}));
+        }
+        let call = calls.get_mut(index).expect("calls are streamed in order");
+        let fragment = delta["function"]["arguments"].as_str().unwrap_or("");
+        let joined = call["function"]["arguments"].as_str().unwrap().to_string() + fragment;
+        call["function"]["arguments"] = json!(joined);
+    }
+    calls
 }
 
 /// A Llama 3-style tool template on the SmolLM2 weights (its ChatML
@@ -2041,8 +2118,7 @@ fn auto_constrains_the_call_the_model_opens_and_leaves_text_free() {
             extra,
         )
     };
-    one_call_at_any_temperature(&server, &ask, &tools);
-    streams_one_call(&server, ask(json!({"seed": 4})), &tools);
+    auto_calls_the_model_opens_are_valid(&server, &ask, &tools);
     // Free text when the model does not open a call.
     let free =
         ask(json!({"temperature": 0, "max_tokens": 12, "logit_bias": {THE.to_string(): 20}}));
@@ -2072,4 +2148,168 @@ fn auto_constrains_the_call_the_model_opens_and_leaves_text_free() {
         assert!(message.get("reasoning_content").is_none(), "{v}");
         assert_eq!(v["usage"]["completion_tokens"], 40, "{v}");
     }
+}
+
+/// Issue 35's check of a native format under `tool_choice: "auto"`:
+/// `ask(extra)` (with `extra`'s fields) asks with a `logit_bias` that
+/// makes the model open a call. Greedy and at temperatures 0.8 and 1.3 the
+/// answer is one call to a listed function, its arguments valid for the
+/// function's parameters ([`one_call`]), and streamed it is one call too
+/// ([`streams_one_call`]). Without the bias the answer is the model's own,
+/// text or calls, each call valid, whole and streamed (48 tokens of it:
+/// a call cut there is text).
+fn auto_calls_the_model_opens_are_valid(
+    server: &Server,
+    ask: &dyn Fn(Value) -> Value,
+    tools: &Value,
+) {
+    one_call_at_any_temperature(server, ask, tools);
+    streams_one_call(server, ask(json!({"seed": 4})), tools);
+    for (seed, temperature) in [(5, 0.0), (6, 1.0)] {
+        let unbiased = json!({"logit_bias": {}, "seed": seed, "temperature": temperature,
+                              "max_tokens": 48});
+        text_or_valid_calls(&chat(server, ask(unbiased.clone())), tools);
+        let (events, _, _) =
+            streamed_parts(server, ask(with_fields(unbiased, json!({"stream": true}))));
+        for call in streamed_calls(&events) {
+            check_call(&call, tools);
+        }
+    }
+}
+
+/// Issue 35's check ([`auto_calls_the_model_opens_are_valid`]) on
+/// `model` served, asked [`auto_request`]s with `fields` about
+/// [`weather_tools`]. Returns the server for more checks.
+fn auto_calls_on(model: &Path, fields: Value) -> Server {
+    let server = Server::start_model(model, &["-c", "2048"], &[]);
+    let tools = weather_tools();
+    let ask = |extra: Value| auto_request(&tools, with_fields(fields.clone(), extra));
+    auto_calls_the_model_opens_are_valid(&server, &ask, &tools);
+    server
+}
+
+/// A stand-in in a folder `tag` (which must live as long as the model is
+/// used): SmolLM2 with the real chat template `template` (from
+/// `models/templates/`) and its tokens 3, 4, ... renamed to `tokens`
+/// ([`smollm2_with_tokens`]).
+fn stand_in(tag: &str, template: &str, tokens: &[(u8, &str)]) -> (common::TempDir, PathBuf) {
+    let dir = common::TempDir::new(tag);
+    let model = smollm2_with_tokens(
+        &dir,
+        &format!("smollm2-{tag}.gguf"),
+        &real_template(template),
+        tokens,
+    );
+    (dir, model)
+}
+
+/// Qwen's `<tool_call>` and `</tool_call>`: single tokens that decode as
+/// their text (user-defined, as Qwen2.5's, Qwen3's and Qwen3.5's GGUFs
+/// have them; llama.cpp's Qwen3.5 test vocabulary pads their ids).
+/// Renamed into SmolLM2 they are ids 3 and 4.
+const QWEN_CALL_TOKENS: [(u8, &str); 2] = [(4, "<tool_call>"), (4, "</tool_call>")];
+/// The id of the opener the Qwen stand-ins' `logit_bias` pushes: a
+/// call's first token ([`QWEN_CALL_TOKENS`]).
+const OPENER: u32 = 3;
+
+/// A question with `tools` under `tool_choice: "auto"` (one call at most),
+/// `logit_bias` pushing [`OPENER`], with `extra`'s fields.
+fn auto_request(tools: &Value, extra: Value) -> Value {
+    with_fields(
+        json!({"messages": [{"role": "user", "content": "What is the weather like in Paris today?"}],
+               "tools": tools, "tool_choice": "auto", "parallel_tool_calls": false,
+               "max_tokens": 120, "logit_bias": {OPENER.to_string(): 30}}),
+        extra,
+    )
+}
+
+/// Issue 35: the Hermes format under Qwen3's real template, through the
+/// server: pushed to write `<tool_call>` (one token, as in Qwen's
+/// vocabulary), the model's call is a listed function with valid
+/// arguments, whole and streamed; left alone, it answers as it likes.
+#[test]
+fn auto_constrains_a_hermes_call_the_model_opens() {
+    let (_dir, model) = stand_in(
+        "serve-auto-hermes",
+        "Qwen-Qwen3-0.6B.jinja",
+        &QWEN_CALL_TOKENS,
+    );
+    let server = auto_calls_on(&model, json!({}));
+    a_close_tag_in_an_argument_stays_in_it(&server, json!({}));
+}
+
+/// Pushed to `</tool_call>` (id 4) too, a little less than to the opener,
+/// the greedy stand-in writes the close tag into a string argument, where
+/// the grammar allows it: the answer is still one valid call, its
+/// argument holding the tag (`fields`: more of the request).
+fn a_close_tag_in_an_argument_stays_in_it(server: &Server, fields: Value) {
+    let tools = weather_tools();
+    let bias = json!({"temperature": 0, "logit_bias": {OPENER.to_string(): 30, (OPENER + 1).to_string(): 29}});
+    let v = chat(server, auto_request(&tools, with_fields(fields, bias)));
+    let (_, args) = one_call(&v, &tools);
+    assert!(args.to_string().contains("</tool_call>"), "{v}");
+}
+
+/// Issue 35: the Qwen XML format under Qwen3.5's real template, through
+/// the server, as [`auto_constrains_a_hermes_call_the_model_opens`]: with
+/// thinking off, and with the thinking block the prompt opens (bounded by
+/// `thinking_budget_tokens`, the call after it).
+#[test]
+fn auto_constrains_a_qwen_xml_call_the_model_opens() {
+    let (_dir, model) = stand_in("serve-auto-qwen-xml", "Qwen3.5-4B.jinja", &QWEN_CALL_TOKENS);
+    let off = json!({"chat_template_kwargs": {"enable_thinking": false}});
+    let server = auto_calls_on(&model, off.clone());
+    a_close_tag_in_an_argument_stays_in_it(&server, off);
+    let tools = weather_tools();
+    let thinking = auto_request(
+        &tools,
+        json!({"thinking_budget_tokens": 8, "temperature": 0}),
+    );
+    let v = chat(&server, thinking.clone());
+    let (name, _) = one_call(&v, &tools);
+    assert!(
+        v["choices"][0]["message"]["reasoning_content"].is_string(),
+        "{v}"
+    );
+    streams_thinking_then_the_call(&server, thinking, &v, &name);
+}
+
+/// Issue 35: Gemma 4's own call syntax under its real template and its
+/// real vocabulary (llama.cpp's test vocabulary, which
+/// `scripts/fetch-vocab.sh` fetches), where `<|tool_call>` is one token
+/// (id 48), on a one-layer fixture of Gemma 3 1B's shape (the same
+/// 262,144-token vocabulary size) with random weights (`fathom bench
+/// fixture --vocab`); checked as
+/// [`auto_constrains_a_hermes_call_the_model_opens`].
+#[test]
+fn auto_constrains_a_gemma4_call_the_model_opens() {
+    let dir = common::TempDir::new("serve-auto-gemma4");
+    let fixture = dir.0.join("gemma3-1b-gemma4-vocab.gguf");
+    common::one_layer_fixture("gemma3-1b", "ggml-vocab-gemma-4.gguf", &fixture);
+    let template = real_template("google-gemma-4-31B-it.jinja");
+    let model = gguf_with_tokens(&fixture, &dir, "gemma4-template.gguf", &template, &[]);
+    let tool_call = 48;
+    auto_calls_on(&model, json!({"logit_bias": {tool_call.to_string(): 30}}));
+}
+
+/// Issue 35: harmony under gpt-oss's real template, through the server:
+/// the markers are control tokens ([`HARMONY_MARKERS`], ids 3 to 9) and
+/// ` to=functions.`, which gpt-oss writes in a few tokens, is one here
+/// (id 10), so that `logit_bias` can push the model to address a function
+/// wherever a message's text may start; the call that follows is a listed
+/// function with valid arguments, whole and streamed. The stand-in may
+/// reason first (pushed, its reasoning is ` to=functions.` over and over,
+/// which stays reasoning) and may spell markers out as text, so
+/// `thinking_budget_tokens` keeps the reasoning short enough for the call
+/// to fit `max_tokens`.
+#[test]
+fn auto_constrains_a_harmony_call_the_model_opens() {
+    let mut tokens = HARMONY_MARKERS.to_vec();
+    tokens.push((1, "Ġto=functions."));
+    let (_dir, model) = stand_in("serve-auto-harmony", "openai-gpt-oss-120b.jinja", &tokens);
+    let to_functions = 10;
+    auto_calls_on(
+        &model,
+        json!({"logit_bias": {to_functions.to_string(): 30}, "thinking_budget_tokens": 8}),
+    );
 }

@@ -211,20 +211,21 @@ pub fn grammar(
             rules: String::new(),
         },
         ToolFormat::QwenXml => {
-            let calls: Vec<String> = allowed
+            let mut rules = String::new();
+            let calls = allowed
                 .iter()
                 .map(|t| {
-                    format!(
+                    Ok(format!(
                         "{} {} \"</function>\\n</tool_call>\"",
                         lark_literal(&format!("\n<function={}>\n", t.name)),
-                        xml_parameters(&t.parameters)
-                    )
+                        xml_parameters(t, &mut rules)?
+                    ))
                 })
-                .collect();
+                .collect::<Result<Vec<String>, String>>()?;
             Opened {
                 opener: "<tool_call>",
                 rest: format!("({})", calls.join(" | ")),
-                rules: String::new(),
+                rules,
             }
         }
         // A commentary message to the function, its arguments valid for
@@ -419,56 +420,79 @@ fn llama3_grammar(allowed: &[&Tool], req: &ToolRequest, python_tag: bool) -> Gra
     ))
 }
 
-/// The Lark expression of a Qwen XML call's parameters under `schema` (a
-/// function's `parameters`): each property in the schema's order, the
-/// required ones always, the others maybe. A string's value is its text,
-/// any text that does not hold a line starting with `<` (so the lexeme
-/// that ends at `\n</parameter>\n` is unambiguous); a choice of strings
-/// (`enum`, `const`) one of them bare; any other value JSON valid for its
-/// schema.
-fn xml_parameters(schema: &Value) -> String {
+/// The Lark expression of a Qwen XML call's parameters under `t`'s
+/// `parameters`: each property in the schema's order, the required ones
+/// always, the others maybe. A string's value is its text, any text that
+/// does not hold a line starting with `<` (so the lexeme that ends at
+/// `\n</parameter>\n` is unambiguous), and with `minLength` or
+/// `maxLength` that many characters (a terminal added to `rules`); a
+/// choice of strings (`enum`, `const`) one of them bare; any other value
+/// JSON valid for its schema. An error names a length bound that is not a
+/// count.
+fn xml_parameters(t: &Tool, rules: &mut String) -> Result<String, String> {
+    let schema = &t.parameters;
     let required: Vec<&str> = schema
         .get("required")
         .and_then(Value::as_array)
         .map_or_else(Vec::new, |r| r.iter().filter_map(Value::as_str).collect());
     let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
-        return String::new();
+        return Ok(String::new());
     };
-    properties
-        .iter()
-        .map(|(key, sub)| {
-            let open = lark_literal(&format!("<parameter={key}>\n"));
-            let param = if is_plain_string(sub) {
-                format!("({open} /(?:[^\\n]|\\n[^<])*\\n<\\/parameter>\\n/)")
-            } else {
-                // The template writes a string bare (`| string`), so a
-                // choice of strings is a choice of bare texts.
-                let value = match string_choices(sub) {
-                    Some(choices) => format!(
-                        "({})",
-                        choices
-                            .iter()
-                            .map(|c| lark_literal(c))
-                            .collect::<Vec<_>>()
-                            .join(" | ")
-                    ),
-                    None => lark_json(sub),
-                };
-                format!("({open} {value} \"\\n</parameter>\\n\")")
+    let mut params = Vec::with_capacity(properties.len());
+    for (key, sub) in properties {
+        let open = lark_literal(&format!("<parameter={key}>\n"));
+        let param = if is_plain_string(sub) {
+            const END: &str = "\n</parameter>\n";
+            let text = "/(?:[^\\n]|\\n[^<])*\\n<\\/parameter>\\n/";
+            let bound = |k: &str| match sub.get(k) {
+                None => Ok(None),
+                Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                    format!(
+                        "function {}'s parameter {key}: {k} {v} is not a count",
+                        t.name
+                    )
+                }),
             };
-            if required.contains(&key.as_str()) {
-                param
-            } else {
-                format!("{param}?")
+            match (bound("minLength")?, bound("maxLength")?) {
+                (None, None) => format!("({open} {text})"),
+                (min, max) => {
+                    // The text and its end, as many characters as the
+                    // bounds allow and the end's.
+                    let name = format!("XML_TEXT_{}", rules.lines().count());
+                    let lo = min.unwrap_or(0) + END.len() as u64;
+                    let hi = max.map_or(String::new(), |m| (m + END.len() as u64).to_string());
+                    rules.push_str(&format!("{name}: {text} & /(?s:.{{{lo},{hi}}})/\n"));
+                    format!("({open} {name})")
+                }
             }
-        })
-        .collect::<Vec<_>>()
-        .join(" ")
+        } else {
+            // The template writes a string bare (`| string`), so a
+            // choice of strings is a choice of bare texts.
+            let value = match string_choices(sub) {
+                Some(choices) => format!(
+                    "({})",
+                    choices
+                        .iter()
+                        .map(|c| lark_literal(c))
+                        .collect::<Vec<_>>()
+                        .join(" | ")
+                ),
+                None => lark_json(sub),
+            };
+            format!("({open} {value} \"\\n</parameter>\\n\")")
+        };
+        params.push(if required.contains(&key.as_str()) {
+            param
+        } else {
+            format!("{param}?")
+        });
+    }
+    Ok(params.join(" "))
 }
 
-/// Whether `schema` is a string with no constraint on its text, which the
-/// Qwen XML format writes bare; a string with an `enum`, `const` or
-/// `pattern` is constrained as JSON, quotes included.
+/// Whether `schema` is a string with no constraint on its text but its
+/// length, which the Qwen XML format writes bare; a string with an `enum`,
+/// `const` or `pattern` is constrained as JSON, quotes included.
 fn is_plain_string(schema: &Value) -> bool {
     schema.get("type").and_then(Value::as_str) == Some("string")
         && ["enum", "const", "pattern"]
@@ -511,7 +535,7 @@ fn xml_call(body: &str, req: &ToolRequest) -> Option<(String, Value)> {
         let close = param.find('>')?;
         let key = param[..close].trim();
         let value = &param[close + 1..];
-        let end = value.find("</parameter>")?;
+        let end = closing(value, "</parameter>")?;
         let raw = &value[..end];
         let raw = raw.strip_prefix('\n').unwrap_or(raw);
         let raw = raw.strip_suffix('\n').unwrap_or(raw);
@@ -649,7 +673,7 @@ pub fn parse(format: ToolFormat, text: &str, req: &ToolRequest, id_hex: &str) ->
             let mut rest = text;
             while let Some(start) = rest.find("<tool_call>") {
                 let after = &rest[start + "<tool_call>".len()..];
-                let Some(end) = after.find("</tool_call>") else {
+                let Some(end) = closing(after, "</tool_call>") else {
                     break;
                 };
                 let body = &after[..end];
@@ -735,6 +759,18 @@ pub fn parse(format: ToolFormat, text: &str, req: &ToolRequest, id_hex: &str) ->
             })
             .collect(),
     }
+}
+
+/// Where `tag` closes what `text` starts with: at the first `tag` that
+/// starts a line, as the Hermes and Qwen XML grammars write a call's and a
+/// parameter's end, else (text no grammar wrote) at the first `tag`. What a
+/// grammar holds before its end never starts a line with `<` (compact JSON
+/// has no raw newline; a Qwen XML string no line starting `<`), but may
+/// hold the tag itself: a string argument `a</tool_call>b` is read whole.
+fn closing(text: &str, tag: &str) -> Option<usize> {
+    text.find(&format!("\n{tag}"))
+        .map(|at| at + 1)
+        .or_else(|| text.find(tag))
 }
 
 /// The calls `next` finds in `text` (each its span, its function's name,

@@ -198,6 +198,103 @@ fn qwen_xml_calls_may_leave_out_optional_parameters_and_come_in_parallel() {
     }
 }
 
+/// What the Hermes and Qwen XML grammars accept, the parser reads back as
+/// the call: a string argument may hold the format's end tags
+/// (`</tool_call>`, `</parameter>`) in a line, and the call still ends at
+/// the tag that starts a line. Found through the server (issue 35): a
+/// stand-in pushed to `</tool_call>` wrote it into a city, and the
+/// constrained call came back as content.
+#[test]
+fn string_arguments_holding_end_tags_are_read_back_whole() {
+    let tok = tokenizer();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let req = request(ToolChoice::Auto);
+    let city = "a</parameter></tool_call>b <tool_call>";
+    let cases = [
+        (
+            ToolFormat::Hermes,
+            format!("<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"{city}\", \"unit\": \"celsius\"}}}}\n</tool_call>"),
+        ),
+        (
+            ToolFormat::QwenXml,
+            format!("<tool_call>\n<function=get_weather>\n<parameter=city>\n{city}\n</parameter>\n<parameter=unit>\ncelsius\n</parameter>\n</function>\n</tool_call>"),
+        ),
+    ];
+    for (format, text) in cases {
+        let grammar = tool_grammar(format, &req, 100);
+        let mut state = c.compile(&grammar).unwrap();
+        let eog: Vec<u32> = tok.end_of_generation_ids().collect();
+        assert_eq!(
+            accepted_whole(&mut state, &tok.encode(&text, false, false), &eog),
+            (true, true),
+            "{format:?}"
+        );
+        let read = tools::parse(format, &text, &req, "e");
+        assert_eq!(read.content, None, "{format:?}: {read:?}");
+        assert_eq!(
+            read.calls[0].arguments,
+            json!({"city": city, "unit": "celsius"}).to_string(),
+            "{format:?}"
+        );
+    }
+}
+
+/// A Qwen XML string is written bare, so its `minLength` and `maxLength`
+/// bound the text itself, counted in characters as JSON Schema counts
+/// them: a call the model opens under `auto` (as a required one) whose
+/// text is too long or too short is refused, so what the server reads
+/// back validates. Found through the server (issue 35): a model pushed
+/// to repeat a token wrote a city of hundreds of characters past
+/// `maxLength: 40`. A bound that is not a count is refused by name.
+#[test]
+fn qwen_xml_string_lengths_are_enforced() {
+    let tok = tokenizer();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let mut req = request(ToolChoice::Auto);
+    req.tools[0].parameters = json!({"type": "object", "properties": {
+        "city": {"type": "string", "minLength": 2, "maxLength": 6}, "note": {"type": "string", "maxLength": 3}},
+        "required": ["city"]});
+    let call = |city: &str| {
+        format!("<tool_call>\n<function=get_weather>\n<parameter=city>\n{city}\n</parameter>\n</function>\n</tool_call>")
+    };
+    for choice in [ToolChoice::Auto, ToolChoice::Required] {
+        req.choice = choice;
+        let grammar = tool_grammar(ToolFormat::QwenXml, &req, 100);
+        for (city, fits) in [
+            ("Oslo", true),
+            ("Zürich", true),
+            ("a <b>", true),
+            ("Os", true),
+            ("O", false),
+            ("Zürichs", false),
+            ("Bergen by the sea", false),
+        ] {
+            let text = call(city);
+            let mut state = c.compile(&grammar).unwrap();
+            let (ok, n) = walk(&mut state, &tok, &text);
+            assert_eq!(ok == n, fits, "{city:?}: {ok} of {n} tokens");
+            if fits {
+                let read = tools::parse(ToolFormat::QwenXml, &text, &req, "s");
+                assert_eq!(read.calls[0].arguments, json!({"city": city}).to_string());
+            }
+        }
+        // Two bounded strings, each its own bound.
+        let two = "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n<parameter=note>\nabc\n</parameter>\n</function>\n</tool_call>";
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, two);
+        assert_eq!(ok, n);
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, &two.replace("abc", "abcd"));
+        assert!(ok < n);
+    }
+    req.tools[0].parameters["properties"]["city"]["maxLength"] = json!(-1);
+    let e = tools::grammar(ToolFormat::QwenXml, &req, 100, false, None).unwrap_err();
+    assert!(
+        e.contains("get_weather") && e.contains("maxLength -1"),
+        "{e}"
+    );
+}
+
 #[test]
 fn tool_call_arguments_are_compact_json_in_every_format() {
     let tok = tokenizer();

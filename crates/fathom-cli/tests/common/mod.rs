@@ -18,6 +18,35 @@ pub fn smollm2() -> PathBuf {
     path
 }
 
+/// A one-layer Q4_0 fixture at `out` of the shape `like` (`fathom bench
+/// fixture`, random weights) with the tokenizer of llama.cpp's test
+/// vocabulary `models/vocab`, which `scripts/fetch-vocab.sh` fetches.
+pub fn one_layer_fixture(like: &str, vocab: &str, out: &Path) {
+    let vocab = smollm2().parent().unwrap().join(vocab);
+    assert!(
+        vocab.exists(),
+        "{} is missing: run scripts/fetch-vocab.sh",
+        vocab.display()
+    );
+    let written = fathom(
+        &[
+            "bench",
+            "fixture",
+            "--like",
+            like,
+            "--layers",
+            "1",
+            "--type",
+            "Q4_0",
+            "--vocab",
+            vocab.to_str().unwrap(),
+            out.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(written.status.success(), "{}", stderr(&written));
+}
+
 /// Whether an NVIDIA GPU is there (NVML finds one). Without one, `test`
 /// says it is skipped and passes, unless `FATHOM_REQUIRE_GPU=1` (then it
 /// fails), as the CUDA backend's tests do.
