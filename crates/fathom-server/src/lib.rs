@@ -13,6 +13,7 @@ pub mod metrics;
 pub mod reasoning;
 pub mod scheduler;
 pub mod stats;
+mod string_format;
 pub mod tools;
 pub mod wire;
 

@@ -11,7 +11,8 @@
 //! thought channel), the call or JSON may follow such a block, bounded
 //! alike. Under `tool_choice` `auto`, every native format's answer is free
 //! until its call opener, then the call `required` asks for (Llama 3's
-//! `<|python_tag|>` walked as the control token Llama 3.1 has).
+//! `<|python_tag|>` walked as the control token Llama 3.1 has). Gemma 4's
+//! string arguments meet their `pattern` and `format` as JSON strings do.
 
 mod common;
 
@@ -856,10 +857,10 @@ fn gemma4_required_calls_follow_the_schema_in_gemmas_syntax() {
     // A schema keyword the lowering cannot enforce is named.
     let mut odd = req.clone();
     odd.tools[1].parameters =
-        json!({"type": "object", "properties": {"at": {"type": "string", "format": "date-time"}}});
+        json!({"type": "object", "properties": {"at": {"type": "string", "format": "iri"}}});
     let e = tools::grammar(ToolFormat::Gemma4, &odd, 0, false, None).unwrap_err();
     assert!(
-        e.contains("function now's parameters.properties.at: `format`"),
+        e.contains("function now's parameters.properties.at: format \"iri\""),
         "{e}"
     );
     // Under `auto` it is not refused: the answer is free until
@@ -1437,4 +1438,225 @@ fn auto_after_a_thinking_block_is_free_until_a_call_opens() {
             );
         }
     }
+}
+
+/// A `required` call to one function, `f`, of one parameter, `v`, of
+/// `schema`.
+fn string_of(schema: serde_json::Value) -> ToolRequest {
+    ToolRequest {
+        tools: vec![Tool {
+            name: "f".into(),
+            description: None,
+            parameters: json!({"type": "object", "properties": {"v": schema}, "required": ["v"]}),
+            strict: true,
+        }],
+        choice: ToolChoice::Required,
+        parallel: false,
+    }
+}
+
+/// Gemma 4's call of [`string_of`]'s function with the string `value`.
+fn string_call(value: &str) -> String {
+    format!("<|tool_call>call:f{{v:<|\"|>{value}<|\"|>}}<tool_call|>")
+}
+
+/// Issue 35: a Gemma 4 call's string arguments meet their `pattern`
+/// (JSON Schema's: found anywhere unless `^`/`$` anchor it) and `format`,
+/// with the length bounds, over Gemma 4's real vocabulary; no value holds
+/// a `<` ([`string_of`], [`string_call`]).
+#[test]
+fn gemma4_strings_meet_their_pattern_and_format() {
+    let tok = vocabulary("ggml-vocab-gemma-4.gguf");
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let takes = |grammar: &Grammar, value: &str| {
+        let mut state = c.compile(grammar).unwrap();
+        let (ok, n) = walk_special(&mut state, &tok, &string_call(value));
+        ok == n
+    };
+    let cases: [(serde_json::Value, &[&str], &[&str]); 10] = [
+        // Anchored both ends, a class, counted repeats, `\d`.
+        (
+            json!({"type": "string", "pattern": "^[A-Z]{3}-\\d{2,4}$"}),
+            &["ABC-12", "XYZ-2024"],
+            &["abc-12", "ABC-1", "xABC-12", "ABC-12345", "ABC-12 "],
+        ),
+        // Unanchored alternation: a match anywhere will do.
+        (
+            json!({"type": "string", "pattern": "cat|dog"}),
+            &["cat", "a dog!", "concatenate", "dog\nday"],
+            &["cow", "", "c-a-t", "a <cat>"],
+        ),
+        // Anchored at the start only; at the end only.
+        (
+            json!({"type": "string", "pattern": "^(foo|ba+r)"}),
+            &["foo", "baaar and more"],
+            &["xfoo", "br"],
+        ),
+        (
+            json!({"type": "string", "pattern": "[0-9]+$"}),
+            &["v12", "7"],
+            &["12a", "v"],
+        ),
+        // With length bounds.
+        (
+            json!({"type": "string", "pattern": "^a+", "minLength": 3, "maxLength": 5}),
+            &["aaa", "ab cd"],
+            &["aa", "abcdef", "baaa"],
+        ),
+        (
+            json!({"type": "string", "format": "date"}),
+            &["2024-02-29", "1999-12-31"],
+            &["2024-13-01", "2024-02-30", "x2024-01-01", "2024-1-1"],
+        ),
+        (
+            json!({"type": "string", "format": "email", "maxLength": 12}),
+            &["a@b.co", "x.y@z.org"],
+            &["a@b@c", "a b@c.de", "abcdefgh@b.com"],
+        ),
+        // Both: the string meets the two.
+        (
+            json!({"type": "string", "format": "date", "pattern": "^2024"}),
+            &["2024-05-01"],
+            &["2023-05-01", "2024-05-32"],
+        ),
+        // No `type`: written as a string, which keeps the pattern.
+        (json!({"pattern": "^x"}), &["xy"], &["y"]),
+        (
+            json!({"type": ["string", "null"], "format": "uuid"}),
+            &["123e4567-e89b-12d3-a456-426614174000"],
+            &[
+                "123e4567e89b12d3a456426614174000",
+                "123e4567-e89b-12d3-a456-42661417400",
+            ],
+        ),
+    ];
+    for (schema, good, bad) in &cases {
+        let grammar = tool_grammar(ToolFormat::Gemma4, &string_of(schema.clone()), 0);
+        for value in *good {
+            assert!(takes(&grammar, value), "{schema}: {value:?} was refused");
+        }
+        for value in *bad {
+            assert!(!takes(&grammar, value), "{schema}: {value:?} went through");
+        }
+    }
+    // What cannot be enforced is 400, naming the keyword, its value and
+    // place: an unknown format, lookaround, a backreference, `\b`, an
+    // anchor inside, a pattern no string without `<` meets, or none within
+    // the bounds, bounds no string meets.
+    for (schema, named) in [
+        (json!({"type": "string", "format": "iri"}), "format \"iri\""),
+        (
+            json!({"type": "string", "pattern": "(?=a)b"}),
+            "pattern \"(?=a)b\"",
+        ),
+        (
+            json!({"type": "string", "pattern": "(a)\\1"}),
+            "pattern \"(a)\\\\1\"",
+        ),
+        (
+            json!({"type": "string", "pattern": "\\bword"}),
+            "pattern \"\\\\bword\"",
+        ),
+        (
+            json!({"type": "string", "pattern": "a^b"}),
+            "pattern \"a^b\"",
+        ),
+        (json!({"type": "string", "pattern": "<"}), "pattern \"<\""),
+        (
+            json!({"type": "string", "pattern": "^ab$", "minLength": 3}),
+            "pattern \"^ab$\" and minLength 3",
+        ),
+        (
+            json!({"type": "string", "minLength": 4, "maxLength": 2}),
+            "minLength 4",
+        ),
+    ] {
+        let e = tools::grammar(
+            ToolFormat::Gemma4,
+            &string_of(schema.clone()),
+            0,
+            false,
+            None,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("function f's parameters.properties.v") && e.contains(named),
+            "{schema}: {e}"
+        );
+    }
+}
+
+/// Issue 35: a `format` in a Gemma 4 call means what it means in JSON:
+/// the table [`gemma4`]'s lowering holds (llguidance's, which it keeps
+/// private) gives each value the verdict llguidance's JSON compiler gives
+/// the same value as a JSON string, over Gemma 4's real vocabulary.
+#[test]
+fn gemma4_formats_agree_with_llguidances_json_formats() {
+    let tok = vocabulary("ggml-vocab-gemma-4.gguf");
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let cases: &[(&str, &[&str], &[&str])] = &[
+        (
+            "date-time",
+            &["2024-02-29T12:30:00Z", "2024-01-01t00:00:00.5+05:30"],
+            &["2024-02-29 12:30:00Z", "2024-02-29T24:00:00Z"],
+        ),
+        (
+            "time",
+            &["23:59:60+01:00", "08:00:00z"],
+            &["23:59", "8:00:00Z"],
+        ),
+        ("date", &["2024-12-31"], &["2024-11-31", "24-01-01"]),
+        (
+            "duration",
+            &["P1Y2M3DT4H", "PT36H", "P2W"],
+            &["P1H", "P", "1Y"],
+        ),
+        (
+            "email",
+            &["first.last@example.org", "a@[192.168.0.1]"],
+            &["a@@b", "a b@c", "@b.c"],
+        ),
+        (
+            "hostname",
+            &["api.example.com", "localhost"],
+            &["-bad.com", "a..b"],
+        ),
+        ("ipv4", &["192.168.0.1", "0.0.0.0"], &["256.1.1.1", "1.2.3"]),
+        (
+            "ipv6",
+            &["fe80::1", "::", "1:2:3:4:5:6:7:8"],
+            &["1:2:3", "fe80:::1"],
+        ),
+        (
+            "uuid",
+            &["123e4567-e89b-12d3-a456-426614174000"],
+            &["123e4567e89b", "g23e4567-e89b-12d3-a456-426614174000"],
+        ),
+        (
+            "uri",
+            &["https://example.com/a?b=c#d", "urn:isbn:0451450523"],
+            &["no scheme", "http://x y", "1http://x"],
+        ),
+        ("unknown", &["anything at all"], &[]),
+    ];
+    for &(format, good, bad) in cases {
+        let schema = json!({"type": "string", "format": format});
+        let gemma = tool_grammar(ToolFormat::Gemma4, &string_of(schema.clone()), 0);
+        let json_grammar = Grammar::JsonSchema(schema.clone());
+        for (value, valid) in good
+            .iter()
+            .map(|v| (v, true))
+            .chain(bad.iter().map(|v| (v, false)))
+        {
+            let mut state = c.compile(&gemma).unwrap();
+            let (ok, n) = walk_special(&mut state, &tok, &string_call(value));
+            assert_eq!(ok == n, valid, "{format}: {value:?} in a Gemma 4 call");
+            let mut state = c.compile(&json_grammar).unwrap();
+            let (ok, n) = walk(&mut state, &tok, &format!("\"{value}\""));
+            assert_eq!(ok == n, valid, "{format}: {value:?} as JSON");
+        }
+    }
+    // A format llguidance does not know is refused by both.
+    let schema = json!({"type": "string", "format": "iri"});
+    assert!(c.compile(&Grammar::JsonSchema(schema)).is_err());
 }
