@@ -1953,8 +1953,9 @@ fn the_models_own_thinking_block_comes_before_the_constrained_call_or_json() {
 /// on the SmolLM2 weights: the template declares the functions, a required
 /// or named call is constrained to Gemma 4's own syntax
 /// (`<|tool_call>call:NAME{...}<tool_call|>`) and comes back as OpenAI's
-/// `tool_calls`, whole and streamed, its arguments valid for the schema;
-/// the call and its result go back through the template. With
+/// `tool_calls`, whole and streamed, its arguments valid for the schema
+/// (string `pattern` and `format` included); the call and its result go
+/// back through the template. With
 /// `enable_thinking` the model's own thought channel may come first.
 #[test]
 fn gemma4s_own_call_syntax_round_trips_through_the_server() {
@@ -1977,6 +1978,24 @@ fn gemma4s_own_call_syntax_round_trips_through_the_server() {
     let (name, _) = check_call(&call, &tools);
     assert_eq!(name, "search");
     streams_one_call(&server, ask(json!({})), &tools);
+    // A string's `pattern` (anchored or found anywhere) and `format` hold
+    // in the call: its arguments validate (`jsonschema` checks `date`).
+    let booking = json!([{"type": "function", "function": {
+        "name": "book", "description": "Book a flight",
+        "parameters": {"type": "object", "properties": {
+            "flight": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{3,4}$"},
+            "day": {"type": "string", "format": "date"},
+            "note": {"type": "string", "pattern": "ok|fine", "maxLength": 30}},
+            "required": ["day", "flight", "note"], "additionalProperties": false}}}]);
+    let book = |extra: Value| {
+        with_fields(
+            json!({"messages": [{"role": "user", "content": "Book me a flight to Oslo."}],
+                   "tools": booking, "tool_choice": "required", "parallel_tool_calls": false,
+                   "max_tokens": 160}),
+            extra,
+        )
+    };
+    one_call_at_any_temperature(&server, &book, &booking);
     // The call and its result go back; the history is rendered in
     // Gemma 4's syntax (longer than the question alone) and answered.
     let history = json!([
