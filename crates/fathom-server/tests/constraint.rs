@@ -1473,7 +1473,7 @@ fn gemma4_strings_meet_their_pattern_and_format() {
         let (ok, n) = walk_special(&mut state, &tok, &string_call(value));
         ok == n
     };
-    let cases: [(serde_json::Value, &[&str], &[&str]); 10] = [
+    let cases: [(serde_json::Value, &[&str], &[&str]); 11] = [
         // Anchored both ends, a class, counted repeats, `\d`.
         (
             json!({"type": "string", "pattern": "^[A-Z]{3}-\\d{2,4}$"}),
@@ -1518,6 +1518,12 @@ fn gemma4_strings_meet_their_pattern_and_format() {
             json!({"type": "string", "format": "date", "pattern": "^2024"}),
             &["2024-05-01"],
             &["2023-05-01", "2024-05-32"],
+        ),
+        // No `<`, even where the pattern allows one.
+        (
+            json!({"type": "string", "pattern": "^.+$"}),
+            &["a > b"],
+            &["a < b", "<|turn>"],
         ),
         // No `type`: written as a string, which keeps the pattern.
         (json!({"pattern": "^x"}), &["xy"], &["y"]),
