@@ -1978,24 +1978,7 @@ fn gemma4s_own_call_syntax_round_trips_through_the_server() {
     let (name, _) = check_call(&call, &tools);
     assert_eq!(name, "search");
     streams_one_call(&server, ask(json!({})), &tools);
-    // A string's `pattern` (anchored or found anywhere) and `format` hold
-    // in the call: its arguments validate (`jsonschema` checks `date`).
-    let booking = json!([{"type": "function", "function": {
-        "name": "book", "description": "Book a flight",
-        "parameters": {"type": "object", "properties": {
-            "flight": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{3,4}$"},
-            "day": {"type": "string", "format": "date"},
-            "note": {"type": "string", "pattern": "ok|fine", "maxLength": 30}},
-            "required": ["day", "flight", "note"], "additionalProperties": false}}}]);
-    let book = |extra: Value| {
-        with_fields(
-            json!({"messages": [{"role": "user", "content": "Book me a flight to Oslo."}],
-                   "tools": booking, "tool_choice": "required", "parallel_tool_calls": false,
-                   "max_tokens": 160}),
-            extra,
-        )
-    };
-    one_call_at_any_temperature(&server, &book, &booking);
+    strings_meet_their_pattern_and_format(&server, json!({}));
     // The call and its result go back; the history is rendered in
     // Gemma 4's syntax (longer than the question alone) and answered.
     let history = json!([
@@ -2044,6 +2027,32 @@ fn gemma4s_own_call_syntax_round_trips_through_the_server() {
 /// SmolLM2's token "channel" (Gemma 4's `<|channel>` is `<`, `|`,
 /// `channel`, `>` here, as `<|tool_call>` is `<`, `|`, `tool`, ...).
 const CHANNEL: u32 = 12078;
+
+/// Issue 35: a string's `pattern` (anchored or found anywhere) and
+/// `format` hold in a required call, greedy and sampled
+/// ([`one_call_at_any_temperature`]): its arguments validate
+/// (`jsonschema` checks `date`). `fields` go into each request.
+fn strings_meet_their_pattern_and_format(server: &Server, fields: Value) {
+    let booking = json!([{"type": "function", "function": {
+        "name": "book", "description": "Book a flight",
+        "parameters": {"type": "object", "properties": {
+            "flight": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{3,4}$"},
+            "day": {"type": "string", "format": "date"},
+            "note": {"type": "string", "pattern": "ok|fine", "maxLength": 30}},
+            "required": ["day", "flight", "note"], "additionalProperties": false}}}]);
+    let book = |extra: Value| {
+        with_fields(
+            with_fields(
+                json!({"messages": [{"role": "user", "content": "Book me a flight to Oslo."}],
+                       "tools": booking, "tool_choice": "required", "parallel_tool_calls": false,
+                       "max_tokens": 160}),
+                fields.clone(),
+            ),
+            extra,
+        )
+    };
+    one_call_at_any_temperature(server, &book, &booking);
+}
 
 /// `ask(extra)` is one valid call ([`one_call`]) greedy and at
 /// temperatures 0.8 and 1.3.
@@ -2272,13 +2281,15 @@ fn a_close_tag_in_an_argument_stays_in_it(server: &Server, fields: Value) {
 /// Issue 35: the Qwen XML format under Qwen3.5's real template, through
 /// the server, as [`auto_constrains_a_hermes_call_the_model_opens`]: with
 /// thinking off, and with the thinking block the prompt opens (bounded by
-/// `thinking_budget_tokens`, the call after it).
+/// `thinking_budget_tokens`, the call after it). A required call's bare
+/// strings meet their `pattern` and `format`.
 #[test]
 fn auto_constrains_a_qwen_xml_call_the_model_opens() {
     let (_dir, model) = stand_in("serve-auto-qwen-xml", "Qwen3.5-4B.jinja", &QWEN_CALL_TOKENS);
     let off = json!({"chat_template_kwargs": {"enable_thinking": false}});
     let server = auto_calls_on(&model, off.clone());
-    a_close_tag_in_an_argument_stays_in_it(&server, off);
+    a_close_tag_in_an_argument_stays_in_it(&server, off.clone());
+    strings_meet_their_pattern_and_format(&server, off);
     let tools = weather_tools();
     let thinking = auto_request(
         &tools,

@@ -17,14 +17,11 @@
 //! lowering cannot enforce is refused, named with its place in the schema
 //! (under `auto`, that function's arguments are any object instead).
 
-use llguidance::derivre::{RegexAst, RegexBuilder};
-use llguidance::regex_to_lark;
-use regex_syntax::hir::Look;
 use serde_json::{Map, Value};
 
+use crate::bare_string;
 use crate::constraint::lark_literal;
 use crate::reasoning::pieces_without;
-use crate::string_format;
 
 /// A call's opening marker and the text before its function's name.
 pub const OPEN: &str = "<|tool_call>call:";
@@ -73,8 +70,6 @@ const LOWERED: &[&str] = &[
     "minItems",
     "maxItems",
 ];
-/// Keywords of strings, enforced by [`Lowering::string_value`].
-const STRING: &[&str] = &["minLength", "maxLength", "pattern", "format"];
 
 /// The Lark expression of one call to one of `functions` (name and
 /// parameters' schema) after its opener [`OPENER`]
@@ -156,13 +151,13 @@ impl Lowering {
             !(ANNOTATIONS.contains(&k)
                 || NUMERIC.contains(&k)
                 || LOWERED.contains(&k)
-                || STRING.contains(&k)
+                || bare_string::KEYWORDS.contains(&k)
                 || k.starts_with("x-"))
         }) {
             return Err(format!(
                 "{place}: `{key}` cannot be enforced in Gemma 4's call syntax (the keywords it can: {}, {}, {})",
                 LOWERED.join(", "),
-                STRING.join(", "),
+                bare_string::KEYWORDS.join(", "),
                 NUMERIC.join(", ")
             ));
         }
@@ -210,7 +205,7 @@ impl Lowering {
             None if o.contains_key("items") => vec!["array"],
             // A string's keywords hold strings only; written as a string,
             // the value keeps them (other types would pass unchecked).
-            None if STRING.iter().any(|k| o.contains_key(*k)) => vec!["string"],
+            None if bare_string::KEYWORDS.iter().any(|k| o.contains_key(*k)) => vec!["string"],
             None => return Ok(self.any()),
         };
         let mut choices = Vec::with_capacity(types.len() + 1);
@@ -241,101 +236,17 @@ impl Lowering {
 
     /// A string: any text without `<|` (Gemma's markers all start so);
     /// with a length bound, a `pattern` or a `format`, text without `<`
-    /// that meets them all: one Lark token, the intersection (`&`) of
-    /// their regexes, which llguidance's lexer matches as one.
+    /// that meets them all, one token ([`bare_string::token`]).
     fn string_value(&mut self, o: &Map<String, Value>, place: &str) -> Result<String, String> {
-        let bound = |key: &str| -> Result<Option<u64>, String> {
-            match o.get(key) {
-                None => Ok(None),
-                Some(v) => v
-                    .as_u64()
-                    .map(Some)
-                    .ok_or_else(|| format!("{place}: {key} {v} is not a count")),
-            }
+        let syntax = bare_string::Syntax {
+            name: "Gemma 4's call syntax",
+            text: "[^<]*",
+            without: "`<`",
+            end: "",
         };
-        let text = |key: &str| -> Result<Option<&str>, String> {
-            match o.get(key) {
-                None => Ok(None),
-                Some(Value::String(s)) => Ok(Some(s)),
-                Some(v) => Err(format!("{place}: {key} {v} is not a string")),
-            }
-        };
-        let (min, max) = (bound("minLength")?, bound("maxLength")?);
-        let (pattern, format) = (text("pattern")?, text("format")?);
-        if min.is_none() && max.is_none() && pattern.is_none() && format.is_none() {
+        let Some(body) = bare_string::token(o, &syntax, place)? else {
             return Ok(self.any_string());
-        }
-        if let (Some(lo), Some(hi)) = (min, max) {
-            if lo > hi {
-                return Err(format!(
-                    "{place}: minLength {lo} is greater than maxLength {hi}"
-                ));
-            }
-        }
-        let refused = |keyword: &str, value: &str, why: &str| {
-            format!(
-                "{place}: {keyword} {value:?} cannot be enforced in Gemma 4's call syntax: {why}"
-            )
         };
-        // Each conjunct: regexes, one after the other.
-        let mut conjuncts = vec![vec![format!(
-            "[^<]{{{},{}}}",
-            min.unwrap_or(0),
-            max.map_or(String::new(), |m| m.to_string())
-        )]];
-        if let Some(p) = pattern {
-            conjuncts.push(search(p).map_err(|why| refused("pattern", p, &why))?);
-        }
-        if let Some(f) = format {
-            let rx = string_format::regex(f).ok_or_else(|| {
-                refused(
-                    "format",
-                    f,
-                    &format!("the formats it can: {}", string_format::NAMES.join(", ")),
-                )
-            })?;
-            conjuncts.push(vec![regex_to_lark(rx, "")]);
-        }
-        // llguidance's own check of a JSON string's regexes: that some
-        // string meets them all, else the model could write none.
-        let ast = RegexAst::And(
-            conjuncts
-                .iter()
-                .map(|c| RegexAst::Concat(c.iter().map(|r| RegexAst::Regex(r.clone())).collect()))
-                .collect(),
-        );
-        let what = [
-            pattern.map(|p| format!("pattern {p:?}")),
-            format.map(|f| format!("format {f:?}")),
-            min.map(|m| format!("minLength {m}")),
-            max.map(|m| format!("maxLength {m}")),
-        ]
-        .into_iter()
-        .flatten()
-        .collect::<Vec<_>>()
-        .join(" and ");
-        let mut regexes = RegexBuilder::new();
-        let expr = regexes
-            .mk(&ast)
-            .map_err(|e| format!("{place}: {what}: {e}"))?;
-        if !regexes.exprset().is_positive(expr) {
-            let mut regex = regexes.to_regex_limited(expr, 10_000).map_err(|_| {
-                format!("{place}: {what} is too complex to tell whether a string meets it")
-            })?;
-            if regex.always_empty() {
-                return Err(format!("{place}: no string without `<` meets {what}"));
-            }
-        }
-        let body = conjuncts
-            .iter()
-            .map(|c| {
-                c.iter()
-                    .map(|r| format!("/{r}/"))
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            })
-            .collect::<Vec<_>>()
-            .join(" & ");
         let name = format!("G{}", self.rules.len());
         self.rules.push(format!("{name}: {body}\n"));
         let quote = lark_literal(QUOTE);
@@ -470,45 +381,6 @@ impl Lowering {
 fn object_of(value: &str) -> String {
     let entry = format!("/[A-Za-z_][A-Za-z0-9_]*/ \":\" {value}");
     format!("\"{{\" ({entry} (\",\" {entry})*)? \"}}\"")
-}
-
-/// JSON Schema's `pattern` (ECMA-262, matching anywhere in the string
-/// unless `^`/`$` anchor it) as regexes the whole string matches one after
-/// the other, in Lark's `/.../` syntax. Read as llguidance's JSON compiler
-/// reads it ([`regex_to_lark`]: `\d` and `\w` ASCII, the rest Rust's
-/// regex syntax, which ECMA's common subset is); a Lark regex matches
-/// whole, so an end `^`/`$` leaves out does not anchor becomes `(?s:.*)`.
-/// `^` and `$` may only anchor every match; lookaround, backreferences
-/// and `\b` are refused, as llguidance refuses them.
-fn search(pattern: &str) -> Result<Vec<String>, String> {
-    let rx = regex_to_lark(pattern, "dw");
-    let hir = regex_syntax::Parser::new()
-        .parse(&rx)
-        .map_err(|e| match e {
-            regex_syntax::Error::Parse(e) => e.kind().to_string(),
-            regex_syntax::Error::Translate(e) => e.kind().to_string(),
-            e => e.to_string(),
-        })?;
-    let props = hir.properties();
-    let start = props.look_set_prefix().contains(Look::Start);
-    let end = props.look_set_suffix().contains(Look::End);
-    let looks = props.look_set();
-    if looks.contains(Look::Start) && !start || looks.contains(Look::End) && !end {
-        return Err("`^` and `$` may only anchor every match".into());
-    }
-    if !looks.remove(Look::Start).remove(Look::End).is_empty() {
-        return Err("no assertion but `^` and `$` is supported".into());
-    }
-    let anywhere = "(?s:.*)".to_string();
-    let mut regexes = Vec::with_capacity(3);
-    if !start {
-        regexes.push(anywhere.clone());
-    }
-    regexes.push(if rx.is_empty() { "(?:)".into() } else { rx });
-    if !end {
-        regexes.push(anywhere);
-    }
-    Ok(regexes)
 }
 
 /// `branch` with the keywords of `rest` it does not set itself.

@@ -2,6 +2,7 @@
 //! block pool, with a prefix cache, behind OpenAI-compatible HTTP routes.
 
 pub mod api;
+mod bare_string;
 pub mod constraint;
 pub mod gbnf;
 pub mod gemma4;

@@ -1,10 +1,11 @@
 //! The string `format`s llguidance's JSON compiler enforces, as the
 //! regexes it matches them with (each the whole string). llguidance keeps
-//! this table private (`json/formats.rs`), and Gemma 4's calls are not
-//! JSON, so its lowering ([`crate::gemma4`]) cannot hand a string to that
-//! compiler: the table is llguidance 1.9.1's, word for word, so that a
-//! `format` means in Gemma 4's calls what it means in every JSON-based
-//! format; a test holds the two to the same verdicts.
+//! this table private (`json/formats.rs`), and Gemma 4's and Qwen XML's
+//! calls write strings bare, not as JSON, so their lowering
+//! ([`crate::bare_string`]) cannot hand a string to that compiler: the
+//! table is llguidance 1.9.1's, word for word, so that a `format` means in
+//! those calls what it means in every JSON-based format; a test holds the
+//! two to the same verdicts.
 
 /// The regex a string of `format` `name` matches whole, or `None` where
 /// llguidance enforces no such format.

@@ -44,6 +44,7 @@ use fathom_tokenizer::ToolCall;
 use serde_json::{json, Map, Value};
 
 use crate::api::{Tool, ToolChoice, ToolRequest};
+use crate::bare_string;
 use crate::constraint::{lark_json, lark_literal, Grammar};
 use crate::gemma4;
 use crate::reasoning::{self, CALL, CHANNEL, MESSAGE, START};
@@ -177,8 +178,9 @@ pub fn prepare(format: ToolFormat, messages: &[Message], req: &ToolRequest) -> P
 /// free text under `auto` does not start with, so that the block's own
 /// grammar ([`crate::reasoning::thinking_grammar`]) bounds it and a call
 /// opener inside it opens no call. An error names a function's schema
-/// that the format cannot enforce (Gemma 4's, [`crate::gemma4`]) where a
-/// call is required.
+/// that the format cannot enforce: Gemma 4's ([`crate::gemma4`]) where a
+/// call is required, a Qwen XML string's keywords ([`xml_parameters`])
+/// under any choice.
 ///
 /// With `required` or a named function the answer is calls only. With
 /// `auto` in a native format it is free text until the model opens a call
@@ -420,15 +422,23 @@ fn llama3_grammar(allowed: &[&Tool], req: &ToolRequest, python_tag: bool) -> Gra
     ))
 }
 
+/// A Qwen XML string value's text (Lark regex syntax): no line after its
+/// first starts with `<`, blank lines before it included, so that the
+/// first `\n<` is [`XML_END`]'s and the parser ends the value there.
+const XML_TEXT: &str = r"(?:[^\n]|\n+[^\n<])*\n*";
+/// A Qwen XML value's end, the `</parameter>` line.
+const XML_END: &str = r"\n<\/parameter>\n";
+
 /// The Lark expression of a Qwen XML call's parameters under `t`'s
 /// `parameters`: each property in the schema's order, the required ones
 /// always, the others maybe. A string's value is its text, any text that
-/// does not hold a line starting with `<` (so the lexeme that ends at
-/// `\n</parameter>\n` is unambiguous), and with `minLength` or
-/// `maxLength` that many characters (a terminal added to `rules`); a
-/// choice of strings (`enum`, `const`) one of them bare; any other value
-/// JSON valid for its schema. An error names a length bound that is not a
-/// count.
+/// does not hold a line starting with `<` after its first (so the lexeme
+/// that ends at `\n</parameter>\n` is unambiguous); with `minLength`,
+/// `maxLength`, `pattern` or `format`, such text that meets them, one
+/// terminal added to `rules` ([`bare_string::token`]); a choice of
+/// strings (`enum`, `const`) one of them bare; any other value JSON valid
+/// for its schema. An error names a string keyword that cannot be
+/// enforced, with the function and the parameter.
 fn xml_parameters(t: &Tool, rules: &mut String) -> Result<String, String> {
     let schema = &t.parameters;
     let required: Vec<&str> = schema
@@ -442,26 +452,21 @@ fn xml_parameters(t: &Tool, rules: &mut String) -> Result<String, String> {
     for (key, sub) in properties {
         let open = lark_literal(&format!("<parameter={key}>\n"));
         let param = if is_plain_string(sub) {
-            const END: &str = "\n</parameter>\n";
-            let text = "/(?:[^\\n]|\\n[^<])*\\n<\\/parameter>\\n/";
-            let bound = |k: &str| match sub.get(k) {
-                None => Ok(None),
-                Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-                    format!(
-                        "function {}'s parameter {key}: {k} {v} is not a count",
-                        t.name
-                    )
-                }),
+            let syntax = bare_string::Syntax {
+                name: "Qwen XML's call syntax",
+                text: XML_TEXT,
+                without: "a line starting with `<` after its first",
+                end: XML_END,
             };
-            match (bound("minLength")?, bound("maxLength")?) {
-                (None, None) => format!("({open} {text})"),
-                (min, max) => {
-                    // The text and its end, as many characters as the
-                    // bounds allow and the end's.
+            let place = format!("function {}'s parameter {key}", t.name);
+            let keywords = sub
+                .as_object()
+                .map_or(Ok(None), |o| bare_string::token(o, &syntax, &place))?;
+            match keywords {
+                None => format!("({open} /{XML_TEXT}{XML_END}/)"),
+                Some(body) => {
                     let name = format!("XML_TEXT_{}", rules.lines().count());
-                    let lo = min.unwrap_or(0) + END.len() as u64;
-                    let hi = max.map_or(String::new(), |m| (m + END.len() as u64).to_string());
-                    rules.push_str(&format!("{name}: {text} & /(?s:.{{{lo},{hi}}})/\n"));
+                    rules.push_str(&format!("{name}: {body}\n"));
                     format!("({open} {name})")
                 }
             }
@@ -490,14 +495,13 @@ fn xml_parameters(t: &Tool, rules: &mut String) -> Result<String, String> {
     Ok(params.join(" "))
 }
 
-/// Whether `schema` is a string with no constraint on its text but its
-/// length, which the Qwen XML format writes bare; a string with an `enum`,
-/// `const` or `pattern` is constrained as JSON, quotes included.
+/// Whether `schema` is a string that is not a choice of values, which the
+/// Qwen XML format writes bare (as its template's `| string` does), its
+/// keywords enforced on the text ([`xml_parameters`]); a string with an
+/// `enum` or `const` is one of its choices.
 fn is_plain_string(schema: &Value) -> bool {
     schema.get("type").and_then(Value::as_str) == Some("string")
-        && ["enum", "const", "pattern"]
-            .iter()
-            .all(|k| schema.get(k).is_none())
+        && ["enum", "const"].iter().all(|k| schema.get(k).is_none())
 }
 
 /// The strings `schema` allows when it is an `enum` or `const` of strings

@@ -12,7 +12,8 @@
 //! alike. Under `tool_choice` `auto`, every native format's answer is free
 //! until its call opener, then the call `required` asks for (Llama 3's
 //! `<|python_tag|>` walked as the control token Llama 3.1 has). Gemma 4's
-//! string arguments meet their `pattern` and `format` as JSON strings do.
+//! and Qwen XML's bare string arguments meet their `pattern` and `format`
+//! as JSON strings do.
 
 mod common;
 
@@ -21,7 +22,7 @@ use fathom_server::api::{Tool, ToolChoice, ToolRequest};
 use fathom_server::constraint::{ConstraintState, Constraints, Grammar};
 use fathom_server::reasoning::{ReasoningFormat, ReasoningSplit, ThinkingBlock};
 use fathom_server::tools::{self, ToolFormat};
-use fathom_tokenizer::{ChatTemplate, Message};
+use fathom_tokenizer::{ChatTemplate, Message, ToolCall};
 use serde_json::json;
 use std::path::Path;
 
@@ -1460,20 +1461,16 @@ fn string_call(value: &str) -> String {
     format!("<|tool_call>call:f{{v:<|\"|>{value}<|\"|>}}<tool_call|>")
 }
 
-/// Issue 35: a Gemma 4 call's string arguments meet their `pattern`
-/// (JSON Schema's: found anywhere unless `^`/`$` anchor it) and `format`,
-/// with the length bounds, over Gemma 4's real vocabulary; no value holds
-/// a `<` ([`string_of`], [`string_call`]).
-#[test]
-fn gemma4_strings_meet_their_pattern_and_format() {
-    let tok = vocabulary("ggml-vocab-gemma-4.gguf");
-    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
-    let takes = |grammar: &Grammar, value: &str| {
-        let mut state = c.compile(grammar).unwrap();
-        let (ok, n) = walk_special(&mut state, &tok, &string_call(value));
-        ok == n
-    };
-    let cases: [(serde_json::Value, &[&str], &[&str]); 11] = [
+/// A string schema, values that meet it and values that do not: what
+/// every format that writes strings bare (Gemma 4's, Qwen XML's) enforces
+/// alike, `pattern` with JSON Schema's semantics (found anywhere unless
+/// `^`/`$` anchor it), `format`, and the length bounds.
+fn bare_string_cases() -> Vec<(
+    serde_json::Value,
+    &'static [&'static str],
+    &'static [&'static str],
+)> {
+    vec![
         // Anchored both ends, a class, counted repeats, `\d`.
         (
             json!({"type": "string", "pattern": "^[A-Z]{3}-\\d{2,4}$"}),
@@ -1483,8 +1480,8 @@ fn gemma4_strings_meet_their_pattern_and_format() {
         // Unanchored alternation: a match anywhere will do.
         (
             json!({"type": "string", "pattern": "cat|dog"}),
-            &["cat", "a dog!", "concatenate", "dog\nday"],
-            &["cow", "", "c-a-t", "a <cat>"],
+            &["cat", "concatenate", "dog\nday"],
+            &["cow", "", "c-a-t"],
         ),
         // Anchored at the start only; at the end only.
         (
@@ -1513,43 +1510,21 @@ fn gemma4_strings_meet_their_pattern_and_format() {
             &["a@b.co", "x.y@z.org"],
             &["a@b@c", "a b@c.de", "abcdefgh@b.com"],
         ),
-        // Both: the string meets the two.
+        // Both, with a bound: the string meets them all.
         (
-            json!({"type": "string", "format": "date", "pattern": "^2024"}),
+            json!({"type": "string", "format": "date", "pattern": "^2024", "minLength": 10}),
             &["2024-05-01"],
             &["2023-05-01", "2024-05-32"],
         ),
-        // No `<`, even where the pattern allows one.
-        (
-            json!({"type": "string", "pattern": "^.+$"}),
-            &["a > b"],
-            &["a < b", "<|turn>"],
-        ),
-        // No `type`: written as a string, which keeps the pattern.
-        (json!({"pattern": "^x"}), &["xy"], &["y"]),
-        (
-            json!({"type": ["string", "null"], "format": "uuid"}),
-            &["123e4567-e89b-12d3-a456-426614174000"],
-            &[
-                "123e4567e89b12d3a456426614174000",
-                "123e4567-e89b-12d3-a456-42661417400",
-            ],
-        ),
-    ];
-    for (schema, good, bad) in &cases {
-        let grammar = tool_grammar(ToolFormat::Gemma4, &string_of(schema.clone()), 0);
-        for value in *good {
-            assert!(takes(&grammar, value), "{schema}: {value:?} was refused");
-        }
-        for value in *bad {
-            assert!(!takes(&grammar, value), "{schema}: {value:?} went through");
-        }
-    }
-    // What cannot be enforced is 400, naming the keyword, its value and
-    // place: an unknown format, lookaround, a backreference, `\b`, an
-    // anchor inside, a pattern no string without `<` meets, or none within
-    // the bounds, bounds no string meets.
-    for (schema, named) in [
+    ]
+}
+
+/// String schemas no format that writes strings bare can enforce, and
+/// what the 400 names: an unknown format, lookaround, a backreference,
+/// `\b`, an anchor inside, a pattern none within the bounds meets, bounds
+/// no string meets.
+fn unenforceable_strings() -> Vec<(serde_json::Value, &'static str)> {
+    vec![
         (json!({"type": "string", "format": "iri"}), "format \"iri\""),
         (
             json!({"type": "string", "pattern": "(?=a)b"}),
@@ -1567,7 +1542,6 @@ fn gemma4_strings_meet_their_pattern_and_format() {
             json!({"type": "string", "pattern": "a^b"}),
             "pattern \"a^b\"",
         ),
-        (json!({"type": "string", "pattern": "<"}), "pattern \"<\""),
         (
             json!({"type": "string", "pattern": "^ab$", "minLength": 3}),
             "pattern \"^ab$\" and minLength 3",
@@ -1576,7 +1550,60 @@ fn gemma4_strings_meet_their_pattern_and_format() {
             json!({"type": "string", "minLength": 4, "maxLength": 2}),
             "minLength 4",
         ),
-    ] {
+    ]
+}
+
+/// Issue 35: a Gemma 4 call's string arguments meet their `pattern` and
+/// `format`, with the length bounds ([`bare_string_cases`]), over Gemma
+/// 4's real vocabulary; no value holds a `<` ([`string_of`],
+/// [`string_call`]). What cannot be enforced is 400 naming the keyword,
+/// its value and place ([`unenforceable_strings`]; a pattern no string
+/// without `<` meets too).
+#[test]
+fn gemma4_strings_meet_their_pattern_and_format() {
+    let tok = vocabulary("ggml-vocab-gemma-4.gguf");
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let takes = |grammar: &Grammar, value: &str| {
+        let mut state = c.compile(grammar).unwrap();
+        let (ok, n) = walk_special(&mut state, &tok, &string_call(value));
+        ok == n
+    };
+    let mut cases = bare_string_cases();
+    cases.extend([
+        // No `<`, even where the pattern allows one.
+        (
+            json!({"type": "string", "pattern": "cat|dog"}),
+            &["a dog!"][..],
+            &["a <cat>"][..],
+        ),
+        (
+            json!({"type": "string", "pattern": "^.+$"}),
+            &["a > b"],
+            &["a < b", "<|turn>"],
+        ),
+        // No `type`: written as a string, which keeps the pattern.
+        (json!({"pattern": "^x"}), &["xy"], &["y"]),
+        (
+            json!({"type": ["string", "null"], "format": "uuid"}),
+            &["123e4567-e89b-12d3-a456-426614174000"],
+            &[
+                "123e4567e89b12d3a456426614174000",
+                "123e4567-e89b-12d3-a456-42661417400",
+            ],
+        ),
+    ]);
+    for (schema, good, bad) in &cases {
+        let grammar = tool_grammar(ToolFormat::Gemma4, &string_of(schema.clone()), 0);
+        for value in *good {
+            assert!(takes(&grammar, value), "{schema}: {value:?} was refused");
+        }
+        for value in *bad {
+            assert!(!takes(&grammar, value), "{schema}: {value:?} went through");
+        }
+    }
+    let mut refused = unenforceable_strings();
+    refused.push((json!({"type": "string", "pattern": "<"}), "pattern \"<\""));
+    for (schema, named) in refused {
         let e = tools::grammar(
             ToolFormat::Gemma4,
             &string_of(schema.clone()),
@@ -1589,6 +1616,88 @@ fn gemma4_strings_meet_their_pattern_and_format() {
             e.contains("function f's parameters.properties.v") && e.contains(named),
             "{schema}: {e}"
         );
+    }
+}
+
+/// The call of [`string_of`]'s function with the string `value` as
+/// Qwen3.5's real template writes it in the history: the value bare.
+fn qwen_string_call(template: &ChatTemplate, value: &str) -> String {
+    let mut call = Message::new("assistant", "");
+    call.tool_calls = vec![ToolCall {
+        id: "c".into(),
+        name: "f".into(),
+        arguments: json!({ "v": value }).to_string(),
+    }];
+    let text = template
+        .render(&[Message::new("user", "Go."), call], false)
+        .unwrap();
+    let start = text.find("<tool_call>").unwrap();
+    let end = text.rfind("</tool_call>").unwrap() + "</tool_call>".len();
+    text[start..end].to_string()
+}
+
+/// Issue 35: a Qwen XML call's string arguments, written bare as
+/// Qwen3.5's real template writes them ([`qwen_string_call`]), meet their
+/// `pattern` and `format`, with the length bounds ([`bare_string_cases`]),
+/// over Qwen3.5's real vocabulary; what the grammar takes the parser reads
+/// back as the value. A value may hold `<`, but no line of it after the
+/// first starts with `<`, even where the pattern allows one (the
+/// `</parameter>` line ends it). What cannot be enforced is 400 under
+/// any `tool_choice`, naming the keyword, its value and the parameter
+/// ([`unenforceable_strings`]; a pattern only such a line meets too).
+#[test]
+fn qwen_xml_strings_meet_their_pattern_and_format() {
+    let (tok, _) = qwen35();
+    let template = ChatTemplate::new(&template("Qwen3.5-4B.jinja"), "", "").unwrap();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let mut cases = bare_string_cases();
+    cases.push((
+        json!({"type": "string", "pattern": "cat|dog"}),
+        &["a <dog>!", "<cat>", "dog\n\nday"],
+        &["cat\n<b>", "cat\n\n<b>"],
+    ));
+    for (schema, good, bad) in &cases {
+        let req = string_of(schema.clone());
+        let grammar = tool_grammar(ToolFormat::QwenXml, &req, 0);
+        for (value, valid) in good
+            .iter()
+            .map(|v| (v, true))
+            .chain(bad.iter().map(|v| (v, false)))
+        {
+            let text = qwen_string_call(&template, value);
+            assert!(
+                text.contains(&format!("<parameter=v>\n{value}\n</parameter>")),
+                "{text:?}"
+            );
+            let mut state = c.compile(&grammar).unwrap();
+            let (ok, n) = walk(&mut state, &tok, &text);
+            assert_eq!(
+                ok == n,
+                valid,
+                "{schema}: {value:?}, {ok} of {n} tokens taken"
+            );
+            if valid {
+                let read = tools::parse(ToolFormat::QwenXml, &text, &req, "q");
+                assert_eq!(read.content, None, "{read:?}");
+                assert_eq!(read.calls[0].arguments, json!({ "v": value }).to_string());
+            }
+        }
+    }
+    let mut refused = unenforceable_strings();
+    refused.push((
+        json!({"type": "string", "pattern": "\\n<"}),
+        "pattern \"\\\\n<\"",
+    ));
+    for (schema, named) in refused {
+        for choice in [ToolChoice::Required, ToolChoice::Auto] {
+            let mut req = string_of(schema.clone());
+            req.choice = choice;
+            let e = tools::grammar(ToolFormat::QwenXml, &req, 0, false, None).unwrap_err();
+            assert!(
+                e.contains("function f's parameter v") && e.contains(named),
+                "{schema}: {e}"
+            );
+        }
     }
 }
 
