@@ -12,7 +12,7 @@
 
 use llguidance::derivre::{RegexAst, RegexBuilder};
 use llguidance::regex_to_lark;
-use regex_syntax::hir::Look;
+use regex_syntax::hir::{Hir, HirKind, Look};
 use serde_json::{Map, Value};
 
 use crate::string_format;
@@ -152,8 +152,10 @@ pub fn token(
 /// reads it ([`regex_to_lark`]: `\d` and `\w` ASCII, the rest Rust's
 /// regex syntax, which ECMA's common subset is); a Lark regex matches
 /// whole, so an end `^`/`$` leaves out does not anchor becomes `(?s:.*)`.
-/// `^` and `$` may only anchor every match; lookaround, backreferences
-/// and `\b` are refused, as llguidance refuses them.
+/// `^` and `$` may anchor every match, or each top-level alternative its
+/// own (`^a|b`: starts with `a` or holds `b`), as llguidance's JSON
+/// compiler reads them; anywhere else, and lookaround, backreferences and
+/// `\b`, are refused, as llguidance refuses them.
 fn search(pattern: &str) -> Result<Vec<String>, String> {
     let rx = regex_to_lark(pattern, "dw");
     let hir = regex_syntax::Parser::new()
@@ -163,24 +165,171 @@ fn search(pattern: &str) -> Result<Vec<String>, String> {
             regex_syntax::Error::Translate(e) => e.kind().to_string(),
             e => e.to_string(),
         })?;
+    let looks = hir.properties().look_set();
+    if !looks.remove(Look::Start).remove(Look::End).is_empty() {
+        return Err("no assertion but `^` and `$` is supported".into());
+    }
+    let anywhere = "(?s:.*)";
+    let ends = |anchored: bool| if anchored { "" } else { anywhere };
+    // Each part `^` and `$` anchor alike: its anchors, its text.
+    let parts = if looks.is_empty() {
+        vec![(false, rx, false)]
+    } else {
+        // The whole, else each top-level alternative.
+        let parts = if anchors(&hir).is_some() {
+            std::slice::from_ref(&hir)
+        } else {
+            let mut top = &hir;
+            while let HirKind::Capture(c) = top.kind() {
+                top = &c.sub;
+            }
+            match top.kind() {
+                HirKind::Alternation(parts) => parts.as_slice(),
+                _ => return Err(ANCHORS.into()),
+            }
+        };
+        parts
+            .iter()
+            .map(|part| {
+                let (start, end) = anchors(part).ok_or(ANCHORS)?;
+                // Printed back without them: a Lark regex matches whole,
+                // and llguidance refuses an anchor not at its ends.
+                let text = unanchored(part, true, true).ok_or(ANCHORS)?.to_string();
+                Ok((start, regex_to_lark(&text, ""), end))
+            })
+            .collect::<Result<Vec<_>, String>>()?
+    };
+    Ok(match &parts[..] {
+        [(start, text, end)] => [ends(*start), text, ends(*end)]
+            .into_iter()
+            .filter(|r| !r.is_empty())
+            .map(str::to_string)
+            .collect(),
+        _ => {
+            let parts: Vec<String> = parts
+                .iter()
+                .map(|(start, text, end)| format!("{}(?:{text}){}", ends(*start), ends(*end)))
+                .collect();
+            vec![format!("(?:{})", parts.join("|"))]
+        }
+    })
+}
+
+/// Why [`search`] refuses an anchor.
+const ANCHORS: &str = "`^` and `$` may only anchor every match or a top-level alternative";
+
+/// Whether `^` and `$` anchor every match of `hir` at its start and its
+/// end; `None` when one anchors only some.
+fn anchors(hir: &Hir) -> Option<(bool, bool)> {
     let props = hir.properties();
     let start = props.look_set_prefix().contains(Look::Start);
     let end = props.look_set_suffix().contains(Look::End);
     let looks = props.look_set();
-    if looks.contains(Look::Start) && !start || looks.contains(Look::End) && !end {
-        return Err("`^` and `$` may only anchor every match".into());
+    ((start || !looks.contains(Look::Start)) && (end || !looks.contains(Look::End)))
+        .then_some((start, end))
+}
+
+/// `hir` without its `^` and `$`, which may stand only where nothing but
+/// other anchors precedes (`start`) or follows (`end`) them; `None` where
+/// one stands elsewhere (`a^b`, `^a^b`, `(^a)*`).
+fn unanchored(hir: &Hir, start: bool, end: bool) -> Option<Hir> {
+    let is = |hir: &Hir, look: Look| matches!(hir.kind(), HirKind::Look(l) if *l == look);
+    if hir.properties().look_set().is_empty() {
+        return Some(hir.clone());
     }
-    if !looks.remove(Look::Start).remove(Look::End).is_empty() {
-        return Err("no assertion but `^` and `$` is supported".into());
+    Some(match hir.kind() {
+        HirKind::Look(Look::Start) if start => Hir::empty(),
+        HirKind::Look(Look::End) if end => Hir::empty(),
+        HirKind::Capture(c) => unanchored(&c.sub, start, end)?,
+        HirKind::Alternation(subs) => Hir::alternation(
+            subs.iter()
+                .map(|sub| unanchored(sub, start, end))
+                .collect::<Option<_>>()?,
+        ),
+        HirKind::Concat(subs) => Hir::concat(
+            subs.iter()
+                .enumerate()
+                .map(|(i, sub)| {
+                    unanchored(
+                        sub,
+                        start && subs[..i].iter().all(|s| is(s, Look::Start)),
+                        end && subs[i + 1..].iter().all(|s| is(s, Look::End)),
+                    )
+                })
+                .collect::<Option<_>>()?,
+        ),
+        _ => return None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A matcher of the whole string by `regexes` one after the other.
+    fn matcher(regexes: &[String]) -> llguidance::derivre::Regex {
+        let mut b = RegexBuilder::new();
+        let ast = RegexAst::Concat(regexes.iter().map(|r| RegexAst::Regex(r.clone())).collect());
+        let e = b.mk(&ast).unwrap();
+        b.to_regex_limited(e, 1_000_000).unwrap()
     }
-    let anywhere = "(?s:.*)".to_string();
-    let mut regexes = Vec::with_capacity(3);
-    if !start {
-        regexes.push(anywhere.clone());
+
+    /// Each pattern's regexes hold no anchor and take what llguidance's
+    /// JSON compiler's search of the pattern takes, on every text.
+    #[test]
+    fn search_takes_what_llguidances_search_takes() {
+        let texts = [
+            "", "a", "ab", "abX", "XcdY", "Xab", "cd", "b", "ba", "xa", "aXb", "\u{e9}a",
+            "\u{e9}ab", "a\nb", "ccd", "abcd", "x\ny",
+        ];
+        for pattern in [
+            "ab",
+            "^ab$",
+            "^ab|cd",
+            "ab$|^cd",
+            "^ab|cd$",
+            "^ab$|cd",
+            "^a|^b|c",
+            "(^ab|cd)",
+            "^.a|b",
+            "^(a|b)c|d$",
+            "",
+            "^^a|b",
+            "^|x",
+            "^a|b|",
+            "[^a]b|^\\u00e9",
+        ] {
+            let regexes = search(pattern).unwrap();
+            assert!(
+                regexes
+                    .iter()
+                    .all(|r| !r.contains("\\A") && !r.contains("\\z") && !r.contains('$')),
+                "{pattern}: {regexes:?}"
+            );
+            let mut ours = matcher(&regexes);
+            let mut b = RegexBuilder::new();
+            let e = b
+                .mk(&RegexAst::SearchRegex(regex_to_lark(pattern, "dw")))
+                .unwrap();
+            let mut theirs = b.to_regex_limited(e, 1_000_000).unwrap();
+            for text in texts {
+                assert_eq!(
+                    ours.is_match(text),
+                    theirs.is_match(text),
+                    "{pattern} on {text:?}: {regexes:?}"
+                );
+            }
+        }
     }
-    regexes.push(if rx.is_empty() { "(?:)".into() } else { rx });
-    if !end {
-        regexes.push(anywhere);
+
+    /// An anchor that is not at a top-level alternative's start or end is
+    /// refused, naming why.
+    #[test]
+    fn search_refuses_anchors_inside() {
+        for pattern in [
+            "a^b", "^a^b", "(^a|b)c", "^a^b|c", "a$b|^c", "(^a)*|b", "a(^b|c)",
+        ] {
+            assert_eq!(search(pattern), Err(ANCHORS.into()), "{pattern}");
+        }
     }
-    Ok(regexes)
 }

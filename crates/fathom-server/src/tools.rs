@@ -539,9 +539,13 @@ fn xml_call(body: &str, req: &ToolRequest) -> Option<(String, Value)> {
         let close = param.find('>')?;
         let key = param[..close].trim();
         let value = &param[close + 1..];
-        let end = closing(value, "</parameter>")?;
-        let raw = &value[..end];
-        let raw = raw.strip_prefix('\n').unwrap_or(raw);
+        // The grammar writes the value after a newline and ends it at the
+        // `</parameter>` that starts a line after it: its first line may
+        // start with the tag itself, so the search starts past that
+        // newline.
+        let open = usize::from(value.starts_with('\n'));
+        let end = open + closing(&value[open..], "</parameter>")?;
+        let raw = &value[open..end];
         let raw = raw.strip_suffix('\n').unwrap_or(raw);
         let schema = properties.and_then(|p| p.get(key));
         let typed = if schema.is_some_and(is_plain_string) {
@@ -958,6 +962,21 @@ mod tests {
         assert_eq!(a.content.as_deref(), Some(odd));
         let broken = "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</tool_call>";
         assert!(parse(ToolFormat::QwenXml, broken, &r, "q").calls.is_empty());
+    }
+
+    /// A string value's first line may start with `</parameter>` (the
+    /// grammar's text keeps only later lines from starting with `<`): it
+    /// is read whole, up to the close tag that starts a line after it,
+    /// and so is an empty value.
+    #[test]
+    fn qwen_xml_values_may_start_with_the_close_tag() {
+        let r = req(ToolChoice::Auto);
+        for city in ["</parameter>", "</parameter> x", "</parameter>\nb", ""] {
+            let text = format!("<tool_call>\n<function=get_weather>\n<parameter=city>\n{city}\n</parameter>\n</function>\n</tool_call>");
+            let a = parse(ToolFormat::QwenXml, &text, &r, "q");
+            assert_eq!(a.calls.len(), 1, "{city:?}");
+            assert_eq!(a.calls[0].arguments, json!({ "city": city }).to_string());
+        }
     }
 
     #[test]

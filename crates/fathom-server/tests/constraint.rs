@@ -1494,6 +1494,18 @@ fn bare_string_cases() -> Vec<(
             &["v12", "7"],
             &["12a", "v"],
         ),
+        // Each alternative anchored its own: starts with `ab` or holds
+        // `cd`; starts with any character then `a`, or ends with `b`.
+        (
+            json!({"type": "string", "pattern": "^ab|cd"}),
+            &["abX", "XcdY", "ab"],
+            &["Xab", "a-b-c-d", ""],
+        ),
+        (
+            json!({"type": "string", "pattern": "(^.a|b$)"}),
+            &["\u{e9}a", "xab", "za!"],
+            &["xxa", "bx", "a"],
+        ),
         // With length bounds.
         (
             json!({"type": "string", "pattern": "^a+", "minLength": 3, "maxLength": 5}),
@@ -1521,8 +1533,8 @@ fn bare_string_cases() -> Vec<(
 
 /// String schemas no format that writes strings bare can enforce, and
 /// what the 400 names: an unknown format, lookaround, a backreference,
-/// `\b`, an anchor inside, a pattern none within the bounds meets, bounds
-/// no string meets.
+/// `\b`, an anchor inside (and why), a pattern none within the bounds
+/// meets, bounds no string meets.
 fn unenforceable_strings() -> Vec<(serde_json::Value, &'static str)> {
     vec![
         (json!({"type": "string", "format": "iri"}), "format \"iri\""),
@@ -1541,6 +1553,10 @@ fn unenforceable_strings() -> Vec<(serde_json::Value, &'static str)> {
         (
             json!({"type": "string", "pattern": "a^b"}),
             "pattern \"a^b\"",
+        ),
+        (
+            json!({"type": "string", "pattern": "(^a|b)c"}),
+            "`^` and `$` may only anchor every match or a top-level alternative",
         ),
         (
             json!({"type": "string", "pattern": "^ab$", "minLength": 3}),
