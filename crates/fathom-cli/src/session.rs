@@ -170,16 +170,6 @@ fn placed_budgets(plan: &MemoryPlan) -> String {
 }
 
 pub fn load(opened: Opened, plan: MemoryPlan) -> Result<(Engine, Duration)> {
-    if opened.spec.family == fathom_spec::Family::GptOss && plan.inputs.device == Device::Cuda {
-        // An H100 run found its decode wrong there; the cause (a
-        // sliding-window cache race) is fixed but not yet re-checked on a
-        // GPU (docs/models.md, gpt-oss): say so rather than answer wrongly
-        // unseen.
-        eprintln!(
-            "warning: gpt-oss on cuda has not yet passed its GPU check against the CPU backend \
-             (docs/models.md#gpt-oss-gguf-gpt-oss); if its answers look wrong, use --device cpu"
-        );
-    }
     let engine = Engine::load(&opened.checkpoint, opened.spec, plan, opened.tokenizer)?;
     // Fault the weights in now, with a progress bar on a terminal once
     // loading has taken over a second (a large model on a cold disk).
