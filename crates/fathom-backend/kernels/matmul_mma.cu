@@ -148,18 +148,16 @@ __device__ void matmul_mma(const Weights w, const __half* __restrict__ x16, cons
     }
 }
 
-// The tokens' activations for mq<N>_*: row r of x (cols values) as f16,
-// times a power of two that brings the row's largest |value| to at most
-// 2^15 (1 for every row already there: then exactly to_half's), and the
-// power's inverse in unscale[r], which the product's outputs are multiplied
-// by. f16 ends at 65,504: a row past it (a large FFN activation) would
-// otherwise turn into infinities, which cuBLAS's f16 path still risks. A
-// block a row.
-extern "C" __global__ void __launch_bounds__(256) to_half_rows(const float* x, int cols, __half* out,
-                                                                float* unscale) {
-  FATHOM_PDL();
+// One row of activations for the tensor-core products: `cols` values from
+// xr as f16 into o, times a power of two that brings the row's largest
+// |value| to at most 2^15 (1 for every row already there: then exactly
+// to_half's), and the power's inverse into *unscale, which the product's
+// outputs are multiplied by. f16 ends at 65,504: a row past it (a large FFN
+// activation) would otherwise turn into infinities, which cuBLAS's f16 path
+// still risks. A block of 256 threads a row; each thread reads the values
+// it would write, so a caller may have just written them.
+__device__ __forceinline__ void half_row(const float* xr, int cols, __half* o, float* unscale) {
   __shared__ float maxes[8];
-  const float* xr = x + (size_t)blockIdx.x * cols;
   float m = 0.0f;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) m = fmaxf(m, fabsf(xr[i]));
   m = warp_max(m);
@@ -175,9 +173,16 @@ extern "C" __global__ void __launch_bounds__(256) to_half_rows(const float* x, i
   frexpf(m, &x2);
   const int e = isfinite(m) ? max(x2 - 15, 0) : 0;
   const float scale = ldexpf(1.0f, -e);
-  __half* o = out + (size_t)blockIdx.x * cols;
   for (int i = threadIdx.x; i < cols; i += blockDim.x) o[i] = __float2half_rn(xr[i] * scale);
-  if (threadIdx.x == 0) unscale[blockIdx.x] = ldexpf(1.0f, e);
+  if (threadIdx.x == 0) *unscale = ldexpf(1.0f, e);
+}
+
+// The tokens' activations for mq<N>_*: row r of x (cols values) through
+// half_row into row r of out and unscale[r]. A block a row.
+extern "C" __global__ void __launch_bounds__(256) to_half_rows(const float* x, int cols, __half* out,
+                                                                float* unscale) {
+  FATHOM_PDL();
+  half_row(x + (size_t)blockIdx.x * cols, cols, out + (size_t)blockIdx.x * cols, unscale + blockIdx.x);
 }
 
 // mq<N>_<NAME>: up to N tokens (16 or 64), MQ_WARPS warps a block. Two
@@ -208,3 +213,36 @@ FATHOM_MQ_KERNEL(a2, T_A2, 16)
 FATHOM_MQ_KERNEL(a4, T_A4, 16)
 FATHOM_MQ_KERNEL(a8, T_A8, 16)
 FATHOM_MQ_KERNEL(mxfp4, T_MXFP4, 16)
+
+// mqg_<NAME>: a MoE layer's experts over their routed rows, grouped by
+// expert (moe.cu's moe_group), in one launch: tiles[0] tiles, then per tile
+// its expert, first routed row and rows (at most N: 64 for the K-quants, 16
+// for the others); launch row blockIdx.y takes tile blockIdx.y (rows past
+// the count return), on the expert's matrix, `stride` bytes past the
+// previous expert's (the loader places a layer's experts evenly; the
+// backend checks). Kernels of their own, not mq<N> with a tile argument:
+// the pointers a tile moves live in registers, which pushed mq16_q6_k into
+// spilling. For the kinds MoE checkpoints store experts in.
+#define FATHOM_MQG_KERNEL(NAME, T, N)                                                              \
+  extern "C" __global__ void __launch_bounds__(MQ_WARPS * 32) mqg_##NAME(                          \
+      Weights w, const __half* x16, const float* unscale, float* out, int kgroups,                 \
+      const unsigned int* tiles, unsigned long long stride) {                                      \
+    FATHOM_PDL();                                                                                  \
+    if (blockIdx.y >= tiles[0]) return;                                                            \
+    const unsigned int* tile = tiles + 1 + 3 * blockIdx.y;                                         \
+    w.data += tile[0] * stride;                                                                    \
+    matmul_mma<T, N / 8>(w, x16 + (size_t)tile[1] * w.cols, unscale + tile[1],                     \
+                         out + (size_t)tile[1] * w.rows, tile[2], kgroups);                        \
+  }
+
+FATHOM_MQG_KERNEL(q4_k, T_Q4_K, 64)
+FATHOM_MQG_KERNEL(q5_k, T_Q5_K, 64)
+FATHOM_MQG_KERNEL(q6_k, T_Q6_K, 64)
+FATHOM_MQG_KERNEL(q8_0, T_Q8_0, 16)
+FATHOM_MQG_KERNEL(q4_0, T_Q4_0, 16)
+FATHOM_MQG_KERNEL(q4_1, T_Q4_1, 16)
+FATHOM_MQG_KERNEL(q5_0, T_Q5_0, 16)
+FATHOM_MQG_KERNEL(q5_1, T_Q5_1, 16)
+FATHOM_MQG_KERNEL(mxfp4, T_MXFP4, 16)
+FATHOM_MQG_KERNEL(f16, T_F16, 16)
+FATHOM_MQG_KERNEL(bf16, T_BF16, 16)

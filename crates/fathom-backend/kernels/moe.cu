@@ -125,3 +125,113 @@ extern "C" __global__ void route_experts(const float* logits, int n_experts, int
     for (int s = 0; s < k; s++) out[2 * s + 1] = __float_as_uint(__uint_as_float(out[2 * s + 1]) / total);
   }
 }
+
+// A MoE step of many rows without reading its routes back (issue 36): the
+// (row, route) pairs grouped by expert (moe_group), the rows gathered in
+// that order as f16 (moe_rows_to_half), every expert's gate and up over its
+// rows in one launch each (matmul_mma.cu's mq kernels with tiles), act(gate)
+// x up as f16 (moe_glu_half), the down products likewise, and each row's
+// routes weighted and summed in expert order (moe_combine_rows). Each
+// routed row's products depend on that row alone, so the order of rows
+// within an expert (atomics below) does not change a value.
+
+// One block of 1,024 threads: per expert its routed rows counted, their
+// starts in expert order, and per routed row (in that order) its row and
+// expert; per (row, route) where it went (position); and the tiles of at
+// most `tile` rows each expert's rows are cut into: tiles[0] their count,
+// then per tile (expert, first routed row, rows). At most MAX_EXPERTS
+// experts.
+extern "C" __global__ void __launch_bounds__(1024) moe_group(const unsigned int* routes, int rows, int k,
+                                                             int n_experts, int tile, unsigned int* token_of,
+                                                             unsigned int* expert_of, unsigned int* position,
+                                                             unsigned int* tiles) {
+  FATHOM_PDL();
+  __shared__ unsigned int count[MAX_EXPERTS], cursor[MAX_EXPERTS];
+  const int n = rows * k;
+  for (int e = threadIdx.x; e < n_experts; e += blockDim.x) count[e] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) atomicAdd(&count[routes[2 * i]], 1u);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned int start = 0, nt = 0;
+    for (int e = 0; e < n_experts; e++) {
+      cursor[e] = start;
+      for (unsigned int p = 0; p < count[e]; p += tile) {
+        tiles[1 + 3 * nt] = e;
+        tiles[2 + 3 * nt] = start + p;
+        tiles[3 + 3 * nt] = min((unsigned int)tile, count[e] - p);
+        nt++;
+      }
+      start += count[e];
+    }
+    tiles[0] = nt;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const unsigned int e = routes[2 * i];
+    const unsigned int p = atomicAdd(&cursor[e], 1u);
+    token_of[p] = i / k;
+    expert_of[p] = e;
+    position[i] = p;
+  }
+}
+
+// Routed row p (a block each): row token_of[p] of x (cols values) as f16,
+// scaled as to_half_rows scales.
+extern "C" __global__ void __launch_bounds__(256) moe_rows_to_half(const float* x, const unsigned int* token_of,
+                                                                    int cols, __half* out, float* unscale) {
+  FATHOM_PDL();
+  half_row(x + (size_t)token_of[blockIdx.x] * cols, cols, out + (size_t)blockIdx.x * cols,
+           unscale + blockIdx.x);
+}
+
+// Routed row p (a block each): gate row p = act(gate + bg_e) x (up + bu_e)
+// with e its expert (the biases gpt-oss's: the first expert's moved by e x
+// bias_stride bytes; null for none), then that row as f16, scaled as
+// to_half_rows scales, for the down product.
+extern "C" __global__ void __launch_bounds__(256) moe_glu_half(float* gate, const float* up,
+                                                                const unsigned int* expert_of, int cols, int act,
+                                                                const float* gate_bias, const float* up_bias,
+                                                                unsigned long long bias_stride, __half* out,
+                                                                float* unscale) {
+  FATHOM_PDL();
+  const size_t row = (size_t)blockIdx.x * cols;
+  const size_t moved = (size_t)expert_of[blockIdx.x] * bias_stride;
+  const float* bg = gate_bias ? (const float*)((const uint8_t*)gate_bias + moved) : nullptr;
+  const float* bu = up_bias ? (const float*)((const uint8_t*)up_bias + moved) : nullptr;
+  for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+    const float g = bg ? gate[row + i] + bg[i] : gate[row + i];
+    const float u = bu ? up[row + i] + bu[i] : up[row + i];
+    gate[row + i] = glu_value(g, u, act);
+  }
+  half_row(gate + row, cols, out + row, unscale + blockIdx.x);
+}
+
+// out row t = its k routes' down rows (+ the expert's down bias, gpt-oss's;
+// null for none), weighted by their probabilities and summed in expert
+// order from zero, as moe_combine sums one row's. Blocks of 256 values,
+// blockIdx.y the row.
+extern "C" __global__ void moe_combine_rows(const float* down, const unsigned int* position,
+                                            const unsigned int* routes, int k, int width,
+                                            const float* bias, unsigned long long bias_stride, float* out) {
+  FATHOM_PDL();
+  __shared__ int order[MOE_MAX_ROUTES];
+  const unsigned int* r = routes + (size_t)blockIdx.y * k * 2;
+  if (threadIdx.x < k) {
+    const unsigned int id = r[2 * threadIdx.x];
+    int rank = 0;
+    for (int j = 0; j < k; j++) rank += r[2 * j] < id;
+    order[rank] = threadIdx.x;
+  }
+  __syncthreads();
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= width) return;
+  float acc = 0.0f;
+  for (int p = 0; p < k; p++) {
+    const int y = order[p];
+    float v = down[(size_t)position[(size_t)blockIdx.y * k + y] * width + c];
+    if (bias) v += ((const float*)((const uint8_t*)bias + (size_t)r[2 * y] * bias_stride))[c];
+    acc += __uint_as_float(r[2 * y + 1]) * v;
+  }
+  out[(size_t)blockIdx.y * width + c] = acc;
+}

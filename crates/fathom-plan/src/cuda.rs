@@ -233,19 +233,125 @@ pub struct DeviceLayout {
     /// attn_out width / the smallest value dim of a KV group; empty when
     /// splits ≤ 1 (nothing to merge).
     pub attention_partials: Region,
+    /// A MoE model's grouped expert products ([`MoeGrouping`]); empty for
+    /// other models.
+    pub moe_grouping: Region,
+    /// What lies where in `moe_grouping`.
+    pub moe: MoeGrouping,
     /// Bytes of the allocation.
     pub size: u64,
 }
 
+/// Smallest number of routed rows a tile of the grouped expert products
+/// takes (the tensor-core kernels' 16-token size; the K-quants take 64):
+/// an expert's rows are cut into tiles of that many, and a step holds at
+/// most `routed rows / MOE_TILE_MIN + experts` tiles.
+pub const MOE_TILE_MIN: u64 = 16;
+
+/// The device buffers of a MoE step whose routed rows are grouped by
+/// expert on the device and run through every expert's FFN in one launch
+/// per projection, nothing read back (issue 36): offsets in bytes from the
+/// region's start, each `ALIGN`ed. `routed` is the step's rows × the
+/// experts a row is routed to, `width` the model's, `ffn` an expert's FFN
+/// width.
+///
+/// - `token_of`, `expert_of`: per routed row in expert order, its row of
+///   the step and its expert (u32 each);
+/// - `position`: per (row, route) where its routed row lies (u32);
+/// - `tiles`: a count, then per tile its expert, first routed row and rows
+///   (u32; at most `routed / MOE_TILE_MIN + experts` tiles);
+/// - `x16`, `x_unscale`: the routed rows' inputs as f16, each scaled into
+///   f16's range, and the scale's inverse (f32);
+/// - `gate`, `up`: their gate and up products (f32), the gate's turned into
+///   act(gate) x up in place;
+/// - `h16`, `h_unscale`: that as f16 for the down product, scaled likewise;
+/// - `down`: the down products (f32), summed per row by its routes' weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct MoeGrouping {
+    /// What it holds at most: routed rows, experts, row width, FFN width.
+    pub routed: u64,
+    pub experts: u64,
+    pub width: u64,
+    pub ffn: u64,
+    pub token_of: u64,
+    pub expert_of: u64,
+    pub position: u64,
+    pub tiles: u64,
+    pub x16: u64,
+    pub x_unscale: u64,
+    pub gate: u64,
+    pub up: u64,
+    pub h16: u64,
+    pub h_unscale: u64,
+    pub down: u64,
+    pub bytes: u64,
+}
+
+impl MoeGrouping {
+    /// The layout for a step of `rows` rows, `k` routes a row, `experts`
+    /// experts of `ffn` values each over rows of `width` values; all zero
+    /// without experts.
+    pub fn new(rows: u64, k: u64, experts: u64, width: u64, ffn: u64) -> Self {
+        let routed = rows.saturating_mul(k);
+        if routed == 0 || experts == 0 {
+            return Self::default();
+        }
+        let mut at = 0u64;
+        let mut next = |bytes: u64| {
+            let o = at;
+            at = align(at.saturating_add(bytes), ALIGN);
+            o
+        };
+        let tiles = routed.div_ceil(MOE_TILE_MIN).saturating_add(experts);
+        let l = MoeGrouping {
+            routed,
+            experts,
+            width,
+            ffn,
+            token_of: next(routed * 4),
+            expert_of: next(routed * 4),
+            position: next(routed * 4),
+            tiles: next((1 + 3 * tiles) * 4),
+            x16: next(routed.saturating_mul(width).saturating_mul(2)),
+            x_unscale: next(routed * 4),
+            gate: next(routed.saturating_mul(ffn).saturating_mul(4)),
+            up: next(routed.saturating_mul(ffn).saturating_mul(4)),
+            h16: next(routed.saturating_mul(ffn).saturating_mul(2)),
+            h_unscale: next(routed * 4),
+            down: next(routed.saturating_mul(width).saturating_mul(4)),
+            bytes: 0,
+        };
+        MoeGrouping { bytes: at, ..l }
+    }
+
+    /// The layout for a step of the arena's rows: the activation plan's
+    /// `expert_routes` (rows, routes a row), `router_logits` (experts) and
+    /// `moe_in` (width) buffers, and each expert's FFN width, which the
+    /// arena does not hold (its `ffn_gate` is the widest of several uses).
+    pub fn of_arena(arena: &[ArenaBuffer], expert_ffn: u64) -> Self {
+        let find = |id: Buf| arena.iter().find(|b| b.id == id);
+        match (
+            find(Buf::ExpertRoutes),
+            find(Buf::RouterLogits),
+            find(Buf::MoeIn),
+        ) {
+            (Some(r), Some(l), Some(x)) => Self::new(r.rows, r.width, l.width, x.width, expert_ffn),
+            _ => Self::default(),
+        }
+    }
+}
+
 impl DeviceLayout {
     /// The carve for `weights_bytes` of resident weights (as stored, plus
-    /// what is converted at load), the device side of `arena`, `kv` and a
-    /// hybrid model's `recurrent_bytes` of state (0 for other models).
+    /// what is converted at load), the device side of `arena`, `kv`, a
+    /// hybrid model's `recurrent_bytes` of state (0 for other models) and a
+    /// MoE model's expert grouping (`MoeGrouping::default()` for others).
     pub fn new(
         weights_bytes: u64,
         arena: &[ArenaBuffer],
         kv: &[KvGroup],
         recurrent_bytes: u64,
+        moe: MoeGrouping,
     ) -> Self {
         let weights = Region {
             offset: 0,
@@ -304,6 +410,7 @@ impl DeviceLayout {
         let activation_staging = region(tokens.saturating_mul(widest_input).saturating_mul(2));
         let weight_staging = region(WEIGHT_STAGING);
         let attention_partials = region(attention_partials_bytes(arena, kv, tokens));
+        let moe_grouping = region(moe.bytes);
         DeviceLayout {
             weights,
             arena: arena_region,
@@ -314,6 +421,8 @@ impl DeviceLayout {
             activation_staging,
             weight_staging,
             attention_partials,
+            moe_grouping,
+            moe,
             size: align(at, ALLOCATION_GRANULE),
         }
     }

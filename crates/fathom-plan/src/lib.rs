@@ -238,7 +238,22 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64, nccl: u64)
     let resident_weights = spec.weights_bytes().saturating_add(converted);
     let layout = (inputs.device == Device::Cuda).then(|| {
         let states = recurrent.as_ref().map_or(0, |r| r.bytes);
-        cuda::DeviceLayout::new(resident_weights, &activations.buffers, &kv.groups, states)
+        // Grouping only where the device runs every MoE layer it holds
+        // with its experts: with some layers' experts on the host, the
+        // host's experts bound the speed, and a device cap is better spent
+        // on more experts (those layers' steps take the gather path).
+        let moe = if placement::runs_all_its_experts(spec) {
+            cuda::MoeGrouping::of_arena(&activations.buffers, spec.expert_ffn)
+        } else {
+            cuda::MoeGrouping::default()
+        };
+        cuda::DeviceLayout::new(
+            resident_weights,
+            &activations.buffers,
+            &kv.groups,
+            states,
+            moe,
+        )
     });
     let backend = device::backend(
         inputs.device,

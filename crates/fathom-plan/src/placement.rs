@@ -255,6 +255,22 @@ fn is_expert(t: &fathom_spec::TensorEntry, role: Role) -> bool {
     matches!(role, Role::ExpertsIn | Role::ExpertsDown) || t.name.ends_with("_exps.bias")
 }
 
+/// Whether `spec` runs routed experts, each of its MoE layers (those whose
+/// router it holds) with its own experts: a MoE model, or the device side
+/// of a placement that moved whole layers but no layer's experts apart.
+pub(crate) fn runs_all_its_experts(spec: &ModelSpec) -> bool {
+    let layers_with = |role: Role| -> std::collections::BTreeSet<usize> {
+        spec.tensors
+            .iter()
+            .map(classify)
+            .filter(|c| c.role == role)
+            .filter_map(|c| c.layer)
+            .collect()
+    };
+    let routed = layers_with(Role::ExpertsIn);
+    !routed.is_empty() && layers_with(Role::Router).is_subset(&routed)
+}
+
 /// One point along the placement order: routed experts of layers
 /// `0 .. host_experts` and whole layers `0 .. host_layers` on the host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

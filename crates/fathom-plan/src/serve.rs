@@ -502,11 +502,18 @@ impl MemoryPlan {
         // (alignment, the allocation's rounding) follows the pool's regions.
         if self.inputs.device == Device::Cuda {
             let resident = self.weights_bytes.saturating_add(self.converted_bytes);
+            // The step's rows are the plan's: its expert grouping stands.
+            let moe = self
+                .device_layout
+                .as_ref()
+                .map(|l| l.moe)
+                .unwrap_or_default();
             let layout = DeviceLayout::new(
                 resident,
                 &self.activation_detail,
                 &self.kv_detail,
                 self.recurrent_bytes,
+                moe,
             );
             let backend = device::backend(Device::Cuda, None, Some((&layout, resident)));
             self.device_layout = Some(layout);

@@ -460,3 +460,42 @@ fn a_multi_token_prediction_layer_is_not_layer_0() {
     assert_eq!(m.host_weights_bytes, mtp_bytes);
     assert_eq!(m.overrides, vec![("^mtp\\.".to_string(), Place::Cpu, 2)]);
 }
+
+/// The MoE grouping region (steps grouped by expert on the GPU) of the
+/// Qwen3-30B-A3B shape, by hand: 512-row steps × 8 routes = 4,096 routed
+/// rows; per routed row its row, expert and place (3 × 16,384 B), the
+/// tiles (1 + 3 × (4,096 / 16 + 128) u32 = 4,612 B, aligned to 4,864),
+/// the inputs as f16 (4,096 × 2,048 × 2 = 16,777,216) and their scales
+/// (16,384), gate and up (2 × 4,096 × 768 × 4 = 25,165,824), act(gate) ×
+/// up as f16 (6,291,456) and its scales (16,384), the down products
+/// (4,096 × 2,048 × 4 = 33,554,432): 81,875,712 B. The whole model on the
+/// GPU holds it; a placement with some layer's experts on the host does
+/// not (those layers' steps take the gather path).
+#[test]
+fn qwen3_30b_a3b_plans_its_expert_grouping_only_with_every_expert_on_the_gpu() {
+    let (_dir, spec) = gguf(&fx::qwen3_30b_a3b(), "qwen3moe-grouping");
+    let whole = MemoryPlan::new(&spec, inputs(64 * GIB)).unwrap();
+    let layout = whole.device_layout.as_ref().unwrap();
+    let g = layout.moe;
+    assert_eq!(
+        (g.routed, g.experts, g.width, g.ffn),
+        (4096, 128, 2048, 768)
+    );
+    assert_eq!(3 * 16_384 + 4_864 + 16_777_216 + 16_384, g.gate);
+    assert_eq!(g.bytes, 81_875_712);
+    assert_eq!(layout.moe_grouping.bytes, g.bytes);
+    let backend = whole.terms.iter().find(|t| t.name == "backend").unwrap();
+    assert!(
+        backend.derivation.contains("MoE grouping 78.08 MiB"),
+        "{}",
+        backend.derivation
+    );
+    let p = placed(&spec, 12 * GIB, &PlacementRequest::default());
+    assert!(p.placement.as_ref().unwrap().cpu_moe_layers > 0);
+    assert_eq!(p.device_layout.as_ref().unwrap().moe_grouping.bytes, 0);
+    // Whole layers on the host, every device layer with its experts: held.
+    let dense_split = placed(&spec, 64 * GIB, &gpu_layers(40));
+    assert_eq!(dense_split.placement.as_ref().unwrap().cpu_moe_layers, 8);
+    let held = dense_split.device_layout.as_ref().unwrap().moe_grouping;
+    assert_eq!(held.bytes, 81_875_712);
+}

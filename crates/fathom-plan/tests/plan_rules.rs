@@ -538,11 +538,17 @@ mod serve {
     pub(super) fn carved_backend(plan: &fathom_plan::MemoryPlan) -> u64 {
         use fathom_plan::cuda::DeviceLayout;
         let resident = plan.weights_bytes + plan.converted_bytes;
+        let moe = plan
+            .device_layout
+            .as_ref()
+            .map(|l| l.moe)
+            .unwrap_or_default();
         let l = DeviceLayout::new(
             resident,
             &plan.activation_detail,
             &plan.kv_detail,
             plan.recurrent_bytes,
+            moe,
         );
         let kv: u64 = l.kv.iter().map(|r| r.bytes).sum();
         DeviceLayout::outside_allocation() + l.size

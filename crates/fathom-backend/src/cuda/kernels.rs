@@ -89,6 +89,16 @@ pub(super) struct Kernels {
     pub(super) moe_gate_up: [sys::CUfunction; N_KINDS],
     pub(super) moe_down: [sys::CUfunction; N_KINDS],
     pub(super) moe_combine: sys::CUfunction,
+    /// MoE, many rows, routes read on the device (moe.cu): the rows
+    /// grouped by expert, gathered as f16, act(gate) x up as f16, and the
+    /// routes' outputs summed; the products `mqg` (matmul_mma.cu), tiles
+    /// of up to 64 routed rows for the K-quants, 16 for the others (null
+    /// for kinds without).
+    pub(super) moe_group: sys::CUfunction,
+    pub(super) mqg: [sys::CUfunction; N_KINDS],
+    pub(super) moe_rows_to_half: sys::CUfunction,
+    pub(super) moe_glu_half: sys::CUfunction,
+    pub(super) moe_combine_rows: sys::CUfunction,
     pub(super) mm: [sys::CUfunction; N_KINDS],
     /// Tensor-core products of 2 to `MQ_MAX_TOKENS` tokens straight from
     /// the stored blocks, by (tokens at most: 16, 64; kind): up to 16 for
@@ -168,7 +178,7 @@ impl Kernels {
             }
             Ok(out)
         };
-        use WeightType::{BF16, F16, F32, MXFP4, Q4_0, Q4_K, Q5_K, Q6_K, Q8_0};
+        use WeightType::{BF16, F16, F32, MXFP4, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K, Q6_K, Q8_0};
         // Kinds with int8-activation kernels (`HasX8` in quant.cuh).
         let x8_table = |prefix: &str| some(prefix, &[Q8_0, Q4_0, Q4_K, Q6_K, MXFP4]);
         // Kinds with routed-expert kernels: the int8-activation ones, and
@@ -192,6 +202,16 @@ impl Kernels {
             moe_gate_up: routed_table("moe_gate_up")?,
             moe_down: routed_table("moe_down")?,
             moe_combine: get("moe_combine")?,
+            moe_group: get("moe_group")?,
+            mqg: some(
+                "mqg",
+                &[
+                    Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, MXFP4, F16, BF16,
+                ],
+            )?,
+            moe_rows_to_half: get("moe_rows_to_half")?,
+            moe_glu_half: get("moe_glu_half")?,
+            moe_combine_rows: get("moe_combine_rows")?,
             mm: table("mm", true)?,
             to_half_rows: get("to_half_rows")?,
             mq: {

@@ -80,6 +80,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{result, sys, CudaContext, DriverError};
 
+use fathom_plan::cuda::MoeGrouping;
 use fathom_plan::Device;
 
 use crate::{
@@ -171,6 +172,9 @@ pub struct CudaBackend {
     /// Split attention's partials (address, bytes): the plan's
     /// `attention_partials`.
     partials: (u64, u64),
+    /// A MoE model's expert grouping: its address and layout (the plan's
+    /// `moe_grouping`).
+    moe: (u64, MoeGrouping),
     /// Multiprocessors of the device: split attention aims for 4 blocks each.
     sm_count: usize,
     /// Pieces attention cuts key ranges into, when a test sets it.
@@ -397,7 +401,13 @@ impl Backend for CudaBackend {
     }
 
     fn routed_experts(&mut self, ffn: &RoutedFfn, x: Buf, rows: usize, out: Buf) {
-        if !(rows == 1 && self.device_routing && self.routed_on_device(ffn, x, out)) {
+        let on_device = self.device_routing
+            && if rows == 1 {
+                self.routed_on_device(ffn, x, out)
+            } else {
+                self.routed_grouped(ffn, x, rows, out)
+            };
+        if !on_device {
             crate::experts_by_gather(self, ffn, x, rows, out);
         }
     }

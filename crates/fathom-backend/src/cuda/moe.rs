@@ -1,15 +1,16 @@
 //! Mixture-of-experts: routing on the device, the one-token routed
-//! kernels that read the routes where they lie (`moe.cu`), and the
-//! expert-by-expert path through the host for larger steps.
+//! kernels that read the routes where they lie (`moe.cu`), larger steps
+//! grouped by expert on the device, and the expert-by-expert path through
+//! the host for what those do not take.
 
 use std::ffi::c_void;
 
 use cudarc::driver::result;
 
-use super::abi::{MAX_EXPERTS, MOE_MAX_ROUTES, MV_WARPS, X8_BLOCK};
-use super::kernels::act_id;
+use super::abi::{MAX_EXPERTS, MOE_MAX_ROUTES, MQ_MAX_TOKENS, MQ_WARPS, MV_WARPS, X8_BLOCK};
+use super::kernels::{act_id, type_of_kind};
 use super::{CudaBackend, DevMatrix};
-use crate::{Buf, MatrixId, RoutedFfn, VectorId};
+use crate::{Buf, MatrixId, RoutedFfn, VectorId, WeightType::*};
 
 impl CudaBackend {
     /// One-token MoE steps on the device's routes (`true`, the default) or
@@ -208,6 +209,147 @@ impl CudaBackend {
             (width.div_ceil(256) as u32, 1, 1),
             256,
             &mut args![down_out, routes, kk, w, op],
+        );
+        true
+    }
+
+    /// A MoE FFN over `rows` rows on the routes route_experts left on the
+    /// device, nothing read back (so the step may stay a graph): the
+    /// (row, route) pairs grouped by expert (`moe_group`), the rows
+    /// gathered in that order as f16, every expert's gate and up over its
+    /// rows in one launch each of the tensor-core kernels (tiles of 64
+    /// rows where both kinds have the 64-token kernel, else 16), act(gate)
+    /// × up (with gpt-oss's biases) as f16, the down products likewise,
+    /// and each row's routes weighted and summed in expert order. `false`,
+    /// with nothing launched, where the experts (or their biases) do not
+    /// lie evenly, a kind has no tensor-core kernel, the tensor-core
+    /// kernels are off (`FATHOM_CUDA_MMA_FEW=0`), or the step does not fit
+    /// the plan's grouping.
+    pub(super) fn routed_grouped(
+        &mut self,
+        ffn: &RoutedFfn,
+        x: Buf,
+        rows: usize,
+        out: Buf,
+    ) -> bool {
+        let RoutedFfn {
+            experts,
+            k,
+            act,
+            width,
+            ffn_width,
+            biases,
+        } = *ffn;
+        let (Some((g, gs)), Some((u, us)), Some((d, ds)), Some(bias_places)) = (
+            self.evenly_placed(experts, 0),
+            self.evenly_placed(experts, 1),
+            self.evenly_placed(experts, 2),
+            self.evenly_placed_biases(biases, [ffn_width, ffn_width, width]),
+        ) else {
+            return false;
+        };
+        let [(mut gb, mut bs), (mut ub, _), (mut db, mut dbs)] = bias_places;
+        let (base, m) = self.moe;
+        let routed = rows * k;
+        // A tile both kernels take (the K-quants' take 64 rows).
+        let tile_of = |kind: usize| {
+            if type_of_kind(kind).is_some_and(|t| matches!(t, Q4_K | Q5_K | Q6_K)) {
+                MQ_MAX_TOKENS
+            } else {
+                16
+            }
+        };
+        let tile = tile_of(g.kind).min(tile_of(d.kind));
+        let (fg, fd) = (self.k.mqg[g.kind], self.k.mqg[d.kind]);
+        let fits = self.mma_few
+            && k <= MOE_MAX_ROUTES
+            && k == self.routes_k
+            && rows <= self.routes_rows
+            && experts.len() <= MAX_EXPERTS
+            && g.kind == u.kind
+            && !fg.is_null()
+            && !fd.is_null()
+            && (g.arg.rows, g.arg.cols, d.arg.rows, d.arg.cols)
+                == (
+                    ffn_width as i32,
+                    width as i32,
+                    width as i32,
+                    ffn_width as i32,
+                )
+            && (u.arg.rows, u.arg.cols) == (g.arg.rows, g.arg.cols)
+            && width.is_multiple_of(32)
+            && ffn_width.is_multiple_of(32)
+            && routed as u64 <= m.routed
+            && experts.len() as u64 <= m.experts
+            && width as u64 <= m.width
+            && ffn_width as u64 <= m.ffn;
+        if !fits {
+            return false;
+        }
+        let mut routes = self.buf(Buf::ExpertRoutes, routed * 8);
+        let mut xp = self.buf(x, rows * width * 4);
+        let mut op = self.buf(out, rows * width * 4);
+        if rows == 0 || !self.ready() {
+            return true;
+        }
+        let at = |offset: u64| base + offset;
+        let (mut token_of, mut expert_of, mut position, mut tiles) =
+            (at(m.token_of), at(m.expert_of), at(m.position), at(m.tiles));
+        let (mut x16, mut x_unscale, mut gate, mut up) =
+            (at(m.x16), at(m.x_unscale), at(m.gate), at(m.up));
+        let (mut h16, mut h_unscale, mut down) = (at(m.h16), at(m.h_unscale), at(m.down));
+        let (mut n, mut kk, mut ne, mut tl) =
+            (rows as i32, k as i32, experts.len() as i32, tile as i32);
+        let f = self.k.moe_group;
+        self.launch(
+            f,
+            (1, 1, 1),
+            1024,
+            &mut args![routes, n, kk, ne, tl, token_of, expert_of, position, tiles],
+        );
+        let mut w = width as i32;
+        let f = self.k.moe_rows_to_half;
+        self.launch(
+            f,
+            (routed as u32, 1, 1),
+            256,
+            &mut args![xp, token_of, w, x16, x_unscale],
+        );
+        // Every tile a launch row; rows past the step's tiles return.
+        let most_tiles = (routed.div_ceil(tile) + experts.len().min(routed)) as u32;
+        let kgroups = self.mma_kgroups.unwrap_or(MQ_WARPS);
+        let mut kg = kgroups as i32;
+        for (mut arg, mut stride, mut dst) in [(g.arg, gs, gate), (u.arg, us, up)] {
+            let grid = ffn_width.div_ceil(16 * MQ_WARPS / kgroups) as u32;
+            self.launch(
+                fg,
+                (grid, most_tiles, 1),
+                32 * MQ_WARPS as u32,
+                &mut args![arg, x16, x_unscale, dst, kg, tiles, stride],
+            );
+        }
+        let (mut fw, mut a) = (ffn_width as i32, act_id(act));
+        let f = self.k.moe_glu_half;
+        self.launch(
+            f,
+            (routed as u32, 1, 1),
+            256,
+            &mut args![gate, up, expert_of, fw, a, gb, ub, bs, h16, h_unscale],
+        );
+        let (mut da, mut stride) = (d.arg, ds);
+        let grid = width.div_ceil(16 * MQ_WARPS / kgroups) as u32;
+        self.launch(
+            fd,
+            (grid, most_tiles, 1),
+            32 * MQ_WARPS as u32,
+            &mut args![da, h16, h_unscale, down, kg, tiles, stride],
+        );
+        let f = self.k.moe_combine_rows;
+        self.launch(
+            f,
+            (width.div_ceil(256) as u32, rows as u32, 1),
+            256,
+            &mut args![down, position, routes, kk, w, db, dbs, op],
         );
         true
     }

@@ -240,6 +240,7 @@ impl CudaBackend {
                 base + layout.attention_partials.offset,
                 layout.attention_partials.bytes,
             ),
+            moe: (base + layout.moe_grouping.offset, layout.moe),
             sm_count,
             forced_splits: None,
             attention_last: false,

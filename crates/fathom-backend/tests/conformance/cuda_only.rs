@@ -31,6 +31,71 @@ pub(crate) fn cuda_routed_experts_equal_the_gather_path() {
     h.b.use_device_routing(true);
 }
 
+/// MoE steps of several rows grouped by expert on the device, for every
+/// kind pair and gpt-oss's biased MXFP4 experts, at 2, 37 and 256 rows (16
+/// experts, 4 a row: up to 64 rows an expert and more): the routes are
+/// never read back (so such a step can stay a graph), where the gather
+/// path of the same backend reads them back once; the outputs match the
+/// f64 FFNs within the routed tolerance. Not against the gather path's
+/// outputs: its steps past 64 rows take cuBLAS on weights dequantized to
+/// f16, which overflow on the random Q5_K experts (the H100 gave
+/// non-finite outputs there at 256 rows; the grouped path's tensor-core
+/// kernels sum the decoded f32 values).
+#[test]
+pub(crate) fn cuda_grouped_experts_match_the_gather_path() {
+    let arena = arena();
+    let Some(b) = cuda_backend(&arena, &small_kv()) else {
+        return;
+    };
+    let mut h: Harness<CudaBackend> = Harness::new(Box::new(b));
+    let mut rng = Rng::xorshift64_star(0x3e7_0002);
+    let d = ROUTED.2;
+    let plain: Vec<Experts> = routed_kinds()
+        .into_iter()
+        .map(|kinds| load_experts(&mut h, &mut rng, kinds))
+        .collect();
+    let moe = load_gpt_oss_moe(&mut h, &mut rng);
+    let mut cases: Vec<(&Experts, Glu, Option<MoeBiases>)> =
+        plain.iter().map(|e| (e, Glu::Silu, None)).collect();
+    cases.push((&moe.experts, Glu::SwigluOai, Some(moe.biases())));
+    for (experts, act, biases) in &cases {
+        let label = &experts.label;
+        for rows in [2, 37, 256] {
+            let seed = rng.clone();
+            let mut read_backs = Vec::new();
+            let mut grouped = None;
+            for device in [true, false] {
+                h.b.use_device_routing(device);
+                rng = seed.clone();
+                let before = h.b.routes_read_back();
+                let run = route_and_run(&mut h, &mut rng, experts, *act, biases.as_ref(), rows);
+                read_backs.push(h.b.routes_read_back() - before);
+                if device {
+                    grouped = Some((run, h.get(Buf::BranchOut, rows, d)));
+                }
+            }
+            assert_eq!(
+                read_backs,
+                [0, 1],
+                "{label} x{rows}: routes read back (grouped on the device, gather path)"
+            );
+            let ((x, logits), got) = grouped.expect("the device run");
+            let exact = biases.as_ref().map(|b| b.experts);
+            let want = routed_ref(experts, exact, *act, &x, &logits, rows);
+            h.check(
+                "grouped_experts",
+                &format!("{label} x{rows}"),
+                &got,
+                &want,
+                2.0 * TOL_MATMUL,
+            );
+        }
+    }
+    h.b.use_device_routing(true);
+    let failures = h.finish();
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 /// `run` (one row of a MoE layer into BranchOut) with the device's routes
 /// and through the gather path, from the same random state: the outputs
 /// equal bit for bit, and the routes read back only on the gather path

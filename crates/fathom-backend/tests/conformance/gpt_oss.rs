@@ -178,12 +178,16 @@ impl GptOssMoe {
 
 /// gpt-oss's MoE as its layer runs it ([`route_and_run`] with the biases,
 /// the routes normalized: a softmax over the chosen k; the clamped SwiGLU)
-/// — one row (on CUDA the device's routes), a few, and more than the
-/// few-row kernels take — against [`routed_ref`].
+/// — one row (on CUDA the device's routes), a few, more than the few-row
+/// kernels take, and more than a 16-row tile of an expert (CUDA groups the
+/// rows by expert on the device) — against [`routed_ref`].
 pub(crate) fn test_gpt_oss_experts(h: &mut Harness, rng: &mut Rng) {
     let d = ROUTED.2;
     let moe = load_gpt_oss_moe(h, rng);
-    for rows in [1, 3, 20] {
+    // 150 rows from a stream of its own: the cases after keep their values.
+    let mut larger = Rng::xorshift64_star(0x3e7_0004);
+    for rows in [1, 3, 20, 150] {
+        let rng = if rows > 20 { &mut larger } else { &mut *rng };
         let biases = moe.biases();
         let (x, logits) = route_and_run(h, rng, &moe.experts, Glu::SwigluOai, Some(&biases), rows);
         let got = h.get(Buf::BranchOut, rows, d);

@@ -38,7 +38,7 @@ use fathom_fixtures::Rng;
 use fathom_kernels::{affine_dequantize_row, dequantize_row, ops, AffineWeights};
 use fathom_plan::activations::ArenaBuffer;
 use fathom_plan::cuda::{
-    DeviceLayout, ALLOCATION_GRANULE, BLAS_HANDLE_BYTES, CONTEXT_BYTES, GRAPH_BYTES,
+    DeviceLayout, MoeGrouping, ALLOCATION_GRANULE, BLAS_HANDLE_BYTES, CONTEXT_BYTES, GRAPH_BYTES,
     GRAPH_MAX_NODES, MODULE_BYTES,
 };
 use fathom_plan::kv::{KvGroup, KV_BLOCK_TOKENS};

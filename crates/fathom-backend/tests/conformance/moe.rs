@@ -234,15 +234,20 @@ pub(crate) fn routed_ref(
 }
 
 /// routed_experts (after route_experts, normalized top-k) of one row (the
-/// GPU's on-device routes) and of three (the gather path), for each kind
-/// pair, against the f64 FFN of each row's experts weighted by its f64
-/// routes. Two matmuls deep on quantized activations: twice the matmul
-/// tolerance.
+/// GPU's one-token routed kernels), of 3 and 37 rows, and of 256 (some
+/// experts past a 64-row tile; on the GPU these are grouped by expert on
+/// the device), for each kind pair, against the f64 FFN of each row's
+/// experts weighted by its f64 routes. Two matmuls deep on quantized
+/// activations: twice the matmul tolerance.
 pub(crate) fn test_routed_experts(h: &mut Harness, rng: &mut Rng) {
     let d = ROUTED.2;
+    // The larger steps draw from a stream of their own, so that the cases
+    // after them keep their random values.
+    let mut larger = Rng::xorshift64_star(0x3e7_0003);
     for kinds in routed_kinds() {
         let experts = load_experts(h, rng, kinds);
-        for rows in [1, 3] {
+        for rows in [1, 3, 37, 256] {
+            let rng = if rows > 3 { &mut larger } else { &mut *rng };
             let (x, logits) = route_and_run(h, rng, &experts, Glu::Silu, None, rows);
             let got = h.get(Buf::BranchOut, rows, d);
             let want = routed_ref(&experts, None, Glu::Silu, &x, &logits, rows);
