@@ -58,6 +58,19 @@ FATHOM_ROUTED_KERNELS(, f16, T_F16, false)
 FATHOM_ROUTED_KERNELS(, bf16, T_BF16, false)
 FATHOM_ROUTED_KERNELS(, q5_k, T_Q5_K, false)
 
+// order[p] = the route (of one row's k, (id, weight) pairs) with the p-th
+// smallest expert id: the order the experts' outputs are summed in. The
+// block's first k threads write it; all threads wait for it.
+__device__ __forceinline__ void routes_in_expert_order(const unsigned int* routes, int k, int* order) {
+  if (threadIdx.x < k) {
+    const unsigned int id = routes[2 * threadIdx.x];
+    int rank = 0;
+    for (int j = 0; j < k; j++) rank += routes[2 * j] < id;
+    order[rank] = threadIdx.x;
+  }
+  __syncthreads();
+}
+
 // out = the k rows of src (width values each) weighted by their routes'
 // probabilities and summed in expert order from zero: bit for bit what
 // zeroing out and scattering each expert's rows adds (scatter_rows). At
@@ -66,13 +79,7 @@ FATHOM_ROUTED_KERNELS(, q5_k, T_Q5_K, false)
 extern "C" __global__ void moe_combine(const float* src, const unsigned int* routes, int k, int width,
                                        float* out) { FATHOM_PDL();
   __shared__ int order[MOE_MAX_ROUTES];
-  if (threadIdx.x < k) {
-    const unsigned int id = routes[2 * threadIdx.x];
-    int rank = 0;
-    for (int j = 0; j < k; j++) rank += routes[2 * j] < id;
-    order[rank] = threadIdx.x;
-  }
-  __syncthreads();
+  routes_in_expert_order(routes, k, order);
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= width) return;
   float acc = 0.0f;
@@ -217,13 +224,7 @@ extern "C" __global__ void moe_combine_rows(const float* down, const unsigned in
   FATHOM_PDL();
   __shared__ int order[MOE_MAX_ROUTES];
   const unsigned int* r = routes + (size_t)blockIdx.y * k * 2;
-  if (threadIdx.x < k) {
-    const unsigned int id = r[2 * threadIdx.x];
-    int rank = 0;
-    for (int j = 0; j < k; j++) rank += r[2 * j] < id;
-    order[rank] = threadIdx.x;
-  }
-  __syncthreads();
+  routes_in_expert_order(r, k, order);
   const int c = blockIdx.x * blockDim.x + threadIdx.x;
   if (c >= width) return;
   float acc = 0.0f;

@@ -103,6 +103,20 @@ impl CudaBackend {
         (out[0].1 == out[1].1).then_some(out)
     }
 
+    /// Where a layer's experts lie, when the routed kernels can find each
+    /// expert's matrices and biases from the first's: every matrix and
+    /// bias kind lying evenly ([`Self::evenly_placed`],
+    /// [`Self::evenly_placed_biases`]).
+    fn experts_placed(&self, ffn: &RoutedFfn) -> Option<ExpertsPlaced> {
+        let widths = [ffn.ffn_width, ffn.ffn_width, ffn.width];
+        Some(ExpertsPlaced {
+            gate: self.evenly_placed(ffn.experts, 0)?,
+            up: self.evenly_placed(ffn.experts, 1)?,
+            down: self.evenly_placed(ffn.experts, 2)?,
+            biases: self.evenly_placed_biases(ffn.biases, widths)?,
+        })
+    }
+
     /// A one-token MoE FFN on the routes route_experts left on the device:
     /// gate and up of the k routed experts in one launch, down in another,
     /// their weighted sum in a third; nothing is read back, so the step
@@ -112,22 +126,21 @@ impl CudaBackend {
     /// or k rows do not fit the planned buffers.
     pub(super) fn routed_on_device(&mut self, ffn: &RoutedFfn, x: Buf, out: Buf) -> bool {
         let RoutedFfn {
-            experts,
             k,
             act,
             width,
             ffn_width,
-            biases,
+            ..
         } = *ffn;
-        let (Some((g, gs)), Some((u, us)), Some((d, ds)), Some(bias_places)) = (
-            self.evenly_placed(experts, 0),
-            self.evenly_placed(experts, 1),
-            self.evenly_placed(experts, 2),
-            self.evenly_placed_biases(biases, [ffn_width, ffn_width, width]),
-        ) else {
+        let Some(ExpertsPlaced {
+            gate: (g, gs),
+            up: (u, us),
+            down: (d, ds),
+            biases: [(mut gb, mut bs), (mut ub, _), (mut db, mut dbs)],
+        }) = self.experts_placed(ffn)
+        else {
             return false;
         };
-        let [(mut gb, mut bs), (mut ub, _), (mut db, mut dbs)] = bias_places;
         let (gate_x8, down_x8) = (
             !self.k.mv1x8[g.kind].is_null(),
             !self.k.mv1x8[d.kind].is_null(),
@@ -238,17 +251,17 @@ impl CudaBackend {
             act,
             width,
             ffn_width,
-            biases,
+            ..
         } = *ffn;
-        let (Some((g, gs)), Some((u, us)), Some((d, ds)), Some(bias_places)) = (
-            self.evenly_placed(experts, 0),
-            self.evenly_placed(experts, 1),
-            self.evenly_placed(experts, 2),
-            self.evenly_placed_biases(biases, [ffn_width, ffn_width, width]),
-        ) else {
+        let Some(ExpertsPlaced {
+            gate: (g, gs),
+            up: (u, us),
+            down: (d, ds),
+            biases: [(mut gb, mut bs), (mut ub, _), (mut db, mut dbs)],
+        }) = self.experts_placed(ffn)
+        else {
             return false;
         };
-        let [(mut gb, mut bs), (mut ub, _), (mut db, mut dbs)] = bias_places;
         let (base, m) = self.moe;
         let routed = rows * k;
         // A tile both kernels take (the K-quants' take 64 rows).
@@ -457,4 +470,14 @@ impl CudaBackend {
         self.host_u32 = list;
         self.host_f32 = wts;
     }
+}
+
+/// A layer's experts as the routed kernels find them: per matrix kind the
+/// first expert's matrix and the stride to the next, per bias kind (gate,
+/// up, down) the first's address and stride (`(0, 0)` without biases).
+struct ExpertsPlaced {
+    gate: (DevMatrix, u64),
+    up: (DevMatrix, u64),
+    down: (DevMatrix, u64),
+    biases: [(u64, u64); 3],
 }
