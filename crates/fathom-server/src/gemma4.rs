@@ -14,8 +14,9 @@
 //! JSON compiler writes JSON, not this). Numbers, booleans and null are
 //! spelled as in JSON, so their subschemas go to `%json` whole, bounds and
 //! all; strings, arrays and objects are lowered here, and a keyword the
-//! lowering cannot enforce is refused, named with its place in the schema
-//! (under `auto`, that function's arguments are any object instead).
+//! lowering cannot enforce is refused, named with its place in the schema,
+//! under every `tool_choice` (as Qwen XML's strings are): an `auto` call
+//! the model opens is constrained like a required one.
 
 use serde_json::{Map, Value};
 
@@ -74,22 +75,14 @@ const LOWERED: &[&str] = &[
 /// The Lark expression of one call to one of `functions` (name and
 /// parameters' schema) after its opener [`OPENER`]
 /// (`call:NAME{...}<tool_call|>`), and the rules it uses; or why a schema
-/// cannot be enforced. `lenient` (`tool_choice` `auto`): a function whose
-/// schema the lowering cannot enforce takes any object of arguments
-/// instead, so a request the model may answer freely is not refused.
-pub fn call_rest(functions: &[(&str, &Value)], lenient: bool) -> Result<(String, String), String> {
+/// cannot be enforced.
+pub fn call_rest(functions: &[(&str, &Value)]) -> Result<(String, String), String> {
     let mut lowering = Lowering::default();
     let mut calls = Vec::with_capacity(functions.len());
     for (name, parameters) in functions {
         let place = format!("function {name}'s parameters");
-        let arguments = match object_schema(parameters, &place)
-            .and_then(|schema| lowering.value(&schema, &place))
-        {
-            Ok(arguments) => arguments,
-            // Rules a failed lowering wrote stay unused.
-            Err(_) if lenient => lowering.any_object(),
-            Err(e) => return Err(e),
-        };
+        let arguments =
+            object_schema(parameters, &place).and_then(|schema| lowering.value(&schema, &place))?;
         calls.push(format!(
             "{} {arguments} {}",
             lark_literal(&format!("{}{name}", &OPEN[OPENER.len()..])),
@@ -281,12 +274,6 @@ impl Lowering {
         );
         self.rule(&body);
         name
-    }
-
-    /// Any object: any keys, any values.
-    fn any_object(&mut self) -> String {
-        let any = self.any();
-        object_of(&any)
     }
 
     /// An array of `items`, `minItems` to `maxItems` of them.
@@ -564,37 +551,29 @@ mod tests {
     fn keywords_the_lowering_cannot_enforce_are_named_with_their_place() {
         let schema =
             json!({"type": "object", "properties": {"when": {"type": "string", "format": "iri"}}});
-        let e = call_rest(&[("f", &schema)], false).unwrap_err();
+        let e = call_rest(&[("f", &schema)]).unwrap_err();
         assert!(
             e.contains("function f's parameters.properties.when: format \"iri\""),
             "{e}"
         );
-        let e = call_rest(&[("f", &json!({"properties": {"a": {"not": {}}}}))], false).unwrap_err();
+        let e = call_rest(&[("f", &json!({"properties": {"a": {"not": {}}}}))]).unwrap_err();
         assert!(
             e.contains("function f's parameters.properties.a: `not`"),
             "{e}"
         );
-        let e = call_rest(&[("f", &json!({"type": "array"}))], false).unwrap_err();
+        let e = call_rest(&[("f", &json!({"type": "array"}))]).unwrap_err();
         assert!(e.contains("object of arguments"), "{e}");
         let refs =
             json!({"$defs": {"d": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/d"}}});
-        let e = call_rest(&[("f", &refs)], false).unwrap_err();
+        let e = call_rest(&[("f", &refs)]).unwrap_err();
         assert!(e.contains("function f's parameters: `$defs`"), "{e}");
-        let e = call_rest(
-            &[("f", &json!({"properties": {}, "required": ["a"]}))],
-            false,
-        )
-        .unwrap_err();
+        let e = call_rest(&[("f", &json!({"properties": {}, "required": ["a"]}))]).unwrap_err();
         assert!(e.contains("\"a\""), "{e}");
-        // Leniently (`auto`): that function takes any object of arguments,
-        // the others keep their schemas.
+        // One function the lowering cannot enforce refuses the request,
+        // whatever the others' schemas.
         let city = json!({"properties": {"city": {"enum": ["Oslo"]}}, "required": ["city"]});
-        let (rest, rules) = call_rest(&[("f", &schema), ("g", &city)], true).unwrap();
-        assert!(
-            rest.starts_with("(\"call:f\" \"{\" (/[A-Za-z_]")
-                && rest.contains("\"call:g\" (\"{\" (g"),
-            "{rest}"
-        );
-        assert!(rules.contains("\"<|\\\"|>Oslo<|\\\"|>\""), "{rules}");
+        assert!(call_rest(&[("g", &city)]).is_ok());
+        let e = call_rest(&[("g", &city), ("f", &schema)]).unwrap_err();
+        assert!(e.contains("function f's parameters"), "{e}");
     }
 }

@@ -254,7 +254,7 @@ pub fn grammar(
                 .iter()
                 .map(|t| (t.name.as_str(), &t.parameters))
                 .collect();
-            let (rest, rules) = gemma4::call_rest(&functions, !must_call)?;
+            let (rest, rules) = gemma4::call_rest(&functions)?;
             Opened {
                 opener: gemma4::OPENER,
                 rest,
@@ -933,6 +933,17 @@ mod tests {
             lark.contains("\"<|tool_call>\" (\"call:get_weather\""),
             "{lark}"
         );
+        // A keyword the lowering cannot enforce is refused whatever the
+        // choice: under `auto` too, a call the model opens is constrained.
+        for choice in [ToolChoice::Auto, ToolChoice::Required] {
+            let mut r = req(choice);
+            r.tools[1].parameters = json!({"properties": {"at": {"not": {"type": "string"}}}});
+            let e = grammar(ToolFormat::Gemma4, &r, 0, false, None).unwrap_err();
+            assert!(
+                e.contains("function now's parameters.properties.at: `not`"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
