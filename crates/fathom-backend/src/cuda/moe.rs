@@ -7,10 +7,12 @@ use std::ffi::c_void;
 
 use cudarc::driver::result;
 
+use fathom_plan::cuda::MOE_TILE_MIN;
+
 use super::abi::{MAX_EXPERTS, MOE_MAX_ROUTES, MQ_MAX_TOKENS, MQ_WARPS, MV_WARPS, X8_BLOCK};
-use super::kernels::{act_id, type_of_kind};
+use super::kernels::act_id;
 use super::{CudaBackend, DevMatrix};
-use crate::{Buf, MatrixId, RoutedFfn, VectorId, WeightType::*};
+use crate::{Buf, MatrixId, RoutedFfn, VectorId};
 
 impl CudaBackend {
     /// One-token MoE steps on the device's routes (`true`, the default) or
@@ -264,12 +266,14 @@ impl CudaBackend {
         };
         let (base, m) = self.moe;
         let routed = rows * k;
-        // A tile both kernels take (the K-quants' take 64 rows).
+        // A tile both kernels take: `mqg_*` takes 64 rows for the kinds
+        // with a 64-token `mq` kernel (the K-quants), else the plan's
+        // smallest tile, which sizes its tile list.
         let tile_of = |kind: usize| {
-            if type_of_kind(kind).is_some_and(|t| matches!(t, Q4_K | Q5_K | Q6_K)) {
-                MQ_MAX_TOKENS
+            if self.k.mq[1][kind].is_null() {
+                MOE_TILE_MIN as usize
             } else {
-                16
+                MQ_MAX_TOKENS
             }
         };
         let tile = tile_of(g.kind).min(tile_of(d.kind));
