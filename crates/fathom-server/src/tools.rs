@@ -431,9 +431,10 @@ const XML_END: &str = r"\n<\/parameter>\n";
 
 /// The Lark expression of a Qwen XML call's parameters under `t`'s
 /// `parameters`: each property in the schema's order, the required ones
-/// always, the others maybe. A string's value is its text, any text that
-/// does not hold a line starting with `<` after its first (so the lexeme
-/// that ends at `\n</parameter>\n` is unambiguous); with `minLength`,
+/// always, the others maybe. A string's value ([`bare_string`]) is its
+/// text, any text that does not hold a line starting with `<` after its
+/// first (so the lexeme that ends at `\n</parameter>\n` is unambiguous),
+/// or `None` or `null` where it may be null; with `minLength`,
 /// `maxLength`, `pattern` or `format`, such text that meets them, one
 /// terminal added to `rules` ([`bare_string::token`]); a choice of
 /// strings (`enum`, `const`) one of them bare; any other value JSON valid
@@ -451,7 +452,7 @@ fn xml_parameters(t: &Tool, rules: &mut String) -> Result<String, String> {
     let mut params = Vec::with_capacity(properties.len());
     for (key, sub) in properties {
         let open = lark_literal(&format!("<parameter={key}>\n"));
-        let param = if is_plain_string(sub) {
+        let param = if let Some(bare) = bare_string(sub) {
             let syntax = bare_string::Syntax {
                 name: "Qwen XML's call syntax",
                 text: XML_TEXT,
@@ -459,15 +460,17 @@ fn xml_parameters(t: &Tool, rules: &mut String) -> Result<String, String> {
                 end: XML_END,
             };
             let place = format!("function {}'s parameter {key}", t.name);
-            let keywords = sub
-                .as_object()
-                .map_or(Ok(None), |o| bare_string::token(o, &syntax, &place))?;
-            match keywords {
+            match bare_string::token(bare.schema, &syntax, &place)? {
+                // Any text, `None` and `null` among them.
                 None => format!("({open} /{XML_TEXT}{XML_END}/)"),
                 Some(body) => {
                     let name = format!("XML_TEXT_{}", rules.lines().count());
                     rules.push_str(&format!("{name}: {body}\n"));
-                    format!("({open} {name})")
+                    if bare.nullable {
+                        format!("({open} ({name} | (\"None\" | \"null\") \"\\n</parameter>\\n\"))")
+                    } else {
+                        format!("({open} {name})")
+                    }
                 }
             }
         } else {
@@ -495,13 +498,58 @@ fn xml_parameters(t: &Tool, rules: &mut String) -> Result<String, String> {
     Ok(params.join(" "))
 }
 
-/// Whether `schema` is a string that is not a choice of values, which the
-/// Qwen XML format writes bare (as its template's `| string` does), its
-/// keywords enforced on the text ([`xml_parameters`]); a string with an
-/// `enum` or `const` is one of its choices.
-fn is_plain_string(schema: &Value) -> bool {
-    schema.get("type").and_then(Value::as_str) == Some("string")
-        && ["enum", "const"].iter().all(|k| schema.get(k).is_none())
+/// A parameter the Qwen XML format writes bare, as its template's
+/// `| string` does: a string that is not a choice of values (a string with
+/// an `enum` or `const` is one of its choices), its keywords in `schema`,
+/// enforced on the text ([`xml_parameters`]). `nullable` where null is
+/// allowed too (`"type": ["string", "null"]`, or `anyOf`/`oneOf` of such a
+/// string and `{"type": "null"}`, as Pydantic writes `Optional[str]`): the
+/// template writes a null `None`, and `None` or `null` read back as null.
+struct BareString<'a> {
+    schema: &'a Map<String, Value>,
+    nullable: bool,
+}
+
+fn bare_string(schema: &Value) -> Option<BareString<'_>> {
+    let o = schema.as_object()?;
+    let no_choice = ["enum", "const"].iter().all(|k| !o.contains_key(*k));
+    match o.get("type") {
+        Some(Value::String(t)) => (t == "string" && no_choice).then_some(BareString {
+            schema: o,
+            nullable: false,
+        }),
+        Some(Value::Array(types)) => {
+            let mut names: Vec<&str> = types.iter().filter_map(Value::as_str).collect();
+            names.sort_unstable();
+            (names == ["null", "string"] && no_choice).then_some(BareString {
+                schema: o,
+                nullable: true,
+            })
+        }
+        Some(_) => None,
+        None => {
+            // Only annotations beside the union, which they do not narrow.
+            let annotation = |k: &str| ["title", "description", "default"].contains(&k);
+            let (key, branches) = o.iter().find(|(k, _)| *k == "anyOf" || *k == "oneOf")?;
+            if !o.keys().all(|k| k == key || annotation(k)) {
+                return None;
+            }
+            let [a, b] = branches.as_array()?.as_slice() else {
+                return None;
+            };
+            let is_null = |v: &Value| *v == serde_json::json!({"type": "null"});
+            let string = match (is_null(a), is_null(b)) {
+                (true, false) => b,
+                (false, true) => a,
+                _ => return None,
+            };
+            let inner = bare_string(string)?;
+            (!inner.nullable).then_some(BareString {
+                nullable: true,
+                ..inner
+            })
+        }
+    }
 }
 
 /// The strings `schema` allows when it is an `enum` or `const` of strings
@@ -518,7 +566,8 @@ fn string_choices(schema: &Value) -> Option<Vec<&str>> {
 
 /// A Qwen XML call's body (between `<tool_call>` and `</tool_call>`): the
 /// function's name and its arguments, each value typed by the function's
-/// schema in `req` (a plain string is its text; anything else its JSON,
+/// schema in `req` (a string, [`bare_string`], is its text, a nullable
+/// one's `None` or `null` null; anything else its JSON,
 /// or Python's `True`, `False`, `None` as the template writes them, else
 /// the text).
 fn xml_call(body: &str, req: &ToolRequest) -> Option<(String, Value)> {
@@ -548,8 +597,11 @@ fn xml_call(body: &str, req: &ToolRequest) -> Option<(String, Value)> {
         let raw = &value[open..end];
         let raw = raw.strip_suffix('\n').unwrap_or(raw);
         let schema = properties.and_then(|p| p.get(key));
-        let typed = if schema.is_some_and(is_plain_string) {
-            Value::String(raw.to_string())
+        let typed = if let Some(bare) = schema.and_then(bare_string) {
+            match raw {
+                "None" | "null" if bare.nullable => Value::Null,
+                _ => Value::String(raw.to_string()),
+            }
         } else {
             match raw.trim() {
                 "True" => Value::Bool(true),
@@ -973,6 +1025,44 @@ mod tests {
         assert_eq!(a.content.as_deref(), Some(odd));
         let broken = "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</tool_call>";
         assert!(parse(ToolFormat::QwenXml, broken, &r, "q").calls.is_empty());
+    }
+
+    /// A string that may be null (a type list, or Pydantic's `anyOf` of a
+    /// string and null) is read as its bare text, but `None` (what the
+    /// template writes for a null) and `null` read as null; a union that
+    /// is not string-or-null keeps the JSON path.
+    #[test]
+    fn qwen_xml_nullable_strings_are_bare_text_or_null() {
+        let mut r = req(ToolChoice::Auto);
+        for note in [
+            json!({"type": ["string", "null"]}),
+            json!({"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 9}], "default": null}),
+            json!({"oneOf": [{"type": "string"}, {"type": "null"}]}),
+        ] {
+            r.tools[0].parameters = json!({"type": "object", "properties": {"city": note}});
+            for (text, want) in [
+                ("Oslo", json!("Oslo")),
+                ("None", Value::Null),
+                ("null", Value::Null),
+                ("\"None\"", json!("\"None\"")),
+                ("None yet", json!("None yet")),
+            ] {
+                let call = format!("<tool_call>\n<function=get_weather>\n<parameter=city>\n{text}\n</parameter>\n</function>\n</tool_call>");
+                let a = parse(ToolFormat::QwenXml, &call, &r, "q");
+                assert_eq!(
+                    a.calls[0].arguments,
+                    json!({ "city": want }).to_string(),
+                    "{text}"
+                );
+            }
+        }
+        for other in [
+            json!({"type": ["string", "integer"]}),
+            json!({"anyOf": [{"type": "string"}, {"type": "null"}], "maxLength": 3}),
+            json!({"anyOf": [{"type": "string", "enum": ["a"]}, {"type": "null"}]}),
+        ] {
+            assert!(bare_string(&other).is_none(), "{other}");
+        }
     }
 
     /// A string value's first line may start with `</parameter>` (the

@@ -1655,6 +1655,37 @@ fn qwen_string_call(template: &ChatTemplate, value: &str) -> String {
     text[start..end].to_string()
 }
 
+/// A string that may be null is bare text under its keywords, or `None`
+/// or `null` (what the template writes for a null) whatever they say; both
+/// read back as null.
+#[test]
+fn qwen_xml_nullable_strings_are_bounded_text_or_null() {
+    let tok = tokenizer();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let mut req = request(ToolChoice::Required);
+    req.tools[0].parameters = json!({"type": "object", "properties": {
+        "city": {"anyOf": [{"type": "string", "maxLength": 3}, {"type": "null"}]}},
+        "required": ["city"]});
+    let grammar = tool_grammar(ToolFormat::QwenXml, &req, 100);
+    let null = serde_json::Value::Null;
+    for (city, fits, read) in [
+        ("Oslo", false, null.clone()),
+        ("Osl", true, json!("Osl")),
+        ("None", true, null.clone()),
+        ("null", true, null.clone()),
+        ("Nonesuch", false, null),
+    ] {
+        let text = format!("<tool_call>\n<function=get_weather>\n<parameter=city>\n{city}\n</parameter>\n</function>\n</tool_call>");
+        let mut state = c.compile(&grammar).unwrap();
+        let (ok, n) = walk(&mut state, &tok, &text);
+        assert_eq!(ok == n, fits, "{city:?}: {ok} of {n} tokens");
+        if fits {
+            let got = tools::parse(ToolFormat::QwenXml, &text, &req, "n");
+            assert_eq!(got.calls[0].arguments, json!({ "city": read }).to_string());
+        }
+    }
+}
+
 /// Issue 35: a Qwen XML call's string arguments, written bare as
 /// Qwen3.5's real template writes them ([`qwen_string_call`]), meet their
 /// `pattern` and `format`, with the length bounds ([`bare_string_cases`]),
