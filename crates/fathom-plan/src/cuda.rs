@@ -238,6 +238,10 @@ pub struct DeviceLayout {
     pub moe_grouping: Region,
     /// What lies where in `moe_grouping`.
     pub moe: MoeGrouping,
+    /// A split model's host-layer matrix copied here for a large step to
+    /// multiply (the device spec's `streamed_weights`); empty when no
+    /// layer's matrices are on the host.
+    pub streamed: Region,
     /// Bytes of the allocation.
     pub size: u64,
 }
@@ -344,14 +348,16 @@ impl MoeGrouping {
 impl DeviceLayout {
     /// The carve for `weights_bytes` of resident weights (as stored, plus
     /// what is converted at load), the device side of `arena`, `kv`, a
-    /// hybrid model's `recurrent_bytes` of state (0 for other models) and a
-    /// MoE model's expert grouping (`MoeGrouping::default()` for others).
+    /// hybrid model's `recurrent_bytes` of state (0 for other models), a
+    /// MoE model's expert grouping (`MoeGrouping::default()` for others)
+    /// and `streamed_bytes` of room for host matrices (0 unless split).
     pub fn new(
         weights_bytes: u64,
         arena: &[ArenaBuffer],
         kv: &[KvGroup],
         recurrent_bytes: u64,
         moe: MoeGrouping,
+        streamed_bytes: u64,
     ) -> Self {
         let weights = Region {
             offset: 0,
@@ -411,6 +417,7 @@ impl DeviceLayout {
         let weight_staging = region(WEIGHT_STAGING);
         let attention_partials = region(attention_partials_bytes(arena, kv, tokens));
         let moe_grouping = region(moe.bytes);
+        let streamed = region(streamed_bytes);
         DeviceLayout {
             weights,
             arena: arena_region,
@@ -423,6 +430,7 @@ impl DeviceLayout {
             attention_partials,
             moe_grouping,
             moe,
+            streamed,
             size: align(at, ALLOCATION_GRANULE),
         }
     }

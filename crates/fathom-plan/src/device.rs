@@ -293,7 +293,8 @@ pub fn backend(
 /// recurrent state (their own terms) and the arena — the context, the kernels, cuBLAS's handle and workspace,
 /// the decode-step graphs,
 /// the upload area, prefill staging, split attention's partials, a MoE
-/// model's expert grouping, and the allocation's alignment padding.
+/// model's expert grouping, a split model's streamed host matrix, and the
+/// allocation's alignment padding.
 fn cuda_backend(l: &DeviceLayout, weights: u64) -> (u64, String) {
     let kv: u64 = l.kv.iter().map(|r| r.bytes).sum();
     let upload = l.upload.step.bytes + l.upload.index.bytes + l.upload.weights.bytes;
@@ -308,15 +309,17 @@ fn cuda_backend(l: &DeviceLayout, weights: u64) -> (u64, String) {
     let staging = l.activation_staging.bytes + l.weight_staging.bytes;
     let partials = l.attention_partials.bytes;
     let grouping = l.moe_grouping.bytes;
+    let streamed = l.streamed.bytes;
     let padding = in_allocation
         .saturating_sub(l.blas_workspace.bytes)
         .saturating_sub(upload)
         .saturating_sub(staging)
         .saturating_sub(partials)
-        .saturating_sub(grouping);
+        .saturating_sub(grouping)
+        .saturating_sub(streamed);
     let bytes = DeviceLayout::outside_allocation().saturating_add(in_allocation);
     let derivation = format!(
-        "cuda: context {} + kernels {} + cuBLAS handle {} (measured on an H200) + {} decode graphs × {} + cuBLAS workspace {} + per-step upload {} + prefill staging {} + attention partials {} + MoE grouping {} + weight slack and alignment {}",
+        "cuda: context {} + kernels {} + cuBLAS handle {} (measured on an H200) + {} decode graphs × {} + cuBLAS workspace {} + per-step upload {} + prefill staging {} + attention partials {} + MoE grouping {}{} + weight slack and alignment {}",
         format_binary(cuda::CONTEXT_BYTES),
         format_binary(cuda::MODULE_BYTES),
         format_binary(cuda::BLAS_HANDLE_BYTES),
@@ -327,6 +330,12 @@ fn cuda_backend(l: &DeviceLayout, weights: u64) -> (u64, String) {
         format_binary(staging),
         format_binary(partials),
         format_binary(grouping),
+        // Only a split model streams: other plans read as before.
+        if streamed > 0 {
+            format!(" + streamed host matrices {}", format_binary(streamed))
+        } else {
+            String::new()
+        },
         format_binary(padding),
     );
     (bytes, derivation)

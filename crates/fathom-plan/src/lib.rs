@@ -238,11 +238,14 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64, nccl: u64)
     let resident_weights = spec.weights_bytes().saturating_add(converted);
     let layout = (inputs.device == Device::Cuda).then(|| {
         let states = recurrent.as_ref().map_or(0, |r| r.bytes);
-        // Grouping only where the device runs every MoE layer it holds
-        // with its experts: with some layers' experts on the host, the
-        // host's experts bound the speed, and a device cap is better spent
-        // on more experts (those layers' steps take the gather path).
-        let moe = if placement::runs_all_its_experts(spec) {
+        // Grouping where the device runs every MoE layer it holds with its
+        // experts, or runs the host's experts streamed for large steps
+        // (with room for them). With experts on the host and none
+        // streamed, the host's experts bound the speed, and a device cap
+        // is better spent on more experts.
+        let moe = if placement::runs_all_its_experts(spec)
+            || (spec.n_experts > 0 && spec.streamed_weights > 0)
+        {
             cuda::MoeGrouping::of_arena(&activations.buffers, spec.expert_ffn)
         } else {
             cuda::MoeGrouping::default()
@@ -253,6 +256,7 @@ fn size_terms(spec: &ModelSpec, inputs: &PlanInputs, max_tokens: u64, nccl: u64)
             &kv.groups,
             states,
             moe,
+            spec.streamed_weights,
         )
     });
     let backend = device::backend(

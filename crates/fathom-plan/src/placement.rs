@@ -24,6 +24,7 @@ use fathom_spec::ModelSpec;
 use regex::Regex;
 
 use crate::activations::ArenaBuffer;
+use crate::cuda::WEIGHT_ALIGN;
 use serde::Serialize;
 
 use crate::tensor_parallel::{classify, Role};
@@ -462,7 +463,53 @@ pub(crate) fn place(
         placement.side_spec(spec, Place::Cuda),
         placement.side_spec(spec, Place::Cpu),
     );
+    device_spec.streamed_weights = streamed_room(&host_tensors, spec.n_experts);
     device_spec.tensors = device_tensors;
     host_spec.tensors = host_tensors;
     (placement, device_spec, host_spec)
+}
+
+/// Bytes of the device's room for what a large step copies from the host
+/// at once ([`crate::cuda::DeviceLayout::streamed`]): the largest layer
+/// matrix among `host_tensors` (an MLX matrix with its scales and biases),
+/// or the largest layer's routed experts together (every expert's gate, up
+/// and down), each piece at a `WEIGHT_ALIGN` boundary. Experts with biases
+/// (gpt-oss) stay on the host, as do 1-D tensors and tensors outside a
+/// layer.
+fn streamed_room(host_tensors: &[fathom_spec::TensorEntry], n_experts: u64) -> u64 {
+    let aligned = |bytes: u64| bytes.div_ceil(WEIGHT_ALIGN).saturating_mul(WEIGHT_ALIGN);
+    let mut matrices: std::collections::BTreeMap<&str, u64> = Default::default();
+    let mut experts: std::collections::BTreeMap<usize, (u64, bool)> = Default::default();
+    for t in host_tensors {
+        let c = classify(t);
+        let Some(layer) = c.layer else { continue };
+        if is_expert(t, c.role) {
+            let (bytes, biased) = experts.entry(layer).or_default();
+            if t.shape.len() < 3 {
+                *biased = true;
+            } else {
+                let each = aligned(t.bytes / n_experts.max(1));
+                *bytes = bytes.saturating_add(each.saturating_mul(n_experts));
+            }
+            continue;
+        }
+        if t.shape.len() < 2 {
+            continue;
+        }
+        let stem = [".weight", ".scales", ".biases"]
+            .iter()
+            .find_map(|s| t.name.strip_suffix(s))
+            .unwrap_or(&t.name);
+        let sum = matrices.entry(stem).or_default();
+        *sum = sum.saturating_add(aligned(t.bytes));
+    }
+    let largest_experts = experts
+        .into_values()
+        .filter(|&(_, biased)| !biased)
+        .map(|(bytes, _)| bytes);
+    matrices
+        .into_values()
+        .chain(largest_experts)
+        .max()
+        .unwrap_or(0)
 }

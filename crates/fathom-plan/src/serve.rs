@@ -502,18 +502,19 @@ impl MemoryPlan {
         // (alignment, the allocation's rounding) follows the pool's regions.
         if self.inputs.device == Device::Cuda {
             let resident = self.weights_bytes.saturating_add(self.converted_bytes);
-            // The step's rows are the plan's: its expert grouping stands.
-            let moe = self
+            // The step's rows are the plan's: its expert grouping stands, as
+            // does the room for streamed host matrices.
+            let (moe, streamed) = self
                 .device_layout
                 .as_ref()
-                .map(|l| l.moe)
-                .unwrap_or_default();
+                .map_or_else(Default::default, |l| (l.moe, l.streamed.bytes));
             let layout = DeviceLayout::new(
                 resident,
                 &self.activation_detail,
                 &self.kv_detail,
                 self.recurrent_bytes,
                 moe,
+                streamed,
             );
             let backend = device::backend(Device::Cuda, None, Some((&layout, resident)));
             self.device_layout = Some(layout);

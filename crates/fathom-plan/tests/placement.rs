@@ -136,6 +136,59 @@ fn llama_70b_under_24_gib_keeps_the_last_layers_that_fit() {
 }
 
 #[test]
+fn a_split_plans_device_room_for_the_largest_host_matrix() {
+    let (_dir, spec) = gguf(&fx::llama_3_1_70b(), "llama70b-stream");
+    let room = |p: &MemoryPlan| p.device_layout.as_ref().unwrap().streamed.bytes;
+    let ffn = spec
+        .tensors
+        .iter()
+        .find(|t| t.name == "blk.0.ffn_down.weight")
+        .unwrap();
+    assert_eq!(
+        (ffn.shape.as_slice(), ffn.dtype.as_str()),
+        (&[28672, 8192][..], "Q4_K")
+    );
+    // The FFN's matrices are the largest: 8,192 rows of 28,672 Q4_K values
+    // (or the transpose), 112 blocks of 144 bytes = 16,128 bytes a row, ×
+    // 8,192 = 132,120,576 bytes, a multiple of 16 (no padding).
+    let split = placed(&spec, 24 * GIB, &gpu_layers(40));
+    assert_eq!(room(&split), 132_120_576);
+    let backend = split.terms.iter().find(|t| t.name == "backend").unwrap();
+    assert!(
+        backend
+            .derivation
+            .contains("streamed host matrices 126.00 MiB"),
+        "{}",
+        backend.derivation
+    );
+    // Nothing on the host, nothing streamed.
+    assert_eq!(room(&placed(&spec, 80 * GIB, &gpu_layers(80))), 0);
+    // The MoE: a layer's routed experts are streamed together. Each
+    // expert's gate and up are 768 rows of 2,048 Q4_K values (8 blocks ×
+    // 144 = 1,152 bytes a row: 884,736 bytes), its down 2,048 rows of 768
+    // (3 × 144 = 432 bytes a row: 884,736), so 128 experts × 3 × 884,736 =
+    // 339,738,624 bytes, more than a host layer's largest matrix
+    // (attention's 4,096 × 2,048: 4,718,592).
+    let (_moe_dir, moe) = gguf(&fx::qwen3_30b_a3b(), "qwen3moe-stream");
+    let experts_only = PlacementRequest {
+        gpu_layers: GpuLayers::All,
+        cpu_moe_layers: 48,
+        overrides: Vec::new(),
+    };
+    let experts_streamed = placed(&moe, 80 * GIB, &experts_only);
+    assert_eq!(room(&experts_streamed), 339_738_624);
+    assert_eq!(room(&placed(&moe, 80 * GIB, &gpu_layers(40))), 339_738_624);
+    // With them it plans the expert grouping the streamed experts run
+    // through, as it does with every expert on the GPU.
+    let grouping = |p: &MemoryPlan| p.device_layout.as_ref().unwrap().moe_grouping.bytes;
+    assert!(grouping(&experts_streamed) > 0);
+    assert_eq!(
+        grouping(&experts_streamed),
+        grouping(&placed(&moe, 80 * GIB, &gpu_layers(48)))
+    );
+}
+
+#[test]
 fn all_layers_on_a_small_device_does_not_fit_and_says_so() {
     let (_dir, spec) = gguf(&fx::llama_3_1_70b(), "llama70b-all");
     let all = PlacementRequest {
@@ -469,10 +522,10 @@ fn a_multi_token_prediction_layer_is_not_layer_0() {
 /// (16,384), gate and up (2 × 4,096 × 768 × 4 = 25,165,824), act(gate) ×
 /// up as f16 (6,291,456) and its scales (16,384), the down products
 /// (4,096 × 2,048 × 4 = 33,554,432): 81,875,712 B. The whole model on the
-/// GPU holds it; a placement with some layer's experts on the host does
-/// not (those layers' steps take the gather path).
+/// GPU holds it, and so does a placement with some layer's experts on the
+/// host, whose large steps run those experts on the GPU streamed.
 #[test]
-fn qwen3_30b_a3b_plans_its_expert_grouping_only_with_every_expert_on_the_gpu() {
+fn qwen3_30b_a3b_plans_its_expert_grouping_on_the_gpu_whatever_the_placement() {
     let (_dir, spec) = gguf(&fx::qwen3_30b_a3b(), "qwen3moe-grouping");
     let whole = MemoryPlan::new(&spec, inputs(64 * GIB)).unwrap();
     let layout = whole.device_layout.as_ref().unwrap();
@@ -492,7 +545,10 @@ fn qwen3_30b_a3b_plans_its_expert_grouping_only_with_every_expert_on_the_gpu() {
     );
     let p = placed(&spec, 12 * GIB, &PlacementRequest::default());
     assert!(p.placement.as_ref().unwrap().cpu_moe_layers > 0);
-    assert_eq!(p.device_layout.as_ref().unwrap().moe_grouping.bytes, 0);
+    assert_eq!(
+        p.device_layout.as_ref().unwrap().moe_grouping.bytes,
+        81_875_712
+    );
     // Whole layers on the host, every device layer with its experts: held.
     let dense_split = placed(&spec, 64 * GIB, &gpu_layers(40));
     assert_eq!(dense_split.placement.as_ref().unwrap().cpu_moe_layers, 8);

@@ -47,6 +47,7 @@ fn spec(layers: Vec<Attention>, context_length: u64) -> ModelSpec {
         tokenizer_merges: 0,
         vocab_header: VocabHeader::default(),
         tied_embeddings: true,
+        streamed_weights: 0,
         tensors: vec![TensorEntry {
             name: "w".into(),
             dtype: "F32".into(),
@@ -549,6 +550,7 @@ mod serve {
             &plan.kv_detail,
             plan.recurrent_bytes,
             moe,
+            0,
         );
         let kv: u64 = l.kv.iter().map(|r| r.bytes).sum();
         DeviceLayout::outside_allocation() + l.size

@@ -299,6 +299,7 @@ pub(crate) fn spec(file: &GgufFile) -> Result<ModelSpec, SpecError> {
             .map_or(0, |m| m.len() as u64),
         vocab_header: vocab_header(file),
         tied_embeddings,
+        streamed_weights: 0,
         tensors,
         source,
         notes,

@@ -226,6 +226,7 @@ pub(crate) fn spec(checkpoint: &HfCheckpoint) -> Result<ModelSpec, SpecError> {
         tokenizer_merges: 0,
         vocab_header,
         tied_embeddings,
+        streamed_weights: 0,
         tensors,
         source,
         notes,

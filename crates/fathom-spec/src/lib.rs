@@ -509,6 +509,13 @@ pub struct ModelSpec {
     pub vocab_header: VocabHeader,
     pub tied_embeddings: bool,
     pub tensors: Vec<TensorEntry>,
+    /// Bytes of the largest weight matrix (with an MLX matrix's scales and
+    /// biases) that the other side of a placement holds for a layer this
+    /// side may run it for: a device spec's room for the host layers'
+    /// matrices that a large step copies to the GPU to multiply there. 0
+    /// in a checkpoint's spec.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub streamed_weights: u64,
     /// Where the tensor table came from, for the plan's weights line
     /// (`GGUF v3 header, 272 tensors`).
     pub source: String,
@@ -594,6 +601,7 @@ impl ModelSpec {
             tied_embeddings,
             source: String::new(),
             tensors,
+            streamed_weights: 0,
             notes,
         }
     }

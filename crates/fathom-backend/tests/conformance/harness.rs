@@ -89,7 +89,7 @@ pub(crate) fn cuda_backend(arena: &[ArenaBuffer], kv: &KvLayout) -> Option<CudaB
     // The grouped expert products of every step the MoE tests run: all
     // rows, up to 16 routes, 256 experts, rows and FFNs of 2,048 values.
     let moe = MoeGrouping::new(ROWS, 16, 256, 2048, 2048);
-    let layout = DeviceLayout::new(WEIGHTS, arena, &kv.groups, states, moe);
+    let layout = DeviceLayout::new(WEIGHTS, arena, &kv.groups, states, moe, 0);
     match CudaBackend::new(0, arena, kv.clone(), &layout) {
         Ok(b) => Some(b),
         Err(e) => {
