@@ -12,6 +12,15 @@
 //! Like its KV, a linear-attention layer's recurrent state lives on the
 //! side that runs the layer: each side holds its own layers' states (the
 //! engine numbers them among the side's layers) in slots of the same ids.
+//!
+//! A step of many rows (a prefill chunk) multiplies the host layers'
+//! matrices on the device: each is copied into the device plan's
+//! `streamed` room ([`Backend::stream_matrix`]), its input rows cross to
+//! the device and its products back. Copying a matrix costs the same at
+//! any row count and the host's products grow with the rows, so from
+//! [`STREAM_ROWS`] rows (llama.cpp offloads from 32) the copy is the
+//! cheaper; the rest of a host layer (norms, attention over its KV) stays
+//! on the host.
 
 use crate::cpu::CpuBackend;
 use crate::{
@@ -19,8 +28,21 @@ use crate::{
     LinearIo, LinearShape, LinearWeights, MatrixId, Place, RopeParams, RoutedFfn, Step, VectorId,
 };
 
+/// Rows from which a step multiplies host matrices on the device, unless
+/// `FATHOM_SPLIT_STREAM_ROWS` says otherwise (`0`: never).
+pub const STREAM_ROWS: usize = 32;
+
+/// `FATHOM_SPLIT_STREAM_ROWS` as a row count (unset or unreadable: the
+/// default; `0`: never stream).
+fn stream_rows() -> usize {
+    std::env::var("FATHOM_SPLIT_STREAM_ROWS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(STREAM_ROWS)
+}
+
 /// The host's CPU backend and a device backend driven as one.
-pub struct Hybrid<D> {
+pub struct Hybrid<D: Backend> {
     host: CpuBackend,
     device: D,
     /// Where the next op runs.
@@ -34,12 +56,49 @@ pub struct Hybrid<D> {
     /// its side knows them (sized at load, reused each step).
     experts: Vec<[MatrixId; 3]>,
     expert_biases: Vec<[VectorId; 3]>,
+    /// Each host matrix that fits the device's streamed room, by this
+    /// backend's id (`None` for the rest).
+    streamable: Vec<Option<HostMatrix>>,
+    /// Steps of at least this many rows stream host matrices (0: none).
+    stream_rows: usize,
+    /// The buffer whose rows the device holds as the host does, since the
+    /// last op that ran on the host (a streamed product's output, which
+    /// the next streamed product may read).
+    device_holds: Option<(Buf, usize)>,
+    /// Host matrices streamed so far.
+    streamed: u64,
+    /// A failed copy of a host matrix (ops return nothing).
+    error: Option<BackendError>,
+    /// The host's last routing (logits, rows, experts, k, normalize), for
+    /// the device to route alike when it runs those experts streamed.
+    route: Option<(Buf, usize, usize, usize, bool)>,
+    /// Room for the device's ids of a layer's streamed experts (sized at
+    /// load, reused each step).
+    streamed_ids: Vec<MatrixId>,
+    /// The host arena's address, when the device page-locked it for the
+    /// crossings (kept as a number: only the device's unpin reads it).
+    pinned: Option<usize>,
+}
+
+impl<D: Backend> Drop for Hybrid<D> {
+    fn drop(&mut self) {
+        // Before the fields drop: the arena is still allocated.
+        if let Some(p) = self.pinned.take() {
+            // SAFETY: `p` is the host arena, pinned by `device` in `new`;
+            // `host`, which owns it, has not been dropped.
+            unsafe { self.device.unpin_host(p as *mut u8) }
+        }
+    }
 }
 
 impl<D: Backend> Hybrid<D> {
     /// `host` runs what the placement puts on the host, `device` the rest;
     /// the device side is current until the engine switches.
-    pub fn new(host: CpuBackend, device: D) -> Self {
+    pub fn new(mut host: CpuBackend, mut device: D) -> Self {
+        let (arena, bytes) = host.arena_span();
+        // SAFETY: the arena lives as long as `host`, which this backend
+        // owns; `drop` unpins it first.
+        let pinned = unsafe { device.pin_host(arena, bytes) }.then_some(arena as usize);
         Hybrid {
             host,
             device,
@@ -49,13 +108,25 @@ impl<D: Backend> Hybrid<D> {
             device_in_step: false,
             experts: Vec::new(),
             expert_biases: Vec::new(),
+            streamable: Vec::new(),
+            stream_rows: stream_rows(),
+            device_holds: None,
+            streamed: 0,
+            error: None,
+            route: None,
+            streamed_ids: Vec::new(),
+            pinned,
         }
     }
 
     /// The side that runs the next op.
     fn here(&mut self) -> &mut dyn Backend {
         match self.side {
-            Place::Cpu => &mut self.host,
+            Place::Cpu => {
+                // The host may write any buffer.
+                self.device_holds = None;
+                &mut self.host
+            }
             Place::Cuda => {
                 self.device_in_step = true;
                 &mut self.device
@@ -108,17 +179,132 @@ impl<D: Backend> Hybrid<D> {
     /// Copies the first `rows × width` values of `x` from the current side
     /// to the other.
     fn carry(&mut self, x: Buf, rows: usize, width: usize) {
-        let n = rows * width;
         match self.side {
-            Place::Cpu => {
-                let start = !self.device_in_step;
-                self.device
-                    .write_rows(x, rows, width, self.host.rows_mut(x, n), start);
-                self.device_in_step = true;
-            }
-            Place::Cuda => self
+            Place::Cpu => self.send_to_device(x, rows, width),
+            Place::Cuda => self.send_to_host(x, rows, width),
+        }
+    }
+
+    fn send_to_device(&mut self, x: Buf, rows: usize, width: usize) {
+        let start = !self.device_in_step;
+        self.device
+            .write_rows(x, rows, width, self.host.rows_mut(x, rows * width), start);
+        self.device_in_step = true;
+    }
+
+    fn send_to_host(&mut self, x: Buf, rows: usize, width: usize) {
+        self.device
+            .read_rows(x, rows, width, self.host.rows_mut(x, rows * width));
+    }
+
+    /// Whether `w` is a host matrix the current step multiplies on the
+    /// device: the host side runs it, the step has enough rows, and the
+    /// matrix fits the device's room.
+    fn streams(&self, w: MatrixId, rows: usize) -> bool {
+        self.side == Place::Cpu
+            && self.stream_rows > 0
+            && rows >= self.stream_rows
+            && self
+                .streamable
+                .get(w.0 as usize)
+                .is_some_and(Option::is_some)
+    }
+
+    /// Whether a step's routed experts run on the device, streamed: the
+    /// host side runs them, the step has enough rows, the host routed
+    /// them for this step, they carry no biases (gpt-oss's stay on the
+    /// host) and all of them fit the device's room together.
+    fn streams_experts(&self, ffn: &RoutedFfn, rows: usize) -> bool {
+        let all = ffn.experts.iter().flatten();
+        self.side == Place::Cpu
+            && self.stream_rows > 0
+            && rows >= self.stream_rows
+            && ffn.biases.is_none()
+            && self
+                .route
+                .is_some_and(|r| r.1 == rows && r.2 == ffn.experts.len())
+            && all.clone().all(|w| self.streams(*w, rows))
+            && all
+                .filter_map(|w| self.streamable[w.0 as usize].as_ref())
+                .flat_map(HostMatrix::ranges)
+                .map(|r| r.len() as u64)
+                .sum::<u64>()
+                <= self.device.stream_room()
+    }
+
+    /// A layer's routed experts on the device: its input rows and router
+    /// logits cross, the device routes them as the host did, every
+    /// expert's matrices are copied into the room (the gates, then the
+    /// ups, then the downs, so each projection's experts lie evenly), and
+    /// the weighted sum crosses back.
+    fn streamed_experts(&mut self, ffn: &RoutedFfn, x: Buf, rows: usize, out: Buf) {
+        let Some((logits, _, n, k, normalize)) = self.route else {
+            return;
+        };
+        self.send_to_device(x, rows, ffn.width);
+        self.send_to_device(logits, rows, n);
+        self.device.route_experts(logits, rows, n, k, normalize);
+        let mut ids = std::mem::take(&mut self.streamed_ids);
+        let streamable = &self.streamable;
+        let mut matrices = (0..3)
+            .flat_map(|j| ffn.experts.iter().map(move |e| e[j]))
+            .filter_map(|w| streamable[w.0 as usize].as_ref());
+        let copied = self
+            .device
+            .stream_matrices(&mut matrices, &mut ids[..3 * n]);
+        if let Err(e) = copied {
+            self.error.get_or_insert(e);
+            self.streamed_ids = ids;
+            return;
+        }
+        let mut experts = std::mem::take(&mut self.experts);
+        experts.clear();
+        experts.extend((0..n).map(|e| [ids[e], ids[n + e], ids[2 * n + e]]));
+        let on_device = RoutedFfn {
+            experts: &experts,
+            ..*ffn
+        };
+        self.device.routed_experts(&on_device, x, rows, out);
+        self.experts = experts;
+        self.streamed_ids = ids;
+        self.streamed += 3 * n as u64;
+        self.send_to_host(out, rows, ffn.width);
+        self.device_holds = Some((out, rows));
+    }
+
+    /// `outs[i] = x · ws[i]ᵀ` on the device, each host matrix copied
+    /// there: `x`'s rows cross once (unless the device holds them) and,
+    /// when `back`, each product's rows cross back (the device keeps the
+    /// last).
+    fn streamed_matmuls(&mut self, ws: &[MatrixId], x: Buf, rows: usize, outs: &[Buf], back: bool) {
+        let Some(Some(first)) = self.streamable.get(ws[0].0 as usize) else {
+            return;
+        };
+        if self.device_holds != Some((x, rows)) {
+            let cols = first.cols;
+            self.send_to_device(x, rows, cols);
+        }
+        for (&w, &out) in ws.iter().zip(outs) {
+            let Some(m) = self.streamable[w.0 as usize].as_ref() else {
+                continue;
+            };
+            let width = m.rows;
+            let mut on_device = [MatrixId(0)];
+            match self
                 .device
-                .read_rows(x, rows, width, self.host.rows_mut(x, n)),
+                .stream_matrices(&mut std::iter::once(m), &mut on_device)
+            {
+                Ok(()) => self.device.matmul(on_device[0], x, rows, out),
+                Err(e) => {
+                    self.error.get_or_insert(e);
+                    return;
+                }
+            }
+            self.streamed += 1;
+            if back {
+                self.send_to_host(out, rows, width);
+                self.device_holds = Some((out, rows));
+            }
         }
     }
 }
@@ -141,9 +327,17 @@ impl<D: Backend> Backend for Hybrid<D> {
 
     fn load_matrix(&mut self, matrix: HostMatrix) -> Result<MatrixId, BackendError> {
         let side = self.side;
+        let room = self.device.stream_room();
         let inner = match side {
-            Place::Cpu => self.host.load_matrix(matrix)?,
-            Place::Cuda => self.device.load_matrix(matrix)?,
+            Place::Cpu => {
+                let fits = matrix.ranges().map(|r| r.len() as u64).sum::<u64>() <= room;
+                self.streamable.push(fits.then(|| matrix.clone()));
+                self.host.load_matrix(matrix)?
+            }
+            Place::Cuda => {
+                self.streamable.push(None);
+                self.device.load_matrix(matrix)?
+            }
         };
         self.matrices.push((side, inner));
         // A MoE layer's experts are three matrices each: room for all of
@@ -152,7 +346,14 @@ impl<D: Backend> Backend for Hybrid<D> {
         if self.experts.capacity() < room {
             self.experts.reserve(room);
         }
+        if side == Place::Cpu && self.streamed_ids.len() < self.matrices.len() {
+            self.streamed_ids.resize(self.matrices.len(), MatrixId(0));
+        }
         Ok(MatrixId(self.matrices.len() as u32 - 1))
+    }
+
+    fn streamed_matrices(&self) -> u64 {
+        self.streamed
     }
 
     fn load_vector(&mut self, values: &[f32]) -> Result<VectorId, BackendError> {
@@ -174,6 +375,7 @@ impl<D: Backend> Backend for Hybrid<D> {
         if to == self.side {
             return;
         }
+        self.device_holds = None;
         for &(x, width) in carry {
             self.carry(x, rows, width);
         }
@@ -196,11 +398,17 @@ impl<D: Backend> Backend for Hybrid<D> {
     }
 
     fn matmul(&mut self, w: MatrixId, x: Buf, rows: usize, out: Buf) {
+        if self.streams(w, rows) {
+            return self.streamed_matmuls(&[w], x, rows, &[out], true);
+        }
         let w = self.matrix(w);
         self.here().matmul(w, x, rows, out)
     }
 
     fn matmul_many(&mut self, ws: &[MatrixId], x: Buf, rows: usize, outs: &[Buf]) {
+        if ws.iter().all(|&w| self.streams(w, rows)) {
+            return self.streamed_matmuls(ws, x, rows, outs, true);
+        }
         match *ws {
             [a, b, c] => {
                 let inner = [self.matrix(a), self.matrix(b), self.matrix(c)];
@@ -223,6 +431,14 @@ impl<D: Backend> Backend for Hybrid<D> {
         out: [Buf; 2],
         width: usize,
     ) {
+        if self.streams(gate, rows) && self.streams(up, rows) {
+            // The activation on the device too: only its result crosses back.
+            self.streamed_matmuls(&[gate, up], x, rows, &out, false);
+            self.device.glu(out[0], out[1], rows, width, act);
+            self.send_to_host(out[0], rows, width);
+            self.device_holds = Some((out[0], rows));
+            return;
+        }
         let w = [self.matrix(gate), self.matrix(up)];
         self.here().matmul_glu(w, x, rows, act, out, width)
     }
@@ -311,6 +527,7 @@ impl<D: Backend> Backend for Hybrid<D> {
         k: usize,
         normalize: bool,
     ) {
+        self.route = (self.side == Place::Cpu).then_some((logits, rows, n_experts, k, normalize));
         self.here()
             .route_experts(logits, rows, n_experts, k, normalize)
     }
@@ -342,6 +559,9 @@ impl<D: Backend> Backend for Hybrid<D> {
     }
 
     fn routed_experts(&mut self, ffn: &RoutedFfn, x: Buf, rows: usize, out: Buf) {
+        if self.streams_experts(ffn, rows) {
+            return self.streamed_experts(ffn, x, rows, out);
+        }
         let mut experts = std::mem::take(&mut self.experts);
         experts.clear();
         experts.extend(ffn.experts.iter().map(|e| e.map(|m| self.matrix(m))));
@@ -440,6 +660,6 @@ impl<D: Backend> Backend for Hybrid<D> {
     fn take_error(&mut self) -> Option<BackendError> {
         let device = self.device.take_error();
         let host = self.host.take_error();
-        device.or(host)
+        device.or(host).or(self.error.take())
     }
 }

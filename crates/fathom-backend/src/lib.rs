@@ -131,6 +131,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FATHOM_CUDA_MMA_FEW", "1"),
     ("FATHOM_CUDA_PDL", "1"),
     ("FATHOM_CUDA_PREFETCH", "4194304"),
+    ("FATHOM_SPLIT_STREAM_ROWS", "32"),
     ("FATHOM_NCCL_LIB_DIR", "unset"),
     ("FATHOM_NVCC", "unset"),
     (
@@ -387,6 +388,54 @@ pub trait Backend: Send {
 
     /// Takes a 1-D f32 weight (norm, bias, rope factors).
     fn load_vector(&mut self, values: &[f32]) -> Result<VectorId, BackendError>;
+
+    /// Bytes of the room for a host matrix copied here to multiply
+    /// ([`Backend::stream_matrix`]): a split model's device plan's
+    /// `streamed` region; 0 where the backend streams none.
+    fn stream_room(&self) -> u64 {
+        0
+    }
+
+    /// Copies `matrices`, which stay on the host, one after another into
+    /// the room (replacing what the last call copied) and puts their ids
+    /// in `ids`, in order, good until the next call: matrices of one
+    /// shape and type lie evenly there, as a layer's experts must. A split
+    /// model's large steps multiply the host layers' matrices on the GPU
+    /// this way, as a copy costs less than the host's products.
+    fn stream_matrices(
+        &mut self,
+        _matrices: &mut dyn Iterator<Item = &HostMatrix>,
+        _ids: &mut [MatrixId],
+    ) -> Result<(), BackendError> {
+        Err(BackendError::Device {
+            backend: self.name(),
+            message: "this backend has no room for host matrices".into(),
+        })
+    }
+
+    /// Page-locks the `len` bytes at `ptr` (host memory this backend's
+    /// copies read and write: a split model's host arena) so that they
+    /// copy at the bus's speed, not through a driver buffer; false where
+    /// the backend does not (or cannot), which changes nothing else.
+    ///
+    /// # Safety
+    /// The memory stays allocated until [`Backend::unpin_host`] is called
+    /// with `ptr`, which must be before this backend is dropped.
+    unsafe fn pin_host(&mut self, _ptr: *mut u8, _len: usize) -> bool {
+        false
+    }
+
+    /// Undoes [`Backend::pin_host`] of `ptr`.
+    ///
+    /// # Safety
+    /// `ptr` was pinned by this backend and is still allocated.
+    unsafe fn unpin_host(&mut self, _ptr: *mut u8) {}
+
+    /// Host matrices multiplied on the device so far (a split model's
+    /// large steps; 0 for a backend that is not split).
+    fn streamed_matrices(&self) -> u64 {
+        0
+    }
 
     /// Devices the backend spreads a model over (tensor parallelism); the
     /// engine runs each layer on a `1 / devices()` share of the heads and

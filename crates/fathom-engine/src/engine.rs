@@ -550,6 +550,12 @@ impl Engine {
         (self.backend.name(), self.backend.memory())
     }
 
+    /// Host matrices a split model's large steps multiplied on the device
+    /// so far (0 unless split).
+    pub fn streamed_matrices(&self) -> u64 {
+        self.backend.streamed_matrices()
+    }
+
     /// Tokens one step may run (the plan's prefill chunk).
     pub fn step_tokens(&self) -> usize {
         self.step_tokens

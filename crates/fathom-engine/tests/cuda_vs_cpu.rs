@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use common::compare;
 use common::families::{family, qwen3_5_shaped, Format, FAMILIES, HF_FORMATS};
 use common::schedule::schedule_logits;
+use fathom_backend::hybrid::STREAM_ROWS;
 use fathom_checkpoint::Checkpoint;
 use fathom_engine::{Engine, Sampler, ScoreRows, Segment, Tokenizer};
 use fathom_fixtures::{self as fx, Data, GgufTensorType as T};
@@ -433,6 +434,9 @@ fn chunked_steps(engine: &mut Engine) -> Vec<(String, Vec<f32>)> {
 /// GPU: prefill in chunks and one-token steps (graphs, the residual
 /// crossing each step), within the CPU-vs-GPU tolerance of the format
 /// (the host layers round activations to 8 bits on quantized weights).
+/// The 40-token step multiplies the host layer's matrices (or runs the
+/// host's experts) on the GPU, streamed (`STREAM_ROWS` is 32); the others
+/// on the host.
 #[test]
 fn gpu_and_host_split_matches_the_all_gpu_run() {
     if !gpu() {
@@ -461,7 +465,7 @@ fn gpu_and_host_split_matches_the_all_gpu_run() {
                     },
                 ));
             }
-            for step in [16, 1] {
+            for step in [40, 16, 1] {
                 let all = placed_engine(
                     &path,
                     inputs(Device::Cuda, 64, 1, step),
@@ -479,6 +483,16 @@ fn gpu_and_host_split_matches_the_all_gpu_run() {
                         tokenizer(&d),
                     );
                     let got = split.logits(&tokens).unwrap().to_vec();
+                    // A host layer's matrices, or a layer's experts.
+                    let streamed = split.streamed_matrices();
+                    let streams = step as usize >= STREAM_ROWS;
+                    if streams != (streamed > 0) {
+                        failures.push(format!(
+                            "{} {} {name} step {step}: {streamed} host matrices streamed",
+                            f.name,
+                            ty.name()
+                        ));
+                    }
                     let a = compare(&got, &all);
                     println!(
                         "{:<10} {:<5} {name:<9} step {step:>2}: max_rel {:.2e} rms_rel {:.2e}",

@@ -49,6 +49,11 @@ impl Arena {
         self.lines.len() * ARENA_ALIGN as usize
     }
 
+    /// The allocation's address (for page-locking it).
+    pub fn base(&mut self) -> *mut u8 {
+        self.lines.as_mut_ptr().cast()
+    }
+
     /// Several distinct buffers at once, as bytes.
     pub fn get<const N: usize>(&mut self, ids: [Buf; N]) -> [&mut [u8]; N] {
         for (i, a) in ids.iter().enumerate() {

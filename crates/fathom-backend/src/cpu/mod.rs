@@ -67,6 +67,12 @@ impl CpuBackend {
         })
     }
 
+    /// The arena's address and bytes (a split model page-locks it for the
+    /// crossings).
+    pub(crate) fn arena_span(&mut self) -> (*mut u8, usize) {
+        (self.arena.base(), self.arena.bytes())
+    }
+
     /// The first `n` values of buffer `x`, for a crossing to a device.
     pub(crate) fn rows_mut(&mut self, x: Buf, n: usize) -> &mut [f32] {
         &mut self.arena.f32(x)[..n]

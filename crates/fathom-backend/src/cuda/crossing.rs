@@ -2,13 +2,16 @@
 //! arena and the CPU backend's arena (host memory), where the plan's
 //! placement moves a step from one side to the other.
 //!
-//! The copies read and write the host arena directly (pageable memory, the
-//! driver stages them): a decode step crosses a few rows of the hidden
-//! width (32 KiB at one row of 8,192), and a prefill chunk's crossing is
-//! small beside the host layers' own time, so no pinned buffer is planned
-//! for them.
+//! The copies read and write the host arena directly, which the split
+//! page-locks at start-up ([`CudaBackend::pin_host`]: no memory is added,
+//! the arena's pages are locked where they are), so they run at the bus's
+//! speed rather than through the driver's staging buffer: a prefill chunk
+//! whose host layers' products run on the device crosses ~80 MB a layer of
+//! an 8B model. Where locking fails the copies stay pageable.
 
-use cudarc::driver::result;
+use std::ffi::c_void;
+
+use cudarc::driver::{result, sys};
 
 use super::CudaBackend;
 use crate::Buf;
@@ -33,6 +36,29 @@ impl CudaBackend {
             self.fail("reading activation rows for the host", e);
         }
         self.sync();
+    }
+
+    /// Page-locks `len` bytes at `ptr` for the crossings; false (and the
+    /// copies stay pageable) where the driver refuses.
+    ///
+    /// # Safety
+    /// The memory stays allocated until [`Self::unpin_host`].
+    pub(super) unsafe fn pin_host(&mut self, ptr: *mut u8, len: usize) -> bool {
+        // SAFETY: `ptr .. ptr + len` is allocated host memory (the caller's
+        // promise); flags 0: this context's, not mapped into the device.
+        let r = unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, len, 0) };
+        r == sys::CUresult::CUDA_SUCCESS
+    }
+
+    /// Undoes [`Self::pin_host`].
+    ///
+    /// # Safety
+    /// `ptr` was pinned by [`Self::pin_host`] and is still allocated.
+    pub(super) unsafe fn unpin_host(&mut self, ptr: *mut u8) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: as the caller promises. A failure leaves nothing to do.
+            let _ = unsafe { sys::cuMemHostUnregister(ptr as *mut c_void) };
+        }
     }
 
     /// Writes `rows × width` values into `x`; at the step's first op on

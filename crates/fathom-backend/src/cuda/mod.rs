@@ -175,6 +175,12 @@ pub struct CudaBackend {
     /// A MoE model's expert grouping: its address and layout (the plan's
     /// `moe_grouping`).
     moe: (u64, MoeGrouping),
+    /// A split model's room for a host matrix a step multiplies here
+    /// (address, bytes: the plan's `streamed`), the next free byte in it
+    /// while matrices are copied, and the ids streamed matrices take.
+    streamed: (u64, u64),
+    streamed_next: u64,
+    streamed_ids: Vec<usize>,
     /// Multiprocessors of the device: split attention aims for 4 blocks each.
     sm_count: usize,
     /// Pieces attention cuts key ranges into, when a test sets it.
@@ -497,6 +503,28 @@ impl Backend for CudaBackend {
 
     fn logits(&mut self, rows: usize, width: usize) -> &mut [f32] {
         CudaBackend::logits(self, rows, width)
+    }
+
+    unsafe fn pin_host(&mut self, ptr: *mut u8, len: usize) -> bool {
+        // SAFETY: the caller keeps the memory allocated until unpinned.
+        len > 0 && self.ready() && unsafe { CudaBackend::pin_host(self, ptr, len) }
+    }
+
+    unsafe fn unpin_host(&mut self, ptr: *mut u8) {
+        // SAFETY: as the caller promises, `ptr` was pinned here.
+        unsafe { CudaBackend::unpin_host(self, ptr) }
+    }
+
+    fn stream_room(&self) -> u64 {
+        self.streamed.1
+    }
+
+    fn stream_matrices(
+        &mut self,
+        matrices: &mut dyn Iterator<Item = &HostMatrix>,
+        ids: &mut [MatrixId],
+    ) -> Result<(), BackendError> {
+        CudaBackend::stream_matrices(self, matrices, ids)
     }
 
     fn read_rows(&mut self, x: Buf, rows: usize, width: usize, out: &mut [f32]) {

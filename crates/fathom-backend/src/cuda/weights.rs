@@ -46,7 +46,13 @@ impl CudaBackend {
         Ok(self.base + start)
     }
 
-    pub(super) fn load_matrix(&mut self, m: HostMatrix) -> Result<MatrixId, BackendError> {
+    /// `m` as the kernels read it, its pieces copied where `place` puts
+    /// them (the weights region at load, the streamed room for a step).
+    fn describe(
+        &mut self,
+        m: &HostMatrix,
+        place: fn(&mut Self, &str, &[u8]) -> Result<u64, BackendError>,
+    ) -> Result<DevMatrix, BackendError> {
         let unsupported = |why: String| BackendError::Device {
             backend: "cuda",
             message: why,
@@ -79,7 +85,7 @@ impl CudaBackend {
                         size: m.data.len(),
                     });
                 }
-                let data = self.place(ty.name(), &m.data.bytes()[..need])?;
+                let data = place(self, ty.name(), &m.data.bytes()[..need])?;
                 DevMatrix {
                     kind: kind_of_type(*ty),
                     arg: WeightsArg {
@@ -127,9 +133,9 @@ impl CudaBackend {
                         size: m.data.len(),
                     });
                 }
-                let data = self.place("affine weights", &m.data.bytes()[..need])?;
-                let s = self.place("affine scales", &scales.bytes()[..halves])?;
-                let b = self.place("affine biases", &biases.bytes()[..halves])?;
+                let data = place(self, "affine weights", &m.data.bytes()[..need])?;
+                let s = place(self, "affine scales", &scales.bytes()[..halves])?;
+                let b = place(self, "affine biases", &biases.bytes()[..halves])?;
                 DevMatrix {
                     kind,
                     arg: WeightsArg {
@@ -145,9 +151,66 @@ impl CudaBackend {
                 }
             }
         };
+        Ok(dev)
+    }
+
+    pub(super) fn load_matrix(&mut self, m: HostMatrix) -> Result<MatrixId, BackendError> {
+        let dev = self.describe(&m, Self::place)?;
         self.emits_x8 |= !self.k.mv1x8[dev.kind].is_null();
         self.matrices.push(dev);
         Ok(MatrixId(self.matrices.len() as u32 - 1))
+    }
+
+    /// [`crate::Backend::stream_matrices`]: what is recorded (which may
+    /// read the room's last matrices) is issued first, then the copies
+    /// follow it on the stream. The i-th matrix of a call takes the i-th
+    /// of a list of ids kept for streamed matrices (grown to the most any
+    /// call streams, on its first such call).
+    pub(super) fn stream_matrices(
+        &mut self,
+        matrices: &mut dyn Iterator<Item = &HostMatrix>,
+        ids: &mut [MatrixId],
+    ) -> Result<(), BackendError> {
+        self.issue(false);
+        self.streamed_next = 0;
+        for (n, (m, id)) in matrices.zip(ids.iter_mut()).enumerate() {
+            let dev = self.describe(m, Self::place_streamed)?;
+            if n == self.streamed_ids.len() {
+                self.matrices.push(dev);
+                self.streamed_ids.push(self.matrices.len() - 1);
+            }
+            let at = self.streamed_ids[n];
+            self.matrices[at] = dev;
+            *id = MatrixId(at as u32);
+        }
+        Ok(())
+    }
+
+    /// Like [`Self::place`], into the streamed room (the plan's `streamed`
+    /// region), from its start for each matrix.
+    fn place_streamed(&mut self, what: &str, bytes: &[u8]) -> Result<u64, BackendError> {
+        let (base, room) = self.streamed;
+        let start = align(self.streamed_next, WEIGHT_ALIGN);
+        let end = start.saturating_add(bytes.len() as u64);
+        if end > room {
+            return Err(BackendError::OverPlan {
+                what: format!("cuda streamed host matrix ({what})"),
+                needed: end,
+                available: room,
+            });
+        }
+        if !self.ready() {
+            return Err(self.error.take().unwrap_or(BackendError::Device {
+                backend: "cuda",
+                message: "backend failed earlier".into(),
+            }));
+        }
+        // SAFETY: [start, end) lies in the streamed region of the
+        // allocation; pageable memory is read before the call returns.
+        unsafe { result::memcpy_htod_async(base + start, bytes, self.stream) }
+            .map_err(|e| device_err(&format!("copying a host {what} to the device"), e))?;
+        self.streamed_next = end;
+        Ok(base + start)
     }
 
     pub(super) fn load_vector(&mut self, values: &[f32]) -> Result<VectorId, BackendError> {
