@@ -69,9 +69,10 @@ pub struct Hybrid<D: Backend> {
     streamed: u64,
     /// A failed copy of a host matrix (ops return nothing).
     error: Option<BackendError>,
-    /// The host's last routing (logits, rows, experts, k, normalize), for
-    /// the device to route alike when it runs those experts streamed.
-    route: Option<(Buf, usize, usize, usize, bool)>,
+    /// (rows, experts) of the host's last routing when the device routed
+    /// the same logits too, for a large step's experts to run there
+    /// streamed.
+    route: Option<(usize, usize)>,
     /// Room for the device's ids of a layer's streamed experts (sized at
     /// load, reused each step).
     streamed_ids: Vec<MatrixId>,
@@ -220,9 +221,7 @@ impl<D: Backend> Hybrid<D> {
             && self.stream_rows > 0
             && rows >= self.stream_rows
             && ffn.biases.is_none()
-            && self
-                .route
-                .is_some_and(|r| r.1 == rows && r.2 == ffn.experts.len())
+            && self.route == Some((rows, ffn.experts.len()))
             && all.clone().all(|w| self.streams(*w, rows))
             && all
                 .filter_map(|w| self.streamable[w.0 as usize].as_ref())
@@ -232,18 +231,14 @@ impl<D: Backend> Hybrid<D> {
                 <= self.device.stream_room()
     }
 
-    /// A layer's routed experts on the device: its input rows and router
-    /// logits cross, the device routes them as the host did, every
+    /// A layer's routed experts on the device, which routed them with the
+    /// host ([`Backend::route_experts`]): its input rows cross, every
     /// expert's matrices are copied into the room (the gates, then the
     /// ups, then the downs, so each projection's experts lie evenly), and
     /// the weighted sum crosses back.
     fn streamed_experts(&mut self, ffn: &RoutedFfn, x: Buf, rows: usize, out: Buf) {
-        let Some((logits, _, n, k, normalize)) = self.route else {
-            return;
-        };
+        let n = ffn.experts.len();
         self.send_to_device(x, rows, ffn.width);
-        self.send_to_device(logits, rows, n);
-        self.device.route_experts(logits, rows, n, k, normalize);
         let mut ids = std::mem::take(&mut self.streamed_ids);
         let streamable = &self.streamable;
         let mut matrices = (0..3)
@@ -527,7 +522,17 @@ impl<D: Backend> Backend for Hybrid<D> {
         k: usize,
         normalize: bool,
     ) {
-        self.route = (self.side == Place::Cpu).then_some((logits, rows, n_experts, k, normalize));
+        // A large step's experts may run on the device: it routes the
+        // logits too, before the host's routing overwrites them (it ranks
+        // in place).
+        self.route = None;
+        let large = self.stream_rows > 0 && rows >= self.stream_rows;
+        if self.side == Place::Cpu && large && self.device.stream_room() > 0 {
+            self.send_to_device(logits, rows, n_experts);
+            self.device
+                .route_experts(logits, rows, n_experts, k, normalize);
+            self.route = Some((rows, n_experts));
+        }
         self.here()
             .route_experts(logits, rows, n_experts, k, normalize)
     }

@@ -74,8 +74,12 @@ fn split_with(
     let host_kv = Engine::host_kv_layout(&spec, &plan).expect("a split plan has a host KV layout");
     // The host arena is the CPU's whole-step arena: the stand-in device
     // takes the same (a CUDA arena has no CPU scratch).
+    // It streams host matrices as the GPU would, into the planned room.
+    let room = plan.device_layout.as_ref().map_or(0, |l| l.streamed.bytes);
     let host = CpuBackend::new(2, &placed.host_arena, host_kv).unwrap();
-    let device = CpuBackend::new(2, &placed.host_arena, device_kv).unwrap();
+    let device = CpuBackend::new(2, &placed.host_arena, device_kv)
+        .unwrap()
+        .standing_in_with_stream_room(room);
     let backend = Box::new(Hybrid::new(host, device));
     Engine::load_on(&checkpoint, spec, plan, tokenizer(gguf), backend).map_err(|e| e.to_string())
 }
@@ -367,4 +371,83 @@ fn each_side_allocates_the_recurrent_state_its_plan_counts() {
         assert_eq!(carve + host_term, whole.recurrent_bytes, "-ngl {g}");
     }
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Steps of 40 rows: from 32 (`STREAM_ROWS`) a step multiplies the host
+/// layers' matrices on the device, and runs a MoE layer's host experts
+/// there, streamed into the planned room.
+fn streaming_inputs(device: Device) -> PlanInputs {
+    PlanInputs {
+        max_tokens_per_step: 40,
+        ..inputs(device)
+    }
+}
+
+/// The streamed path on the stand-in device: a 60-token prompt prefilled
+/// in a 40-row step that streams and a 20-row one that does not, every
+/// family and format, with every layer on the host and (MoE) with every
+/// layer's experts on the host. The crossings (inputs once for q, k and v
+/// and for gate and up, products back, the gated activation on the
+/// device, the down product reading what the device holds) and the
+/// experts routed and run on the device must give the unsplit logits to
+/// the bit, and the step must have streamed (gpt-oss's experts, which
+/// carry biases, stay on the host).
+#[test]
+fn streamed_split_prefill_equals_the_unsplit_run() {
+    let d = dir("streamed");
+    // Within the smallest vocabulary (gpt-oss's tiny one: 512).
+    let tokens: Vec<u32> = (0..60).map(|i| (i * 37 + 11) % 500).collect();
+    let gpt_oss = fathom_fixtures::gpt_oss_tiny();
+    let mut models: Vec<(&str, Option<ModelDef>, bool)> = FAMILIES
+        .iter()
+        .map(|f| (f.name, Some(f.real_shaped()), f.name == "qwen3_moe"))
+        .collect();
+    models.extend([
+        ("qwen35", Some(fathom_fixtures::tiny_qwen3_5()), false),
+        ("qwen35moe", Some(fathom_fixtures::tiny_qwen3_5_moe()), true),
+        ("gemma4", Some(fathom_fixtures::tiny_gemma4()), false),
+        ("gpt_oss", None, true),
+    ]);
+    let mut failures = Vec::new();
+    for (name, model, moe) in &models {
+        for ty in [T::F32, T::Q8_0] {
+            let path = d.join(format!("{name}-{}.gguf", ty.name()));
+            match model {
+                Some(m) => Format::Gguf(ty).write(m, &path, 5),
+                None => {
+                    let data = fathom_fixtures::Data::Random { seed: 5 };
+                    fathom_fixtures::write_gpt_oss_gguf(&gpt_oss, ty, &path, data).unwrap();
+                }
+            }
+            let mut one =
+                common::engine(&path, streaming_inputs(Device::Cpu), Some(tokenizer(&path)));
+            let expected = one.logits(&tokens).unwrap().to_vec();
+            let mut requests = vec![("-ngl 0", layers(0), true)];
+            if *moe {
+                let cpu_moe = PlacementRequest {
+                    gpu_layers: GpuLayers::All,
+                    cpu_moe_layers: u64::MAX,
+                    ..PlacementRequest::default()
+                };
+                requests.push(("--cpu-moe", cpu_moe, *name != "gpt_oss"));
+            }
+            for (flag, request, streams) in requests {
+                let label = format!("{name} {} {flag}", ty.name());
+                let mut engine = split_with(&path, &path, &request, streaming_inputs)
+                    .unwrap_or_else(|e| panic!("{label}: {e}"));
+                let got = engine.logits(&tokens).unwrap().to_vec();
+                let streamed = engine.streamed_matrices();
+                println!("{label}: {streamed} host matrices streamed");
+                if got != expected {
+                    let a = common::compare(&got, &expected);
+                    failures.push(format!("{label}: logits differ: {a:?}"));
+                }
+                if streams != (streamed > 0) {
+                    failures.push(format!("{label}: {streamed} host matrices streamed"));
+                }
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&d);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

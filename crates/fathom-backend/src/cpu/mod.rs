@@ -45,6 +45,10 @@ pub struct CpuBackend {
     recurrent: Option<RecurrentStore>,
     matrices: Vec<HostMatrix>,
     vectors: Vec<Vec<f32>>,
+    /// Standing in for a split's device (tests): the room for streamed
+    /// host matrices, and the ids they take.
+    stream_room: u64,
+    streamed: Vec<usize>,
 }
 
 impl CpuBackend {
@@ -64,7 +68,19 @@ impl CpuBackend {
             recurrent: layout.recurrent.as_ref().map(RecurrentStore::new),
             matrices: Vec::new(),
             vectors: Vec::new(),
+            stream_room: 0,
+            streamed: Vec::new(),
         })
+    }
+
+    /// This backend standing in for a split model's device on a machine
+    /// without one (tests): `bytes` of room for host matrices streamed to
+    /// it, as the device plan's `streamed` region. The CPU reads a
+    /// streamed matrix in place, so the split's streamed path runs the
+    /// same kernels on the same values as the host would.
+    pub fn standing_in_with_stream_room(mut self, bytes: u64) -> Self {
+        self.stream_room = bytes;
+        self
     }
 
     /// The arena's address and bytes (a split model page-locks it for the
@@ -141,6 +157,38 @@ impl Backend for CpuBackend {
     fn load_vector(&mut self, values: &[f32]) -> Result<VectorId, BackendError> {
         self.vectors.push(values.to_vec());
         Ok(VectorId(self.vectors.len() as u32 - 1))
+    }
+
+    fn stream_room(&self) -> u64 {
+        self.stream_room
+    }
+
+    /// Names each matrix in a slot kept for streamed ones (nothing is
+    /// copied), refusing what the room would not hold.
+    fn stream_matrices(
+        &mut self,
+        matrices: &mut dyn Iterator<Item = &HostMatrix>,
+        ids: &mut [MatrixId],
+    ) -> Result<(), BackendError> {
+        let mut used = 0u64;
+        for (n, (m, id)) in matrices.zip(ids.iter_mut()).enumerate() {
+            used += m.ranges().map(|r| r.len() as u64).sum::<u64>();
+            if used > self.stream_room {
+                return Err(BackendError::OverPlan {
+                    what: "cpu streamed host matrices".into(),
+                    needed: used,
+                    available: self.stream_room,
+                });
+            }
+            if n == self.streamed.len() {
+                self.matrices.push(m.clone());
+                self.streamed.push(self.matrices.len() - 1);
+            }
+            let at = self.streamed[n];
+            self.matrices[at] = m.clone();
+            *id = MatrixId(at as u32);
+        }
+        Ok(())
     }
 
     fn read_rows(&mut self, x: Buf, rows: usize, width: usize, out: &mut [f32]) {
