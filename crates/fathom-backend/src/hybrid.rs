@@ -15,7 +15,7 @@
 //!
 //! A step of many rows (a prefill chunk) multiplies the host layers'
 //! matrices on the device: each is copied into the device plan's
-//! `streamed` room ([`Backend::stream_matrix`]), its input rows cross to
+//! `streamed` room ([`Backend::stream_matrices`]), its input rows cross to
 //! the device and its products back. Copying a matrix costs the same at
 //! any row count and the host's products grow with the rows, so from
 //! [`STREAM_ROWS`] rows (llama.cpp offloads from 32) the copy is the

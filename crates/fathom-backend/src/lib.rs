@@ -390,7 +390,7 @@ pub trait Backend: Send {
     fn load_vector(&mut self, values: &[f32]) -> Result<VectorId, BackendError>;
 
     /// Bytes of the room for a host matrix copied here to multiply
-    /// ([`Backend::stream_matrix`]): a split model's device plan's
+    /// ([`Backend::stream_matrices`]): a split model's device plan's
     /// `streamed` region; 0 where the backend streams none.
     fn stream_room(&self) -> u64 {
         0
