@@ -200,6 +200,29 @@ fn schedule_inputs(device: Device) -> PlanInputs {
     }
 }
 
+/// The families beyond [`FAMILIES`] a split runs: (name, model — `None` for
+/// gpt-oss, which has its own writer — whether it is a MoE).
+fn more_families() -> [(&'static str, Option<ModelDef>, bool); 4] {
+    [
+        ("qwen35", Some(fathom_fixtures::tiny_qwen3_5()), false),
+        ("qwen35moe", Some(fathom_fixtures::tiny_qwen3_5_moe()), true),
+        ("gemma4", Some(fathom_fixtures::tiny_gemma4()), false),
+        ("gpt_oss", None, true),
+    ]
+}
+
+/// `model` (tiny gpt-oss when `None`) as a GGUF of `ty` at `path`.
+fn write_model(model: Option<&ModelDef>, ty: T, path: &Path) {
+    match model {
+        Some(m) => Format::Gguf(ty).write(m, path, 5),
+        None => {
+            let data = fathom_fixtures::Data::Random { seed: 5 };
+            let gpt_oss = fathom_fixtures::gpt_oss_tiny();
+            fathom_fixtures::write_gpt_oss_gguf(&gpt_oss, ty, path, data).unwrap();
+        }
+    }
+}
+
 /// The families a split runs beyond [`FAMILIES`]: Qwen3.5 dense and MoE
 /// (linear-attention layers, each side holding the recurrent states of its
 /// own layers; gated attention; partial rope; the gated shared expert),
@@ -215,25 +238,13 @@ fn schedule_inputs(device: Device) -> PlanInputs {
 #[test]
 fn hybrid_gemma4_and_gpt_oss_splits_equal_the_unsplit_run() {
     let d = dir("more-families");
-    let gpt_oss = fathom_fixtures::gpt_oss_tiny();
-    let models: [(&str, Option<ModelDef>, bool); 4] = [
-        ("qwen35", Some(fathom_fixtures::tiny_qwen3_5()), false),
-        ("qwen35moe", Some(fathom_fixtures::tiny_qwen3_5_moe()), true),
-        ("gemma4", Some(fathom_fixtures::tiny_gemma4()), false),
-        ("gpt_oss", None, true),
-    ];
+    let models = more_families();
     let mut failures = Vec::new();
     let mut runs = 0;
     for (name, model, moe) in &models {
         for ty in [T::F32, T::Q8_0] {
             let path = d.join(format!("{name}-{}.gguf", ty.name()));
-            match model {
-                Some(m) => Format::Gguf(ty).write(m, &path, 5),
-                None => {
-                    let data = fathom_fixtures::Data::Random { seed: 5 };
-                    fathom_fixtures::write_gpt_oss_gguf(&gpt_oss, ty, &path, data).unwrap();
-                }
-            }
+            write_model(model.as_ref(), ty, &path);
             let spec = ModelSpec::from_checkpoint(&Checkpoint::open(&path).unwrap()).unwrap();
             let vocab = spec.vocab as u32;
             let n = spec.layers.len() as u64;
@@ -397,28 +408,16 @@ fn streamed_split_prefill_equals_the_unsplit_run() {
     let d = dir("streamed");
     // Within the smallest vocabulary (gpt-oss's tiny one: 512).
     let tokens: Vec<u32> = (0..60).map(|i| (i * 37 + 11) % 500).collect();
-    let gpt_oss = fathom_fixtures::gpt_oss_tiny();
     let mut models: Vec<(&str, Option<ModelDef>, bool)> = FAMILIES
         .iter()
         .map(|f| (f.name, Some(f.real_shaped()), f.name == "qwen3_moe"))
         .collect();
-    models.extend([
-        ("qwen35", Some(fathom_fixtures::tiny_qwen3_5()), false),
-        ("qwen35moe", Some(fathom_fixtures::tiny_qwen3_5_moe()), true),
-        ("gemma4", Some(fathom_fixtures::tiny_gemma4()), false),
-        ("gpt_oss", None, true),
-    ]);
+    models.extend(more_families());
     let mut failures = Vec::new();
     for (name, model, moe) in &models {
         for ty in [T::F32, T::Q8_0] {
             let path = d.join(format!("{name}-{}.gguf", ty.name()));
-            match model {
-                Some(m) => Format::Gguf(ty).write(m, &path, 5),
-                None => {
-                    let data = fathom_fixtures::Data::Random { seed: 5 };
-                    fathom_fixtures::write_gpt_oss_gguf(&gpt_oss, ty, &path, data).unwrap();
-                }
-            }
+            write_model(model.as_ref(), ty, &path);
             let mut one =
                 common::engine(&path, streaming_inputs(Device::Cpu), Some(tokenizer(&path)));
             let expected = one.logits(&tokens).unwrap().to_vec();
