@@ -41,6 +41,15 @@ fn stream_rows() -> usize {
         .unwrap_or(STREAM_ROWS)
 }
 
+/// Whether the streamed host matrices are page-locked at load
+/// (`FATHOM_SPLIT_PIN_WEIGHTS`, `0`: left pageable).
+fn pin_weights() -> bool {
+    std::env::var("FATHOM_SPLIT_PIN_WEIGHTS").map_or(true, |v| v.trim() != "0")
+}
+
+/// Page granularity of the pinned runs of host matrices.
+const PAGE: usize = 4096;
+
 /// The host's CPU backend and a device backend driven as one.
 pub struct Hybrid<D: Backend> {
     host: CpuBackend,
@@ -76,6 +85,12 @@ pub struct Hybrid<D: Backend> {
     /// Room for the device's ids of a layer's streamed experts (sized at
     /// load, reused each step).
     streamed_ids: Vec<MatrixId>,
+    /// Address ranges `[start, end)` of the streamed host matrices, page
+    /// aligned: contiguous matrices (a layer's, a file's host layers)
+    /// share one, page-locked at [`Backend::finish_load`].
+    weight_runs: Vec<(usize, usize)>,
+    /// The starts of the runs the device page-locked (unpinned on drop).
+    pinned_runs: Vec<usize>,
     /// The host arena's address, when the device page-locked it for the
     /// crossings (kept as a number: only the device's unpin reads it).
     pinned: Option<usize>,
@@ -87,6 +102,12 @@ impl<D: Backend> Drop for Hybrid<D> {
         if let Some(p) = self.pinned.take() {
             // SAFETY: `p` is the host arena, pinned by `device` in `new`;
             // `host`, which owns it, has not been dropped.
+            unsafe { self.device.unpin_host(p as *mut u8) }
+        }
+        for p in self.pinned_runs.drain(..) {
+            // SAFETY: `p` starts a run of host matrices pinned by `device`
+            // in `finish_load`; `host` and `streamable`, whose matrices
+            // keep the mapped files, have not been dropped.
             unsafe { self.device.unpin_host(p as *mut u8) }
         }
     }
@@ -116,6 +137,8 @@ impl<D: Backend> Hybrid<D> {
             error: None,
             route: None,
             streamed_ids: Vec::new(),
+            weight_runs: Vec::new(),
+            pinned_runs: Vec::new(),
             pinned,
         }
     }
@@ -267,6 +290,19 @@ impl<D: Backend> Hybrid<D> {
         self.device_holds = Some((out, rows));
     }
 
+    /// Adds `m`'s byte ranges to the runs to page-lock, joining the last
+    /// run where they follow it within a page.
+    fn add_weight_runs(&mut self, m: &HostMatrix) {
+        for r in m.ranges().filter(|r| !r.is_empty()) {
+            let at = r.bytes().as_ptr() as usize;
+            let (start, end) = (at / PAGE * PAGE, (at + r.len()).div_ceil(PAGE) * PAGE);
+            match self.weight_runs.last_mut() {
+                Some(run) if start >= run.0 && start <= run.1 => run.1 = run.1.max(end),
+                _ => self.weight_runs.push((start, end)),
+            }
+        }
+    }
+
     /// `outs[i] = x · ws[i]ᵀ` on the device, each host matrix copied
     /// there: `x`'s rows cross once (unless the device holds them) and,
     /// when `back`, each product's rows cross back (the device keeps the
@@ -326,6 +362,9 @@ impl<D: Backend> Backend for Hybrid<D> {
         let inner = match side {
             Place::Cpu => {
                 let fits = matrix.ranges().map(|r| r.len() as u64).sum::<u64>() <= room;
+                if fits && self.stream_rows > 0 {
+                    self.add_weight_runs(&matrix);
+                }
                 self.streamable.push(fits.then(|| matrix.clone()));
                 self.host.load_matrix(matrix)?
             }
@@ -349,6 +388,28 @@ impl<D: Backend> Backend for Hybrid<D> {
 
     fn streamed_matrices(&self) -> u64 {
         self.streamed
+    }
+
+    /// Page-locks the streamed host matrices (unless
+    /// `FATHOM_SPLIT_PIN_WEIGHTS=0`): a mapped file's pages copy through
+    /// the driver's staging buffer otherwise, at a fraction of the bus's
+    /// speed. Their pages are locked where they are (resident, as the host
+    /// reads them anyway); where the driver refuses a run, it stays
+    /// pageable.
+    fn finish_load(&mut self) {
+        self.host.finish_load();
+        self.device.finish_load();
+        if !pin_weights() {
+            return;
+        }
+        for &(start, end) in &self.weight_runs {
+            // SAFETY: the run's pages belong to mapped files that the
+            // host's matrices keep until this backend drops, which
+            // unpins the run first.
+            if unsafe { self.device.pin_host(start as *mut u8, end - start) } {
+                self.pinned_runs.push(start);
+            }
+        }
     }
 
     fn load_vector(&mut self, values: &[f32]) -> Result<VectorId, BackendError> {

@@ -132,6 +132,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FATHOM_CUDA_PDL", "1"),
     ("FATHOM_CUDA_PREFETCH", "4194304"),
     ("FATHOM_SPLIT_STREAM_ROWS", "32"),
+    ("FATHOM_SPLIT_PIN_WEIGHTS", "1"),
     ("FATHOM_NCCL_LIB_DIR", "unset"),
     ("FATHOM_NVCC", "unset"),
     (
@@ -413,10 +414,16 @@ pub trait Backend: Send {
         })
     }
 
+    /// Every weight is loaded: what a backend deferred until the whole
+    /// set is known happens here (a split model page-locks its streamed
+    /// host matrices).
+    fn finish_load(&mut self) {}
+
     /// Page-locks the `len` bytes at `ptr` (host memory this backend's
-    /// copies read and write: a split model's host arena) so that they
-    /// copy at the bus's speed, not through a driver buffer; false where
-    /// the backend does not (or cannot), which changes nothing else.
+    /// copies read and write: a split model's host arena, or its host
+    /// matrices, which may be mapped read-only) so that they copy at the
+    /// bus's speed, not through a driver buffer; false where the backend
+    /// does not (or cannot), which changes nothing else.
     ///
     /// # Safety
     /// The memory stays allocated until [`Backend::unpin_host`] is called

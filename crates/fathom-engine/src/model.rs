@@ -530,6 +530,7 @@ impl Model {
             }
         }
         let converted = loader.converted;
+        loader.backend.finish_load();
         Ok(Model {
             matrices: loader.matrices,
             embed,

@@ -38,16 +38,26 @@ impl CudaBackend {
         self.sync();
     }
 
-    /// Page-locks `len` bytes at `ptr` for the crossings; false (and the
-    /// copies stay pageable) where the driver refuses.
+    /// Page-locks `len` bytes at `ptr` for the crossings or the streamed
+    /// host matrices; false (and the copies stay pageable) where the
+    /// driver refuses.
     ///
     /// # Safety
     /// The memory stays allocated until [`Self::unpin_host`].
     pub(super) unsafe fn pin_host(&mut self, ptr: *mut u8, len: usize) -> bool {
-        // SAFETY: `ptr .. ptr + len` is allocated host memory (the caller's
-        // promise); flags 0: this context's, not mapped into the device.
-        let r = unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, len, 0) };
-        r == sys::CUresult::CUDA_SUCCESS
+        // Flags: this context's, not mapped into the device; read-only
+        // memory (a mapped file) needs the read-only flag.
+        if self.ctx.bind_to_thread().is_err() {
+            return false;
+        }
+        [0, sys::CU_MEMHOSTREGISTER_READ_ONLY]
+            .into_iter()
+            .any(|flags| {
+                // SAFETY: `ptr .. ptr + len` is allocated host memory (the
+                // caller's promise).
+                let r = unsafe { sys::cuMemHostRegister_v2(ptr as *mut c_void, len, flags) };
+                r == sys::CUresult::CUDA_SUCCESS
+            })
     }
 
     /// Undoes [`Self::pin_host`].
