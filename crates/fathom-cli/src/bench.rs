@@ -62,8 +62,9 @@ pub enum BenchCommand {
 
 #[derive(Args)]
 pub struct FixtureArgs {
-    /// The shape: smollm2-135m, llama-3.1-8b, qwen3-30b-a3b, gemma3-1b,
-    /// gemma-4-31b, qwen3.5-4b, qwen3.5-35b-a3b, gpt-oss-20b or
+    /// The shape: smollm2-135m, llama-3.1-8b, llama-3.1-70b, qwen3-32b,
+    /// qwen3-30b-a3b, gemma3-1b, gemma-4-31b, qwen3.5-4b, qwen3.5-35b-a3b,
+    /// gpt-oss-20b or
     /// gpt-oss-120b (whose experts are MXFP4 whatever --type says).
     #[arg(long)]
     pub like: String,

@@ -60,9 +60,11 @@ pub fn llama_3_1_8b() -> ModelDef {
 
 /// The real shapes `fathom bench fixture --like NAME` writes, by name
 /// (gpt-oss's take their own writer: [`crate::GPT_OSS_LIKE`]).
-pub const LIKE: [crate::Like<ModelDef>; 7] = [
+pub const LIKE: [crate::Like<ModelDef>; 9] = [
     ("smollm2-135m", smollm2_135m),
     ("llama-3.1-8b", llama_3_1_8b),
+    ("llama-3.1-70b", llama_3_1_70b),
+    ("qwen3-32b", qwen3_32b),
     ("qwen3-30b-a3b", qwen3_30b_a3b),
     ("gemma3-1b", gemma3_1b),
     ("gemma-4-31b", gemma_4_31b),
@@ -74,6 +76,13 @@ pub const LIKE: [crate::Like<ModelDef>; 7] = [
 /// heads, BF16, untied (about 141 GB): the shape tensor parallelism is for.
 pub fn llama_3_1_70b() -> ModelDef {
     decoder_model("Llama-3.1-70B", Family::Llama, llama_3_1_70b_config())
+}
+
+/// Qwen3-32B: 64 dense layers of 5120, 64 heads over 8 KV heads (per-head
+/// q/k norms), untied, BF16 (about 66 GB): the model a 24 GB card runs
+/// split at long context.
+pub fn qwen3_32b() -> ModelDef {
+    decoder_model("Qwen3-32B", Family::Qwen3, qwen3_32b_config())
 }
 
 /// The Instruct release, whose config has the 32k context the brief asks for
@@ -418,6 +427,38 @@ fn qwen3_30b_a3b_config() -> Value {
         "rope_scaling": null,
         "rope_theta": 1000000.0,
         "router_aux_loss_coef": 0.001,
+        "sliding_window": null,
+        "tie_word_embeddings": false,
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.0",
+        "use_cache": true,
+        "use_sliding_window": false,
+        "vocab_size": 151936
+    })
+}
+
+/// Qwen's published `config.json` for Qwen3-32B.
+fn qwen3_32b_config() -> Value {
+    json!({
+        "architectures": ["Qwen3ForCausalLM"],
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 5120,
+        "initializer_range": 0.02,
+        "intermediate_size": 25600,
+        "max_position_embeddings": 40960,
+        "max_window_layers": 64,
+        "model_type": "qwen3",
+        "num_attention_heads": 64,
+        "num_hidden_layers": 64,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": null,
+        "rope_theta": 1000000.0,
         "sliding_window": null,
         "tie_word_embeddings": false,
         "torch_dtype": "bfloat16",
