@@ -26,7 +26,7 @@ mod x86;
 
 pub use affine::{affine_dequantize_row, affine_matmul, AffineWeights, AFFINE_BITS};
 pub use isa::{isa_name, selected_isa, IsaError, ENV_VARS, ISA_VAR};
-pub use matmul::{activation_row_bytes, matmul};
+pub use matmul::{activation_row_bytes, matmul, matmul_group, GroupedMatmul, MAX_GROUP};
 pub use pool::Pool;
 pub use quant::dequantize_row;
 

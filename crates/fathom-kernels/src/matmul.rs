@@ -191,6 +191,80 @@ pub(crate) fn matmul_with(
     out: &mut [f32],
     qbuf: &mut [u8],
 ) {
+    if let Some(job) = prepare(isa, pool, w, x, n_tokens, out, qbuf, true) {
+        run_jobs(pool, &[Some((job, kernel_for(isa, w.ty, n_tokens)))]);
+    }
+}
+
+/// One product of [`matmul_group`]: `out = x · wᵀ` for `n_tokens` rows of
+/// `x`, as [`matmul`] takes them.
+pub struct GroupedMatmul<'a> {
+    pub w: Weights<'a>,
+    pub x: &'a [f32],
+    pub n_tokens: usize,
+    pub out: &'a mut [f32],
+}
+
+/// Most products one [`matmul_group`] call takes.
+pub const MAX_GROUP: usize = 64;
+
+/// Several independent [`matmul`]s (a MoE layer's routed experts over a
+/// few rows each) in one hand-off to the pool: each alone is too small to
+/// pay for waking the workers. Every output equals what [`matmul`] gives
+/// for that product, bit for bit (same kernels, same quantized rows). A
+/// product whose `x`, `n_tokens`, width and activation format equal the
+/// previous one's (an expert's gate and up) reuses its quantized rows;
+/// otherwise it takes the next `n_tokens × activation_row_bytes` bytes of
+/// `qbuf`. Panics on more than [`MAX_GROUP`] products or on buffers
+/// [`matmul`] refuses.
+pub fn matmul_group<'a>(
+    pool: &Pool,
+    products: impl IntoIterator<Item = GroupedMatmul<'a>>,
+    qbuf: &mut [u8],
+) {
+    let isa = Isa::detected();
+    let mut jobs: [Option<(Job, KernelFn)>; MAX_GROUP] = [const { None }; MAX_GROUP];
+    let (mut used, mut last, mut n) = (0, None, 0);
+    for p in products {
+        assert!(
+            n < MAX_GROUP,
+            "matmul_group: more than {MAX_GROUP} products"
+        );
+        let key = (p.x.as_ptr(), p.n_tokens, p.w.ty.activation(), p.w.cols);
+        let fresh = last.is_none_or(|(k, _)| k != key);
+        let at = match last {
+            Some((_, at)) if !fresh => at,
+            _ => used,
+        };
+        if fresh {
+            used += p.n_tokens * activation_row_bytes(p.w.ty, p.w.cols);
+        }
+        let len = qbuf.len();
+        let q = &mut qbuf[at.min(len)..];
+        let job = prepare(isa, pool, &p.w, p.x, p.n_tokens, p.out, q, fresh);
+        jobs[n] = job.map(|job| (job, kernel_for(isa, p.w.ty, p.n_tokens)));
+        last = Some((key, at));
+        n += 1;
+    }
+    // The jobs point into the products' slices, borrowed for 'a, beyond
+    // this call.
+    run_jobs(pool, &jobs[..n]);
+}
+
+/// Checks a product's buffers as [`matmul`] documents, quantizes its
+/// activations into `qbuf` (unless `quantize` is false: they are there
+/// already) and returns its job; `None` when there is nothing to compute.
+#[allow(clippy::too_many_arguments)]
+fn prepare(
+    isa: Isa,
+    pool: &Pool,
+    w: &Weights,
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [f32],
+    qbuf: &mut [u8],
+    quantize: bool,
+) -> Option<Job> {
     let (ty, rows, cols) = (w.ty, w.rows, w.cols);
     assert!(
         cols % ty.block_elems() == 0,
@@ -224,30 +298,32 @@ pub(crate) fn matmul_with(
         qbuf.len()
     );
     if n_tokens == 0 || rows == 0 {
-        return;
+        return None;
     }
     if cols == 0 {
         // Empty dot products; the kernels may assume a block per row.
         for row in out[..n_tokens * rows].chunks_exact_mut(rows) {
             row.fill(0.0);
         }
-        return;
+        return None;
     }
 
     let (a, a_stride) = if format == ActFormat::F32 {
         (x.as_ptr() as *const u8, cols * 4)
     } else {
-        quantize_parallel(
-            isa,
-            pool,
-            format,
-            &x[..n_tokens * cols],
-            cols,
-            &mut qbuf[..n_tokens * act_bytes],
-        );
+        if quantize {
+            quantize_parallel(
+                isa,
+                pool,
+                format,
+                &x[..n_tokens * cols],
+                cols,
+                &mut qbuf[..n_tokens * act_bytes],
+            );
+        }
         (qbuf.as_ptr(), act_bytes)
     };
-    let job = Job {
+    Some(Job {
         ty,
         w: w.data.as_ptr(),
         w_stride: row_bytes,
@@ -257,30 +333,47 @@ pub(crate) fn matmul_with(
         n_tokens,
         out: out.as_mut_ptr(),
         out_stride: rows,
-    };
-    let kernel = kernel_for(isa, ty, n_tokens);
+    })
+}
 
-    // Chunks of whole 8-row groups (the batch kernel's; two 4-row tiles),
-    // about eight per worker, handed out first come first served so a
-    // worker that lost its core to another process does not hold up the
-    // rest.
-    let per_chunk = rows
-        .div_ceil(pool.n_threads() * 8)
-        .next_multiple_of(8)
-        .max(16);
-    let n_chunks = rows.div_ceil(per_chunk);
+/// Runs `jobs` on the pool: chunks of whole 8-row groups (the batch
+/// kernel's; two 4-row tiles), about eight per worker and job, handed out
+/// first come first served over all jobs, so a worker that lost its core
+/// to another process does not hold up the rest.
+fn run_jobs(pool: &Pool, jobs: &[Option<(Job, KernelFn)>]) {
+    let mut ends = [0usize; MAX_GROUP];
+    let mut total = 0;
+    for (end, job) in ends.iter_mut().zip(jobs) {
+        if let Some((job, _)) = job {
+            total += job.out_stride.div_ceil(per_chunk(pool, job.out_stride));
+        }
+        *end = total;
+    }
     let next = AtomicUsize::new(0);
     pool.run(&|_, _| loop {
         let c = next.fetch_add(1, Ordering::Relaxed);
-        if c >= n_chunks {
+        if c >= total {
             break;
         }
-        let range = c * per_chunk..((c + 1) * per_chunk).min(rows);
-        // SAFETY: the asserts above bound every row, token and output the
-        // kernel touches; chunks are disjoint; `kernel_for` returned a
-        // kernel for an ISA this CPU runs.
-        unsafe { kernel(&job, range) };
+        let j = ends[..jobs.len()].partition_point(|&end| end <= c);
+        let Some((job, kernel)) = &jobs[j] else {
+            continue;
+        };
+        let first = if j == 0 { 0 } else { ends[j - 1] };
+        let (rows, per) = (job.out_stride, per_chunk(pool, job.out_stride));
+        let range = (c - first) * per..((c - first + 1) * per).min(rows);
+        // SAFETY: `prepare` checked every row, token and output the kernel
+        // touches; chunks are disjoint; `kernel_for` returned a kernel for
+        // an ISA this CPU runs.
+        unsafe { kernel(job, range) };
     });
+}
+
+/// Rows per chunk of a product of `rows` rows.
+fn per_chunk(pool: &Pool, rows: usize) -> usize {
+    rows.div_ceil(pool.n_threads() * 8)
+        .next_multiple_of(8)
+        .max(16)
 }
 
 /// Quantizes `n_tokens` rows, split over the pool when there are enough
@@ -655,6 +748,70 @@ pub(crate) mod tests {
         let mut q = vec![0u8; n * activation_row_bytes(w.ty, w.cols)];
         matmul_with(isa, pool, w, x, n, &mut out, &mut q);
         out
+    }
+
+    /// A group of products (mixed types, two sharing their rows, one with
+    /// none) gives each product's [`matmul`] output to the bit, into
+    /// outputs nothing else touches.
+    #[test]
+    fn matmul_group_equals_each_matmul() {
+        use WeightType::*;
+        let pool = Pool::new(3);
+        let mut rng = seeded(11);
+        let shapes = [
+            (Q4_K, 40, 512, 3),
+            (Q6_K, 24, 512, 3),
+            (Q8_0, 33, 256, 1),
+            (F16, 8, 64, 0),
+        ];
+        let ws: Vec<Vec<u8>> = shapes
+            .iter()
+            .map(|&(ty, rows, cols, _)| random_weights(ty, rows, cols, &mut rng))
+            .collect();
+        let weights = |i: usize| Weights {
+            ty: shapes[i].0,
+            rows: shapes[i].1,
+            cols: shapes[i].2,
+            data: &ws[i],
+        };
+        let shared = random_activations(3 * 512, &mut rng);
+        let own = random_activations(256, &mut rng);
+        let xs = [&shared[..], &shared[..], &own[..], &own[..0]];
+        let mut outs: Vec<Vec<f32>> = shapes
+            .iter()
+            .map(|s| vec![f32::NAN; s.3 * s.1 + 5])
+            .collect();
+        // Q4_K's rows quantized once for Q6_K too (same format), then Q8_0's.
+        let mut q = vec![0u8; 3 * 584 + 36 * 8];
+        let (a, rest) = outs.split_at_mut(1);
+        let (b, rest) = rest.split_at_mut(1);
+        let (c, d) = rest.split_at_mut(1);
+        let products = [&mut a[0], &mut b[0], &mut c[0], &mut d[0]]
+            .into_iter()
+            .enumerate()
+            .map(|(i, out)| GroupedMatmul {
+                w: weights(i),
+                x: xs[i],
+                n_tokens: shapes[i].3,
+                out: &mut out[..],
+            });
+        matmul_group(&pool, products, &mut q);
+        for (i, out) in outs.iter().enumerate() {
+            let n = shapes[i].3;
+            let want = run(Isa::detected(), &pool, &weights(i), xs[i], n);
+            let got = &out[..n * shapes[i].1];
+            assert!(
+                got.iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits()),
+                "product {i} ({}) differs from its matmul",
+                shapes[i].0.name()
+            );
+            assert!(
+                out[got.len()..].iter().all(|v| v.is_nan()),
+                "product {i} wrote past its rows"
+            );
+        }
     }
 
     /// Every type and SIMD level against the f32 reference and against the

@@ -4,6 +4,7 @@
 
 mod arena;
 mod attention;
+mod experts;
 mod kv;
 mod linear;
 
@@ -419,6 +420,12 @@ impl Backend for CpuBackend {
                 let total: f32 = chosen.iter().map(|r| r.weight).sum();
                 chosen.iter_mut().for_each(|r| r.weight /= total);
             }
+        }
+    }
+
+    fn routed_experts(&mut self, ffn: &crate::RoutedFfn, x: Buf, rows: usize, out: Buf) {
+        if !self.grouped_experts(ffn, x, rows, out) {
+            crate::experts_by_gather(self, ffn, x, rows, out);
         }
     }
 

@@ -107,6 +107,7 @@ fn conformance() {
         test_rope(&mut h, &mut rng);
         test_moe(&mut h, &mut rng);
         test_routed_experts(&mut h, &mut rng);
+        test_grouped_experts_match_the_gather_path(&mut h, &mut rng);
         test_greedy(&mut h, &mut rng);
         test_gates(&mut h, &mut rng);
         failures.extend(h.finish());
