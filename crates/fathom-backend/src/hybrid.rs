@@ -85,6 +85,8 @@ pub struct Hybrid<D: Backend> {
     /// Room for the device's ids of a layer's streamed experts (sized at
     /// load, reused each step).
     streamed_ids: Vec<MatrixId>,
+    /// Bytes of the smallest streamed host matrix (`u64::MAX` for none).
+    smallest_streamed: u64,
     /// Address ranges `[start, end)` of the streamed host matrices, page
     /// aligned: contiguous matrices (a layer's, a file's host layers)
     /// share one, page-locked at [`Backend::finish_load`].
@@ -137,6 +139,7 @@ impl<D: Backend> Hybrid<D> {
             error: None,
             route: None,
             streamed_ids: Vec::new(),
+            smallest_streamed: u64::MAX,
             weight_runs: Vec::new(),
             pinned_runs: Vec::new(),
             pinned,
@@ -364,6 +367,8 @@ impl<D: Backend> Backend for Hybrid<D> {
                 let fits = matrix.ranges().map(|r| r.len() as u64).sum::<u64>() <= room;
                 if fits && self.stream_rows > 0 {
                     self.add_weight_runs(&matrix);
+                    let bytes = matrix.ranges().map(|r| r.len() as u64).sum::<u64>();
+                    self.smallest_streamed = self.smallest_streamed.min(bytes.max(1));
                 }
                 self.streamable.push(fits.then(|| matrix.clone()));
                 self.host.load_matrix(matrix)?
@@ -390,7 +395,8 @@ impl<D: Backend> Backend for Hybrid<D> {
         self.streamed
     }
 
-    /// Page-locks the streamed host matrices (unless
+    /// Reserves the device's ids for streamed matrices, and page-locks
+    /// the streamed host matrices (unless
     /// `FATHOM_SPLIT_PIN_WEIGHTS=0`): a mapped file's pages copy through
     /// the driver's staging buffer otherwise, at a fraction of the bus's
     /// speed. Their pages are locked where they are (resident, as the host
@@ -399,6 +405,11 @@ impl<D: Backend> Backend for Hybrid<D> {
     fn finish_load(&mut self) {
         self.host.finish_load();
         self.device.finish_load();
+        // As many as the room holds of the smallest (a MoE layer's experts
+        // are the most one call streams), at most every streamable one.
+        let streamable = self.streamable.iter().flatten().count();
+        let fit = self.device.stream_room() / self.smallest_streamed;
+        self.device.reserve_streamed((fit as usize).min(streamable));
         if !pin_weights() {
             return;
         }

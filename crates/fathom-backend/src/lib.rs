@@ -414,6 +414,11 @@ pub trait Backend: Send {
         })
     }
 
+    /// Room for the ids of up to `matrices` matrices streamed by one
+    /// [`Backend::stream_matrices`] call, made at load so that no step's
+    /// call grows a list.
+    fn reserve_streamed(&mut self, _matrices: usize) {}
+
     /// Every weight is loaded: what a backend deferred until the whole
     /// set is known happens here (a split model page-locks its streamed
     /// host matrices).

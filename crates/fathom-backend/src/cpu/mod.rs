@@ -164,6 +164,12 @@ impl Backend for CpuBackend {
         self.stream_room
     }
 
+    fn reserve_streamed(&mut self, matrices: usize) {
+        let more = matrices.saturating_sub(self.streamed.len());
+        self.matrices.reserve(more);
+        self.streamed.reserve(more);
+    }
+
     /// Names each matrix in a slot kept for streamed ones (nothing is
     /// copied), refusing what the room would not hold.
     fn stream_matrices(

@@ -505,6 +505,12 @@ impl Backend for CudaBackend {
         CudaBackend::logits(self, rows, width)
     }
 
+    fn reserve_streamed(&mut self, matrices: usize) {
+        let more = matrices.saturating_sub(self.streamed_ids.len());
+        self.matrices.reserve(more);
+        self.streamed_ids.reserve(more);
+    }
+
     unsafe fn pin_host(&mut self, ptr: *mut u8, len: usize) -> bool {
         // SAFETY: the caller keeps the memory allocated until unpinned.
         len > 0 && self.ready() && unsafe { CudaBackend::pin_host(self, ptr, len) }

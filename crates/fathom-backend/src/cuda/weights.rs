@@ -164,8 +164,8 @@ impl CudaBackend {
     /// [`crate::Backend::stream_matrices`]: what is recorded (which may
     /// read the room's last matrices) is issued first, then the copies
     /// follow it on the stream. The i-th matrix of a call takes the i-th
-    /// of a list of ids kept for streamed matrices (grown to the most any
-    /// call streams, on its first such call).
+    /// of a list of ids kept for streamed matrices (room for them made at
+    /// load: [`crate::Backend::reserve_streamed`]).
     pub(super) fn stream_matrices(
         &mut self,
         matrices: &mut dyn Iterator<Item = &HostMatrix>,
