@@ -245,6 +245,8 @@ fn every_fixture_family_is_placed_as_the_engine_runs_it() {
         split,
         [
             "llama-3.1-8b",
+            "llama-3.1-70b",
+            "qwen3-32b",
             "qwen3-30b-a3b",
             "gemma-4-31b",
             "qwen3.5-4b",
