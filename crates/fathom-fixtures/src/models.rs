@@ -182,33 +182,13 @@ pub fn tiny_qwen2() -> ModelDef {
     decoder_model("tiny-qwen2", Family::Qwen2, with(config, tiny_dims()))
 }
 
-/// A dense Qwen3 (per-head q/k norms, no biases, one FFN), shrunk like
-/// [`tiny_llama`]: Qwen3-30B-A3B's config without its expert fields.
+/// A dense Qwen3 (per-head q/k norms, no biases, one FFN): Qwen3-32B's
+/// config shrunk like [`tiny_llama`].
 pub fn tiny_qwen3() -> ModelDef {
-    let mut config = with(
-        qwen3_30b_a3b_config(),
-        json!({
-            "architectures": ["Qwen3ForCausalLM"],
-            "model_type": "qwen3",
-            "bos_token_id": 1,
-            "eos_token_id": 2,
-            "max_window_layers": 2,
-        }),
+    let config = with(
+        qwen3_32b_config(),
+        json!({"bos_token_id": 1, "eos_token_id": 2, "max_window_layers": 2}),
     );
-    if let Value::Object(fields) = &mut config {
-        for key in [
-            "num_experts",
-            "num_experts_per_tok",
-            "moe_intermediate_size",
-            "norm_topk_prob",
-            "decoder_sparse_step",
-            "mlp_only_layers",
-            "router_aux_loss_coef",
-            "output_router_logits",
-        ] {
-            fields.remove(key);
-        }
-    }
     decoder_model("tiny-qwen3", Family::Qwen3, with(config, tiny_dims()))
 }
 
@@ -398,43 +378,30 @@ fn qwen2_5_7b_config() -> Value {
     })
 }
 
+/// Qwen's published `config.json` for Qwen3-30B-A3B differs from
+/// Qwen3-32B's ([`qwen3_32b_config`]) in these.
 fn qwen3_30b_a3b_config() -> Value {
-    json!({
-        "architectures": ["Qwen3MoeForCausalLM"],
-        "attention_bias": false,
-        "attention_dropout": 0.0,
-        "bos_token_id": 151643,
-        "decoder_sparse_step": 1,
-        "eos_token_id": 151645,
-        "head_dim": 128,
-        "hidden_act": "silu",
-        "hidden_size": 2048,
-        "initializer_range": 0.02,
-        "intermediate_size": 6144,
-        "max_position_embeddings": 40960,
-        "max_window_layers": 48,
-        "mlp_only_layers": [],
-        "model_type": "qwen3_moe",
-        "moe_intermediate_size": 768,
-        "norm_topk_prob": true,
-        "num_attention_heads": 32,
-        "num_experts": 128,
-        "num_experts_per_tok": 8,
-        "num_hidden_layers": 48,
-        "num_key_value_heads": 4,
-        "output_router_logits": false,
-        "rms_norm_eps": 1e-06,
-        "rope_scaling": null,
-        "rope_theta": 1000000.0,
-        "router_aux_loss_coef": 0.001,
-        "sliding_window": null,
-        "tie_word_embeddings": false,
-        "torch_dtype": "bfloat16",
-        "transformers_version": "4.51.0",
-        "use_cache": true,
-        "use_sliding_window": false,
-        "vocab_size": 151936
-    })
+    with(
+        qwen3_32b_config(),
+        json!({
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "decoder_sparse_step": 1,
+            "hidden_size": 2048,
+            "intermediate_size": 6144,
+            "max_window_layers": 48,
+            "mlp_only_layers": [],
+            "model_type": "qwen3_moe",
+            "moe_intermediate_size": 768,
+            "norm_topk_prob": true,
+            "num_attention_heads": 32,
+            "num_experts": 128,
+            "num_experts_per_tok": 8,
+            "num_hidden_layers": 48,
+            "num_key_value_heads": 4,
+            "output_router_logits": false,
+            "router_aux_loss_coef": 0.001,
+        }),
+    )
 }
 
 /// Qwen's published `config.json` for Qwen3-32B.

@@ -160,7 +160,7 @@ pub(crate) fn route_and_run<B: Backend + ?Sized>(
     biases: Option<&MoeBiases>,
     rows: usize,
 ) -> (Vec<f32>, Vec<f32>) {
-    let (ne, k, d, f) = ROUTED;
+    let (ne, k, d, _) = ROUTED;
     let mut logits: Vec<f32> = uniform(rng, rows * ne).iter().map(|v| v * 4.0).collect();
     h.set(Buf::RouterLogits, &logits, ne);
     if let Some(b) = biases {
@@ -174,16 +174,31 @@ pub(crate) fn route_and_run<B: Backend + ?Sized>(
     let x = uniform(rng, rows * d);
     h.set(Buf::Norm, &x, d);
     h.b.route_experts(Buf::RouterLogits, rows, ne, k, true);
-    let ffn = RoutedFfn {
+    h.b.routed_experts(
+        &routed_ffn(experts, act, biases),
+        Buf::Norm,
+        rows,
+        Buf::BranchOut,
+    );
+    (x, logits)
+}
+
+/// The layer [`route_and_run`] runs: `experts` through `act`, with the
+/// experts' biases where given.
+pub(crate) fn routed_ffn<'a>(
+    experts: &'a Experts,
+    act: Glu,
+    biases: Option<&'a MoeBiases>,
+) -> RoutedFfn<'a> {
+    let (_, k, d, f) = ROUTED;
+    RoutedFfn {
         experts: &experts.ids,
         k,
         act,
         width: d,
         ffn_width: f,
         biases: biases.map(|b| b.experts.ids.as_slice()),
-    };
-    h.b.routed_experts(&ffn, Buf::Norm, rows, Buf::BranchOut);
-    (x, logits)
+    }
 }
 
 /// Per expert its gate, up and down biases (gpt-oss), as loaded vectors and
@@ -336,18 +351,11 @@ fn grouped_against_gather(
     act: Glu,
     biases: Option<&MoeBiases>,
 ) {
-    let (_, k, d, f) = ROUTED;
+    let d = ROUTED.2;
     for rows in [1, 3, 37, 70] {
         route_and_run(h, rng, experts, act, biases, rows);
         let grouped = h.get(Buf::BranchOut, rows, d);
-        let ffn = RoutedFfn {
-            experts: &experts.ids,
-            k,
-            act,
-            width: d,
-            ffn_width: f,
-            biases: biases.map(|b| b.experts.ids.as_slice()),
-        };
+        let ffn = routed_ffn(experts, act, biases);
         fathom_backend::experts_by_gather(&mut *h.b, &ffn, Buf::Norm, rows, Buf::Residual);
         let by_gather = h.get(Buf::Residual, rows, d);
         let differ = grouped
