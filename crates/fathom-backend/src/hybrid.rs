@@ -50,6 +50,25 @@ fn pin_weights() -> bool {
 /// Page granularity of the pinned runs of host matrices.
 const PAGE: usize = 4096;
 
+/// The page-aligned address ranges `[start, end)` of `matrices`' bytes, in
+/// order, a range joining the last where it begins within it (contiguous
+/// matrices: a layer's, a file's host layers, share one).
+fn weight_runs<'a>(matrices: impl Iterator<Item = &'a HostMatrix>) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for r in matrices
+        .flat_map(HostMatrix::ranges)
+        .filter(|r| !r.is_empty())
+    {
+        let at = r.bytes().as_ptr() as usize;
+        let (start, end) = (at / PAGE * PAGE, (at + r.len()).div_ceil(PAGE) * PAGE);
+        match runs.last_mut() {
+            Some(run) if start >= run.0 && start <= run.1 => run.1 = run.1.max(end),
+            _ => runs.push((start, end)),
+        }
+    }
+    runs
+}
+
 /// The host's CPU backend and a device backend driven as one.
 pub struct Hybrid<D: Backend> {
     host: CpuBackend,
@@ -85,13 +104,8 @@ pub struct Hybrid<D: Backend> {
     /// Room for the device's ids of a layer's streamed experts (sized at
     /// load, reused each step).
     streamed_ids: Vec<MatrixId>,
-    /// Bytes of the smallest streamed host matrix (`u64::MAX` for none).
-    smallest_streamed: u64,
-    /// Address ranges `[start, end)` of the streamed host matrices, page
-    /// aligned: contiguous matrices (a layer's, a file's host layers)
-    /// share one, page-locked at [`Backend::finish_load`].
-    weight_runs: Vec<(usize, usize)>,
-    /// The starts of the runs the device page-locked (unpinned on drop).
+    /// The starts of the runs of streamed host matrices the device
+    /// page-locked at [`Backend::finish_load`] (unpinned on drop).
     pinned_runs: Vec<usize>,
     /// The host arena's address, when the device page-locked it for the
     /// crossings (kept as a number: only the device's unpin reads it).
@@ -139,8 +153,6 @@ impl<D: Backend> Hybrid<D> {
             error: None,
             route: None,
             streamed_ids: Vec::new(),
-            smallest_streamed: u64::MAX,
-            weight_runs: Vec::new(),
             pinned_runs: Vec::new(),
             pinned,
         }
@@ -293,19 +305,6 @@ impl<D: Backend> Hybrid<D> {
         self.device_holds = Some((out, rows));
     }
 
-    /// Adds `m`'s byte ranges to the runs to page-lock, joining the last
-    /// run where they follow it within a page.
-    fn add_weight_runs(&mut self, m: &HostMatrix) {
-        for r in m.ranges().filter(|r| !r.is_empty()) {
-            let at = r.bytes().as_ptr() as usize;
-            let (start, end) = (at / PAGE * PAGE, (at + r.len()).div_ceil(PAGE) * PAGE);
-            match self.weight_runs.last_mut() {
-                Some(run) if start >= run.0 && start <= run.1 => run.1 = run.1.max(end),
-                _ => self.weight_runs.push((start, end)),
-            }
-        }
-    }
-
     /// `outs[i] = x · ws[i]ᵀ` on the device, each host matrix copied
     /// there: `x`'s rows cross once (unless the device holds them) and,
     /// when `back`, each product's rows cross back (the device keeps the
@@ -365,11 +364,6 @@ impl<D: Backend> Backend for Hybrid<D> {
         let inner = match side {
             Place::Cpu => {
                 let fits = matrix.ranges().map(|r| r.len() as u64).sum::<u64>() <= room;
-                if fits && self.stream_rows > 0 {
-                    self.add_weight_runs(&matrix);
-                    let bytes = matrix.ranges().map(|r| r.len() as u64).sum::<u64>();
-                    self.smallest_streamed = self.smallest_streamed.min(bytes.max(1));
-                }
                 self.streamable.push(fits.then(|| matrix.clone()));
                 self.host.load_matrix(matrix)?
             }
@@ -405,15 +399,22 @@ impl<D: Backend> Backend for Hybrid<D> {
     fn finish_load(&mut self) {
         self.host.finish_load();
         self.device.finish_load();
+        if self.stream_rows == 0 {
+            return;
+        }
         // As many as the room holds of the smallest (a MoE layer's experts
         // are the most one call streams), at most every streamable one.
-        let streamable = self.streamable.iter().flatten().count();
-        let fit = self.device.stream_room() / self.smallest_streamed;
-        self.device.reserve_streamed((fit as usize).min(streamable));
+        let streamable = || self.streamable.iter().flatten();
+        let fit = streamable()
+            .map(|m| m.ranges().map(|r| r.len() as u64).sum::<u64>().max(1))
+            .min()
+            .map_or(0, |smallest| self.device.stream_room() / smallest);
+        self.device
+            .reserve_streamed((fit as usize).min(streamable().count()));
         if !pin_weights() {
             return;
         }
-        for &(start, end) in &self.weight_runs {
+        for (start, end) in weight_runs(streamable()) {
             // SAFETY: the run's pages belong to mapped files that the
             // host's matrices keep until this backend drops, which
             // unpins the run first.

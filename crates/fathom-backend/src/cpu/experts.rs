@@ -13,8 +13,8 @@
 use fathom_kernels::{activation_row_bytes, matmul_group, ops, GroupedMatmul, Weights, MAX_GROUP};
 
 use super::arena::{self, routes};
-use super::CpuBackend;
-use crate::{Buf, Glu, MatrixId, MatrixView, RoutedFfn};
+use super::{add_to_rows, glu_rows, CpuBackend};
+use crate::{Buf, MatrixId, MatrixView, RoutedFfn};
 
 /// Most routes (rows × experts a row) one grouped pass takes; a larger
 /// step gives each expert enough rows to run it alone.
@@ -150,8 +150,8 @@ impl CpuBackend {
             for &(e, first, count) in runs {
                 let [bg, bu, _] = biases[e];
                 let span = first * f..(first + count) * f;
-                add_to_rows(&mut gate[span.clone()], vector(bg));
-                add_to_rows(&mut up[span], vector(bu));
+                add_to_rows(&mut gate[span.clone()], vector(bg), f);
+                add_to_rows(&mut up[span], vector(bu), f);
             }
         }
         // An expert's rows at a time, as the expert-at-a-time path calls it
@@ -159,11 +159,7 @@ impl CpuBackend {
         for &(_, first, count) in runs {
             let span = first * f..(first + count) * f;
             let (gate, up) = (&mut gate[span.clone()], &up[span]);
-            match ffn.act {
-                Glu::Silu => ops::silu_mul(gate, up),
-                Glu::GeluTanh => ops::gelu_tanh_mul(gate, up),
-                Glu::SwigluOai => ops::swiglu_oai_mul(gate, up),
-            }
+            glu_rows(gate, up, ffn.act);
         }
 
         let gate = &*gate;
@@ -181,6 +177,7 @@ impl CpuBackend {
                 add_to_rows(
                     &mut moe_out[first * d..(first + count) * d],
                     vector(biases[e][2]),
+                    d,
                 );
             }
         }
@@ -209,12 +206,5 @@ fn product<'a>(
         x,
         n_tokens,
         out,
-    }
-}
-
-/// Adds `b` to each of `x`'s rows (`b.len()` values each).
-fn add_to_rows(x: &mut [f32], b: &[f32]) {
-    for row in x.chunks_exact_mut(b.len()) {
-        ops::add(row, b);
     }
 }

@@ -272,10 +272,11 @@ impl Backend for CpuBackend {
     }
 
     fn add_bias(&mut self, x: Buf, b: VectorId, rows: usize, width: usize) {
-        let b = &self.vectors[b.0 as usize];
-        for row in self.arena.f32(x)[..rows * width].chunks_exact_mut(width) {
-            ops::add(row, b);
-        }
+        add_to_rows(
+            &mut self.arena.f32(x)[..rows * width],
+            &self.vectors[b.0 as usize],
+            width,
+        );
     }
 
     fn add(&mut self, dst: Buf, src: Buf, rows: usize, width: usize) {
@@ -330,12 +331,7 @@ impl Backend for CpuBackend {
 
     fn glu(&mut self, gate: Buf, up: Buf, rows: usize, width: usize, act: Glu) {
         let [gate, up] = self.arena.f32s([gate, up]);
-        let (gate, up) = (&mut gate[..rows * width], &up[..rows * width]);
-        match act {
-            Glu::Silu => ops::silu_mul(gate, up),
-            Glu::GeluTanh => ops::gelu_tanh_mul(gate, up),
-            Glu::SwigluOai => ops::swiglu_oai_mul(gate, up),
-        }
+        glu_rows(&mut gate[..rows * width], &up[..rows * width], act);
     }
 
     fn attention(&mut self, layer: usize, shape: &AttentionShape, step: &Step, io: AttentionIo) {
@@ -594,6 +590,22 @@ impl Backend for CpuBackend {
 
 /// The rows of a step routed to `expert` (in row order, the order its
 /// gathered rows take) and each one's route weight.
+/// `gate = act(gate) × up`, value by value.
+fn glu_rows(gate: &mut [f32], up: &[f32], act: Glu) {
+    match act {
+        Glu::Silu => ops::silu_mul(gate, up),
+        Glu::GeluTanh => ops::gelu_tanh_mul(gate, up),
+        Glu::SwigluOai => ops::swiglu_oai_mul(gate, up),
+    }
+}
+
+/// Adds `b` to each of `x`'s rows of `width` values.
+fn add_to_rows(x: &mut [f32], b: &[f32], width: usize) {
+    for row in x.chunks_exact_mut(width) {
+        ops::add(row, b);
+    }
+}
+
 fn routed_rows(
     routes: &[Route],
     rows: usize,
