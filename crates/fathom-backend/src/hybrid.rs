@@ -50,19 +50,22 @@ fn pin_weights() -> bool {
 /// Page granularity of the pinned runs of host matrices.
 const PAGE: usize = 4096;
 
-/// The page-aligned address ranges `[start, end)` of `matrices`' bytes, in
-/// order, a range joining the last where it begins within it (contiguous
-/// matrices: a layer's, a file's host layers, share one).
-fn weight_runs<'a>(matrices: impl Iterator<Item = &'a HostMatrix>) -> Vec<(usize, usize)> {
+/// The page-aligned address ranges `[start, end)` that cover `spans`
+/// (address, length), in address order, spans whose pages overlap or
+/// touch joined into one run (a layer's matrices, a file's host layers
+/// share one). Each span lies wholly inside one run: the driver refuses a
+/// copy from memory that is page-locked in part, and the matrices come in
+/// id order, which is not the file's.
+fn weight_runs(spans: impl Iterator<Item = (usize, usize)>) -> Vec<(usize, usize)> {
+    let mut pages: Vec<(usize, usize)> = spans
+        .filter(|&(_, len)| len > 0)
+        .map(|(at, len)| (at / PAGE * PAGE, (at + len).div_ceil(PAGE) * PAGE))
+        .collect();
+    pages.sort_unstable();
     let mut runs: Vec<(usize, usize)> = Vec::new();
-    for r in matrices
-        .flat_map(HostMatrix::ranges)
-        .filter(|r| !r.is_empty())
-    {
-        let at = r.bytes().as_ptr() as usize;
-        let (start, end) = (at / PAGE * PAGE, (at + r.len()).div_ceil(PAGE) * PAGE);
+    for (start, end) in pages {
         match runs.last_mut() {
-            Some(run) if start >= run.0 && start <= run.1 => run.1 = run.1.max(end),
+            Some(run) if start <= run.1 => run.1 = run.1.max(end),
             _ => runs.push((start, end)),
         }
     }
@@ -414,7 +417,10 @@ impl<D: Backend> Backend for Hybrid<D> {
         if !pin_weights() {
             return;
         }
-        for (start, end) in weight_runs(streamable()) {
+        let spans = streamable()
+            .flat_map(HostMatrix::ranges)
+            .map(|r| (r.bytes().as_ptr() as usize, r.len()));
+        for (start, end) in weight_runs(spans) {
             // SAFETY: the run's pages belong to mapped files that the
             // host's matrices keep until this backend drops, which
             // unpins the run first.
@@ -739,5 +745,33 @@ impl<D: Backend> Backend for Hybrid<D> {
         let device = self.device.take_error();
         let host = self.host.take_error();
         device.or(host).or(self.error.take())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{weight_runs, PAGE};
+
+    /// Spans out of address order, sharing pages and not: the runs are
+    /// disjoint, in order, page-aligned, and each span lies inside one.
+    #[test]
+    fn weight_runs_are_disjoint_and_hold_each_span_whole() {
+        let spans = [
+            (5000, 100),
+            (100, 200),
+            (4200, 900),
+            (40_000, 10),
+            (9000, 0),
+            (3 * PAGE - 8, 16),
+        ];
+        let runs = weight_runs(spans.into_iter());
+        assert_eq!(runs, [(0, 4 * PAGE), (9 * PAGE, 10 * PAGE)]);
+        for w in runs.windows(2) {
+            assert!(w[0].1 <= w[1].0, "{runs:?}");
+        }
+        for (at, len) in spans.into_iter().filter(|s| s.1 > 0) {
+            let holding = runs.iter().filter(|r| r.0 <= at && at + len <= r.1).count();
+            assert_eq!(holding, 1, "span {at}+{len} in {runs:?}");
+        }
     }
 }
