@@ -2326,8 +2326,10 @@ fn auto_constrains_a_gemma4_call_the_model_opens() {
 /// the markers are control tokens ([`HARMONY_MARKERS`], ids 3 to 9) and
 /// ` to=functions.`, which gpt-oss writes in a few tokens, is one here
 /// (id 10), so that `logit_bias` can push the model to address a function
-/// wherever a message's text may start; the call that follows is a listed
-/// function with valid arguments, whole and streamed. The stand-in may
+/// wherever a message's text may start, and `commentary` is one too (id
+/// 11), pushed so that the answer's message is one that may call (a
+/// `final` one may not); the call that follows is a listed function with
+/// valid arguments, whole and streamed. The stand-in may
 /// reason first (pushed, its reasoning is ` to=functions.` over and over,
 /// which stays reasoning) and may spell markers out as text, so
 /// `thinking_budget_tokens` keeps the reasoning short enough for the call
@@ -2336,10 +2338,12 @@ fn auto_constrains_a_gemma4_call_the_model_opens() {
 fn auto_constrains_a_harmony_call_the_model_opens() {
     let mut tokens = HARMONY_MARKERS.to_vec();
     tokens.push((1, "Ġto=functions."));
+    tokens.push((1, "commentary"));
     let (_dir, model) = stand_in("serve-auto-harmony", "openai-gpt-oss-120b.jinja", &tokens);
-    let to_functions = 10;
+    let (to_functions, commentary) = (10, 11);
     auto_calls_on(
         &model,
-        json!({"logit_bias": {to_functions.to_string(): 30}, "thinking_budget_tokens": 8}),
+        json!({"logit_bias": {to_functions.to_string(): 30, commentary.to_string(): 30},
+               "thinking_budget_tokens": 8}),
     );
 }

@@ -281,11 +281,12 @@ pub fn grammar(
             )
         }
         // Reasoning first as with a required call, then the final answer
-        // or commentary (a preamble, or a call's header, the recipient
-        // after the channel).
+        // (any text: gpt-oss addresses functions from commentary only, so
+        // no call follows `final`) or commentary (a preamble, or a call's
+        // header, the recipient after the channel).
         (ToolFormat::Harmony, false) => reasoning::harmony_grammar(
             &format!(
-                "last: (\"{CHANNEL}final\" | \"{CHANNEL}commentary\") calls\n{}",
+                "last: \"{CHANNEL}final\" FREE_TEXT | \"{CHANNEL}commentary\" calls\n{}",
                 lazy_calls(
                     opener,
                     &format!("{rest} \"{CALL}\"?"),

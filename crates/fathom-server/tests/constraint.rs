@@ -1291,6 +1291,17 @@ fn auto_answers_are_free_until_a_call_opens_then_the_call_is_constrained() {
             ok < n,
             "{format:?}: a second call without parallel_tool_calls"
         );
+        if format == ToolFormat::Harmony {
+            // A final message is the answer: a call header in it is text,
+            // its arguments unchecked (gpt-oss calls from commentary only).
+            let mut state = c.compile(&grammar).unwrap();
+            let header = harmony("kelvin").replace("commentary", "final");
+            assert_eq!(
+                accepted_whole(&mut state, &ids(&header), &eog),
+                (true, true),
+                "a final message is free text"
+            );
+        }
         single.parallel = true;
         let grammar = tool_grammar(format, &single, 100);
         let mut state = c.compile(&grammar).unwrap();
