@@ -75,8 +75,9 @@ if wants capped; then
     IFS=';' read -r -a cells <<<"${CELLS:-qwen3-30b-a3b 12 4096 18,20,22,24,26;qwen3-32b 24 32768;llama-3.1-70b 24 8192}"
     for cell in "${cells[@]}"; do
         read -r like cap ctx sweep <<<"$cell"
-        rm -f "$work"/capped-*.gguf
         f=capped-$like.gguf
+        # One cell's file at a time on the disk (a file written beforehand is kept).
+        find "$work" -maxdepth 1 -name 'capped-*.gguf' ! -name "$f" -delete
         fixture "$like" "$f"
         free=$(nvidia-smi --query-gpu=memory.free --format=csv,noheader,nounits)
         target=$((free - cap * 1024))
