@@ -323,18 +323,58 @@ pub(crate) fn dot_f32_with(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     )
 }
 
-/// `out[i] = q · rows[i * stride..][..q.len()]`: attention's scores for a
-/// run of keys in one call, each the same sum [`dot_f32`] gives.
-pub fn dots_f32(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
-    dots_f32_with(Isa::detected(), q, rows, stride, out)
+/// `count` rows of a matrix, row `i` at `data[i * stride..]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Rows<'a> {
+    pub data: &'a [f32],
+    pub stride: usize,
+    pub count: usize,
 }
 
-pub(crate) fn dots_f32_with(isa: Isa, q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
-    let n = q.len();
-    assert_rows("dots_f32", rows, out.len(), n, stride);
-    dispatch!(isa, simd::dots_f32(q, rows, stride, out), {
-        for (i, o) in out.iter_mut().enumerate() {
-            *o = dot_f32_with(isa, q, &rows[i * stride..i * stride + n]);
+impl Rows<'_> {
+    /// Panics unless the rows hold `width` values each, naming the op:
+    /// the SIMD paths read them through raw pointers.
+    fn check(&self, what: &str, width: usize) {
+        assert_rows(what, self.data, self.count, width, self.stride);
+    }
+}
+
+/// `out[i * out_stride + j] = q_i · k_j` over the first `dim` values of
+/// each row: attention's scores of a few query heads against a run of
+/// keys in one call. Each score is the same sum whichever call, block or
+/// count of rows it comes from (so attention's output does not depend
+/// on how a sequence was cut into steps), though not [`dot_f32`]'s.
+pub fn scores_f32(q: Rows, k: Rows, dim: usize, out: &mut [f32], out_stride: usize) {
+    scores_f32_with(Isa::detected(), q, k, dim, out, out_stride)
+}
+
+pub(crate) fn scores_f32_with(
+    isa: Isa,
+    q: Rows,
+    k: Rows,
+    dim: usize,
+    out: &mut [f32],
+    out_stride: usize,
+) {
+    q.check("scores_f32's queries", dim);
+    k.check("scores_f32's keys", dim);
+    if q.count == 0 || k.count == 0 {
+        return;
+    }
+    assert!(
+        k.count <= out_stride && out.len() >= (q.count - 1) * out_stride + k.count,
+        "scores_f32: {} × {} scores, {out_stride} apart, into {} values",
+        q.count,
+        k.count,
+        out.len()
+    );
+    dispatch!(isa, simd::scores_f32(q, k, dim, out, out_stride), {
+        for i in 0..q.count {
+            let qi = &q.data[i * q.stride..i * q.stride + dim];
+            for j in 0..k.count {
+                let kj = &k.data[j * k.stride..j * k.stride + dim];
+                out[i * out_stride + j] = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
+            }
         }
     })
 }
@@ -615,6 +655,77 @@ mod tests {
     /// Odd lengths exercise every SIMD loop's tail.
     const LENS: [usize; 6] = [0, 1, 7, 33, 64, 1000];
 
+    fn rows(data: &[f32], stride: usize, count: usize) -> Rows<'_> {
+        Rows {
+            data,
+            stride,
+            count,
+        }
+    }
+
+    /// Every score of a call is the bits of the same score computed alone
+    /// (so a query's attention does not depend on which heads and keys
+    /// share its call), and within rounding of the f64 dot product; for
+    /// every block shape and tail of the SIMD path.
+    #[test]
+    fn scores_are_the_same_sums_in_any_call() {
+        for isa in Isa::available() {
+            for dim in [0, 1, 7, 8, 33, 64, 128] {
+                for (nq, nk) in [
+                    (1, 1),
+                    (1, 5),
+                    (2, 7),
+                    (3, 3),
+                    (4, 2),
+                    (5, 9),
+                    (9, 16),
+                    (8, 1),
+                ] {
+                    let (qs, ks) = (dim + 3, 2 * dim + 1);
+                    let q = data(nq * qs + dim, 11);
+                    let k = data(nk * ks + dim, 12);
+                    let out_stride = nk + 2;
+                    let mut all = vec![f32::NAN; nq * out_stride];
+                    scores_f32_with(
+                        isa,
+                        rows(&q, qs, nq),
+                        rows(&k, ks, nk),
+                        dim,
+                        &mut all,
+                        out_stride,
+                    );
+                    for i in 0..nq {
+                        for j in 0..nk {
+                            let mut one = [0.0f32];
+                            let (qi, kj) = (&q[i * qs..], &k[j * ks..]);
+                            scores_f32_with(
+                                isa,
+                                rows(qi, qs, 1),
+                                rows(kj, ks, 1),
+                                dim,
+                                &mut one,
+                                1,
+                            );
+                            let got = all[i * out_stride + j];
+                            assert_eq!(
+                                got.to_bits(),
+                                one[0].to_bits(),
+                                "{isa:?} dim {dim}, {nq}×{nk}: ({i}, {j})"
+                            );
+                            let exact: f64 = (0..dim).map(|d| qi[d] as f64 * kj[d] as f64).sum();
+                            let size: f64 =
+                                (0..dim).map(|d| (qi[d] as f64 * kj[d] as f64).abs()).sum();
+                            assert!(
+                                (got as f64 - exact).abs() <= 1e-6 * size.max(1.0),
+                                "{got} vs {exact}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn simd_matches_portable() {
         for isa in Isa::available() {
@@ -634,16 +745,10 @@ mod tests {
                 softmax_with(isa, &mut b);
                 close("softmax", &a, &b, &a, 1e-5);
 
-                // Three rows of n values, 2n + 5 apart, against x: each
-                // result bit-identical to the one-row op's.
+                // Three rows of n values, 2n + 5 apart.
                 let stride = 2 * n + 5;
                 let rows = data(2 * stride + n, 4);
                 let row = |i: usize| &rows[i * stride..i * stride + n];
-                let mut got = [0.0f32; 3];
-                dots_f32_with(isa, &x, &rows, stride, &mut got);
-                for (i, g) in got.iter().enumerate() {
-                    assert_eq!(g.to_bits(), dot_f32_with(isa, &x, row(i)).to_bits());
-                }
                 let w = [0.5, -1.25, 2.0];
                 let (mut a, mut b) = (y.clone(), y.clone());
                 axpys_with(isa, &mut a, &w, &rows, stride);

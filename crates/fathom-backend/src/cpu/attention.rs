@@ -10,7 +10,8 @@
 //! chunk is written to the cache afterwards. So a sliding-window layer's
 //! ring never has to hold more than its window, even for a long chunk.
 
-use fathom_kernels::{ops, Pool};
+use fathom_kernels::ops::{self, Rows};
+use fathom_kernels::Pool;
 use fathom_plan::kv::KV_BLOCK_TOKENS;
 
 use super::kv::{KvStore, LayerKv};
@@ -114,7 +115,9 @@ pub fn attend(
         };
         let (kbuf, rest) = scratch.split_at_mut(BLOCK * s.key_dim);
         let (vbuf, rest) = rest.split_at_mut(BLOCK * s.value_dim);
-        let scores = &mut rest[..BLOCK];
+        // A block's scores for a few query heads (the plan's `BLOCK +
+        // value_dim` values: 9 heads of 128 values' layers at a time).
+        let scores = &mut rest[..];
         // Items are numbered sequence by sequence; walk along with them.
         let (mut index, mut first_item, mut first_row) = (0, 0, 0);
         for item in (worker..items).step_by(workers) {
@@ -224,10 +227,8 @@ fn attend_tile(
     for a in acc.iter_mut() {
         a.fill(0.0);
     }
-    let q_row = |t: usize, h: usize| {
-        let o = (t * s.n_heads + g * group + h) * dk;
-        &q[o..o + dk]
-    };
+    // Query heads whose block of scores the scratch holds at once.
+    let heads_at_once = (scores.len() / BLOCK).max(1);
     let (lo, hi) = (first(t0), start + t1 - 1);
     let mut block_start = lo;
     while block_start <= hi {
@@ -257,42 +258,58 @@ fn attend_tile(
             let cut = start.clamp(from, to);
             let (cached, fresh) = (from..cut, cut..to);
             let in_chunk = |p: usize, d: usize| ((p - start) * s.n_kv_heads + g) * d;
-            let scores = &mut scores[..to - from];
-            for h in 0..group {
-                // The block's scores, then one rescale of what came before
-                // when the block raises the maximum, and its weights in
-                // one vector pass over the whole block (so the sum does
-                // not depend on where the cache ends).
-                let q = q_row(t, h);
-                let (sc_cached, sc_fresh) = scores.split_at_mut(cached.len());
+            // The block's scores for as many of the group's heads as the
+            // scratch holds at a time (one call: each loaded piece of a
+            // key serves all of them).
+            for heads in (0..group).step_by(heads_at_once) {
+                let heads = heads..(heads + heads_at_once).min(group);
+                let queries = Rows {
+                    data: &q[(t * s.n_heads + g * group + heads.start) * dk..],
+                    stride: dk,
+                    count: heads.len(),
+                };
+                let keys = |data, stride, count| Rows {
+                    data,
+                    stride,
+                    count,
+                };
                 if !cached.is_empty() {
                     let rows = &kbuf[(cached.start - block_start) * dk..];
-                    ops::dots_f32(q, rows, dk, sc_cached);
+                    ops::scores_f32(queries, keys(rows, dk, cached.len()), dk, scores, BLOCK);
                 }
                 if !fresh.is_empty() {
                     let rows = &k[in_chunk(fresh.start, dk)..];
-                    ops::dots_f32(q, rows, chunk_stride.0, sc_fresh);
+                    let fresh_keys = keys(rows, chunk_stride.0, fresh.len());
+                    ops::scores_f32(queries, fresh_keys, dk, &mut scores[cached.len()..], BLOCK);
                 }
-                for score in scores.iter_mut() {
-                    *score *= s.scale;
-                }
-                let st = &mut state[(t - t0) * group + h];
-                let a = &mut acc[t - t0][h * dv..(h + 1) * dv];
-                let max = scores.iter().fold(st.max, |m, &v| m.max(v));
-                if max > st.max {
-                    let rescale = (st.max - max).exp();
-                    ops::scale(a, rescale);
-                    st.sum *= rescale;
-                    st.max = max;
-                }
-                st.sum += ops::exp_shifted_sum(scores, st.max);
-                let (w_cached, w_fresh) = scores.split_at(cached.len());
-                if !cached.is_empty() {
-                    let rows = &vbuf[(cached.start - block_start) * dv..];
-                    ops::axpys(a, w_cached, rows, dv);
-                }
-                if !fresh.is_empty() {
-                    ops::axpys(a, w_fresh, &v[in_chunk(fresh.start, dv)..], chunk_stride.1);
+                for h in heads.clone() {
+                    // One rescale of what came before when the block raises
+                    // the maximum, and its weights in one vector pass over
+                    // the whole block (so the sum does not depend on where
+                    // the cache ends).
+                    let at = (h - heads.start) * BLOCK;
+                    let scores = &mut scores[at..at + (to - from)];
+                    for score in scores.iter_mut() {
+                        *score *= s.scale;
+                    }
+                    let st = &mut state[(t - t0) * group + h];
+                    let a = &mut acc[t - t0][h * dv..(h + 1) * dv];
+                    let max = scores.iter().fold(st.max, |m, &v| m.max(v));
+                    if max > st.max {
+                        let rescale = (st.max - max).exp();
+                        ops::scale(a, rescale);
+                        st.sum *= rescale;
+                        st.max = max;
+                    }
+                    st.sum += ops::exp_shifted_sum(scores, st.max);
+                    let (w_cached, w_fresh) = scores.split_at(cached.len());
+                    if !cached.is_empty() {
+                        let rows = &vbuf[(cached.start - block_start) * dv..];
+                        ops::axpys(a, w_cached, rows, dv);
+                    }
+                    if !fresh.is_empty() {
+                        ops::axpys(a, w_fresh, &v[in_chunk(fresh.start, dv)..], chunk_stride.1);
+                    }
                 }
             }
         }

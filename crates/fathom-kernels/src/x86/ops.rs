@@ -3,7 +3,7 @@
 //! stack copy, or through the portable code where that is bit-identical.
 
 use super::{exp, hsum, hsum_i32};
-use crate::ops::{f16_to_f32, f32_to_f16, GELU_COEF, SQRT_2_OVER_PI};
+use crate::ops::{f16_to_f32, f32_to_f16, Rows, GELU_COEF, SQRT_2_OVER_PI};
 use crate::quant::{q8_scale, Q8K_BYTES, Q8S_BYTES, Q8_0_BYTES};
 use std::arch::x86_64::*;
 
@@ -178,12 +178,85 @@ pub(crate) unsafe fn axpys(y: &mut [f32], w: &[f32], rows: &[f32], stride: usize
     }
 }
 
-/// [`dot_f32`] of `q` with each row.
+/// [`crate::ops::scores_f32`]: blocks of up to four queries by two keys
+/// (four keys for one or two queries), so that eight or so independent
+/// chains hide the multiply-add's latency and each loaded piece of a key
+/// serves every query of the block. Each score is one chain over the
+/// 8-value pieces, then the lanes' sum, then the scalar tail: the same
+/// sum in whichever block it falls.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn dots_f32(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
-    let n = q.len();
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = dot_f32(q, &rows[i * stride..i * stride + n]);
+pub(crate) unsafe fn scores_f32(q: Rows, k: Rows, dim: usize, out: &mut [f32], out_stride: usize) {
+    let (qp, kp, op) = (q.data.as_ptr(), k.data.as_ptr(), out.as_mut_ptr());
+    let mut i = 0;
+    while i + 4 <= q.count {
+        let (qi, oi) = (qp.add(i * q.stride), op.add(i * out_stride));
+        score_keys::<4, 2>(qi, q.stride, kp, k, dim, oi, out_stride);
+        i += 4;
+    }
+    let (qp, op) = (qp.add(i * q.stride), op.add(i * out_stride));
+    match q.count - i {
+        3 => score_keys::<3, 2>(qp, q.stride, kp, k, dim, op, out_stride),
+        2 => score_keys::<2, 4>(qp, q.stride, kp, k, dim, op, out_stride),
+        1 => score_keys::<1, 4>(qp, q.stride, kp, k, dim, op, out_stride),
+        _ => {}
+    }
+
+    /// `R` queries at `qp` against every key, `C` keys at a time.
+    #[inline(always)]
+    unsafe fn score_keys<const R: usize, const C: usize>(
+        qp: *const f32,
+        q_stride: usize,
+        kp: *const f32,
+        k: Rows,
+        dim: usize,
+        op: *mut f32,
+        out_stride: usize,
+    ) {
+        let mut j = 0;
+        while j + C <= k.count {
+            let (kj, oj) = (kp.add(j * k.stride), op.add(j));
+            score_block::<R, C>(qp, q_stride, kj, k.stride, dim, oj, out_stride);
+            j += C;
+        }
+        while j < k.count {
+            let (kj, oj) = (kp.add(j * k.stride), op.add(j));
+            score_block::<R, 1>(qp, q_stride, kj, k.stride, dim, oj, out_stride);
+            j += 1;
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn score_block<const R: usize, const C: usize>(
+        qp: *const f32,
+        q_stride: usize,
+        kp: *const f32,
+        k_stride: usize,
+        dim: usize,
+        op: *mut f32,
+        out_stride: usize,
+    ) {
+        let mut acc = [[_mm256_setzero_ps(); C]; R];
+        let mut d = 0;
+        while d + 8 <= dim {
+            let keys: [__m256; C] =
+                std::array::from_fn(|c| _mm256_loadu_ps(kp.add(c * k_stride + d)));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let qv = _mm256_loadu_ps(qp.add(r * q_stride + d));
+                for (a, key) in acc.iter_mut().zip(keys) {
+                    *a = _mm256_fmadd_ps(qv, key, *a);
+                }
+            }
+            d += 8;
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            for (c, a) in acc.iter().enumerate() {
+                let mut s = hsum(*a);
+                for e in d..dim {
+                    s += *qp.add(r * q_stride + e) * *kp.add(c * k_stride + e);
+                }
+                *op.add(r * out_stride + c) = s;
+            }
+        }
     }
 }
 
