@@ -10,6 +10,7 @@
 #   WORK_DIR       fixtures go here (4.2 GB, 5.6 GB; the capped cells 17–40 GB each, one at a time)
 # PARTS (default: same moe pin):
 #   same   8B-shape Q4_K, whole layers on the host: `fathom bench` vs `llama-bench` at -ngl 16 and 0
+#          (each fathom split run also prints where its time went: FATHOM_SPLIT_PROFILE)
 #   moe    Qwen3-30B-A3B shape cut to 16 layers, Q4_K: --n-cpu-moe 16 and 8 in both
 #   pin    fathom alone: streamed host weights page-locked vs pageable (FATHOM_SPLIT_PIN_WEIGHTS=0), -ngl 0
 #   capped fathom's own placement under a device cap (`--memory`) against llama.cpp's `--fit` leaving the same
@@ -36,10 +37,11 @@ fixture() { # like file [layers]
     [[ -f "$work/$2" ]] || "$fathom" bench fixture --like "$1" --type Q4_K ${3:+--layers "$3"} \
         ${VOCAB:+--vocab "$VOCAB"} "$work/$2" | tail -1
 }
-fb() { # file args...: fathom's pp512 and tg64 medians
+fb() { # file args...: fathom's pp512 and tg64 medians, and where a split's time went (all repetitions)
     local f=$1; shift
     echo "== fathom $*"
-    "$fathom" bench "$work/$f" --device cuda -p 512 -n 64 -r "$reps" -t "$threads" "$@" 2>&1 | grep -E "pp512|tg64"
+    FATHOM_SPLIT_PROFILE=1 "$fathom" bench "$work/$f" --device cuda -p 512 -n 64 -r "$reps" -t "$threads" "$@" 2>&1 \
+        | grep -E "pp512|tg64|split time| [0-9.]+ \| +[0-9.]+$"
 }
 lb() { # file args...: llama-bench's, same tests
     local f=$1; shift

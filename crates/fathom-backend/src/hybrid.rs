@@ -23,6 +23,7 @@
 //! on the host.
 
 use crate::cpu::CpuBackend;
+use crate::split_clock::{Phase, SplitClock};
 use crate::{
     AttentionIo, AttentionShape, Backend, BackendError, Buf, DeviceMemory, Glu, HostMatrix,
     LinearIo, LinearShape, LinearWeights, MatrixId, Place, RopeParams, RoutedFfn, Step, VectorId,
@@ -113,10 +114,15 @@ pub struct Hybrid<D: Backend> {
     /// The host arena's address, when the device page-locked it for the
     /// crossings (kept as a number: only the device's unpin reads it).
     pinned: Option<usize>,
+    /// Where the time goes (`FATHOM_SPLIT_PROFILE`).
+    clock: SplitClock,
 }
 
 impl<D: Backend> Drop for Hybrid<D> {
     fn drop(&mut self) {
+        if let Some(report) = self.clock.report() {
+            eprint!("{report}");
+        }
         // Before the fields drop: the arena is still allocated.
         if let Some(p) = self.pinned.take() {
             // SAFETY: `p` is the host arena, pinned by `device` in `new`;
@@ -140,6 +146,7 @@ impl<D: Backend> Hybrid<D> {
         // SAFETY: the arena lives as long as `host`, which this backend
         // owns; `drop` unpins it first.
         let pinned = unsafe { device.pin_host(arena, bytes) }.then_some(arena as usize);
+        let stream_rows = stream_rows();
         Hybrid {
             host,
             device,
@@ -150,7 +157,7 @@ impl<D: Backend> Hybrid<D> {
             experts: Vec::new(),
             expert_biases: Vec::new(),
             streamable: Vec::new(),
-            stream_rows: stream_rows(),
+            stream_rows,
             device_holds: None,
             streamed: 0,
             error: None,
@@ -158,6 +165,11 @@ impl<D: Backend> Hybrid<D> {
             streamed_ids: Vec::new(),
             pinned_runs: Vec::new(),
             pinned,
+            clock: SplitClock::from_env(if stream_rows > 0 {
+                stream_rows
+            } else {
+                STREAM_ROWS
+            }),
         }
     }
 
@@ -174,6 +186,18 @@ impl<D: Backend> Hybrid<D> {
                 &mut self.device
             }
         }
+    }
+
+    /// Runs `f`, its time charged to `phase` when the host side runs it
+    /// (`FATHOM_SPLIT_PROFILE`).
+    fn on_host<R>(&mut self, phase: Phase, rows: usize, f: impl FnOnce(&mut Self) -> R) -> R {
+        if self.side != Place::Cpu {
+            return f(self);
+        }
+        let previous = self.clock.enter(phase, rows);
+        let r = f(self);
+        self.clock.leave(previous);
+        r
     }
 
     fn matrix(&self, id: MatrixId) -> MatrixId {
@@ -402,6 +426,7 @@ impl<D: Backend> Backend for Hybrid<D> {
     fn finish_load(&mut self) {
         self.host.finish_load();
         self.device.finish_load();
+        self.clock.restart();
         if self.stream_rows == 0 {
             return;
         }
@@ -450,10 +475,16 @@ impl<D: Backend> Backend for Hybrid<D> {
             return;
         }
         self.device_holds = None;
+        self.clock.enter(Phase::Crossing, rows);
         for &(x, width) in carry {
             self.carry(x, rows, width);
         }
         self.side = to;
+        let next = match to {
+            Place::Cpu => Phase::HostOther,
+            Place::Cuda => Phase::DeviceSide,
+        };
+        self.clock.enter(next, rows);
     }
 
     fn read_rows(&mut self, x: Buf, rows: usize, width: usize, out: &mut [f32]) {
@@ -473,20 +504,28 @@ impl<D: Backend> Backend for Hybrid<D> {
 
     fn matmul(&mut self, w: MatrixId, x: Buf, rows: usize, out: Buf) {
         if self.streams(w, rows) {
-            return self.streamed_matmuls(&[w], x, rows, &[out], true);
+            return self.on_host(Phase::Streamed, rows, |s| {
+                s.streamed_matmuls(&[w], x, rows, &[out], true)
+            });
         }
         let w = self.matrix(w);
-        self.here().matmul(w, x, rows, out)
+        self.on_host(Phase::HostProducts, rows, |s| {
+            s.here().matmul(w, x, rows, out)
+        })
     }
 
     fn matmul_many(&mut self, ws: &[MatrixId], x: Buf, rows: usize, outs: &[Buf]) {
         if ws.iter().all(|&w| self.streams(w, rows)) {
-            return self.streamed_matmuls(ws, x, rows, outs, true);
+            return self.on_host(Phase::Streamed, rows, |s| {
+                s.streamed_matmuls(ws, x, rows, outs, true)
+            });
         }
         match *ws {
             [a, b, c] => {
                 let inner = [self.matrix(a), self.matrix(b), self.matrix(c)];
-                self.here().matmul_many(&inner, x, rows, outs)
+                self.on_host(Phase::HostProducts, rows, |s| {
+                    s.here().matmul_many(&inner, x, rows, outs)
+                })
             }
             _ => {
                 for (&w, &out) in ws.iter().zip(outs) {
@@ -507,14 +546,17 @@ impl<D: Backend> Backend for Hybrid<D> {
     ) {
         if self.streams(gate, rows) && self.streams(up, rows) {
             // The activation on the device too: only its result crosses back.
-            self.streamed_matmuls(&[gate, up], x, rows, &out, false);
-            self.device.glu(out[0], out[1], rows, width, act);
-            self.send_to_host(out[0], rows, width);
-            self.device_holds = Some((out[0], rows));
-            return;
+            return self.on_host(Phase::Streamed, rows, |s| {
+                s.streamed_matmuls(&[gate, up], x, rows, &out, false);
+                s.device.glu(out[0], out[1], rows, width, act);
+                s.send_to_host(out[0], rows, width);
+                s.device_holds = Some((out[0], rows));
+            });
         }
         let w = [self.matrix(gate), self.matrix(up)];
-        self.here().matmul_glu(w, x, rows, act, out, width)
+        self.on_host(Phase::HostProducts, rows, |s| {
+            s.here().matmul_glu(w, x, rows, act, out, width)
+        })
     }
 
     fn rms_norm(&mut self, x: Buf, w: VectorId, eps: f32, rows: usize, width: usize, out: Buf) {
@@ -573,12 +615,16 @@ impl<D: Backend> Backend for Hybrid<D> {
 
     fn attention(&mut self, layer: usize, shape: &AttentionShape, step: &Step, io: AttentionIo) {
         let shape = self.shape_here(shape);
-        self.here().attention(layer, &shape, step, io)
+        self.on_host(Phase::HostAttention, step.rows, |s| {
+            s.here().attention(layer, &shape, step, io)
+        })
     }
 
     fn kv_write(&mut self, layer: usize, step: &Step, k: Buf, v: Buf, shape: &AttentionShape) {
         let shape = self.shape_here(shape);
-        self.here().kv_write(layer, step, k, v, &shape)
+        self.on_host(Phase::HostAttention, step.rows, |s| {
+            s.here().kv_write(layer, step, k, v, &shape)
+        })
     }
 
     fn attend(
@@ -590,7 +636,9 @@ impl<D: Backend> Backend for Hybrid<D> {
         rope: &RopeParams,
     ) {
         let (shape, rope) = (self.shape_here(shape), self.rope_here(rope));
-        self.here().attend(layer, &shape, step, io, &rope)
+        self.on_host(Phase::HostAttention, step.rows, |s| {
+            s.here().attend(layer, &shape, step, io, &rope)
+        })
     }
 
     fn route_experts(
@@ -644,7 +692,9 @@ impl<D: Backend> Backend for Hybrid<D> {
 
     fn routed_experts(&mut self, ffn: &RoutedFfn, x: Buf, rows: usize, out: Buf) {
         if self.streams_experts(ffn, rows) {
-            return self.streamed_experts(ffn, x, rows, out);
+            return self.on_host(Phase::Streamed, rows, |s| {
+                s.streamed_experts(ffn, x, rows, out)
+            });
         }
         let mut experts = std::mem::take(&mut self.experts);
         experts.clear();
@@ -659,7 +709,9 @@ impl<D: Backend> Backend for Hybrid<D> {
             biases: ffn.biases.map(|_| biases.as_slice()),
             ..*ffn
         };
-        self.here().routed_experts(&inner, x, rows, out);
+        self.on_host(Phase::HostProducts, rows, |s| {
+            s.here().routed_experts(&inner, x, rows, out)
+        });
         self.experts = experts;
         self.expert_biases = biases;
     }
@@ -693,8 +745,10 @@ impl<D: Backend> Backend for Hybrid<D> {
             dt_bias: self.vector(weights.dt_bias),
             decay: self.vector(weights.decay),
         };
-        self.here()
-            .gated_delta_rule(linear_layer, shape, &weights, step, states, io)
+        self.on_host(Phase::HostAttention, step.rows, |s| {
+            s.here()
+                .gated_delta_rule(linear_layer, shape, &weights, step, states, io)
+        })
     }
 
     fn split_heads(&mut self, x: Buf, rows: usize, heads: usize, head_dim: usize, a: Buf, b: Buf) {

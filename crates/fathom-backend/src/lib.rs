@@ -23,6 +23,7 @@ pub mod hybrid;
 pub mod parallel;
 mod registry;
 mod shard;
+mod split_clock;
 
 use fathom_plan::kv::KvGroup;
 pub use fathom_plan::placement::Place;
@@ -133,6 +134,7 @@ pub const ENV_VARS: &[(&str, &str)] = &[
     ("FATHOM_CUDA_PREFETCH", "4194304"),
     ("FATHOM_SPLIT_STREAM_ROWS", "32"),
     ("FATHOM_SPLIT_PIN_WEIGHTS", "1"),
+    ("FATHOM_SPLIT_PROFILE", "unset"),
     ("FATHOM_NCCL_LIB_DIR", "unset"),
     ("FATHOM_NVCC", "unset"),
     (
