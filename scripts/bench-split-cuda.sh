@@ -5,8 +5,8 @@
 # Usage: bench-split-cuda.sh FATHOM LLAMA_BIN_DIR WORK_DIR [PART ...]
 #   FATHOM         a release `fathom` built elsewhere (scripts/test-gpu.sh stages one)
 #   LLAMA_BIN_DIR  llama.cpp's CUDA tools: llama-bench, llama-completion, llama-fit-params
-#                  (../shared/gpu/build-llamacpp-cuda.sh; build with GGML_NATIVE=OFF and the ISA named on
-#                  AMX hosts, whose native build crashes in its AMX matmul)
+#                  (scripts/build-llama-cpp-cuda.sh builds them without a GPU; ../shared/gpu/build-llamacpp-cuda.sh
+#                  there, with GGML_NATIVE=OFF and the ISA named on AMX hosts, whose native build crashes)
 #   WORK_DIR       fixtures go here (4.2 GB, 5.6 GB; the capped cells 17–40 GB each, one at a time)
 # PARTS (default: same moe pin):
 #   same   8B-shape Q4_K, whole layers on the host: `fathom bench` vs `llama-bench` at -ngl 16 and 0
