@@ -331,7 +331,16 @@ pub struct Rows<'a> {
     pub count: usize,
 }
 
-impl Rows<'_> {
+impl<'a> Rows<'a> {
+    /// The rows from row `i` on.
+    pub fn skip(self, i: usize) -> Rows<'a> {
+        Rows {
+            data: &self.data[(i * self.stride).min(self.data.len())..],
+            stride: self.stride,
+            count: self.count - i,
+        }
+    }
+
     /// Panics unless the rows hold `width` values each, naming the op:
     /// the SIMD paths read them through raw pointers.
     fn check(&self, what: &str, width: usize) {
@@ -379,19 +388,42 @@ pub(crate) fn scores_f32_with(
     })
 }
 
-/// `y += w[i] * rows[i * stride..][..y.len()]` for each i in order:
-/// attention's weighted values for a run of keys in one call, each step
-/// the same as [`axpy`]'s.
-pub fn axpys(y: &mut [f32], w: &[f32], rows: &[f32], stride: usize) {
-    axpys_with(Isa::detected(), y, w, rows, stride)
+/// `y_h += Σ_i w_h[i] · v_i` over the first `width` values, for each of
+/// `w.count` heads (`y_h` at `y[h * y_stride..]`, head h's weights the
+/// row `w_h`, one a value row of `v`): attention's weighted values of a
+/// few query heads over a run of keys in one call. Each value takes one
+/// multiply-add a key, in key order, the same as [`axpy`]'s, whichever
+/// call or head it comes with.
+pub fn weighted_rows(y: &mut [f32], y_stride: usize, w: Rows, v: Rows, width: usize) {
+    weighted_rows_with(Isa::detected(), y, y_stride, w, v, width)
 }
 
-pub(crate) fn axpys_with(isa: Isa, y: &mut [f32], w: &[f32], rows: &[f32], stride: usize) {
-    let n = y.len();
-    assert_rows("axpys", rows, w.len(), n, stride);
-    dispatch!(isa, simd::axpys(y, w, rows, stride), {
-        for (i, &a) in w.iter().enumerate() {
-            axpy_with(isa, y, a, &rows[i * stride..i * stride + n]);
+pub(crate) fn weighted_rows_with(
+    isa: Isa,
+    y: &mut [f32],
+    y_stride: usize,
+    w: Rows,
+    v: Rows,
+    width: usize,
+) {
+    w.check("weighted_rows' weights", v.count);
+    v.check("weighted_rows' values", width);
+    if w.count == 0 {
+        return;
+    }
+    assert!(
+        width <= y_stride && y.len() >= (w.count - 1) * y_stride + width,
+        "weighted_rows: {} heads of {width} values, {y_stride} apart, into {} values",
+        w.count,
+        y.len()
+    );
+    dispatch!(isa, simd::weighted_rows(y, y_stride, w, v, width), {
+        for h in 0..w.count {
+            let yh = &mut y[h * y_stride..h * y_stride + width];
+            for i in 0..v.count {
+                let a = w.data[h * w.stride + i];
+                axpy_with(isa, yh, a, &v.data[i * v.stride..i * v.stride + width]);
+            }
         }
     })
 }
@@ -747,16 +779,29 @@ mod tests {
 
                 // Three rows of n values, 2n + 5 apart.
                 let stride = 2 * n + 5;
-                let rows = data(2 * stride + n, 4);
-                let row = |i: usize| &rows[i * stride..i * stride + n];
-                let w = [0.5, -1.25, 2.0];
-                let (mut a, mut b) = (y.clone(), y.clone());
-                axpys_with(isa, &mut a, &w, &rows, stride);
-                for (i, &wi) in w.iter().enumerate() {
-                    axpy_with(isa, &mut b, wi, row(i));
+                let rows_data = data(2 * stride + n, 4);
+                let row = |i: usize| &rows_data[i * stride..i * stride + n];
+                // Three heads of n values 2n + 5 apart, their weights for the
+                // three rows 4 apart: each value as `axpy` gives it.
+                let w = [
+                    0.5, -1.25, 2.0, 9.0, 0.25, 1.5, -3.0, 9.0, -0.75, 4.0, 0.125,
+                ];
+                let (mut a, mut b) = (data(2 * stride + n, 5), Vec::new());
+                b.clone_from(&a);
+                let (weights, values) = (rows(&w, 4, 3), rows(&rows_data, stride, 3));
+                weighted_rows_with(isa, &mut a, stride, weights, values, n);
+                for h in 0..3 {
+                    for i in 0..3 {
+                        axpy_with(
+                            isa,
+                            &mut b[h * stride..h * stride + n],
+                            w[h * 4 + i],
+                            row(i),
+                        );
+                    }
                 }
                 let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&a), bits(&b), "axpys against axpy, n = {n}");
+                assert_eq!(bits(&a), bits(&b), "weighted_rows against axpy, n = {n}");
 
                 let (mut a, mut b) = (x.clone(), x.clone());
                 let max = 0.5;

@@ -268,18 +268,18 @@ fn attend_tile(
                     stride: dk,
                     count: heads.len(),
                 };
-                let keys = |data, stride, count| Rows {
+                let rows_of = |data, stride, count| Rows {
                     data,
                     stride,
                     count,
                 };
                 if !cached.is_empty() {
                     let rows = &kbuf[(cached.start - block_start) * dk..];
-                    ops::scores_f32(queries, keys(rows, dk, cached.len()), dk, scores, BLOCK);
+                    ops::scores_f32(queries, rows_of(rows, dk, cached.len()), dk, scores, BLOCK);
                 }
                 if !fresh.is_empty() {
                     let rows = &k[in_chunk(fresh.start, dk)..];
-                    let fresh_keys = keys(rows, chunk_stride.0, fresh.len());
+                    let fresh_keys = rows_of(rows, chunk_stride.0, fresh.len());
                     ops::scores_f32(queries, fresh_keys, dk, &mut scores[cached.len()..], BLOCK);
                 }
                 for h in heads.clone() {
@@ -293,23 +293,32 @@ fn attend_tile(
                         *score *= s.scale;
                     }
                     let st = &mut state[(t - t0) * group + h];
-                    let a = &mut acc[t - t0][h * dv..(h + 1) * dv];
                     let max = scores.iter().fold(st.max, |m, &v| m.max(v));
                     if max > st.max {
                         let rescale = (st.max - max).exp();
-                        ops::scale(a, rescale);
+                        ops::scale(&mut acc[t - t0][h * dv..(h + 1) * dv], rescale);
                         st.sum *= rescale;
                         st.max = max;
                     }
                     st.sum += ops::exp_shifted_sum(scores, st.max);
-                    let (w_cached, w_fresh) = scores.split_at(cached.len());
-                    if !cached.is_empty() {
-                        let rows = &vbuf[(cached.start - block_start) * dv..];
-                        ops::axpys(a, w_cached, rows, dv);
-                    }
-                    if !fresh.is_empty() {
-                        ops::axpys(a, w_fresh, &v[in_chunk(fresh.start, dv)..], chunk_stride.1);
-                    }
+                }
+                // The heads' weighted values, each loaded value row serving
+                // all of them.
+                let out = &mut acc[t - t0][heads.start * dv..];
+                let weights = |from: usize| Rows {
+                    data: &scores[from..],
+                    stride: BLOCK,
+                    count: heads.len(),
+                };
+                if !cached.is_empty() {
+                    let rows =
+                        rows_of(&vbuf[(cached.start - block_start) * dv..], dv, cached.len());
+                    ops::weighted_rows(out, dv, weights(0), rows, dv);
+                }
+                if !fresh.is_empty() {
+                    let rows = &v[in_chunk(fresh.start, dv)..];
+                    let fresh_values = rows_of(rows, chunk_stride.1, fresh.len());
+                    ops::weighted_rows(out, dv, weights(cached.len()), fresh_values, dv);
                 }
             }
         }

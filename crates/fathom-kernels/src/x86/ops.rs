@@ -149,31 +149,63 @@ pub(crate) unsafe fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     zip8(y, x, |y, x| _mm256_fmadd_ps(a, x, y));
 }
 
-/// [`axpy`] for each row in turn, `y` held in registers 32 values at a
-/// time across the rows; the tail as `axpy`'s padded vector, one fused
-/// multiply-add per value.
+/// [`crate::ops::weighted_rows`]: two heads at a time, each head's 32
+/// values held in registers across the keys, so each loaded piece of a
+/// value row serves both; the tail as [`axpy`]'s padded vector. Every
+/// value takes one fused multiply-add a key in key order, as `axpy` does.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn axpys(y: &mut [f32], w: &[f32], rows: &[f32], stride: usize) {
-    let n = y.len();
-    let (yp, rp) = (y.as_mut_ptr(), rows.as_ptr());
-    let mut j = 0;
-    while j + 32 <= n {
-        let mut acc: [__m256; 4] = std::array::from_fn(|k| _mm256_loadu_ps(yp.add(j + 8 * k)));
-        for (i, &a) in w.iter().enumerate() {
-            let a = _mm256_set1_ps(a);
-            for (k, acc) in acc.iter_mut().enumerate() {
-                let x = _mm256_loadu_ps(rp.add(i * stride + j + 8 * k));
-                *acc = _mm256_fmadd_ps(a, x, *acc);
-            }
-        }
-        for (k, acc) in acc.iter().enumerate() {
-            _mm256_storeu_ps(yp.add(j + 8 * k), *acc);
-        }
-        j += 32;
+pub(crate) unsafe fn weighted_rows(y: &mut [f32], y_stride: usize, w: Rows, v: Rows, width: usize) {
+    let mut h = 0;
+    while h + 2 <= w.count {
+        heads_rows::<2>(&mut y[h * y_stride..], y_stride, w.skip(h), v, width);
+        h += 2;
     }
-    if j < n {
-        for (i, &a) in w.iter().enumerate() {
-            axpy(&mut y[j..], a, &rows[i * stride + j..i * stride + n]);
+    if h < w.count {
+        heads_rows::<1>(&mut y[h * y_stride..], y_stride, w.skip(h), v, width);
+    }
+
+    #[inline(always)]
+    unsafe fn heads_rows<const H: usize>(
+        y: &mut [f32],
+        y_stride: usize,
+        w: Rows,
+        v: Rows,
+        width: usize,
+    ) {
+        let (yp, wp, vp) = (y.as_mut_ptr(), w.data.as_ptr(), v.data.as_ptr());
+        let mut j = 0;
+        while j + 32 <= width {
+            let mut acc: [[__m256; 4]; H] = std::array::from_fn(|h| {
+                std::array::from_fn(|k| _mm256_loadu_ps(yp.add(h * y_stride + j + 8 * k)))
+            });
+            for i in 0..v.count {
+                let x: [__m256; 4] =
+                    std::array::from_fn(|k| _mm256_loadu_ps(vp.add(i * v.stride + j + 8 * k)));
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    let a = _mm256_set1_ps(*wp.add(h * w.stride + i));
+                    for (acc, x) in acc.iter_mut().zip(x) {
+                        *acc = _mm256_fmadd_ps(a, x, *acc);
+                    }
+                }
+            }
+            for (h, acc) in acc.iter().enumerate() {
+                for (k, acc) in acc.iter().enumerate() {
+                    _mm256_storeu_ps(yp.add(h * y_stride + j + 8 * k), *acc);
+                }
+            }
+            j += 32;
+        }
+        if j < width {
+            for h in 0..H {
+                for i in 0..v.count {
+                    let row = &v.data[i * v.stride + j..i * v.stride + width];
+                    axpy(
+                        &mut y[h * y_stride + j..h * y_stride + width],
+                        w.data[h * w.stride + i],
+                        row,
+                    );
+                }
+            }
         }
     }
 }
