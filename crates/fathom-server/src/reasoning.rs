@@ -355,6 +355,12 @@ pub fn call_end(body: &str) -> Option<(usize, &'static str)> {
         })
 }
 
+/// Where a text body (an answer, reasoning) ends: at its first end
+/// marker, as written (no JSON strings to skip).
+pub fn text_end(body: &str) -> Option<usize> {
+    BODY_ENDS.iter().filter_map(|m| body.find(m)).min()
+}
+
 /// Text split into its reasoning and its answer.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Parts {

@@ -864,8 +864,16 @@ fn read_calls<'t>(
 /// and the body (the arguments). A call the length limit cut off runs to
 /// the end of the text.
 fn harmony_call(text: &str) -> Option<(std::ops::Range<usize>, &str, &str)> {
-    const TO: &str = "to=functions.";
-    let to = text.find(TO)?;
+    // A header's recipient; the same words inside a message's body (an
+    // answer or reasoning that mentions them) are that message's text.
+    let mut search = 0;
+    let to = loop {
+        let to = search + text[search..].find(TO)?;
+        if !in_body(text, to) {
+            break to;
+        }
+        search = to + TO.len();
+    };
     let head = &text[..to];
     // The header starts at its `<|start|>` or else its `<|channel|>`, if
     // no earlier message's body lies between.
@@ -892,6 +900,29 @@ fn harmony_call(text: &str) -> Option<(std::ops::Range<usize>, &str, &str)> {
         None => (text.len(), text.len()),
     };
     Some((start..end, name, &text[body..body_end]))
+}
+
+/// A harmony header's recipient when it is a function.
+const TO: &str = "to=functions.";
+
+/// Whether `at` lies inside a harmony message's body: after its
+/// `<|message|>` and before the end marker that closes it (for a call,
+/// the first outside its arguments' JSON strings).
+fn in_body(text: &str, at: usize) -> bool {
+    let mut from = 0;
+    while let Some(m) = text[from..at].find(MESSAGE) {
+        let body = from + m + MESSAGE.len();
+        let end = if text[from..from + m].contains(TO) {
+            reasoning::call_end(&text[body..]).map(|(end, _)| end)
+        } else {
+            reasoning::text_end(&text[body..])
+        };
+        match end {
+            Some(end) if body + end <= at => from = body + end,
+            _ => return true,
+        }
+    }
+    false
 }
 
 #[cfg(test)]
@@ -1269,6 +1300,25 @@ mod tests {
                 .as_deref(),
             Some("Sunny.")
         );
+        // The words of a call inside an answer's or reasoning's body are
+        // its text; a call after that reasoning is still read.
+        let answer =
+            "<|channel|>final<|message|>Write to=functions.now<|message|>{}<|call|> to call it.";
+        let a = parse(ToolFormat::Harmony, answer, &r, "g");
+        assert!(a.calls.is_empty(), "{:?}", a.calls);
+        assert_eq!(a.content.as_deref(), Some(answer));
+        let raw = "<|channel|>analysis<|message|>Maybe to=functions.get_weather<|message|>{\"city\": \"Rome\"}<|end|><|start|>assistant<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}<|call|>";
+        let a = parse(ToolFormat::Harmony, raw, &r, "g");
+        assert_eq!(a.calls.len(), 1, "{:?}", a.calls);
+        assert_eq!(a.calls[0].name, "now");
+        // Parallel calls, each a message of its own (the grammar's
+        // `<|start|>assistant` between them, `<|call|>` after the last).
+        let two = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}<|start|>assistant<|channel|>commentary to=functions.now <|constrain|>json<|message|>{}<|call|>";
+        let a = parse(ToolFormat::Harmony, two, &r, "g");
+        assert_eq!(a.content, None, "{a:?}");
+        let names: Vec<&str> = a.calls.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["get_weather", "now"]);
+        assert_eq!(a.calls[0].arguments, r#"{"city":"Oslo"}"#);
     }
 
     #[test]
