@@ -535,7 +535,7 @@ fn open_stream(server: &Server, body: &str) -> BufReader<TcpStream> {
 #[test]
 fn a_client_that_disconnects_mid_stream_cancels_its_job() {
     let server = Server::start(&[], &[]);
-    let body = json!({"prompt": "Tell me a long story.", "max_tokens": 400, "temperature": 0, "stream": true})
+    let body = json!({"prompt": "Tell me a long story.", "max_tokens": 400, "temperature": 0, "stream": true, "ignore_eos": true})
         .to_string();
     let stream = open_stream(&server, &body);
     drop(stream);
@@ -690,7 +690,7 @@ fn estimate_memory_refuses_a_serve_plan_that_does_not_fit() {
 #[test]
 fn a_full_queue_answers_503_with_retry_after() {
     let server = Server::start(&["-np", "1", "--queue-size", "1"], &[]);
-    let long = json!({"prompt": "Tell me a long story.", "max_tokens": 400, "temperature": 0, "stream": true})
+    let long = json!({"prompt": "Tell me a long story.", "max_tokens": 400, "temperature": 0, "stream": true, "ignore_eos": true})
         .to_string();
     // One request runs (its first text has arrived) ...
     let running = open_stream(&server, &long);
@@ -939,7 +939,7 @@ fn mutated_request_bodies_get_200_or_a_4xx_error_object() {
 #[test]
 fn requests_still_running_after_the_shutdown_timeout_are_cut_off() {
     let mut server = Server::start(&["--shutdown-timeout", "1", "-np", "1"], &[]);
-    let body = json!({"prompt": "Tell me a long story.", "max_tokens": 480, "temperature": 0, "stream": true, "stop": ["@@@@"]})
+    let body = json!({"prompt": "Tell me a long story.", "max_tokens": 480, "temperature": 0, "stream": true, "stop": ["@@@@"], "ignore_eos": true})
         .to_string();
     let mut stream = open_stream(&server, &body);
     let started = Instant::now();

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use fathom_engine::{TokenMask, Tokenizer};
 
 use crate::reasoning::ThinkingBlock;
+use crate::string_format;
 use llguidance::api::{ParserLimits, TopLevelGrammar};
 use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
 use serde_json::Value;
@@ -302,8 +303,23 @@ fn with_json_options(schema: Value) -> Value {
     schema
 }
 
+/// `schema`'s string `format`s that llguidance's own table enforces too
+/// loosely (the dates: [`string_format::replaces_llguidance`]) as the
+/// patterns of [`string_format::regex`], where the schema gives no
+/// pattern of its own; in place, in every subschema.
+fn strict_formats(o: &mut serde_json::Map<String, Value>) {
+    let format = o.get("format").and_then(Value::as_str);
+    if let Some(rx) = format
+        .filter(|f| string_format::replaces_llguidance(f) && !o.contains_key("pattern"))
+        .and_then(string_format::regex)
+    {
+        o.shift_remove("format");
+        o.insert("pattern".into(), Value::String(format!("^(?:{rx})$")));
+    }
+}
+
 /// Removes the `x-guidance` keyword from `schema` and from every subschema
-/// in it, wherever JSON Schema puts subschemas. Keys of `properties` (and
+/// in it (and makes its date formats strict: [`strict_formats`]), wherever JSON Schema puts subschemas. Keys of `properties` (and
 /// the other maps of named subschemas) are names, and values of `const`,
 /// `enum`, `default` and `examples` are data: a property called
 /// `x-guidance` stays. Parsed request bodies nest at most 128 deep
@@ -313,6 +329,7 @@ fn strip_guidance(schema: &mut Value) {
         return;
     };
     o.shift_remove("x-guidance");
+    strict_formats(o);
     for (key, value) in o.iter_mut() {
         match (key.as_str(), value) {
             (

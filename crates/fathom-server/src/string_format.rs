@@ -5,7 +5,33 @@
 //! ([`crate::bare_string`]) cannot hand a string to that compiler: the
 //! table is llguidance 1.9.1's, word for word, so that a `format` means in
 //! those calls what it means in every JSON-based format; a test holds the
-//! two to the same verdicts.
+//! two to the same verdicts. The dates are stricter than llguidance's
+//! (leap years, no year 0000), and JSON schemas get them too: their
+//! `format: date` and `date-time` become these patterns
+//! ([`crate::constraint`]).
+
+/// A calendar date `YYYY-MM-DD`: years 0001 to 9999, February's 29th in
+/// leap years only (llguidance's table admits every year's 29th and year
+/// 0000, which the validators an answer is checked with refuse).
+macro_rules! date {
+    () => {
+        concat!(
+            r"(?:(?:[1-9][0-9]{3}|0[1-9][0-9]{2}|00[1-9][0-9]|000[1-9])-(?:",
+            r"(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|", // 31-day months
+            r"(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|",         // 30-day months
+            r"02-(?:0[1-9]|1[0-9]|2[0-8]))|",                  // February
+            // The 29th of February of a leap year: divisible by 4 but
+            // not by 100, or by 400.
+            r"(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:0[48]|[2468][048]|[13579][26])00)-02-29)",
+        )
+    };
+}
+
+/// Whether a schema's `format` is enforced through [`regex`] rather than
+/// by llguidance's own table (the dates, where that table is too loose).
+pub(crate) fn replaces_llguidance(name: &str) -> bool {
+    matches!(name, "date" | "date-time")
+}
 
 /// The regex a string of `format` `name` matches whole, or `None` where
 /// llguidance enforces no such format.
@@ -13,11 +39,8 @@ pub(crate) fn regex(name: &str) -> Option<&'static str> {
     let r = match name {
         "date-time" => concat!(
             r"(?P<date>",
-            r"[0-9]{4}-(?:",
-            r"(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|", // 31-day months
-            r"(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|",         // 30-day months
-            r"(?:02)-(?:0[1-9]|1[0-9]|2[0-9])",                // February up to 29 days
-            r"))",
+            date!(),
+            r")",
             r"[tT](?P<time>",
             r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:", // Hours, Minutes
             r"(?:[0-5][0-9]|60)",                // Seconds (including leap second 60)
@@ -30,11 +53,7 @@ pub(crate) fn regex(name: &str) -> Option<&'static str> {
         "time" => {
             r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60)(?P<time_fraction>\.[0-9]+)?(?P<time_zone>[zZ]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
         }
-        "date" => concat!(
-            r"(?:[0-9]{4}-(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01]))|", // Months with 31 days
-            r"(?:[0-9]{4}-(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30))|",         // Months with 30 days
-            r"(?:[0-9]{4}-02-(?:0[1-9]|1[0-9]|2[0-9]))", // February with up to 29 days
-        ),
+        "date" => date!(),
         "duration" => {
             r"P(?:(?P<dur_date>(?:(?P<dur_year>[0-9]+Y(?:[0-9]+M(?:[0-9]+D)?)?)|(?P<dur_month>[0-9]+M(?:[0-9]+D)?)|(?P<dur_day>[0-9]+D))(?:T(?:(?P<dur_hour>[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?)|(?P<dur_minute>[0-9]+M(?:[0-9]+S)?)|(?P<dur_second>[0-9]+S)))?)|(?P<dur_time>T(?:(?P<dur_hour2>[0-9]+H(?:[0-9]+M(?:[0-9]+S)?)?)|(?P<dur_minute2>[0-9]+M(?:[0-9]+S)?)|(?P<dur_second2>[0-9]+S)))|(?P<dur_week>[0-9]+W))"
         }

@@ -166,6 +166,39 @@ fn json_schemas_walk_the_compact_layout_and_gbnf_compiles() {
     assert!(e.message.contains("missing"), "{e:?}");
 }
 
+/// `format: date` (and the date of `date-time`) admits February's 29th
+/// in leap years only and no year 0000, as the validators answers are
+/// checked with do (llguidance's own table admits both); a schema's own
+/// `pattern` beside the format is left to llguidance.
+#[test]
+fn json_dates_are_real_calendar_dates() {
+    let tok = tokenizer();
+    let c = Constraints::new(&tok, tok.vocab_size()).unwrap();
+    let walked = |schema: serde_json::Value, text: &str| {
+        let mut state = c.compile(&Grammar::JsonSchema(schema)).unwrap();
+        let (ok, n) = walk(&mut state, &tok, text);
+        ok == n && state.is_accepting()
+    };
+    let date = json!({"type": "object", "properties": {"d": {"type": "string", "format": "date"}}, "required": ["d"], "additionalProperties": false});
+    for (text, valid) in [
+        ("2024-02-29", true),
+        ("2000-02-29", true),
+        ("2023-02-28", true),
+        ("0004-02-29", true),
+        ("2023-12-31", true),
+        ("2023-02-29", false),
+        ("1900-02-29", false),
+        ("2023-04-31", false),
+        ("0000-01-01", false),
+    ] {
+        let answer = format!("{{\"d\": \"{text}\"}}");
+        assert_eq!(walked(date.clone(), &answer), valid, "{answer}");
+    }
+    let stamp = json!({"type": "string", "format": "date-time"});
+    assert!(walked(stamp.clone(), "\"2024-02-29T10:00:00Z\""));
+    assert!(!walked(stamp, "\"2023-02-29T10:00:00Z\""));
+}
+
 #[test]
 fn qwen_xml_calls_may_leave_out_optional_parameters_and_come_in_parallel() {
     let tok = tokenizer();
