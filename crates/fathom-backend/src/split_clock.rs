@@ -13,31 +13,32 @@
 
 use std::time::Instant;
 
-/// What the host is doing.
+/// What the host is doing (in the report's order: the discriminant
+/// indexes [`NAMES`] and the clock's sums).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Phase {
-    /// Recording device ops (the device side is current).
-    DeviceSide,
-    /// Host ops other than the ones below: norms, rope, the residual.
-    HostOther,
     /// Attention and cache writes of the host's layers.
     HostAttention,
     /// The host's layers' matrix products and routed experts on the CPU.
     HostProducts,
+    /// Host ops other than the ones above: norms, rope, the residual.
+    HostOther,
     /// Host matrices multiplied on the device: copy, product, read-back.
     Streamed,
     /// Activation rows crossing between the sides (waiting for the
     /// device's work before them included).
     Crossing,
+    /// Recording device ops (the device side is current).
+    DeviceSide,
 }
 
-const PHASES: [(Phase, &str); 6] = [
-    (Phase::HostAttention, "host attention"),
-    (Phase::HostProducts, "host products"),
-    (Phase::HostOther, "other host ops"),
-    (Phase::Streamed, "streamed products"),
-    (Phase::Crossing, "crossings"),
-    (Phase::DeviceSide, "device side"),
+const NAMES: [&str; 6] = [
+    "host attention",
+    "host products",
+    "other host ops",
+    "streamed products",
+    "crossings",
+    "device side",
 ];
 
 /// Nanoseconds per phase, for small and large steps.
@@ -47,7 +48,7 @@ pub(crate) struct SplitClock {
     phase: Phase,
     large: bool,
     since: Instant,
-    nanos: [[u64; 2]; PHASES.len()],
+    nanos: [[u64; 2]; NAMES.len()],
     /// Steps of at least this many rows count as large.
     large_rows: usize,
 }
@@ -61,39 +62,41 @@ impl SplitClock {
             phase: Phase::DeviceSide,
             large: false,
             since: Instant::now(),
-            nanos: [[0; 2]; PHASES.len()],
+            nanos: [[0; 2]; NAMES.len()],
             large_rows,
         }
     }
 
     /// Starts over: what loading took is not a step's.
     pub(crate) fn restart(&mut self) {
-        self.nanos = [[0; 2]; PHASES.len()];
+        self.nanos = [[0; 2]; NAMES.len()];
         self.since = Instant::now();
     }
 
-    /// Charges the time since the last change to the current phase, then
-    /// makes `phase` current for a step of `rows`; returns the phase it
-    /// replaced, for [`Self::leave`].
+    /// Charges the time since the last change to the current phase.
+    fn charge(&mut self) {
+        let now = Instant::now();
+        self.nanos[self.phase as usize][usize::from(self.large)] +=
+            (now - self.since).as_nanos() as u64;
+        self.since = now;
+    }
+
+    /// Makes `phase` current for a step of `rows`, the time before going
+    /// to the phase it replaces, which it returns for [`Self::leave`].
     pub(crate) fn enter(&mut self, phase: Phase, rows: usize) -> Phase {
         if !self.on {
             return phase;
         }
-        let now = Instant::now();
-        let at = PHASES.iter().position(|(p, _)| *p == self.phase);
-        if let Some(at) = at {
-            self.nanos[at][usize::from(self.large)] += (now - self.since).as_nanos() as u64;
-        }
-        self.since = now;
+        self.charge();
         self.large = rows >= self.large_rows;
         std::mem::replace(&mut self.phase, phase)
     }
 
-    /// Back to the phase [`Self::enter`] replaced.
+    /// Back to the phase [`Self::enter`] replaced, in the same step.
     pub(crate) fn leave(&mut self, previous: Phase) {
         if self.on {
-            let rows = if self.large { self.large_rows } else { 0 };
-            self.enter(previous, rows);
+            self.charge();
+            self.phase = previous;
         }
     }
 
@@ -102,15 +105,13 @@ impl SplitClock {
         if !self.on {
             return None;
         }
-        let rows = if self.large { self.large_rows } else { 0 };
-        self.enter(self.phase, rows);
+        self.charge();
         let ms = |n: u64| n as f64 / 1e6;
         let mut out = format!(
             "split time (FATHOM_SPLIT_PROFILE), ms: steps of {} rows or more | fewer\n",
             self.large_rows
         );
-        for (i, (_, name)) in PHASES.iter().enumerate() {
-            let [small, large] = self.nanos[i];
+        for (name, [small, large]) in NAMES.iter().zip(self.nanos) {
             out += &format!("  {name:<18} {:>10.1} | {:>10.1}\n", ms(large), ms(small));
         }
         Some(out)
@@ -121,14 +122,18 @@ impl SplitClock {
 mod tests {
     use super::*;
 
+    fn clock(on: bool) -> SplitClock {
+        SplitClock {
+            on,
+            ..SplitClock::from_env(32)
+        }
+    }
+
     /// Time goes to the phase that was current, by step size, and
     /// `leave` restores the phase `enter` replaced.
     #[test]
     fn time_goes_to_the_current_phase() {
-        let mut c = SplitClock {
-            on: true,
-            ..SplitClock::from_env(32)
-        };
+        let mut c = clock(true);
         c.enter(Phase::HostOther, 512);
         let before = c.enter(Phase::Streamed, 512);
         assert_eq!(before, Phase::HostOther);
@@ -138,7 +143,7 @@ mod tests {
         c.enter(Phase::Crossing, 1);
         std::thread::sleep(std::time::Duration::from_millis(10));
         let report = c.report().unwrap();
-        let at = |p| PHASES.iter().position(|(q, _)| *q == p).unwrap();
+        let at = |p: Phase| p as usize;
         assert!(c.nanos[at(Phase::Streamed)][1] >= 20_000_000, "{report}");
         assert_eq!(c.nanos[at(Phase::Streamed)][0], 0);
         assert!(c.nanos[at(Phase::Crossing)][0] >= 10_000_000, "{report}");
@@ -148,12 +153,9 @@ mod tests {
 
     #[test]
     fn off_keeps_nothing() {
-        let mut c = SplitClock {
-            on: false,
-            ..SplitClock::from_env(32)
-        };
+        let mut c = clock(false);
         c.enter(Phase::Streamed, 512);
         assert_eq!(c.report(), None);
-        assert_eq!(c.nanos, [[0; 2]; PHASES.len()]);
+        assert_eq!(c.nanos, [[0; 2]; NAMES.len()]);
     }
 }

@@ -289,7 +289,7 @@ impl Constraints {
 /// `schema` carrying the server's JSON options (in its `x-guidance`), as
 /// every JSON the server constrains is compiled: `response_format` and the
 /// tool calls' arguments alike. The request's own `x-guidance` options are
-/// removed at every depth ([`strip_guidance`]): a tool's `parameters`
+/// removed at every depth ([`prepare_subschemas`]): a tool's `parameters`
 /// become a subschema of the call's schema, where a request's options
 /// would otherwise travel to the engine.
 fn with_json_options(schema: Value) -> Value {
@@ -298,7 +298,7 @@ fn with_json_options(schema: Value) -> Value {
         // `true`/`false` schemas: wrap so the options still apply.
         other => serde_json::json!({"allOf": [other]}),
     };
-    strip_guidance(&mut schema);
+    prepare_subschemas(&mut schema);
     json_options().apply_to(&mut schema);
     schema
 }
@@ -319,12 +319,13 @@ fn strict_formats(o: &mut serde_json::Map<String, Value>) {
 }
 
 /// Removes the `x-guidance` keyword from `schema` and from every subschema
-/// in it (and makes its date formats strict: [`strict_formats`]), wherever JSON Schema puts subschemas. Keys of `properties` (and
+/// in it, wherever JSON Schema puts subschemas, and makes their date
+/// formats strict ([`strict_formats`]). Keys of `properties` (and
 /// the other maps of named subschemas) are names, and values of `const`,
 /// `enum`, `default` and `examples` are data: a property called
 /// `x-guidance` stays. Parsed request bodies nest at most 128 deep
 /// (serde_json's limit), which bounds the recursion.
-fn strip_guidance(schema: &mut Value) {
+fn prepare_subschemas(schema: &mut Value) {
     let Value::Object(o) = schema else {
         return;
     };
@@ -335,9 +336,9 @@ fn strip_guidance(schema: &mut Value) {
             (
                 "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas",
                 Value::Object(named),
-            ) => named.values_mut().for_each(strip_guidance),
+            ) => named.values_mut().for_each(prepare_subschemas),
             ("allOf" | "anyOf" | "oneOf" | "prefixItems" | "items", Value::Array(list)) => {
-                list.iter_mut().for_each(strip_guidance)
+                list.iter_mut().for_each(prepare_subschemas)
             }
             (
                 "items"
@@ -352,7 +353,7 @@ fn strip_guidance(schema: &mut Value) {
                 | "then"
                 | "else",
                 sub,
-            ) => strip_guidance(sub),
+            ) => prepare_subschemas(sub),
             _ => {}
         }
     }

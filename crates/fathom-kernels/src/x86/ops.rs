@@ -225,8 +225,14 @@ pub(crate) unsafe fn scores_f32(q: Rows, k: Rows, dim: usize, out: &mut [f32], o
         score_keys::<4, 2>(qi, q.stride, kp, k, dim, oi, out_stride);
         i += 4;
     }
+    // Offsets taken only for rows that exist: past the last row the
+    // pointer could leave the slice.
+    let rest = q.count - i;
+    if rest == 0 {
+        return;
+    }
     let (qp, op) = (qp.add(i * q.stride), op.add(i * out_stride));
-    match q.count - i {
+    match rest {
         3 => score_keys::<3, 2>(qp, q.stride, kp, k, dim, op, out_stride),
         2 => score_keys::<2, 4>(qp, q.stride, kp, k, dim, op, out_stride),
         1 => score_keys::<1, 4>(qp, q.stride, kp, k, dim, op, out_stride),
